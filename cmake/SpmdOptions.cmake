@@ -1,0 +1,16 @@
+# spmd_tristate_option(NAME DOC DEFAULT): a cache option taking AUTO, ON or OFF.
+# AUTO enables the feature when its dependencies are found; ON makes configure fail without them.
+function(spmd_tristate_option name doc default)
+  set(${name} ${default} CACHE STRING "${doc} (AUTO, ON or OFF)")
+  set_property(CACHE ${name} PROPERTY STRINGS AUTO ON OFF)
+  string(TOUPPER "${${name}}" value)
+  if(value STREQUAL "TRUE" OR value STREQUAL "YES" OR value STREQUAL "1")
+    set(value ON)
+  elseif(value STREQUAL "FALSE" OR value STREQUAL "NO" OR value STREQUAL "0")
+    set(value OFF)
+  endif()
+  if(NOT value MATCHES "^(AUTO|ON|OFF)$")
+    message(FATAL_ERROR "${name} must be AUTO, ON or OFF, not '${${name}}'")
+  endif()
+  set(${name} ${value} PARENT_SCOPE)
+endfunction()

@@ -1,0 +1,66 @@
+// sim/world.cpp: World accessors. Factories for each backend live in runtime/.
+#include "sim/world.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace spmd {
+
+World::World(std::shared_ptr<WorldState> state) : state_(std::move(state)) {}
+
+const WorldState& World::checked(const char* op) const {
+  if (!state_) throw_error<Error>("World::{}: the world is undefined (default-constructed)", op);
+  return *state_;
+}
+
+int World::size() const {
+  return checked("size").size;
+}
+
+const std::vector<int>& World::held_ranks() const {
+  return checked("held_ranks").held_ranks;
+}
+
+bool World::holds(int rank) const {
+  const auto& held = checked("holds").held_ranks;
+  return std::binary_search(held.begin(), held.end(), rank);
+}
+
+std::string World::backend_name() const {
+  return checked("backend_name").backend_name;
+}
+
+bool World::is_coordinator() const {
+  return checked("is_coordinator").coordinator;
+}
+
+Backend& World::backend() const {
+  const auto& state = checked("backend");
+  if (!state.backend) throw_error<Error>("World::backend: world has no backend attached");
+  return *state.backend;
+}
+
+const std::shared_ptr<Backend>& World::backend_ptr() const {
+  return checked("backend").backend;
+}
+
+const DebugOptions& World::debug() const {
+  return checked("debug").debug;
+}
+
+void World::set_debug(const DebugOptions& debug) {
+  checked("set_debug");
+  state_->debug = debug;
+}
+
+void World::set_topology(std::shared_ptr<const Topology> topology) {
+  checked("set_topology");
+  state_->topology = std::move(topology);
+}
+
+const WorldState& World::state() const {
+  return checked("state");
+}
+
+}  // namespace spmd
