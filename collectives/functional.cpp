@@ -1,0 +1,275 @@
+// collectives/functional.cpp: the functional collectives: resolve the mesh dim, fetch the
+// communicator, check each held rank's input, record the trace event, run the backend.
+#include "collectives/functional.h"
+
+#include <vector>
+
+#include "collectives/cost_model.h"
+#include "collectives/trace.h"
+#include "collectives/validate.h"
+#include "core/error.h"
+
+namespace spmd {
+
+Async<LocalTensor>::Async(WorkPtr work, std::function<void()> on_complete)
+    : work_(std::move(work)), on_complete_(std::move(on_complete)) {}
+
+LocalTensor Async<LocalTensor>::wait() {
+  work_->wait();
+  if (on_complete_) {
+    on_complete_();
+    on_complete_ = nullptr;
+  }
+  return work_->result();
+}
+
+bool Async<LocalTensor>::ready() const { return work_->is_completed(); }
+
+std::shared_ptr<Communicator> communicator(const DeviceMesh& mesh, MeshDim dim,
+                                           const CommOptions& options) {
+  const int d = mesh.resolve(dim);
+  return mesh.comm_cache().get_or_create(mesh.dim_layout(d), options, [&] {
+    return mesh.world().backend().make_communicator(mesh.group_family(d), options);
+  });
+}
+
+namespace {
+
+// The S of Note [Cost model] for a call whose ranks each contribute `bytes`.
+int64_t cost_bytes(CollectiveKind kind, int64_t bytes, int64_t group_size) {
+  switch (kind) {
+    case CollectiveKind::AllGather:
+    case CollectiveKind::Gather:
+      return bytes * group_size;
+    default:
+      return bytes;
+  }
+}
+
+struct Prepared {
+  std::shared_ptr<Communicator> comm;
+  Backend* backend = nullptr;
+  CallSite site;
+  uint64_t trace_id = UINT64_MAX;
+};
+
+// Everything before the backend call. Collects, for the trace, every participating held rank
+// with its group and that group's next sequence number.
+template <class Options>
+Prepared prepare(CollectiveKind kind, const LocalTensor& x, std::shared_ptr<Communicator> comm,
+                 const World& world, std::string dim_name, const Options& options,
+                 const std::source_location& loc) {
+  if (!x.defined()) throw_error<CommError>("{}: the input LocalTensor is undefined", kind);
+  Prepared p;
+  p.comm = std::move(comm);
+  p.backend = &world.backend();
+  p.site = CallSite{loc, std::move(dim_name)};
+  const GroupFamily& family = p.comm->family();
+  const auto& groups = family.groups();
+  const int64_t group_size = family.group_size();
+  const bool lockstep = p.backend->is_lockstep();
+
+  // Group of each held rank (-1: not in this mesh).
+  thread_local std::vector<int64_t> group_of;
+  thread_local std::vector<int64_t> held_in_group;
+  group_of.assign(x.num_shards(), -1);
+  held_in_group.assign(static_cast<size_t>(family.num_groups()), 0);
+  for (size_t i = 0; i < x.num_shards(); ++i) {
+    const int rank = x.ranks()[i];
+    auto where = family.locate(rank);
+    if (!where) {
+      if (!lockstep) {
+        throw_error<CommError>("{}: rank {} is not in the mesh of dim '{}'", kind, rank,
+                               p.site.dim_name);
+      }
+      continue;
+    }
+    group_of[i] = where->group;
+    ++held_in_group[static_cast<size_t>(where->group)];
+  }
+
+  TraceEvent event;
+  event.comm_id = p.comm->id();
+  event.kind = kind;
+  event.dim_name = p.site.dim_name;
+  event.detail = describe(options);
+  event.dtype = x.dtype();
+  event.file = loc.file_name();
+  event.function = loc.function_name();
+  event.line = loc.line();
+  event.participants.reserve(x.num_shards());
+  thread_local std::vector<int64_t> sequence_of;
+  sequence_of.assign(static_cast<size_t>(family.num_groups()), -1);
+  for (size_t i = 0; i < x.num_shards(); ++i) {
+    const int64_t g = group_of[i];
+    if (g < 0) continue;
+    if (lockstep && held_in_group[static_cast<size_t>(g)] != group_size) continue;
+    const int rank = x.ranks()[i];
+    const Tensor& shard = x.shards()[i];
+    CollectiveCall call{kind, p.site.dim_name, &groups[static_cast<size_t>(g)]};
+    check_local(call, rank, shard, group_size, options);
+    if (sequence_of[static_cast<size_t>(g)] < 0) {
+      sequence_of[static_cast<size_t>(g)] = static_cast<int64_t>(p.comm->next_sequence(g));
+    }
+    event.participants.push_back(TraceParticipant{
+        rank, g, static_cast<uint64_t>(sequence_of[static_cast<size_t>(g)]), shard.shape()});
+  }
+  if (event.participants.empty()) {
+    throw_error<CommError>(
+        "{}: no group of mesh dim '{}' is fully held by the input (input ranks {}, groups of {} "
+        "ranks such as {})",
+        kind, p.site.dim_name, x.ranks(), group_size, groups.empty() ? std::vector<int>{} : groups[0]);
+  }
+  const Tensor& first = x.shard(event.participants.front().rank);
+  event.bytes = static_cast<int64_t>(first.nbytes());
+  const Topology& topology = world.topology();
+  event.estimate_us = collective_cost_us(kind, cost_bytes(kind, event.bytes, group_size),
+                                         group_size, p.comm->link(topology), topology);
+  event.family = family;
+  Trace& t = trace();
+  event.start_ns = t.now_ns();
+  p.trace_id = t.begin(std::move(event));
+  return p;
+}
+
+template <class Options, class Issue>
+Async<LocalTensor> run_async(CollectiveKind kind, const LocalTensor& x, const DeviceMesh& mesh,
+                             MeshDim dim, const Options& options,
+                             const std::source_location& loc, Issue&& issue) {
+  const int d = mesh.resolve(dim);
+  Prepared p = prepare(kind, x, communicator(mesh, d), mesh.world(), mesh.dim_name(d), options, loc);
+  WorkPtr work = issue(*p.backend, *p.comm, x, options, p.site);
+  const uint64_t id = p.trace_id;
+  return Async<LocalTensor>(std::move(work), [id] { trace().finish(id); });
+}
+
+#define SPMD_ISSUE_(method)                                                                 \
+  [](Backend& b, Communicator& c, const LocalTensor& t, const auto& o, const CallSite& s) { \
+    return b.method(c, t, o, s);                                                            \
+  }
+
+}  // namespace
+
+Async<LocalTensor> all_reduce_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                    ReduceOp op, SourceLocation loc) {
+  return run_async(CollectiveKind::AllReduce, x, mesh, dim, AllReduceOptions{op}, loc,
+                   SPMD_ISSUE_(all_reduce));
+}
+Async<LocalTensor> all_gather_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                    int64_t gather_dim, SourceLocation loc) {
+  return run_async(CollectiveKind::AllGather, x, mesh, dim, AllGatherOptions{gather_dim}, loc,
+                   SPMD_ISSUE_(all_gather));
+}
+Async<LocalTensor> reduce_scatter_async(const LocalTensor& x, const DeviceMesh& mesh,
+                                        MeshDim dim, ReduceOp op, int64_t scatter_dim,
+                                        SourceLocation loc) {
+  return run_async(CollectiveKind::ReduceScatter, x, mesh, dim,
+                   ReduceScatterOptions{op, scatter_dim}, loc, SPMD_ISSUE_(reduce_scatter));
+}
+Async<LocalTensor> all_to_all_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                    int64_t split_dim, int64_t concat_dim, SourceLocation loc) {
+  return run_async(CollectiveKind::AllToAll, x, mesh, dim, AllToAllOptions{split_dim, concat_dim},
+                   loc, SPMD_ISSUE_(all_to_all));
+}
+Async<LocalTensor> all_to_all_single_async(const LocalTensor& x, const DeviceMesh& mesh,
+                                           MeshDim dim, PerRank<std::vector<int64_t>> out_splits,
+                                           PerRank<std::vector<int64_t>> in_splits,
+                                           SourceLocation loc) {
+  return run_async(CollectiveKind::AllToAllSingle, x, mesh, dim,
+                   AllToAllSingleOptions{std::move(out_splits), std::move(in_splits)}, loc,
+                   SPMD_ISSUE_(all_to_all_single));
+}
+Async<LocalTensor> broadcast_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                   int src, SourceLocation loc) {
+  return run_async(CollectiveKind::Broadcast, x, mesh, dim, BroadcastOptions{src}, loc,
+                   SPMD_ISSUE_(broadcast));
+}
+Async<LocalTensor> scatter_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                 int src, int64_t scatter_dim, SourceLocation loc) {
+  return run_async(CollectiveKind::Scatter, x, mesh, dim, ScatterOptions{src, scatter_dim}, loc,
+                   SPMD_ISSUE_(scatter));
+}
+Async<LocalTensor> gather_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                int dst, int64_t gather_dim, SourceLocation loc) {
+  return run_async(CollectiveKind::Gather, x, mesh, dim, GatherOptions{dst, gather_dim}, loc,
+                   SPMD_ISSUE_(gather));
+}
+Async<LocalTensor> reduce_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                ReduceOp op, int dst, SourceLocation loc) {
+  return run_async(CollectiveKind::Reduce, x, mesh, dim, ReduceOptions{op, dst}, loc,
+                   SPMD_ISSUE_(reduce));
+}
+Async<LocalTensor> permute_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                 std::vector<int> dst_of, SourceLocation loc) {
+  return run_async(CollectiveKind::Permute, x, mesh, dim, PermuteOptions{std::move(dst_of)}, loc,
+                   SPMD_ISSUE_(permute));
+}
+
+LocalTensor all_reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, ReduceOp op,
+                       SourceLocation loc) {
+  return all_reduce_async(x, mesh, dim, op, loc).wait();
+}
+LocalTensor all_reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                       const AllReduceOptions& options, SourceLocation loc) {
+  return all_reduce_async(x, mesh, dim, options.op, loc).wait();
+}
+LocalTensor all_gather(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                       int64_t gather_dim, SourceLocation loc) {
+  return all_gather_async(x, mesh, dim, gather_dim, loc).wait();
+}
+LocalTensor reduce_scatter(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, ReduceOp op,
+                           int64_t scatter_dim, SourceLocation loc) {
+  return reduce_scatter_async(x, mesh, dim, op, scatter_dim, loc).wait();
+}
+LocalTensor all_to_all(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                       int64_t split_dim, int64_t concat_dim, SourceLocation loc) {
+  return all_to_all_async(x, mesh, dim, split_dim, concat_dim, loc).wait();
+}
+LocalTensor all_to_all_single(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                              PerRank<std::vector<int64_t>> out_splits,
+                              PerRank<std::vector<int64_t>> in_splits, SourceLocation loc) {
+  return all_to_all_single_async(x, mesh, dim, std::move(out_splits), std::move(in_splits), loc)
+      .wait();
+}
+LocalTensor broadcast(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int src,
+                      SourceLocation loc) {
+  return broadcast_async(x, mesh, dim, src, loc).wait();
+}
+LocalTensor scatter(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int src,
+                    int64_t scatter_dim, SourceLocation loc) {
+  return scatter_async(x, mesh, dim, src, scatter_dim, loc).wait();
+}
+LocalTensor gather(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int dst,
+                   int64_t gather_dim, SourceLocation loc) {
+  return gather_async(x, mesh, dim, dst, gather_dim, loc).wait();
+}
+LocalTensor reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, ReduceOp op, int dst,
+                   SourceLocation loc) {
+  return reduce_async(x, mesh, dim, op, dst, loc).wait();
+}
+LocalTensor permute(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                    std::vector<int> dst_of, SourceLocation loc) {
+  return permute_async(x, mesh, dim, std::move(dst_of), loc).wait();
+}
+
+void barrier(const DeviceMesh& mesh, SourceLocation loc) {
+  const World& world = mesh.world();
+  // Every rank of the mesh as one group: the mesh layout nested into a single mode.
+  GroupFamily family = mesh.universe()->group_family(nest(mesh.layout()), "all");
+  auto comm = mesh.comm_cache().get_or_create(family.layout(), CommOptions{}, [&] {
+    return world.backend().make_communicator(family, CommOptions{});
+  });
+  std::vector<int> held;
+  for (int r : world.held_ranks()) {
+    if (mesh.contains(r)) held.push_back(r);
+  }
+  if (held.empty()) throw_error<CommError>("barrier: no held rank is in mesh {}", mesh);
+  LocalTensor token = LocalTensor::replicate(held, zeros({0}));
+  Prepared p = prepare(CollectiveKind::Barrier, token, std::move(comm), world, family.dim_name(),
+                       BarrierOptions{}, loc);
+  WorkPtr work = p.backend->barrier(*p.comm, token, BarrierOptions{}, p.site);
+  work->wait();
+  trace().finish(p.trace_id);
+}
+
+}  // namespace spmd

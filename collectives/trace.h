@@ -1,0 +1,134 @@
+// collectives/trace.h: the record of every collective this process issued.
+//
+// Every backend's collectives are recorded by the functional layer (collectives/functional.h):
+// one TraceEvent per call, holding each participating rank's group and per-group sequence number.
+// records() expands events into one TraceRecord per (rank, call): the schema shared by the Chrome
+// trace export, the summary table, the flight-recorder dump and `spmd trace diff` (debug/).
+// Under real backends the trace is a ring buffer of the last N events (the flight recorder).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "collectives/types.h"
+#include "mesh/group_family.h"
+#include "tensor/dtype.h"
+#include "tensor/shape.h"
+
+namespace spmd {
+
+// One rank's part in one collective call.
+struct TraceParticipant {
+  int rank = 0;
+  int64_t group = 0;     // index of the rank's group in the family
+  uint64_t sequence = 0; // per-group sequence number
+  Shape shape;           // this rank's input shape
+};
+
+// One call of a collective by this process.
+struct TraceEvent {
+  uint64_t comm_id = 0;
+  CollectiveKind kind = CollectiveKind::AllReduce;
+  std::string dim_name;
+  std::string detail;  // the options, e.g. "op=sum"
+  // The family (a handle: its groups are materialized once and shared, not copied per call).
+  std::optional<GroupFamily> family;
+  std::vector<TraceParticipant> participants;
+  DType dtype = DType::F32;
+  int64_t bytes = 0;  // input bytes of one rank (the first participant)
+  const char* file = "";
+  const char* function = "";
+  uint32_t line = 0;
+  int64_t start_ns = 0;  // since the trace's epoch
+  int64_t end_ns = 0;    // 0 while an async call is pending
+  double estimate_us = 0.0;
+};
+
+// One rank's view of one call: the flat schema every exporter writes.
+struct TraceRecord {
+  int rank = 0;
+  uint64_t sequence = 0;
+  std::string op;        // "all_reduce"
+  std::string dim_name;  // "tp"
+  std::string detail;    // "op=sum"
+  std::vector<int> group_ranks;
+  Shape shape;
+  std::string dtype;
+  int64_t bytes = 0;
+  std::string file;
+  uint32_t line = 0;
+  std::string function;
+  double start_us = 0.0;
+  double end_us = 0.0;
+  double estimate_us = 0.0;
+
+  bool operator==(const TraceRecord&) const = default;
+};
+
+// Totals per (op, mesh dim) over every event since the last clear(), dropped ones included.
+struct TraceSummaryRow {
+  std::string op;
+  std::string dim_name;
+  int64_t count = 0;         // calls (one per process call, not per rank)
+  int64_t bytes = 0;         // sum of per-rank input bytes
+  double estimate_us = 0.0;  // sum of cost-model estimates
+  double measured_us = 0.0;  // sum of wall time of finished calls
+};
+
+class Trace {
+ public:
+  Trace();
+
+  // Appends an event and returns its id (for finish()).
+  uint64_t begin(TraceEvent event);
+  // Sets the end time of event `id` (if it is still held).
+  void finish(uint64_t id);
+  // Nanoseconds since this trace's epoch.
+  int64_t now_ns() const;
+
+  // Keeps at most `events` events, dropping the oldest (0 = unlimited). The default is
+  // kDefaultCapacity; launch() makes it unlimited when a trace file is requested.
+  static constexpr std::size_t kDefaultCapacity = 1 << 16;
+  void set_capacity(std::size_t events);
+  std::size_t capacity() const;
+  void set_enabled(bool enabled);
+  bool enabled() const;
+  void clear();
+
+  std::vector<TraceEvent> events() const;
+  std::size_t num_events() const;
+  // One record per (participating rank, call), ordered by rank, then by issue order.
+  std::vector<TraceRecord> records() const;
+  // Running totals, in first-seen order.
+  std::vector<TraceSummaryRow> summary() const;
+
+  // Writes Chrome trace JSON (one track per rank; opens in Perfetto and chrome://tracing).
+  // Defined in debug/. ConfigError when the file cannot be written.
+  void to_chrome_json(const std::string& path) const;
+  std::string to_chrome_json_string() const;
+  // Per op and mesh dim: count, bytes, estimated time on the configured topology. debug/.
+  std::string summary_table() const;
+
+ private:
+  TraceSummaryRow& summary_row(CollectiveKind kind, const std::string& dim_name);
+
+  mutable std::mutex mutex_;
+  std::deque<TraceEvent> events_;
+  uint64_t first_id_ = 0;  // id of events_.front()
+  std::size_t capacity_ = kDefaultCapacity;
+  std::vector<TraceSummaryRow> summary_;
+  bool enabled_ = true;
+  int64_t epoch_ns_ = 0;
+};
+
+// The process's trace.
+Trace& trace();
+
+}  // namespace spmd
