@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <ostream>
 #include <string>
 
 namespace spmd {
@@ -52,6 +53,10 @@ std::optional<DType> parse_dtype(std::string_view name) {
     if (lower == alias.name) return alias.dtype;
   }
   return std::nullopt;
+}
+
+std::ostream& operator<<(std::ostream& os, DType dtype) {
+  return os << dtype_name(dtype);
 }
 
 namespace {

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iosfwd>
 #include <limits>
 #include <optional>
 #include <string_view>
@@ -26,6 +27,8 @@ std::string_view dtype_name(DType dtype);
 // Inverse of dtype_name; also accepts "float32", "float", "double", "bfloat16", "half", "int32",
 // "int64", "int", "long". nullopt for anything else.
 std::optional<DType> parse_dtype(std::string_view name);
+// Writes dtype_name (so gtest and iostreams print names, not numbers).
+std::ostream& operator<<(std::ostream& os, DType dtype);
 
 inline bool is_floating(DType d) {
   return d == DType::F32 || d == DType::F64 || d == DType::BF16 || d == DType::F16;

@@ -39,7 +39,11 @@ Tensor binary_op(BinaryOp op, const Tensor& a, const Tensor& b) {
 Tensor scalar_op(BinaryOp op, const Tensor& t, double value, bool scalar_first) {
   kernels_for(op_name(op), {&t});
   DType dtype = t.dtype();
-  if (!is_floating(dtype) && !is_integral_value(value)) dtype = DType::F32;
+  // True division, or a non-integral scalar, makes an integer or Bool tensor compute in F32
+  // (without this, Bool would turn the scalar into true/false).
+  if (!is_floating(dtype) && (op == BinaryOp::Div || !is_integral_value(value))) {
+    dtype = DType::F32;
+  }
   if (dtype == DType::BF16 || dtype == DType::F16) {
     // The scalar keeps F32 precision: compute in F32 and round the result once.
     return scalar_op(op, t.to(DType::F32), value, scalar_first).to(dtype);
@@ -134,11 +138,13 @@ DType matmul_dtype(std::string_view op, std::initializer_list<const Tensor*> ten
   return dtype;
 }
 
-void check_inner_sizes(std::string_view op, const Tensor& a, const Tensor& b) {
-  if (a.size(-1) != b.size(-2)) {
+// a2 and b2 are the matrices (or batches) a and b were made into; errors name a and b.
+void check_inner_sizes(std::string_view op, const Tensor& a, const Tensor& b, const Tensor& a2,
+                       const Tensor& b2) {
+  if (a2.size(-1) != b2.size(-2)) {
     throw_error<ShapeError>(
         "{}: shapes {} and {} cannot be multiplied (inner sizes {} and {} differ)", op,
-        shape_str(a.shape()), shape_str(b.shape()), a.size(-1), b.size(-2));
+        shape_str(a.shape()), shape_str(b.shape()), a2.size(-1), b2.size(-2));
   }
 }
 
@@ -339,7 +345,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   // torch.matmul: a 1-d operand becomes a row (a) or column (b) matrix, removed again after.
   const Tensor a2 = a.dim() == 1 ? a.unsqueeze(0) : a;
   const Tensor b2 = b.dim() == 1 ? b.unsqueeze(1) : b;
-  check_inner_sizes("matmul", a2, b2);
+  check_inner_sizes("matmul", a, b, a2, b2);
   const int64_t n = a2.size(-2);
   const int64_t k = a2.size(-1);
   const int64_t m = b2.size(-1);
@@ -366,7 +372,7 @@ Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, double beta, dou
     throw_error<ShapeError>("addmm: a and b must be 2-d, got shapes {} and {}",
                             shape_str(a.shape()), shape_str(b.shape()));
   }
-  check_inner_sizes("addmm", a, b);
+  check_inner_sizes("addmm", a, b, a, b);
   const Shape shape{a.size(0), b.size(1)};
   if (broadcast_shapes(c.shape(), shape, "addmm") != shape) {
     throw_error<ShapeError>("addmm: c of shape {} does not broadcast to the product's shape {}",
@@ -390,7 +396,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
         "bmm: expects a [B, n, k] and b [B, k, m] with one batch size, got shapes {} and {}",
         shape_str(a.shape()), shape_str(b.shape()));
   }
-  check_inner_sizes("bmm", a, b);
+  check_inner_sizes("bmm", a, b, a, b);
   const DType dtype = matmul_dtype("bmm", {&a, &b});
   Tensor out = empty({a.size(0), a.size(1), b.size(2)}, dtype, a.device());
   kernels.matmul(out, a.to(dtype), b.to(dtype), 1.0, 0.0);

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <ostream>
 #include <vector>
 
 #include "core/error.h"
@@ -17,6 +18,10 @@ namespace spmd {
 std::string device_str(Device device) {
   if (device.is_cpu()) return "cpu";
   return fmt::format("cuda:{}", device.index);
+}
+
+std::ostream& operator<<(std::ostream& os, Device device) {
+  return os << device_str(device);
 }
 
 namespace {

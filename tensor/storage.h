@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iosfwd>
 #include <memory>
 #include <string>
 
@@ -35,6 +36,7 @@ inline Device cuda(int index) {
 }
 // "cpu" or "cuda:0".
 std::string device_str(Device device);
+std::ostream& operator<<(std::ostream& os, Device device);
 
 // Allocation service for a non-CPU device type.
 class DeviceAllocator {

@@ -323,7 +323,9 @@ bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
     each_pair<T>(a, b, [&](T x, T y) {
       const double u = to_double(x);
       const double v = to_double(y);
-      return close = (u == v || std::abs(u - v) <= atol + rtol * std::abs(v));
+      // Infinities are close only to themselves; NaN to nothing.
+      return close = (u == v || (std::isfinite(u) && std::isfinite(v) &&
+                                 std::abs(u - v) <= atol + rtol * std::abs(v)));
     });
   });
   return close;

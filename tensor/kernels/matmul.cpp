@@ -28,6 +28,7 @@ struct MatrixLayout {
 std::optional<MatrixLayout> mappable(const Tensor& t) {
   const int64_t rows = t.size(1);
   const int64_t cols = t.size(2);
+  if (rows == 0 || cols == 0) return MatrixLayout{true, std::max<int64_t>(cols, 1)};  // unread
   const int64_t rs = rows == 1 ? cols : t.stride(1);
   const int64_t cs = cols == 1 ? rows : t.stride(2);
   if ((cs == 1 || cols == 1) && rs >= std::max<int64_t>(cols, 1)) return MatrixLayout{true, rs};
