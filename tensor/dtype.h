@@ -3,6 +3,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iosfwd>
+#include <limits>
 #include <optional>
 #include <string_view>
 #include <type_traits>
@@ -25,6 +27,8 @@ std::string_view dtype_name(DType dtype);
 // Inverse of dtype_name; also accepts "float32", "float", "double", "bfloat16", "half", "int32",
 // "int64", "int", "long". nullopt for anything else.
 std::optional<DType> parse_dtype(std::string_view name);
+// Writes dtype_name (so gtest and iostreams print names, not numbers).
+std::ostream& operator<<(std::ostream& os, DType dtype);
 
 inline bool is_floating(DType d) {
   return d == DType::F32 || d == DType::F64 || d == DType::BF16 || d == DType::F16;
@@ -124,7 +128,9 @@ decltype(auto) dispatch_dtype(DType dtype, F&& fn) {
   return fn.template operator()<float>();  // unreachable: every enumerator is handled
 }
 
-// Element conversions through the widest type that holds the value exactly.
+// Element conversions through the widest type that holds the value exactly. Floating to integer
+// truncates toward zero and saturates at the integer's range, NaN giving 0 (a plain cast would
+// be undefined behaviour there).
 template <class To, class From>
 inline To convert_element(From v) {
   if constexpr (std::is_same_v<To, From>) {
@@ -135,6 +141,13 @@ inline To convert_element(From v) {
     return To(static_cast<float>(v));
   } else if constexpr (std::is_same_v<To, bool>) {
     return v != From(0);
+  } else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
+    // 2^(digits) is exact in every floating type; the largest To converts to it or below.
+    constexpr From kLimit = static_cast<From>(std::numeric_limits<To>::max()) + From(1);
+    if (!(v == v)) return To(0);
+    if (v >= kLimit) return std::numeric_limits<To>::max();
+    if (v <= -kLimit) return std::numeric_limits<To>::min();
+    return static_cast<To>(v);
   } else {
     return static_cast<To>(v);
   }
@@ -142,10 +155,14 @@ inline To convert_element(From v) {
 
 }  // namespace spmd
 
+// Formats as plain text without format specs. (Inheriting fmt::formatter<std::string_view>
+// would allow padding, but GCC 12 then warns, falsely, inside fmt 9's spec parser:
+// -Wstringop-overflow in fill_t, fmtlib/fmt#3334.)
 template <>
-struct fmt::formatter<spmd::DType> : fmt::formatter<std::string_view> {
+struct fmt::formatter<spmd::DType> {
+  constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
   template <class Ctx>
   auto format(spmd::DType d, Ctx& ctx) const {
-    return fmt::formatter<std::string_view>::format(spmd::dtype_name(d), ctx);
+    return fmt::format_to(ctx.out(), "{}", spmd::dtype_name(d));
   }
 };

@@ -1,0 +1,217 @@
+// Tests for matmul, addmm and bmm: torch.matmul's shape rules (1-d operands, broadcast batch
+// dims), every dtype, transposed/narrowed/expanded operands, against a naive triple loop.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tensor/ops.h"
+#include "tensor/random.h"
+#include "tests/support/test_support.h"
+#include "tests/tensor/reference.h"
+
+namespace spmd {
+namespace {
+
+using testing::broadcast;
+using testing::broadcast_index;
+using testing::element;
+using testing::expect_throws;
+using testing::expect_values;
+using testing::Gen;
+using testing::layout_name;
+using testing::round_to;
+using testing::unravel;
+
+// torch.matmul in double: result shape and values (before rounding).
+struct Product {
+  Shape shape;
+  std::vector<double> values;
+};
+
+Product reference_matmul(const Tensor& a, const Tensor& b) {
+  const Shape sa = a.dim() == 1 ? Shape{1, a.size(0)} : a.shape();
+  const Shape sb = b.dim() == 1 ? Shape{b.size(0), 1} : b.shape();
+  const Shape batch_a(sa.begin(), sa.end() - 2);
+  const Shape batch_b(sb.begin(), sb.end() - 2);
+  const Shape batch = broadcast(batch_a, batch_b);
+  const int64_t n = sa[sa.size() - 2];
+  const int64_t k = sa.back();
+  const int64_t m = sb.back();
+  Product p;
+  p.shape = batch;
+  if (a.dim() > 1) p.shape.push_back(n);
+  if (b.dim() > 1) p.shape.push_back(m);
+  Shape full = batch;
+  full.push_back(n);
+  full.push_back(m);
+  for (int64_t i = 0; i < shape_numel(full); ++i) {
+    const auto index = unravel(i, full);
+    const std::vector<int64_t> bi(index.begin(), index.end() - 2);
+    auto ia = broadcast_index(bi, batch_a);
+    auto ib = broadcast_index(bi, batch_b);
+    double acc = 0;
+    for (int64_t l = 0; l < k; ++l) {
+      std::vector<int64_t> xa = ia;
+      std::vector<int64_t> xb = ib;
+      if (a.dim() > 1) xa.push_back(index[index.size() - 2]);
+      xa.push_back(l);
+      xb.push_back(l);
+      if (b.dim() > 1) xb.push_back(index.back());
+      acc += element(a, xa) * element(b, xb);
+    }
+    p.values.push_back(acc);
+  }
+  return p;
+}
+
+TEST(Matmul, MatchesReferenceForShapesDTypesAndLayouts) {
+  Gen gen(21);
+  int checked = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int64_t n = gen.uniform(0, 5);
+    const int64_t k = gen.uniform(0, 5);
+    const int64_t m = gen.uniform(0, 5);
+    const int rank_a = static_cast<int>(gen.uniform(1, 4));
+    const int rank_b = static_cast<int>(gen.uniform(1, 4));
+    const Shape batch = gen.shape(0, 2);
+    Shape sa = rank_a == 1 ? Shape{k} : gen.broadcastable_to(batch);
+    Shape sb = rank_b == 1 ? Shape{k} : gen.broadcastable_to(batch);
+    if (rank_a > 1) {
+      sa.push_back(n);
+      sa.push_back(k);
+    }
+    if (rank_b > 1) {
+      sb.push_back(k);
+      sb.push_back(m);
+    }
+    const DType da = kAllDTypes[gen.uniform(0, 6)];
+    const DType db = gen.uniform(0, 2) ? da : kAllDTypes[gen.uniform(0, 6)];
+    const auto la = gen.layout();
+    const auto lb = gen.layout();
+    const Tensor a = gen.tensor(sa, da, la);
+    const Tensor b = gen.tensor(sb, db, lb);
+    const std::string context = fmt::format("matmul({} {} {}, {} {} {})", da, shape_str(sa),
+                                            layout_name(la), db, shape_str(sb), layout_name(lb));
+    const DType want_dtype = promote_types(da, db);
+    if (want_dtype == DType::Bool) {
+      expect_throws<Unsupported>([&] { matmul(a, b); }, {"matmul", "bool"});
+      continue;
+    }
+    const Tensor out = matmul(a, b);
+    const Product p = reference_matmul(a, b);
+    ASSERT_EQ(out.shape(), p.shape) << context;
+    ASSERT_EQ(out.dtype(), want_dtype) << context;
+    std::vector<double> want;
+    for (double v : p.values) want.push_back(round_to(want_dtype, v));
+    expect_values(out, want, 0, 0, context);
+    ++checked;
+  }
+  EXPECT_GT(checked, 300);
+}
+
+TEST(Matmul, LargerOperandsThroughEigenBlocking) {
+  // Beyond Eigen's small-matrix path, with every row/column-major combination.
+  for (DType d : {DType::F32, DType::F64, DType::BF16}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        const Tensor a0 = randn(ta ? Shape{70, 130} : Shape{130, 70}, 1, d);
+        const Tensor b0 = randn(tb ? Shape{90, 70} : Shape{70, 90}, 2, d);
+        const Tensor a = ta ? a0.transpose(0, 1) : a0;
+        const Tensor b = tb ? b0.transpose(0, 1) : b0;
+        const Product p = reference_matmul(a, b);
+        const double tol = d == DType::BF16 ? 1e-2 : d == DType::F32 ? 1e-5 : 1e-12;
+        std::vector<double> want;
+        for (double v : p.values) want.push_back(round_to(d, v));
+        expect_values(matmul(a, b), want, tol, tol,
+                      fmt::format("{} matmul, a transposed {}, b transposed {}", d, ta, tb));
+      }
+    }
+  }
+}
+
+TEST(Matmul, Addmm) {
+  Gen gen(22);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t n = gen.uniform(0, 4);
+    const int64_t k = gen.uniform(0, 4);
+    const int64_t m = gen.uniform(0, 4);
+    const DType d = kAllDTypes[gen.uniform(0, 6)];
+    const DType dc = gen.uniform(0, 1) ? d : kAllDTypes[gen.uniform(0, 6)];
+    const Tensor a = gen.tensor({n, k}, d, gen.layout());
+    const Tensor b = gen.tensor({k, m}, d, gen.layout());
+    const Shape sc = gen.broadcastable_to({n, m});
+    const Tensor c = gen.tensor(sc, dc, gen.layout());
+    const double alphas[] = {1, 0.5, -2, 3};
+    const double betas[] = {1, 0, 0.5, -1};
+    const double alpha = alphas[gen.uniform(0, 3)];
+    const double beta = betas[gen.uniform(0, 3)];
+    const std::string context = fmt::format("addmm(c {} {}, a {} [{}, {}], b [{}, {}], beta {}, alpha {})",
+                                            dc, shape_str(sc), d, n, k, k, m, beta, alpha);
+    const DType want_dtype = promote_types(dc, d);
+    if (want_dtype == DType::Bool) {
+      expect_throws<Unsupported>([&] { addmm(c, a, b, beta, alpha); }, {"addmm", "bool"});
+      continue;
+    }
+    if (!is_floating(want_dtype) && (alpha != std::trunc(alpha) || beta != std::trunc(beta))) {
+      expect_throws<Unsupported>([&] { addmm(c, a, b, beta, alpha); }, {"addmm", "alpha"});
+      continue;
+    }
+    const Tensor out = addmm(c, a, b, beta, alpha);
+    ASSERT_EQ(out.shape(), (Shape{n, m})) << context;
+    ASSERT_EQ(out.dtype(), want_dtype) << context;
+    const Product p = reference_matmul(a, b);
+    std::vector<double> want;
+    for (int64_t i = 0; i < n * m; ++i) {
+      const double cv = round_to(want_dtype, element(c, broadcast_index(unravel(i, {n, m}), sc)));
+      want.push_back(round_to(want_dtype, (beta == 0 ? 0 : beta * cv) +
+                                              alpha * p.values[static_cast<std::size_t>(i)]));
+    }
+    expect_values(out, want, 0, 0, context);
+  }
+  // beta == 0 ignores c entirely, NaN included.
+  const Tensor out = addmm(full({2, 2}, NAN), ones({2, 3}), ones({3, 2}), 0.0, 2.0);
+  EXPECT_EQ(testing::values(out), (std::vector<double>(4, 6.0)));
+}
+
+TEST(Matmul, Bmm) {
+  Gen gen(23);
+  for (int trial = 0; trial < 100; ++trial) {
+    const int64_t batch = gen.uniform(0, 3);
+    const int64_t n = gen.uniform(0, 4);
+    const int64_t k = gen.uniform(0, 4);
+    const int64_t m = gen.uniform(0, 4);
+    const DType d = kAllDTypes[gen.uniform(0, 5)];  // not Bool
+    const Tensor a = gen.tensor({batch, n, k}, d, gen.layout());
+    const Tensor b = gen.tensor({batch, k, m}, d, gen.layout());
+    const Tensor out = bmm(a, b);
+    const Product p = reference_matmul(a, b);
+    ASSERT_EQ(out.shape(), (Shape{batch, n, m}));
+    std::vector<double> want;
+    for (double v : p.values) want.push_back(round_to(d, v));
+    expect_values(out, want, 0, 0, fmt::format("bmm {} [{}, {}, {}] @ [{}, {}, {}]", d, batch, n, k, batch, k, m));
+  }
+}
+
+TEST(Matmul, Errors) {
+  expect_throws<ShapeError>([] { matmul(full({}, 1), ones({2})); }, {"matmul", "at least 1 dim", "[]"});
+  expect_throws<ShapeError>([] { matmul(ones({2, 3}), ones({4, 5})); },
+                            {"matmul", "[2, 3]", "[4, 5]", "3 and 4"});
+  expect_throws<ShapeError>([] { matmul(ones({3}), ones({4})); }, {"matmul", "[3]", "[4]"});
+  expect_throws<ShapeError>([] { matmul(ones({2, 2, 3}), ones({3, 3, 4})); },
+                            {"matmul", "[2]", "[3]"});
+  expect_throws<Unsupported>([] { matmul(ones({2, 2}, DType::Bool), ones({2, 2}, DType::Bool)); },
+                             {"matmul", "bool"});
+  expect_throws<ShapeError>([] { addmm(ones({2, 2}), ones({2, 3, 1}), ones({3, 2})); },
+                            {"addmm", "2-d", "[2, 3, 1]"});
+  expect_throws<ShapeError>([] { addmm(ones({3, 2}), ones({2, 3}), ones({3, 2})); },
+                            {"addmm", "[3, 2]", "[2, 2]"});
+  expect_throws<ShapeError>([] { addmm(ones({2, 2}), ones({2, 3}), ones({2, 2})); },
+                            {"addmm", "[2, 3]", "[2, 2]"});
+  expect_throws<ShapeError>([] { bmm(ones({2, 2, 3}), ones({3, 3, 2})); },
+                            {"bmm", "[2, 2, 3]", "[3, 3, 2]"});
+  expect_throws<ShapeError>([] { bmm(ones({2, 3}), ones({3, 2})); }, {"bmm", "[2, 3]"});
+  expect_throws<ShapeError>([] { bmm(ones({2, 2, 3}), ones({2, 4, 2})); }, {"bmm", "3 and 4"});
+}
+
+}  // namespace
+}  // namespace spmd

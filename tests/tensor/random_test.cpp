@@ -1,0 +1,128 @@
+// Tests for tensor/random.h: the Random123 known-answer vectors of Philox4x32-10, element i as
+// a pure function of (seed, i), blocks equal to slices of the full tensor, and coarse
+// distribution checks (means and variances within a few standard errors).
+#include "tensor/random.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tensor/ops.h"
+#include "tests/support/test_support.h"
+#include "tests/tensor/reference.h"
+
+namespace spmd {
+namespace {
+
+using testing::expect_throws;
+using testing::Gen;
+using testing::values;
+
+TEST(Philox, KnownAnswerVectors) {
+  using W4 = std::array<uint32_t, 4>;
+  EXPECT_EQ(philox4x32({0, 0, 0, 0}, {0, 0}), (W4{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  EXPECT_EQ(philox4x32({0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff}),
+            (W4{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+  EXPECT_EQ(philox4x32({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}),
+            (W4{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+}
+
+TEST(Philox, ScalarsAreInRangeAndDependOnSeedAndIndex) {
+  for (uint64_t i = 0; i < 10000; ++i) {
+    const double u = philox_uniform(5, i);
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    ASSERT_TRUE(std::isfinite(philox_normal(5, i)));
+  }
+  EXPECT_EQ(philox_uniform(1, 7), philox_uniform(1, 7));
+  EXPECT_NE(philox_uniform(1, 7), philox_uniform(2, 7));
+  EXPECT_NE(philox_uniform(1, 7), philox_uniform(1, 8));
+  // The index's high word and the seed's high word both matter.
+  EXPECT_NE(philox_uniform(1, uint64_t{1} << 32), philox_uniform(1, 0));
+  EXPECT_NE(philox_uniform(uint64_t{1} << 32, 0), philox_uniform(0, 0));
+}
+
+TEST(Random, ElementsArePhiloxOfTheirFlatIndexInEveryDType) {
+  for (DType d : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+    const Tensor u = rand({3, 5, 7}, 42, d);
+    const Tensor n = randn({3, 5, 7}, 42, d);
+    ASSERT_EQ(u.dtype(), d);
+    ASSERT_EQ(u.shape(), (Shape{3, 5, 7}));
+    const auto uv = values(u);
+    const auto nv = values(n);
+    for (std::size_t i = 0; i < uv.size(); ++i) {
+      const double want = testing::round_to(d, philox_uniform(42, i));
+      // rand stays below 1 after rounding: a value that rounds up to 1 becomes the next lower.
+      if (want < 1.0) {
+        ASSERT_EQ(uv[i], want) << d << " element " << i;
+      } else {
+        ASSERT_LT(uv[i], 1.0);
+      }
+      ASSERT_EQ(nv[i], testing::round_to(d, philox_normal(42, i))) << d << " element " << i;
+    }
+  }
+  EXPECT_TRUE(equal(randn({4, 4}, 3), randn({4, 4}, 3)));
+  EXPECT_FALSE(equal(randn({4, 4}, 3), randn({4, 4}, 4)));
+  EXPECT_EQ(randn({}, 1).item<float>(), static_cast<float>(philox_normal(1, 0)));
+  EXPECT_EQ(rand({0, 3}, 1).numel(), 0);
+}
+
+TEST(Random, BlocksEqualSlicesOfTheFullTensor) {
+  Gen gen(31);
+  for (int trial = 0; trial < 200; ++trial) {
+    const Shape global = gen.shape(0, 4);
+    Shape start(global.size());
+    Shape sizes(global.size());
+    for (std::size_t d = 0; d < global.size(); ++d) {
+      start[d] = gen.uniform(0, global[d]);
+      sizes[d] = gen.uniform(0, global[d] - start[d]);
+    }
+    const uint64_t seed = static_cast<uint64_t>(gen.uniform(0, 1 << 30));
+    const DType dtype = kAllDTypes[gen.uniform(0, 3)];
+    Tensor slice_u = rand(global, seed, dtype);
+    Tensor slice_n = randn(global, seed, dtype);
+    for (std::size_t d = 0; d < global.size(); ++d) {
+      slice_u = slice_u.narrow(static_cast<int64_t>(d), start[d], sizes[d]);
+      slice_n = slice_n.narrow(static_cast<int64_t>(d), start[d], sizes[d]);
+    }
+    EXPECT_TRUE(equal(rand_block(global, seed, start, sizes, dtype), slice_u))
+        << shape_str(global) << " block " << shape_str(start) << " + " << shape_str(sizes);
+    EXPECT_TRUE(equal(randn_block(global, seed, start, sizes, dtype), slice_n))
+        << shape_str(global) << " block " << shape_str(start) << " + " << shape_str(sizes);
+  }
+}
+
+TEST(Random, DistributionsLookRight) {
+  constexpr int64_t kN = 1 << 20;
+  const auto u = values(rand({kN}, 9, DType::F64));
+  const auto n = values(randn({kN}, 9, DType::F64));
+  double su = 0, suu = 0, sn = 0, snn = 0;
+  for (int64_t i = 0; i < kN; ++i) {
+    su += u[static_cast<std::size_t>(i)];
+    suu += u[static_cast<std::size_t>(i)] * u[static_cast<std::size_t>(i)];
+    sn += n[static_cast<std::size_t>(i)];
+    snn += n[static_cast<std::size_t>(i)] * n[static_cast<std::size_t>(i)];
+  }
+  const double mu = su / kN;
+  const double mn = sn / kN;
+  // Standard errors: sqrt(1/12 / N) ~ 2.8e-4 for the uniform mean, 1/sqrt(N) ~ 1e-3 for normal.
+  EXPECT_NEAR(mu, 0.5, 2e-3);
+  EXPECT_NEAR(suu / kN - mu * mu, 1.0 / 12, 2e-3);
+  EXPECT_NEAR(mn, 0.0, 5e-3);
+  EXPECT_NEAR(snn / kN - mn * mn, 1.0, 1e-2);
+  // Coarse dtypes never round rand up to 1.
+  for (DType d : {DType::BF16, DType::F16}) EXPECT_LT(amax(rand({kN}, 2, d)).item<float>(), 1.0f);
+}
+
+TEST(Random, Errors) {
+  expect_throws<ShapeError>([] { rand_block({4, 4}, 0, {2, 2}, {3, 1}); },
+                            {"rand", "[2, 2]", "[3, 1]", "[4, 4]"});
+  expect_throws<ShapeError>([] { randn_block({4, 4}, 0, {0}, {1}); }, {"randn", "[4, 4]"});
+  expect_throws<ShapeError>([] { randn_block({4}, 0, {-1}, {1}); }, {"randn", "[-1]"});
+  expect_throws<ShapeError>([] { randn({-2}, 0); }, {"randn", "-2"});
+  expect_throws<Unsupported>([] { rand({2}, 0, DType::I32); }, {"rand", "i32"});
+  expect_throws<Unsupported>([] { randn({2}, 0, DType::Bool); }, {"randn", "bool"});
+}
+
+}  // namespace
+}  // namespace spmd
