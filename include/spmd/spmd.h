@@ -21,6 +21,7 @@
 #include "core/check.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "mesh/layout.h"
 #include "sim/per_rank.h"
 #include "sim/world.h"
 #include "tensor/dtype.h"
