@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string_view>
 #include <type_traits>
@@ -124,7 +125,9 @@ decltype(auto) dispatch_dtype(DType dtype, F&& fn) {
   return fn.template operator()<float>();  // unreachable: every enumerator is handled
 }
 
-// Element conversions through the widest type that holds the value exactly.
+// Element conversions through the widest type that holds the value exactly. Floating to integer
+// truncates toward zero and saturates at the integer's range, NaN giving 0 (a plain cast would
+// be undefined behaviour there).
 template <class To, class From>
 inline To convert_element(From v) {
   if constexpr (std::is_same_v<To, From>) {
@@ -135,6 +138,13 @@ inline To convert_element(From v) {
     return To(static_cast<float>(v));
   } else if constexpr (std::is_same_v<To, bool>) {
     return v != From(0);
+  } else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
+    // 2^(digits) is exact in every floating type; the largest To converts to it or below.
+    constexpr From kLimit = static_cast<From>(std::numeric_limits<To>::max()) + From(1);
+    if (!(v == v)) return To(0);
+    if (v >= kLimit) return std::numeric_limits<To>::max();
+    if (v <= -kLimit) return std::numeric_limits<To>::min();
+    return static_cast<To>(v);
   } else {
     return static_cast<To>(v);
   }
@@ -142,10 +152,14 @@ inline To convert_element(From v) {
 
 }  // namespace spmd
 
+// Formats as plain text without format specs. (Inheriting fmt::formatter<std::string_view>
+// would allow padding, but GCC 12 then warns, falsely, inside fmt 9's spec parser:
+// -Wstringop-overflow in fill_t, fmtlib/fmt#3334.)
 template <>
-struct fmt::formatter<spmd::DType> : fmt::formatter<std::string_view> {
+struct fmt::formatter<spmd::DType> {
+  constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
   template <class Ctx>
   auto format(spmd::DType d, Ctx& ctx) const {
-    return fmt::formatter<std::string_view>::format(spmd::dtype_name(d), ctx);
+    return fmt::format_to(ctx.out(), "{}", spmd::dtype_name(d));
   }
 };

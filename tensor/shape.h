@@ -15,6 +15,9 @@ using Strides = std::vector<int64_t>;
 
 // Product of the sizes (1 for a 0-d shape).
 int64_t shape_numel(const Shape& shape);
+// shape_numel for a shape from user input: ShapeError naming `op` and the shape when a size is
+// negative or the element count (or its byte size) does not fit in int64.
+int64_t checked_numel(const Shape& shape, std::string_view op);
 // Row-major strides of a contiguous tensor of this shape.
 Strides contiguous_strides(const Shape& shape);
 // "[2, 3]".

@@ -114,6 +114,8 @@ class Tensor {
 
  private:
   void check_defined(const char* op) const;
+  // Another view of this tensor's storage.
+  Tensor as_view(Shape shape, Strides strides, int64_t offset) const;
 
   std::shared_ptr<Storage> storage_;
   Shape shape_;
@@ -127,10 +129,14 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 }  // namespace spmd
 
+// Formats as plain text without format specs. (Inheriting fmt::formatter<std::string_view>
+// would allow padding, but GCC 12 then warns, falsely, inside fmt 9's spec parser:
+// -Wstringop-overflow in fill_t, fmtlib/fmt#3334.)
 template <>
-struct fmt::formatter<spmd::Tensor> : fmt::formatter<std::string> {
+struct fmt::formatter<spmd::Tensor> {
+  constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
   template <class Ctx>
   auto format(const spmd::Tensor& t, Ctx& ctx) const {
-    return fmt::formatter<std::string>::format(t.to_string(), ctx);
+    return fmt::format_to(ctx.out(), "{}", t.to_string());
   }
 };

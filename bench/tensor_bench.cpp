@@ -1,0 +1,119 @@
+// bench/tensor_bench.cpp: the dense Tensor against the code it must keep up with.
+//
+// Headline counters (issue 2), each measured in the same run on the same data, interleaved
+// iteration by iteration so a noisy shared machine slows both sides alike:
+//   BM_Matmul512  vs_eigen = our matmul's speed / raw Eigen's (C.noalias() = A * B), F32.
+//   BM_Add16M     vs_loop  = our a + b's speed / a plain loop into a preallocated buffer.
+// The reported time is ours (manual timing); ms_ours / ms_ref give both sides per iteration.
+#include <benchmark/benchmark.h>
+
+#include <Eigen/Core>
+#include <chrono>
+#include <vector>
+
+#include "tensor/ops.h"
+#include "tensor/random.h"
+
+namespace {
+
+using spmd::Tensor;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Runs `ours` and `reference` alternately; reports our time and the ratio of their speeds.
+template <class Ours, class Reference>
+void compare(benchmark::State& state, const char* counter, Ours&& ours, Reference&& reference) {
+  double ours_total = 0;
+  double ref_total = 0;
+  for (auto _ : state) {
+    Clock::time_point start = Clock::now();
+    ours();
+    const double t = seconds_since(start);
+    ours_total += t;
+    state.SetIterationTime(t);
+    start = Clock::now();
+    reference();
+    ref_total += seconds_since(start);
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters[counter] = ref_total / ours_total;
+  state.counters["ms_ours"] = 1e3 * ours_total / n;
+  state.counters["ms_ref"] = 1e3 * ref_total / n;
+}
+
+void BM_Matmul512(benchmark::State& state) {
+  constexpr int64_t kN = 512;
+  const Tensor a = spmd::randn({kN, kN}, 1);
+  const Tensor b = spmd::randn({kN, kN}, 2);
+  using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const Eigen::Map<const RowMajor> ea(a.data<float>(), kN, kN);
+  const Eigen::Map<const RowMajor> eb(b.data<float>(), kN, kN);
+  RowMajor ec(kN, kN);
+  compare(
+      state, "vs_eigen",
+      [&] {
+        Tensor c = spmd::matmul(a, b);
+        benchmark::DoNotOptimize(c.data_ptr());
+      },
+      [&] {
+        ec.noalias() = ea * eb;
+        benchmark::DoNotOptimize(ec.data());
+      });
+  state.counters["GFLOPS"] = 2.0 * kN * kN * kN / (1e-3 * state.counters["ms_ours"]) / 1e9;
+}
+BENCHMARK(BM_Matmul512)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
+
+void BM_Add16M(benchmark::State& state) {
+  constexpr int64_t kN = int64_t{1} << 24;
+  const Tensor a = spmd::rand({kN}, 1);
+  const Tensor b = spmd::rand({kN}, 2);
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  std::vector<float> out(kN);
+  compare(
+      state, "vs_loop",
+      [&] {
+        Tensor c = a + b;
+        benchmark::DoNotOptimize(c.data_ptr());
+      },
+      [&] {
+        float* po = out.data();
+        for (int64_t i = 0; i < kN; ++i) po[i] = pa[i] + pb[i];
+        benchmark::DoNotOptimize(po);
+      });
+  state.counters["GBps"] = 3.0 * sizeof(float) * kN / (1e-3 * state.counters["ms_ours"]) / 1e9;
+}
+BENCHMARK(BM_Add16M)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
+
+// Informational: a strided copy, a reduction, softmax rows and the RNG.
+void BM_ContiguousOfTranspose(benchmark::State& state) {
+  const Tensor a = spmd::rand({4096, 4096}, 1).transpose(0, 1);
+  for (auto _ : state) benchmark::DoNotOptimize(a.contiguous().data_ptr());
+  state.SetBytesProcessed(2 * 4 * a.numel() * state.iterations());
+}
+BENCHMARK(BM_ContiguousOfTranspose)->Unit(benchmark::kMillisecond);
+
+void BM_Sum16M(benchmark::State& state) {
+  const Tensor a = spmd::rand({int64_t{1} << 24}, 1);
+  for (auto _ : state) benchmark::DoNotOptimize(spmd::sum(a).item<float>());
+  state.SetBytesProcessed(4 * a.numel() * state.iterations());
+}
+BENCHMARK(BM_Sum16M)->Unit(benchmark::kMillisecond);
+
+void BM_SoftmaxRows(benchmark::State& state) {
+  const Tensor a = spmd::randn({4096, 1024}, 1);
+  for (auto _ : state) benchmark::DoNotOptimize(spmd::softmax(a, 1).data_ptr());
+  state.SetBytesProcessed(2 * 4 * a.numel() * state.iterations());
+}
+BENCHMARK(BM_SoftmaxRows)->Unit(benchmark::kMillisecond);
+
+void BM_Randn1M(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(spmd::randn({1 << 20}, 7).data_ptr());
+  state.SetItemsProcessed((int64_t{1} << 20) * state.iterations());
+}
+BENCHMARK(BM_Randn1M)->Unit(benchmark::kMillisecond);
+
+}  // namespace
