@@ -1,0 +1,30 @@
+// tests/mesh/mesh_test_support.h: worlds and communicator tokens for the mesh tests.
+#pragma once
+
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "mesh/comm_cache.h"
+#include "sim/world.h"
+
+namespace spmd::testing {
+
+// A sim-like world of `size` ranks holding `held` (all ranks when empty), built directly.
+inline World make_world(int size, std::vector<int> held = {}) {
+  if (held.empty()) {
+    held.resize(static_cast<size_t>(size));
+    std::iota(held.begin(), held.end(), 0);
+  }
+  return World(std::make_shared<WorldState>(WorldState{
+      .size = size, .held_ranks = std::move(held), .coordinator = true, .backend_name = "sim"}));
+}
+
+// A distinct Communicator pointer for cache tests. Communicator is only declared in mesh/, so
+// the pointer aliases an int it keeps alive and is never dereferenced.
+inline std::shared_ptr<Communicator> make_token(int id) {
+  auto owner = std::make_shared<int>(id);
+  return std::shared_ptr<Communicator>(owner, reinterpret_cast<Communicator*>(owner.get()));
+}
+
+}  // namespace spmd::testing
