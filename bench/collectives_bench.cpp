@@ -47,20 +47,20 @@ double memcpy_bandwidth() {
   return bw;
 }
 
-struct Setup {
+struct BenchSetup {
   World world = World::sim(kRanks);
   DeviceMesh mesh = init_device_mesh(world, {kRanks}, {"x"});
 };
 
-Setup& setup() {
-  static Setup s;
+BenchSetup& setup() {
+  static BenchSetup s;
   trace().set_enabled(false);
   return s;
 }
 
 template <class Op>
 void run_bandwidth(benchmark::State& state, Op&& op) {
-  Setup& s = setup();
+  BenchSetup& s = setup();
   LocalTensor x = LocalTensor::from_fn(s.world, [](int r) { return full({kElements}, r + 1); });
   op(x, s.mesh);  // warm the caching allocator
   double elapsed = 0.0;
@@ -93,7 +93,7 @@ void BM_all_to_all_64MiB(benchmark::State& state) {
 // `elements` per rank: 1 (4 bytes), or one per peer for the all-to-alls.
 template <class Op>
 void run_latency(benchmark::State& state, Op&& op, int64_t elements = 1) {
-  Setup& s = setup();
+  BenchSetup& s = setup();
   LocalTensor x = LocalTensor::from_fn(s.world, [&](int r) { return full({elements}, r); });
   double elapsed = 0.0;
   for (auto _ : state) {
@@ -122,7 +122,7 @@ void BM_all_to_all_single_4B(benchmark::State& state) {
 }
 
 void BM_replicated_memory_64MiB(benchmark::State& state) {
-  Setup& s = setup();
+  BenchSetup& s = setup();
   Tensor t = full({kElements}, 1);
   double ratio = 0.0;
   for (auto _ : state) {

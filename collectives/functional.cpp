@@ -8,6 +8,7 @@
 #include "collectives/trace.h"
 #include "collectives/validate.h"
 #include "core/error.h"
+#include "tensor/ops.h"
 
 namespace spmd {
 

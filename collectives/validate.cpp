@@ -203,10 +203,8 @@ void check_group_splits(const CollectiveCall& call, const std::vector<const Tens
   for (int64_t j = 0; j < n; ++j) {
     const int rank = (*call.group)[static_cast<size_t>(j)];
     if (o.out_splits.empty()) {
-      // Even output split: every peer must send the same number of rows.
-      int64_t total = 0;
-      for (int64_t i = 0; i < n; ++i) total += in[static_cast<size_t>(i)][static_cast<size_t>(j)];
-      out[static_cast<size_t>(j)].assign(static_cast<size_t>(n), total / n);
+      // Even output split: the result has the input's rows, an equal share from every peer.
+      out[static_cast<size_t>(j)].assign(static_cast<size_t>(n), inputs[static_cast<size_t>(j)]->size(0) / n);
     } else {
       out[static_cast<size_t>(j)] = o.out_splits.at(rank);
     }

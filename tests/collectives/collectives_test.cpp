@@ -92,8 +92,10 @@ TEST(CollectiveErrors, LocalArgumentChecks) {
   expect_throws<CommError>(
       [&] { all_to_all_single(x, mesh, "tp", std::vector<int64_t>{1, 1, 1, 3}, std::vector<int64_t>{1, 1, 1, 1}); },
       {"in_splits", "add up to 4", "6 rows"});
-  expect_throws<CommError>([&] { all_to_all_single(x, mesh, "tp", {}, std::vector<int64_t>{6, 0, 0, 0}); },
-                           {"split sizes do not match"});
+  // Every rank sends all 8 rows to group rank 0, which expects an even 2 from each.
+  expect_throws<CommError>(
+      [&] { all_to_all_single(zeros(world, {8, 2}), mesh, "tp", {}, std::vector<int64_t>{8, 0, 0, 0}); },
+      {"split sizes do not match", "sends 8 rows to rank 0", "expects 2"});
   expect_throws<CommError>([&] { all_reduce(LocalTensor(), mesh, "tp"); }, {"undefined"});
   expect_throws<CommError>([&] { reduce(zeros(world, {}), mesh, "tp", ReduceOp::Sum); },
                            {"0-d", "reshape it to [1]"});

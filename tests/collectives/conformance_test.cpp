@@ -53,7 +53,8 @@ std::vector<double> input_values(uint64_t seed, int rank, const Shape& shape, DT
 }
 
 Tensor make_input(uint64_t seed, int rank, const Shape& shape, DType dtype) {
-  return from_vector(input_values(seed, rank, shape, dtype), shape).to(dtype);
+  // from_vector makes a 1-D tensor for an empty shape; reshape gives the 0-d one.
+  return from_vector(input_values(seed, rank, shape, dtype)).reshape(shape).to(dtype);
 }
 
 std::vector<int64_t> unravel(int64_t flat, const Shape& shape) {
@@ -210,7 +211,7 @@ std::vector<ShapeCase> shapes_for(int64_t g, bool with_scalar) {
 // ---- the harness ----------------------------------------------------------------------------
 
 // One case's context: the mesh, the group of every held rank, and the inputs.
-struct Setup {
+struct CaseMesh {
   DeviceMesh mesh;
   std::vector<std::vector<int>> groups;
   int64_t group_size = 0;
@@ -230,8 +231,8 @@ struct Setup {
   }
 };
 
-Setup setup(const World& world, const Family& family) {
-  Setup s{family.make(world), {}, 0};
+CaseMesh setup(const World& world, const Family& family) {
+  CaseMesh s{family.make(world), {}, 0};
   s.groups = s.mesh.groups(family.dim);
   s.group_size = static_cast<int64_t>(s.groups.front().size());
   return s;
@@ -261,7 +262,7 @@ template <class Body>
 int for_each_case(const World& world, bool with_scalar, Body&& body) {
   int cases = 0;
   for (const Family& family : families(world.size())) {
-    Setup s = setup(world, family);
+    CaseMesh s = setup(world, family);
     for (const ShapeCase& sc : shapes_for(s.group_size, with_scalar)) {
       for (DType dtype : kAllDTypes) {
         body(family, s, sc, dtype, g_seed++);
@@ -285,7 +286,7 @@ LocalTensor inputs(const World& world, uint64_t seed, const Shape& shape, DType 
 
 TEST(Conformance, AllReduce) {
   World world = test_world();
-  int cases = for_each_case(world, true, [&](const Family& f, const Setup& s, const ShapeCase& sc,
+  int cases = for_each_case(world, true, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc,
                                              DType dtype, uint64_t seed) {
     LocalTensor x = inputs(world, seed, sc.shape, dtype);
     for (ReduceOp op : ops_for(dtype)) {
@@ -309,7 +310,7 @@ TEST(Conformance, AllReduce) {
 
 TEST(Conformance, AllGather) {
   World world = test_world();
-  for_each_case(world, false, [&](const Family& f, const Setup& s, const ShapeCase& sc, DType dtype,
+  for_each_case(world, false, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype,
                                   uint64_t seed) {
     LocalTensor x = inputs(world, seed, sc.shape, dtype);
     for (int64_t gd : {int64_t{0}, int64_t{-1}}) {
@@ -337,7 +338,7 @@ TEST(Conformance, AllGather) {
 
 TEST(Conformance, ReduceScatter) {
   World world = test_world();
-  for_each_case(world, false, [&](const Family& f, const Setup& s, const ShapeCase& sc, DType dtype,
+  for_each_case(world, false, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype,
                                   uint64_t seed) {
     LocalTensor x = inputs(world, seed, sc.shape, dtype);
     const int64_t sd = sc.name == "cube" ? 1 : 0;
@@ -367,7 +368,7 @@ TEST(Conformance, ReduceScatter) {
 
 TEST(Conformance, AllToAll) {
   World world = test_world();
-  for_each_case(world, false, [&](const Family& f, const Setup& s, const ShapeCase& sc, DType dtype,
+  for_each_case(world, false, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype,
                                   uint64_t seed) {
     LocalTensor x = inputs(world, seed, sc.shape, dtype);
     std::vector<std::pair<int64_t, int64_t>> dims = {{0, 0}};
@@ -402,7 +403,7 @@ TEST(Conformance, AllToAll) {
 TEST(Conformance, AllToAllSingle) {
   World world = test_world();
   for (const Family& f : families(world.size())) {
-    Setup s = setup(world, f);
+    CaseMesh s = setup(world, f);
     const int64_t n = s.group_size;
     for (DType dtype : kAllDTypes) {
       const uint64_t seed = g_seed++;
@@ -468,7 +469,7 @@ TEST(Conformance, AllToAllSingle) {
 
 TEST(Conformance, Broadcast) {
   World world = test_world();
-  for_each_case(world, true, [&](const Family& f, const Setup& s, const ShapeCase& sc, DType dtype,
+  for_each_case(world, true, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype,
                                  uint64_t seed) {
     LocalTensor x = inputs(world, seed, sc.shape, dtype);
     for (int src : {0, static_cast<int>(s.group_size) - 1}) {
@@ -485,7 +486,7 @@ TEST(Conformance, Broadcast) {
 
 TEST(Conformance, Scatter) {
   World world = test_world();
-  for_each_case(world, false, [&](const Family& f, const Setup& s, const ShapeCase& sc, DType dtype,
+  for_each_case(world, false, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype,
                                   uint64_t seed) {
     LocalTensor x = inputs(world, seed, sc.shape, dtype);
     const int64_t sd = sc.name == "cube" ? 1 : 0;
@@ -512,7 +513,7 @@ TEST(Conformance, Scatter) {
 
 TEST(Conformance, Gather) {
   World world = test_world();
-  for_each_case(world, false, [&](const Family& f, const Setup& s, const ShapeCase& sc, DType dtype,
+  for_each_case(world, false, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype,
                                   uint64_t seed) {
     LocalTensor x = inputs(world, seed, sc.shape, dtype);
     for (int dst : {0, static_cast<int>(s.group_size) - 1}) {
@@ -546,7 +547,7 @@ TEST(Conformance, Gather) {
 
 TEST(Conformance, Reduce) {
   World world = test_world();
-  for_each_case(world, false, [&](const Family& f, const Setup& s, const ShapeCase& sc, DType dtype,
+  for_each_case(world, false, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype,
                                   uint64_t seed) {
     LocalTensor x = inputs(world, seed, sc.shape, dtype);
     const int dst = static_cast<int>(s.group_size) - 1;
@@ -576,7 +577,7 @@ TEST(Conformance, Reduce) {
 
 TEST(Conformance, Permute) {
   World world = test_world();
-  for_each_case(world, true, [&](const Family& f, const Setup& s, const ShapeCase& sc, DType dtype,
+  for_each_case(world, true, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype,
                                  uint64_t seed) {
     LocalTensor x = inputs(world, seed, sc.shape, dtype);
     const int n = static_cast<int>(s.group_size);
@@ -608,7 +609,7 @@ TEST(Conformance, Permute) {
 TEST(Conformance, Barrier) {
   World world = test_world();
   for (const Family& f : families(world.size())) {
-    Setup s = setup(world, f);
+    CaseMesh s = setup(world, f);
     barrier(s.mesh);
   }
 }
