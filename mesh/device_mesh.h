@@ -38,6 +38,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <iosfwd>
 #include <map>
@@ -228,7 +229,7 @@ class DeviceMesh {
   // map (`op` and `source` name the operation and its input in errors).
   static DeviceMesh make(std::shared_ptr<MeshUniverse> universe, std::vector<Layout> dims,
                          std::vector<std::string> names, std::string_view op,
-                         const std::string& source);
+                         const std::function<std::string()>& source);
   const MeshUniverse& checked(const char* op) const;
   // Layout and display name of a dim, including the root's flattened dims by name.
   std::pair<Layout, std::string> find_dim(MeshDim dim, const char* op) const;
