@@ -263,7 +263,7 @@ int64_t DeviceMesh::size() const {
 }
 
 int64_t DeviceMesh::size(MeshDim dim) const {
-  return spmd::size(dims_[resolve(dim)]);
+  return spmd::size(find_dim(std::move(dim), "size").first);
 }
 
 std::string DeviceMesh::dim_name(int dim) const {
@@ -329,8 +329,8 @@ Layout DeviceMesh::layout() const {
   return Layout::from_modes(dims_);
 }
 
-const Layout& DeviceMesh::dim_layout(MeshDim dim) const {
-  return dims_[resolve(dim)];
+Layout DeviceMesh::dim_layout(MeshDim dim) const {
+  return find_dim(std::move(dim), "dim_layout").first;
 }
 
 std::pair<Layout, std::string> DeviceMesh::find_dim(MeshDim dim, const char* op) const {
