@@ -2,9 +2,11 @@
 #include "mesh/device_mesh.h"
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 #include <ostream>
 #include <set>
+#include <type_traits>
 #include <utility>
 
 #include <fmt/ranges.h>
@@ -37,19 +39,32 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return fmt::format("({})", fmt::join(shape, ", "));
 }
 
+// `op` for messages: a string, or a callable that formats one (only when an error is thrown, so
+// the success path formats nothing).
+template <class Op>
+std::string op_text(const Op& op) {
+  if constexpr (std::is_invocable_v<Op>) {
+    return op();
+  } else {
+    return std::string(op);
+  }
+}
+
 // Names are empty (unnamed) or one distinct, non-empty name per dim.
-void validate_names(const std::vector<std::string>& names, size_t ndim, std::string_view op) {
+template <class Op>
+void validate_names(const std::vector<std::string>& names, size_t ndim, const Op& op_name) {
   if (names.empty()) return;
+  auto op = [&] { return op_text(op_name); };
   if (names.size() != ndim) {
-    throw_error<MeshError>("{}: {} dim names [{}] for {} dims", op, names.size(),
+    throw_error<MeshError>("{}: {} dim names [{}] for {} dims", op(), names.size(),
                            quoted_list(names), ndim);
   }
   std::set<std::string> seen;
   for (const std::string& n : names) {
     if (n.empty())
-      throw_error<MeshError>("{}: dim names [{}] include an empty name", op, quoted_list(names));
+      throw_error<MeshError>("{}: dim names [{}] include an empty name", op(), quoted_list(names));
     if (!seen.insert(n).second) {
-      throw_error<MeshError>("{}: dim names [{}] repeat '{}'", op, quoted_list(names), n);
+      throw_error<MeshError>("{}: dim names [{}] repeat '{}'", op(), quoted_list(names), n);
     }
   }
 }
@@ -146,24 +161,24 @@ GroupFamily MeshUniverse::group_family(const Layout& dim_layout,
 
 DeviceMesh DeviceMesh::make(std::shared_ptr<MeshUniverse> universe, std::vector<Layout> dims,
                             std::vector<std::string> names, std::string_view op,
-                            const std::string& source) {
+                            const std::function<std::string()>& source) {
   Layout layout = Layout::from_modes(dims);
   if (!is_tractable(layout)) {
     if (!check_non_overlap(layout)) {
       throw_error<MeshError>(
           "{}: {}: the selected dims overlap (layout {} reaches some rank twice); overlapping "
           "dims cannot form a mesh",
-          op, source, layout);
+          op, source(), layout);
     }
     throw_error<MeshError>(
         "{}: {}: the result, layout {}, is not tractable (its modes sorted by stride do not nest), "
         "so its sibling meshes would not tile the {} ranks of the root",
-        op, source, layout, universe->num_positions());
+        op, source(), layout, universe->num_positions());
   }
   int64_t n = universe->num_positions();
   if (n % spmd::size(layout) != 0 || spmd::size(complement(layout, n)) * spmd::size(layout) != n) {
     throw_error<MeshError>("{}: {}: the result, layout {}, does not tile the {} ranks of the root",
-                           op, source, layout, n);
+                           op, source(), layout, n);
   }
   DeviceMesh mesh;
   mesh.universe_ = std::move(universe);
@@ -248,7 +263,7 @@ int64_t DeviceMesh::size() const {
 }
 
 int64_t DeviceMesh::size(MeshDim dim) const {
-  return spmd::size(dims_[resolve(dim)]);
+  return spmd::size(find_dim(std::move(dim), "size").first);
 }
 
 std::string DeviceMesh::dim_name(int dim) const {
@@ -314,8 +329,8 @@ Layout DeviceMesh::layout() const {
   return Layout::from_modes(dims_);
 }
 
-const Layout& DeviceMesh::dim_layout(MeshDim dim) const {
-  return dims_[resolve(dim)];
+Layout DeviceMesh::dim_layout(MeshDim dim) const {
+  return find_dim(std::move(dim), "dim_layout").first;
 }
 
 std::pair<Layout, std::string> DeviceMesh::find_dim(MeshDim dim, const char* op) const {
@@ -351,10 +366,12 @@ DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& names) const {
 
 DeviceMesh DeviceMesh::slice(const std::vector<MeshDim>& dims) const {
   const MeshUniverse& u = checked("slice");
-  std::vector<std::string> requested;
-  for (const MeshDim& d : dims) requested.push_back(d.is_index() ? d.to_string() : d.name());
-  std::string source = fmt::format("{}[{}]", to_string(), quoted_list(requested));
-  if (dims.empty()) throw_error<MeshError>("{}: select at least one dim", source);
+  auto source = [&] {
+    std::vector<std::string> requested;
+    for (const MeshDim& d : dims) requested.push_back(d.is_index() ? d.to_string() : d.name());
+    return fmt::format("{}[{}]", to_string(), quoted_list(requested));
+  };
+  if (dims.empty()) throw_error<MeshError>("{}: select at least one dim", source());
 
   struct Pick {
     Layout layout;
@@ -379,7 +396,7 @@ DeviceMesh DeviceMesh::slice(const std::vector<MeshDim>& dims) const {
         hint = fmt::format("; '{}' is a flattened dim, reachable by name only from the root mesh",
                            d.name());
       }
-      throw_error<MeshError>("{}: unknown dim '{}' (the dims are {}){}", source, d.name(),
+      throw_error<MeshError>("{}: unknown dim '{}' (the dims are {}){}", source(), d.name(),
                              quoted_list(names_), hint);
     }
     int i = resolve(d);
@@ -391,7 +408,7 @@ DeviceMesh DeviceMesh::slice(const std::vector<MeshDim>& dims) const {
       bool same =
           picks[a].index >= 0 ? picks[a].index == picks[b].index : picks[a].name == picks[b].name;
       if (same) {
-        throw_error<MeshError>("{}: dim '{}' is selected twice (overlapping dims)", source,
+        throw_error<MeshError>("{}: dim '{}' is selected twice (overlapping dims)", source(),
                                picks[a].index >= 0 ? dim_name(picks[a].index) : picks[a].name);
       }
     }
@@ -403,7 +420,7 @@ DeviceMesh DeviceMesh::slice(const std::vector<MeshDim>& dims) const {
     if (p.index < 0) continue;
     if (p.index < last_index) {
       throw_error<MeshError>(
-          "{}: dims must be selected in ascending mesh order, but '{}' comes after '{}'", source,
+          "{}: dims must be selected in ascending mesh order, but '{}' comes after '{}'", source(),
           dim_name(p.index), last_name);
     }
     last_index = p.index;
@@ -418,7 +435,7 @@ DeviceMesh DeviceMesh::slice(const std::vector<MeshDim>& dims) const {
             "{}: the flattened dim '{}' (layout {}) is not contiguous; it can only be sliced on "
             "its "
             "own",
-            source, p.name, p.layout);
+            source(), p.name, p.layout);
       }
     }
     for (size_t k = 0; k + 1 < picks.size(); ++k) {
@@ -428,7 +445,7 @@ DeviceMesh DeviceMesh::slice(const std::vector<MeshDim>& dims) const {
         throw_error<MeshError>(
             "{}: dims must be selected in ascending mesh order, but '{}' (layout {}) lies inside "
             "or after '{}' (layout {})",
-            source, picks[k].name, picks[k].layout, picks[k + 1].name, picks[k + 1].layout);
+            source(), picks[k].name, picks[k].layout, picks[k + 1].name, picks[k + 1].layout);
       }
     }
   }
@@ -448,7 +465,7 @@ DeviceMesh DeviceMesh::slice(const std::vector<MeshDim>& dims) const {
   if (!names.empty() && names.size() != layouts.size()) {
     throw_error<MeshError>(
         "{}: an unnamed mesh cannot mix flattened dims (which have names) with its own dims",
-        source);
+        source());
   }
   return make(universe_, std::move(layouts), std::move(names), "slice", source);
 }
@@ -493,32 +510,32 @@ DeviceMesh DeviceMesh::unflatten(MeshDim dim, const std::vector<int64_t>& sizes,
                                  std::vector<std::string> names) const {
   checked("unflatten");
   int d = resolve(dim);
-  std::string source = fmt::format("unflatten: {}: dim '{}'", to_string(), dim_name(d));
-  if (sizes.empty()) throw_error<MeshError>("{}: give at least one size", source);
+  auto source = [&] { return fmt::format("unflatten: {}: dim '{}'", to_string(), dim_name(d)); };
+  if (sizes.empty()) throw_error<MeshError>("{}: give at least one size", source());
   int64_t product = 1;
   for (int64_t s : sizes) {
-    if (s < 1) throw_error<MeshError>("{}: sizes {} include {}", source, shape_text(sizes), s);
+    if (s < 1) throw_error<MeshError>("{}: sizes {} include {}", source(), shape_text(sizes), s);
     product *= s;
   }
   if (product != spmd::size(dims_[d])) {
-    throw_error<MeshError>("{}: sizes {} multiply to {} but the dim has {} ranks", source,
+    throw_error<MeshError>("{}: sizes {} multiply to {} but the dim has {} ranks", source(),
                            shape_text(sizes), product, spmd::size(dims_[d]));
   }
   if (names_.empty()) {
     if (!names.empty()) {
       throw_error<MeshError>("{}: the mesh is unnamed, so its new dims cannot be named [{}]",
-                             source, quoted_list(names));
+                             source(), quoted_list(names));
     }
   } else {
     if (names.size() != sizes.size()) {
-      throw_error<MeshError>("{}: {} names [{}] for {} sizes {}", source, names.size(),
+      throw_error<MeshError>("{}: {} names [{}] for {} sizes {}", source(), names.size(),
                              quoted_list(names), sizes.size(), shape_text(sizes));
     }
     validate_names(names, sizes.size(), source);
     for (int k = 0; k < ndim(); ++k) {
       if (k == d) continue;
       if (std::find(names.begin(), names.end(), names_[k]) != names.end()) {
-        throw_error<MeshError>("{}: new name '{}' clashes with another dim of the mesh", source,
+        throw_error<MeshError>("{}: new name '{}' clashes with another dim of the mesh", source(),
                                names_[k]);
       }
     }
@@ -527,7 +544,7 @@ DeviceMesh DeviceMesh::unflatten(MeshDim dim, const std::vector<int64_t>& sizes,
   try {
     split = composition(dims_[d], Layout::row_major(sizes));
   } catch (const MeshError& e) {
-    throw_error<MeshError>("{}: its layout {} cannot be split into {}: {}", source, dims_[d],
+    throw_error<MeshError>("{}: its layout {} cannot be split into {}: {}", source(), dims_[d],
                            shape_text(sizes), e.what());
   }
   std::vector<Layout> dims(dims_.begin(), dims_.begin() + d);
@@ -544,12 +561,12 @@ DeviceMesh DeviceMesh::unflatten(MeshDim dim, const std::vector<int64_t>& sizes,
 
 DeviceMesh concatenate(const std::vector<DeviceMesh>& meshes) {
   if (meshes.empty()) throw_error<MeshError>("concatenate: no meshes given");
-  std::vector<std::string> described;
-  for (const DeviceMesh& m : meshes) {
-    m.checked("concatenate");
-    described.push_back(m.to_string());
-  }
-  std::string source = fmt::format("[{}]", join(described, ", "));
+  for (const DeviceMesh& m : meshes) m.checked("concatenate");
+  auto source = [&] {
+    std::vector<std::string> described;
+    for (const DeviceMesh& m : meshes) described.push_back(m.to_string());
+    return fmt::format("[{}]", join(described, ", "));
+  };
   const auto& universe = meshes[0].universe();
   std::vector<Layout> dims;
   std::vector<std::string> names;
@@ -558,11 +575,11 @@ DeviceMesh concatenate(const std::vector<DeviceMesh>& meshes) {
       throw_error<MeshError>(
           "concatenate: {}: {} and {} come from different root meshes; only meshes derived from "
           "one root can be concatenated",
-          source, meshes[0].to_string(), m.to_string());
+          source(), meshes[0].to_string(), m.to_string());
     }
     if (m.has_dim_names() != meshes[0].has_dim_names()) {
       throw_error<MeshError>("concatenate: {}: the meshes must be all named or all unnamed",
-                             source);
+                             source());
     }
     dims.insert(dims.end(), m.dims_.begin(), m.dims_.end());
     names.insert(names.end(), m.names_.begin(), m.names_.end());
@@ -570,7 +587,7 @@ DeviceMesh concatenate(const std::vector<DeviceMesh>& meshes) {
   std::set<std::string> seen;
   for (const std::string& n : names) {
     if (!seen.insert(n).second) {
-      throw_error<MeshError>("concatenate: {}: dim name '{}' appears twice", source, n);
+      throw_error<MeshError>("concatenate: {}: dim name '{}' appears twice", source(), n);
     }
   }
   return DeviceMesh::make(universe, std::move(dims), std::move(names), "concatenate", source);
@@ -698,7 +715,7 @@ DeviceMesh DeviceMesh::from_json(const World& world, std::string_view text) {
         RankMap::make(std::move(ranks), world.size(), op), root_shape, root_names);
     for (const auto& [name, value] : j.at("flattened").items()) {
       Layout l = Layout::parse(value.get<std::string>());
-      make(universe, {l}, {name}, op, fmt::format("flattened dim '{}'", name));
+      make(universe, {l}, {name}, op, [&] { return fmt::format("flattened dim '{}'", name); });
       universe->register_flattened(name, l);
     }
     std::vector<Layout> dims;
@@ -706,7 +723,8 @@ DeviceMesh DeviceMesh::from_json(const World& world, std::string_view text) {
     auto names = j.at("dim_names").get<std::vector<std::string>>();
     validate_names(names, dims.size(), op);
     if (dims.empty()) throw_error<MeshError>("{}: the mesh has no dims", op);
-    return make(std::move(universe), std::move(dims), std::move(names), op, "the saved mesh");
+    return make(std::move(universe), std::move(dims), std::move(names), op,
+                [] { return std::string("the saved mesh"); });
   } catch (const nlohmann::json::exception& e) {
     throw_error<MeshError>("{}: invalid document: {}", op, e.what());
   }

@@ -10,14 +10,14 @@
 // (_MeshLayout over a shared _rank_map) plus the per-universe communicator cache proposed in
 // pytorch/pytorch#166010.
 //
-//   World world(std::make_shared<WorldState>(WorldState{.size = 8, .held_ranks = {0, ..., 7}}));
+//   World world = World::sim(8);       // or any World holding some of ranks 0..7
 //   DeviceMesh mesh = init_device_mesh(world, {2, 2, 2}, {"dp", "cp", "tp"});
 //   mesh["tp"].groups("tp");           // [[0,1],[2,3],[4,5],[6,7]]
 //   mesh[{"dp", "cp"}].flatten();      // 1-D "dp_cp" over 4:2: groups [[0,2,4,6],[1,3,5,7]]
 //   mesh.unflatten("tp", {2, 1}, {"tp0", "tp1"});
 //   mesh.local_rank("cp");             // PerRank {0: 0, 1: 0, 2: 1, 3: 1, 4: 0, ...}
-//   fmt::print("{}\n{}", mesh, mesh.to_grid());  // DeviceMesh((dp=2, cp=2, tp=2), stride=(4, 2,
-//   1))
+//   fmt::print("{}", mesh);            // DeviceMesh((dp=2, cp=2, tp=2), stride=(4, 2, 1))
+//   fmt::print("{}", mesh.to_grid());  // the ranks as one 2-D grid per dp coordinate
 //
 // Note [Sub-meshes and siblings]
 // A sliced or unflattened mesh is, as in PyTorch, the same on every rank as a layout, but each
@@ -38,6 +38,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <iosfwd>
 #include <map>
@@ -137,14 +138,15 @@ class DeviceMesh {
   std::vector<int64_t> shape() const;
   // Number of ranks in the mesh (in one sibling).
   int64_t size() const;
+  // Size of one dim (on the root mesh, a flattened dim's name works too).
   int64_t size(MeshDim dim) const;
   // Empty for an unnamed mesh.
   const std::vector<std::string>& dim_names() const { return names_; }
   bool has_dim_names() const { return !names_.empty(); }
   // "tp", or "dim 1" when the mesh is unnamed.
   std::string dim_name(int dim) const;
-  // The index of `dim`; MeshError naming the mesh and the dim when it is out of range, unknown,
-  // or a name on an unnamed mesh.
+  // The index of `dim` among this mesh's dims (flattened dims of the root have none); MeshError
+  // naming the mesh and the dim when it is out of range, unknown, or a name on an unnamed mesh.
   int resolve(MeshDim dim) const;
   const std::string& device_type() const;
 
@@ -187,7 +189,8 @@ class DeviceMesh {
   // ---- layouts and tables -------------------------------------------------------------------
   // One top-level mode per dim: (2,4):(4,1); a flattened non-contiguous dim nests: ((2,2)):((4,1)).
   Layout layout() const;
-  const Layout& dim_layout(MeshDim dim) const;
+  // The layout of one dim (on the root mesh, a flattened dim's name works too).
+  Layout dim_layout(MeshDim dim) const;
   // The mesh tensor(s) as values: shape [num siblings, *shape()] (remap of layout()).
   RankTable rank_table_values() const;
   // The same as an I64 tensor: shape() when the mesh has one sibling (it covers the rank map),
@@ -207,8 +210,9 @@ class DeviceMesh {
   // JSON with the device type, rank map, root dims, flattened dims, and this mesh's dims and
   // names. No backend state: communicators are rebuilt on demand after loading.
   std::string to_json() const;
-  // A mesh from to_json() text, in a new universe over `world` (its ranks must exist there).
-  // It equals the saved mesh (Note [Mesh equality]) but shares no registry or communicators.
+  // A mesh from to_json() text, in a new universe over `world` (its ranks must exist there; the
+  // saved world size is informational). It equals the saved mesh (Note [Mesh equality]) and
+  // gets the saved flatten registry, but shares no universe, registry or communicators with it.
   static DeviceMesh from_json(const World& world, std::string_view text);
 
   // Note [Mesh equality].
@@ -228,7 +232,7 @@ class DeviceMesh {
   // map (`op` and `source` name the operation and its input in errors).
   static DeviceMesh make(std::shared_ptr<MeshUniverse> universe, std::vector<Layout> dims,
                          std::vector<std::string> names, std::string_view op,
-                         const std::string& source);
+                         const std::function<std::string()>& source);
   const MeshUniverse& checked(const char* op) const;
   // Layout and display name of a dim, including the root's flattened dims by name.
   std::pair<Layout, std::string> find_dim(MeshDim dim, const char* op) const;

@@ -156,6 +156,10 @@ TEST(DeviceMeshReference, Flatten) {  // 8
   mesh[{"cp", "tp"}].flatten("dummy");
   EXPECT_EQ(mesh["dummy"].dim_names()[0], "dummy");
   EXPECT_EQ(mesh.groups("dummy"), (Groups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(mesh.size("dummy"), 4);
+  EXPECT_EQ(mesh.dim_layout("dp_cp"), Layout(4, 2));
+  EXPECT_EQ(mesh.local_rank("dp_cp").at(6), 3);
+  expect_throws<MeshError>([&] { mesh.resolve("dp_cp"); }, {"unknown dim 'dp_cp'"});
 }
 
 TEST(DeviceMeshReference, SliceWithFlattenedDims) {  // 9, 10

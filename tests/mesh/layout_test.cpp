@@ -284,7 +284,9 @@ TEST(LayoutContract, Coalesce) {
     ASSERT_EQ(size(c), size(l)) << LAYOUT_CONTEXT(l);
     ASSERT_EQ(offsets(c), offsets(l)) << LAYOUT_CONTEXT(l) << " -> " << c;
     ASSERT_LE(c.depth(), 1) << LAYOUT_CONTEXT(l) << " -> " << c;
-    if (c.num_leaves() == 1) ASSERT_TRUE(c.is_scalar()) << LAYOUT_CONTEXT(l) << " -> " << c;
+    if (c.num_leaves() == 1) {
+      ASSERT_TRUE(c.is_scalar()) << LAYOUT_CONTEXT(l) << " -> " << c;
+    }
     for (int k = 0; k < c.num_leaves(); ++k) {
       if (c.leaf_sizes()[k] == 1) {
         ASSERT_EQ(c, Layout(1, 1)) << LAYOUT_CONTEXT(l) << " -> " << c;
@@ -316,7 +318,9 @@ TEST(LayoutContract, CheckNonOverlapMatchesEnumeration) {
     bool expected = injective(offsets(l));
     injective_count += expected;
     ASSERT_EQ(check_non_overlap(l), expected) << LAYOUT_CONTEXT(l);
-    if (is_tractable(l)) ASSERT_TRUE(expected) << LAYOUT_CONTEXT(l) << " is tractable";
+    if (is_tractable(l)) {
+      ASSERT_TRUE(expected) << LAYOUT_CONTEXT(l) << " is tractable";
+    }
   });
   EXPECT_GT(injective_count, 10000);
 }
@@ -341,7 +345,9 @@ TEST(LayoutContract, Complement) {
       int64_t m = size(c) * size(f);
       ASSERT_GE(m, world) << LAYOUT_CONTEXT(l) << " complement " << c;
       ASSERT_LT(m, world + e) << LAYOUT_CONTEXT(l) << " complement " << c;
-      if (world % e == 0) ASSERT_EQ(m, world) << LAYOUT_CONTEXT(l) << " complement " << c;
+      if (world % e == 0) {
+        ASSERT_EQ(m, world) << LAYOUT_CONTEXT(l) << " complement " << c;
+      }
       std::vector<int64_t> all, fo = offsets(f);
       for (int64_t x : co) {
         for (int64_t y : fo) all.push_back(x + y);
@@ -411,7 +417,9 @@ TEST(LayoutContract, IndexOfInvertsInjectiveLayouts) {
     }
     if (!is_tractable(l) && size(l) > 64) return;  // the enumerating fallback is quadratic here
     for (int64_t o = -1; o <= cosize(l); ++o) {
-      if (!image.count(o)) ASSERT_EQ(index_of(l, o), std::nullopt) << LAYOUT_CONTEXT(l) << " " << o;
+      if (!image.count(o)) {
+        ASSERT_EQ(index_of(l, o), std::nullopt) << LAYOUT_CONTEXT(l) << " " << o;
+      }
     }
   });
 }
@@ -466,7 +474,9 @@ TEST(LayoutContract, Composition) {
     }
     ++composed;
     ASSERT_EQ(size(r), size(b)) << a << " o " << b << " = " << r;
-    if (!b.is_scalar()) ASSERT_EQ(r.num_modes(), b.num_modes()) << a << " o " << b << " = " << r;
+    if (!b.is_scalar()) {
+      ASSERT_EQ(r.num_modes(), b.num_modes()) << a << " o " << b << " = " << r;
+    }
     std::vector<int64_t> ro = offsets(r), bo = offsets(b), ao = offsets(a);
     for (size_t c = 0; c < bo.size(); ++c) {
       ASSERT_EQ(ro[c], ao[bo[c]]) << a << " o " << b << " = " << r << " at " << c;

@@ -16,8 +16,12 @@ inline World make_world(int size, std::vector<int> held = {}) {
     held.resize(static_cast<size_t>(size));
     std::iota(held.begin(), held.end(), 0);
   }
-  return World(std::make_shared<WorldState>(WorldState{
-      .size = size, .held_ranks = std::move(held), .coordinator = true, .backend_name = "sim"}));
+  auto state = std::make_shared<WorldState>();
+  state->size = size;
+  state->held_ranks = std::move(held);
+  state->coordinator = true;
+  state->backend_name = "sim";
+  return World(state);
 }
 
 // A distinct Communicator pointer for cache tests. Communicator is only declared in mesh/, so
