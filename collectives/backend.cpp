@@ -53,8 +53,8 @@ WorkPtr Backend::all_to_all(Communicator&, const LocalTensor&, const AllToAllOpt
                             const CallSite&) {
   unsupported(CollectiveKind::AllToAll);
 }
-WorkPtr Backend::all_to_all_single(Communicator&, const LocalTensor&,
-                                   const AllToAllSingleOptions&, const CallSite&) {
+WorkPtr Backend::all_to_all_single(Communicator&, const LocalTensor&, const AllToAllSingleOptions&,
+                                   const CallSite&) {
   unsupported(CollectiveKind::AllToAllSingle);
 }
 WorkPtr Backend::broadcast(Communicator&, const LocalTensor&, const BroadcastOptions&,
@@ -65,12 +65,10 @@ WorkPtr Backend::scatter(Communicator&, const LocalTensor&, const ScatterOptions
                          const CallSite&) {
   unsupported(CollectiveKind::Scatter);
 }
-WorkPtr Backend::gather(Communicator&, const LocalTensor&, const GatherOptions&,
-                        const CallSite&) {
+WorkPtr Backend::gather(Communicator&, const LocalTensor&, const GatherOptions&, const CallSite&) {
   unsupported(CollectiveKind::Gather);
 }
-WorkPtr Backend::reduce(Communicator&, const LocalTensor&, const ReduceOptions&,
-                        const CallSite&) {
+WorkPtr Backend::reduce(Communicator&, const LocalTensor&, const ReduceOptions&, const CallSite&) {
   unsupported(CollectiveKind::Reduce);
 }
 WorkPtr Backend::permute(Communicator&, const LocalTensor&, const PermuteOptions&,

@@ -76,6 +76,8 @@ class Work {
   virtual bool is_completed() const = 0;
   // The result; Error if called before wait() returned.
   virtual const LocalTensor& result() const = 0;
+  // Moves the result out (for callers that own the only handle); result() is undefined after.
+  virtual LocalTensor take_result() { return result(); }
 };
 using WorkPtr = std::shared_ptr<Work>;
 
@@ -86,6 +88,7 @@ class CompletedWork final : public Work {
   void wait() override {}
   bool is_completed() const override { return true; }
   const LocalTensor& result() const override { return result_; }
+  LocalTensor take_result() override { return std::move(result_); }
 
  private:
   LocalTensor result_;

@@ -16,7 +16,9 @@ namespace {
 
 constexpr double kBytesPerGB = 1024.0 * 1024.0 * 1024.0;
 
-double ceil_log2(int64_t n) { return n <= 1 ? 0.0 : std::ceil(std::log2(static_cast<double>(n))); }
+double ceil_log2(int64_t n) {
+  return n <= 1 ? 0.0 : std::ceil(std::log2(static_cast<double>(n)));
+}
 
 double positive(const nlohmann::json& j, const char* key, double fallback, const char* where) {
   if (!j.contains(key)) return fallback;
@@ -56,7 +58,8 @@ Topology Topology::from_json(const std::string& text) {
   } catch (const nlohmann::json::exception& e) {
     throw_error<ConfigError>("Topology: malformed JSON: {}", e.what());
   }
-  if (!j.is_object()) throw_error<ConfigError>("Topology: expected a JSON object, got {}", j.dump());
+  if (!j.is_object())
+    throw_error<ConfigError>("Topology: expected a JSON object, got {}", j.dump());
   for (const auto& [key, value] : j.items()) {
     if (key != "devices_per_host" && key != "intra_host" && key != "inter_host" &&
         key != "base_latency_us") {
@@ -79,9 +82,10 @@ Topology Topology::from_json(const std::string& text) {
     if (!j.contains(level)) continue;
     const auto& link = j.at(level);
     if (!link.is_object()) {
-      throw_error<ConfigError>("Topology: '{}' must be an object with bandwidth_gbps and "
-                               "latency_us, got {}",
-                               level, link.dump());
+      throw_error<ConfigError>(
+          "Topology: '{}' must be an object with bandwidth_gbps and "
+          "latency_us, got {}",
+          level, link.dump());
     }
     const std::string where = std::string(level) + ".";
     const bool intra = std::string_view(level) == "intra_host";

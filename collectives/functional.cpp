@@ -24,7 +24,9 @@ LocalTensor Async<LocalTensor>::wait() {
   return work_->result();
 }
 
-bool Async<LocalTensor>::ready() const { return work_->is_completed(); }
+bool Async<LocalTensor>::ready() const {
+  return work_->is_completed();
+}
 
 std::shared_ptr<Communicator> communicator(const DeviceMesh& mesh, MeshDim dim,
                                            const CommOptions& options) {
@@ -48,34 +50,43 @@ int64_t cost_bytes(CollectiveKind kind, int64_t bytes, int64_t group_size) {
 }
 
 struct Prepared {
-  std::shared_ptr<Communicator> comm;
+  Communicator* comm = nullptr;  // owned by the mesh universe's cache
   Backend* backend = nullptr;
   CallSite site;
   uint64_t trace_id = UINT64_MAX;
 };
 
-// Everything before the backend call. Collects, for the trace, every participating held rank
-// with its group and that group's next sequence number.
+// The default-options communicator of dim d: the mesh handle's slot, else the universe cache.
+Communicator& dim_communicator(const DeviceMesh& mesh, int d) {
+  if (Communicator* cached = mesh.cached_communicator(d)) return *cached;
+  std::shared_ptr<Communicator> comm = communicator(mesh, d);
+  mesh.cache_communicator(d, comm.get());
+  return *comm;
+}
+
+// Everything before the backend call: checks each participating held rank's input and records
+// the trace event (each participant with its group and that group's next sequence number).
 template <class Options>
-Prepared prepare(CollectiveKind kind, const LocalTensor& x, std::shared_ptr<Communicator> comm,
-                 const World& world, std::string dim_name, const Options& options,
-                 const std::source_location& loc) {
+Prepared prepare(CollectiveKind kind, const LocalTensor& x, Communicator& comm, const World& world,
+                 std::string dim_name, const Options& options, const std::source_location& loc) {
   if (!x.defined()) throw_error<CommError>("{}: the input LocalTensor is undefined", kind);
   Prepared p;
-  p.comm = std::move(comm);
+  p.comm = &comm;
   p.backend = &world.backend();
   p.site = CallSite{loc, std::move(dim_name)};
-  const GroupFamily& family = p.comm->family();
+  const GroupFamily& family = comm.family();
   const auto& groups = family.groups();
   const int64_t group_size = family.group_size();
   const bool lockstep = p.backend->is_lockstep();
+  const size_t n = x.num_shards();
 
-  // Group of each held rank (-1: not in this mesh).
+  // Group of each held rank (-1: not in this mesh) and how many held ranks each group has.
   thread_local std::vector<int64_t> group_of;
   thread_local std::vector<int64_t> held_in_group;
-  group_of.assign(x.num_shards(), -1);
+  thread_local std::vector<int64_t> sequence_of;
+  group_of.assign(n, -1);
   held_in_group.assign(static_cast<size_t>(family.num_groups()), 0);
-  for (size_t i = 0; i < x.num_shards(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     const int rank = x.ranks()[i];
     auto where = family.locate(rank);
     if (!where) {
@@ -89,19 +100,14 @@ Prepared prepare(CollectiveKind kind, const LocalTensor& x, std::shared_ptr<Comm
     ++held_in_group[static_cast<size_t>(where->group)];
   }
 
+  Trace& t = trace();
+  const bool tracing = t.enabled();
   TraceEvent event;
-  event.comm_id = p.comm->id();
-  event.kind = kind;
-  event.dim_name = p.site.dim_name;
-  event.detail = describe(options);
-  event.dtype = x.dtype();
-  event.file = loc.file_name();
-  event.function = loc.function_name();
-  event.line = loc.line();
-  event.participants.reserve(x.num_shards());
-  thread_local std::vector<int64_t> sequence_of;
+  if (tracing) event.participants.reserve(n);
   sequence_of.assign(static_cast<size_t>(family.num_groups()), -1);
-  for (size_t i = 0; i < x.num_shards(); ++i) {
+  const Tensor* first = nullptr;
+  bool uniform_shapes = true;
+  for (size_t i = 0; i < n; ++i) {
     const int64_t g = group_of[i];
     if (g < 0) continue;
     if (lockstep && held_in_group[static_cast<size_t>(g)] != group_size) continue;
@@ -110,38 +116,83 @@ Prepared prepare(CollectiveKind kind, const LocalTensor& x, std::shared_ptr<Comm
     CollectiveCall call{kind, p.site.dim_name, &groups[static_cast<size_t>(g)]};
     check_local(call, rank, shard, group_size, options);
     if (sequence_of[static_cast<size_t>(g)] < 0) {
-      sequence_of[static_cast<size_t>(g)] = static_cast<int64_t>(p.comm->next_sequence(g));
+      sequence_of[static_cast<size_t>(g)] = static_cast<int64_t>(comm.next_sequence(g));
     }
-    event.participants.push_back(TraceParticipant{
-        rank, g, static_cast<uint64_t>(sequence_of[static_cast<size_t>(g)]), shard.shape()});
+    if (first == nullptr) {
+      first = &shard;
+    } else if (uniform_shapes && shard.shape() != first->shape()) {
+      uniform_shapes = false;
+    }
+    if (tracing) {
+      event.participants.push_back(
+          TraceParticipant{rank, g, static_cast<uint64_t>(sequence_of[static_cast<size_t>(g)])});
+    }
   }
-  if (event.participants.empty()) {
+  if (first == nullptr) {
     throw_error<CommError>(
         "{}: no group of mesh dim '{}' is fully held by the input (input ranks {}, groups of {} "
         "ranks such as {})",
-        kind, p.site.dim_name, x.ranks(), group_size, groups.empty() ? std::vector<int>{} : groups[0]);
+        kind, p.site.dim_name, x.ranks(), group_size,
+        groups.empty() ? std::vector<int>{} : groups[0]);
   }
-  const Tensor& first = x.shard(event.participants.front().rank);
-  event.bytes = static_cast<int64_t>(first.nbytes());
+  if (!tracing) return p;
+
+  event.comm_id = comm.id();
+  event.kind = kind;
+  event.dim_name = p.site.dim_name;
+  event.detail = describe(options);
+  event.dtype = x.dtype();
+  event.file = loc.file_name();
+  event.function = loc.function_name();
+  event.line = loc.line();
+  event.shape = first->shape();
+  if (!uniform_shapes) {
+    for (const TraceParticipant& participant : event.participants) {
+      event.rank_shapes.push_back(x.shard(participant.rank).shape());
+    }
+  }
+  event.bytes = static_cast<int64_t>(first->nbytes());
   const Topology& topology = world.topology();
   event.estimate_us = collective_cost_us(kind, cost_bytes(kind, event.bytes, group_size),
-                                         group_size, p.comm->link(topology), topology);
+                                         group_size, comm.link(topology), topology);
   event.family = family;
-  Trace& t = trace();
   event.start_ns = t.now_ns();
   p.trace_id = t.begin(std::move(event));
   return p;
 }
 
+struct Issued {
+  WorkPtr work;
+  uint64_t trace_id;
+};
+
+template <class Options, class Issue>
+Issued issue_call(CollectiveKind kind, const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                  const Options& options, const std::source_location& loc, Issue&& issue) {
+  const int d = mesh.resolve(dim);
+  Prepared p =
+      prepare(kind, x, dim_communicator(mesh, d), mesh.world(), mesh.dim_name(d), options, loc);
+  return Issued{issue(*p.backend, *p.comm, x, options, p.site), p.trace_id};
+}
+
 template <class Options, class Issue>
 Async<LocalTensor> run_async(CollectiveKind kind, const LocalTensor& x, const DeviceMesh& mesh,
-                             MeshDim dim, const Options& options,
-                             const std::source_location& loc, Issue&& issue) {
-  const int d = mesh.resolve(dim);
-  Prepared p = prepare(kind, x, communicator(mesh, d), mesh.world(), mesh.dim_name(d), options, loc);
-  WorkPtr work = issue(*p.backend, *p.comm, x, options, p.site);
-  const uint64_t id = p.trace_id;
-  return Async<LocalTensor>(std::move(work), [id] { trace().finish(id); });
+                             MeshDim dim, const Options& options, const std::source_location& loc,
+                             Issue&& issue) {
+  Issued issued = issue_call(kind, x, mesh, dim, options, loc, issue);
+  const uint64_t id = issued.trace_id;
+  if (id == UINT64_MAX) return Async<LocalTensor>(std::move(issued.work), nullptr);
+  return Async<LocalTensor>(std::move(issued.work), [id] { trace().finish(id); });
+}
+
+// The synchronous form: waits and moves the result out of the only Work handle.
+template <class Options, class Issue>
+LocalTensor run_sync(CollectiveKind kind, const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                     const Options& options, const std::source_location& loc, Issue&& issue) {
+  Issued issued = issue_call(kind, x, mesh, dim, options, loc, issue);
+  issued.work->wait();
+  if (issued.trace_id != UINT64_MAX) trace().finish(issued.trace_id);
+  return issued.work->take_result();
 }
 
 #define SPMD_ISSUE_(method)                                                                 \
@@ -161,9 +212,8 @@ Async<LocalTensor> all_gather_async(const LocalTensor& x, const DeviceMesh& mesh
   return run_async(CollectiveKind::AllGather, x, mesh, dim, AllGatherOptions{gather_dim}, loc,
                    SPMD_ISSUE_(all_gather));
 }
-Async<LocalTensor> reduce_scatter_async(const LocalTensor& x, const DeviceMesh& mesh,
-                                        MeshDim dim, ReduceOp op, int64_t scatter_dim,
-                                        SourceLocation loc) {
+Async<LocalTensor> reduce_scatter_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                        ReduceOp op, int64_t scatter_dim, SourceLocation loc) {
   return run_async(CollectiveKind::ReduceScatter, x, mesh, dim,
                    ReduceScatterOptions{op, scatter_dim}, loc, SPMD_ISSUE_(reduce_scatter));
 }
@@ -185,13 +235,13 @@ Async<LocalTensor> broadcast_async(const LocalTensor& x, const DeviceMesh& mesh,
   return run_async(CollectiveKind::Broadcast, x, mesh, dim, BroadcastOptions{src}, loc,
                    SPMD_ISSUE_(broadcast));
 }
-Async<LocalTensor> scatter_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
-                                 int src, int64_t scatter_dim, SourceLocation loc) {
+Async<LocalTensor> scatter_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int src,
+                                 int64_t scatter_dim, SourceLocation loc) {
   return run_async(CollectiveKind::Scatter, x, mesh, dim, ScatterOptions{src, scatter_dim}, loc,
                    SPMD_ISSUE_(scatter));
 }
-Async<LocalTensor> gather_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
-                                int dst, int64_t gather_dim, SourceLocation loc) {
+Async<LocalTensor> gather_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int dst,
+                                int64_t gather_dim, SourceLocation loc) {
   return run_async(CollectiveKind::Gather, x, mesh, dim, GatherOptions{dst, gather_dim}, loc,
                    SPMD_ISSUE_(gather));
 }
@@ -208,49 +258,59 @@ Async<LocalTensor> permute_async(const LocalTensor& x, const DeviceMesh& mesh, M
 
 LocalTensor all_reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, ReduceOp op,
                        SourceLocation loc) {
-  return all_reduce_async(x, mesh, dim, op, loc).wait();
+  return run_sync(CollectiveKind::AllReduce, x, mesh, dim, AllReduceOptions{op}, loc,
+                  SPMD_ISSUE_(all_reduce));
 }
 LocalTensor all_reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                        const AllReduceOptions& options, SourceLocation loc) {
-  return all_reduce_async(x, mesh, dim, options.op, loc).wait();
+  return run_sync(CollectiveKind::AllReduce, x, mesh, dim, options, loc, SPMD_ISSUE_(all_reduce));
 }
 LocalTensor all_gather(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                        int64_t gather_dim, SourceLocation loc) {
-  return all_gather_async(x, mesh, dim, gather_dim, loc).wait();
+  return run_sync(CollectiveKind::AllGather, x, mesh, dim, AllGatherOptions{gather_dim}, loc,
+                  SPMD_ISSUE_(all_gather));
 }
 LocalTensor reduce_scatter(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, ReduceOp op,
                            int64_t scatter_dim, SourceLocation loc) {
-  return reduce_scatter_async(x, mesh, dim, op, scatter_dim, loc).wait();
+  return run_sync(CollectiveKind::ReduceScatter, x, mesh, dim,
+                  ReduceScatterOptions{op, scatter_dim}, loc, SPMD_ISSUE_(reduce_scatter));
 }
-LocalTensor all_to_all(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
-                       int64_t split_dim, int64_t concat_dim, SourceLocation loc) {
-  return all_to_all_async(x, mesh, dim, split_dim, concat_dim, loc).wait();
+LocalTensor all_to_all(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int64_t split_dim,
+                       int64_t concat_dim, SourceLocation loc) {
+  return run_sync(CollectiveKind::AllToAll, x, mesh, dim, AllToAllOptions{split_dim, concat_dim},
+                  loc, SPMD_ISSUE_(all_to_all));
 }
 LocalTensor all_to_all_single(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                               PerRank<std::vector<int64_t>> out_splits,
                               PerRank<std::vector<int64_t>> in_splits, SourceLocation loc) {
-  return all_to_all_single_async(x, mesh, dim, std::move(out_splits), std::move(in_splits), loc)
-      .wait();
+  return run_sync(CollectiveKind::AllToAllSingle, x, mesh, dim,
+                  AllToAllSingleOptions{std::move(out_splits), std::move(in_splits)}, loc,
+                  SPMD_ISSUE_(all_to_all_single));
 }
 LocalTensor broadcast(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int src,
                       SourceLocation loc) {
-  return broadcast_async(x, mesh, dim, src, loc).wait();
+  return run_sync(CollectiveKind::Broadcast, x, mesh, dim, BroadcastOptions{src}, loc,
+                  SPMD_ISSUE_(broadcast));
 }
 LocalTensor scatter(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int src,
                     int64_t scatter_dim, SourceLocation loc) {
-  return scatter_async(x, mesh, dim, src, scatter_dim, loc).wait();
+  return run_sync(CollectiveKind::Scatter, x, mesh, dim, ScatterOptions{src, scatter_dim}, loc,
+                  SPMD_ISSUE_(scatter));
 }
 LocalTensor gather(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int dst,
                    int64_t gather_dim, SourceLocation loc) {
-  return gather_async(x, mesh, dim, dst, gather_dim, loc).wait();
+  return run_sync(CollectiveKind::Gather, x, mesh, dim, GatherOptions{dst, gather_dim}, loc,
+                  SPMD_ISSUE_(gather));
 }
 LocalTensor reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, ReduceOp op, int dst,
                    SourceLocation loc) {
-  return reduce_async(x, mesh, dim, op, dst, loc).wait();
+  return run_sync(CollectiveKind::Reduce, x, mesh, dim, ReduceOptions{op, dst}, loc,
+                  SPMD_ISSUE_(reduce));
 }
 LocalTensor permute(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                     std::vector<int> dst_of, SourceLocation loc) {
-  return permute_async(x, mesh, dim, std::move(dst_of), loc).wait();
+  return run_sync(CollectiveKind::Permute, x, mesh, dim, PermuteOptions{std::move(dst_of)}, loc,
+                  SPMD_ISSUE_(permute));
 }
 
 void barrier(const DeviceMesh& mesh, SourceLocation loc) {
@@ -266,7 +326,7 @@ void barrier(const DeviceMesh& mesh, SourceLocation loc) {
   }
   if (held.empty()) throw_error<CommError>("barrier: no held rank is in mesh {}", mesh);
   LocalTensor token = LocalTensor::replicate(held, zeros({0}));
-  Prepared p = prepare(CollectiveKind::Barrier, token, std::move(comm), world, family.dim_name(),
+  Prepared p = prepare(CollectiveKind::Barrier, token, *comm, world, family.dim_name(),
                        BarrierOptions{}, loc);
   WorkPtr work = p.backend->barrier(*p.comm, token, BarrierOptions{}, p.site);
   work->wait();

@@ -85,9 +85,9 @@ Async<LocalTensor> all_reduce_async(const LocalTensor& x, const DeviceMesh& mesh
                                     ReduceOp op = ReduceOp::Sum, SPMD_HERE_);
 Async<LocalTensor> all_gather_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                                     int64_t gather_dim = 0, SPMD_HERE_);
-Async<LocalTensor> reduce_scatter_async(const LocalTensor& x, const DeviceMesh& mesh,
-                                        MeshDim dim, ReduceOp op = ReduceOp::Sum,
-                                        int64_t scatter_dim = 0, SPMD_HERE_);
+Async<LocalTensor> reduce_scatter_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                        ReduceOp op = ReduceOp::Sum, int64_t scatter_dim = 0,
+                                        SPMD_HERE_);
 Async<LocalTensor> all_to_all_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                                     int64_t split_dim = 0, int64_t concat_dim = 0, SPMD_HERE_);
 Async<LocalTensor> all_to_all_single_async(const LocalTensor& x, const DeviceMesh& mesh,

@@ -2,6 +2,7 @@
 #include "collectives/reduce_kernels.h"
 
 #include <algorithm>
+#include <functional>
 #include <type_traits>
 
 #include "core/error.h"
@@ -103,7 +104,7 @@ void reduce_typed(ReduceOp op, const void* const* inputs, int64_t k, void* out_r
   using A = typename Acc<T>::type;
   T* out = static_cast<T*>(out_raw);
   const int64_t blocks = (n + kBlock - 1) / kBlock;
-  parallel_for(blocks, kBlocksPerTask, [&](int64_t b0, int64_t b1) {
+  auto body = [&](int64_t b0, int64_t b1) {
     A acc[kBlock];
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t begin = b * kBlock;
@@ -119,7 +120,9 @@ void reduce_typed(ReduceOp op, const void* const* inputs, int64_t k, void* out_r
       T* dst = out + begin;
       for (int64_t i = 0; i < m; ++i) dst[i] = static_cast<T>(acc[i]);
     }
-  });
+  };
+  // std::ref: the std::function parallel_for takes then holds a reference, no heap copy.
+  parallel_for(blocks, kBlocksPerTask, std::ref(body));
 }
 
 }  // namespace

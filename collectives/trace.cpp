@@ -18,7 +18,9 @@ int64_t steady_ns() {
 
 Trace::Trace() : epoch_ns_(steady_ns()) {}
 
-int64_t Trace::now_ns() const { return steady_ns() - epoch_ns_; }
+int64_t Trace::now_ns() const {
+  return steady_ns() - epoch_ns_;
+}
 
 TraceSummaryRow& Trace::summary_row(CollectiveKind kind, const std::string& dim_name) {
   const std::string_view op = collective_name(kind);
@@ -36,30 +38,38 @@ uint64_t Trace::begin(TraceEvent event) {
   row.count += 1;
   row.bytes += event.bytes * static_cast<int64_t>(event.participants.size());
   row.estimate_us += event.estimate_us;
-  if (capacity_ != 0 && events_.size() >= capacity_) {
-    events_.pop_front();
-    ++first_id_;
+  if (capacity_ == 0 || ring_.size() < capacity_) {
+    // Not wrapped yet: events are in order from index 0.
+    ring_.push_back(std::move(event));
+    return first_id_ + ring_.size() - 1;
   }
-  events_.push_back(std::move(event));
-  return first_id_ + events_.size() - 1;
+  ring_[head_] = std::move(event);
+  head_ = (head_ + 1) % ring_.size();
+  ++first_id_;
+  return first_id_ + ring_.size() - 1;
 }
 
 void Trace::finish(uint64_t id) {
   const int64_t now = now_ns();
   std::lock_guard lock(mutex_);
-  if (id < first_id_ || id >= first_id_ + events_.size()) return;
-  TraceEvent& e = events_[id - first_id_];
+  if (id < first_id_ || id >= first_id_ + ring_.size()) return;
+  TraceEvent& e = ring_[(head_ + (id - first_id_)) % ring_.size()];
   e.end_ns = now;
   summary_row(e.kind, e.dim_name).measured_us += static_cast<double>(now - e.start_ns) / 1e3;
 }
 
 void Trace::set_capacity(std::size_t events) {
   std::lock_guard lock(mutex_);
-  capacity_ = events;
-  while (capacity_ != 0 && events_.size() > capacity_) {
-    events_.pop_front();
-    ++first_id_;
+  std::vector<TraceEvent> ordered;
+  const std::size_t keep = events == 0 ? ring_.size() : std::min(events, ring_.size());
+  ordered.reserve(keep);
+  for (std::size_t i = ring_.size() - keep; i < ring_.size(); ++i) {
+    ordered.push_back(std::move(ring_[(head_ + i) % ring_.size()]));
   }
+  first_id_ += ring_.size() - keep;
+  ring_ = std::move(ordered);
+  head_ = 0;
+  capacity_ = events;
 }
 
 std::size_t Trace::capacity() const {
@@ -79,9 +89,23 @@ bool Trace::enabled() const {
 
 void Trace::clear() {
   std::lock_guard lock(mutex_);
-  first_id_ += events_.size();
-  events_.clear();
+  first_id_ += ring_.size();
+  ring_.clear();
+  head_ = 0;
   summary_.clear();
+}
+
+std::vector<TraceEvent> Trace::events() const {
+  std::lock_guard lock(mutex_);
+  std::vector<TraceEvent> out;
+  out.reserve(ring_.size());
+  for (std::size_t i = 0; i < ring_.size(); ++i) out.push_back(at(i));
+  return out;
+}
+
+std::size_t Trace::num_events() const {
+  std::lock_guard lock(mutex_);
+  return ring_.size();
 }
 
 std::vector<TraceSummaryRow> Trace::summary() const {
@@ -89,21 +113,12 @@ std::vector<TraceSummaryRow> Trace::summary() const {
   return summary_;
 }
 
-std::vector<TraceEvent> Trace::events() const {
-  std::lock_guard lock(mutex_);
-  return {events_.begin(), events_.end()};
-}
-
-std::size_t Trace::num_events() const {
-  std::lock_guard lock(mutex_);
-  return events_.size();
-}
-
 std::vector<TraceRecord> Trace::records() const {
   std::vector<TraceEvent> snapshot = events();
   std::vector<TraceRecord> out;
   for (const TraceEvent& e : snapshot) {
-    for (const TraceParticipant& p : e.participants) {
+    for (size_t i = 0; i < e.participants.size(); ++i) {
+      const TraceParticipant& p = e.participants[i];
       TraceRecord r;
       r.rank = p.rank;
       r.sequence = p.sequence;
@@ -113,7 +128,7 @@ std::vector<TraceRecord> Trace::records() const {
       if (e.family && p.group >= 0 && p.group < e.family->num_groups()) {
         r.group_ranks = e.family->groups()[static_cast<size_t>(p.group)];
       }
-      r.shape = p.shape;
+      r.shape = e.rank_shapes.empty() ? e.shape : e.rank_shapes[i];
       r.dtype = std::string(dtype_name(e.dtype));
       r.bytes = e.bytes;
       r.file = e.file;

@@ -9,7 +9,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -27,9 +26,8 @@ namespace spmd {
 // One rank's part in one collective call.
 struct TraceParticipant {
   int rank = 0;
-  int64_t group = 0;     // index of the rank's group in the family
-  uint64_t sequence = 0; // per-group sequence number
-  Shape shape;           // this rank's input shape
+  int64_t group = 0;      // index of the rank's group in the family
+  uint64_t sequence = 0;  // per-group sequence number
 };
 
 // One call of a collective by this process.
@@ -41,6 +39,8 @@ struct TraceEvent {
   // The family (a handle: its groups are materialized once and shared, not copied per call).
   std::optional<GroupFamily> family;
   std::vector<TraceParticipant> participants;
+  Shape shape;                     // the participants' input shape
+  std::vector<Shape> rank_shapes;  // one per participant when their shapes differ, else empty
   DType dtype = DType::F32;
   int64_t bytes = 0;  // input bytes of one rank (the first participant)
   const char* file = "";
@@ -119,9 +119,13 @@ class Trace {
  private:
   TraceSummaryRow& summary_row(CollectiveKind kind, const std::string& dim_name);
 
+  // The event with logical index i (0 = oldest held) is ring_[(head_ + i) % ring_.size()].
+  const TraceEvent& at(std::size_t i) const { return ring_[(head_ + i) % ring_.size()]; }
+
   mutable std::mutex mutex_;
-  std::deque<TraceEvent> events_;
-  uint64_t first_id_ = 0;  // id of events_.front()
+  std::vector<TraceEvent> ring_;  // grows to capacity_, then the oldest slot is reused
+  std::size_t head_ = 0;          // physical index of the oldest event
+  uint64_t first_id_ = 0;         // id of the oldest event
   std::size_t capacity_ = kDefaultCapacity;
   std::vector<TraceSummaryRow> summary_;
   bool enabled_ = true;

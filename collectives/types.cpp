@@ -11,8 +11,9 @@ namespace {
 constexpr std::array<std::string_view, 8> kReduceOpNames = {"sum", "avg",  "product", "min",
                                                             "max", "band", "bor",     "bxor"};
 constexpr std::array<std::string_view, kNumCollectiveKinds> kCollectiveNames = {
-    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_single", "broadcast",
-    "scatter",    "gather",     "reduce",         "permute",    "barrier"};
+    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_single",
+    "broadcast",  "scatter",    "gather",         "reduce",     "permute",
+    "barrier"};
 
 std::string splits_str(const PerRank<std::vector<int64_t>>& splits) {
   if (splits.empty()) return "even";
@@ -21,7 +22,9 @@ std::string splits_str(const PerRank<std::vector<int64_t>>& splits) {
 
 }  // namespace
 
-std::string_view reduce_op_name(ReduceOp op) { return kReduceOpNames[static_cast<size_t>(op)]; }
+std::string_view reduce_op_name(ReduceOp op) {
+  return kReduceOpNames[static_cast<size_t>(op)];
+}
 
 std::optional<ReduceOp> parse_reduce_op(std::string_view name) {
   if (name == "prod") return ReduceOp::Product;
@@ -56,8 +59,12 @@ bool AllToAllSingleOptions::operator==(const AllToAllSingleOptions& other) const
   return same(out_splits, other.out_splits) && same(in_splits, other.in_splits);
 }
 
-std::size_t hash_value(const AllReduceOptions& o) { return std::hash<int>{}(static_cast<int>(o.op)); }
-std::size_t hash_value(const AllGatherOptions& o) { return std::hash<int64_t>{}(o.gather_dim); }
+std::size_t hash_value(const AllReduceOptions& o) {
+  return std::hash<int>{}(static_cast<int>(o.op));
+}
+std::size_t hash_value(const AllGatherOptions& o) {
+  return std::hash<int64_t>{}(o.gather_dim);
+}
 std::size_t hash_value(const ReduceScatterOptions& o) {
   std::size_t seed = static_cast<std::size_t>(o.op);
   hash_combine(seed, o.scatter_dim);
@@ -86,7 +93,9 @@ std::size_t hash_value(const AllToAllSingleOptions& o) {
   }
   return seed;
 }
-std::size_t hash_value(const BroadcastOptions& o) { return std::hash<int>{}(o.src); }
+std::size_t hash_value(const BroadcastOptions& o) {
+  return std::hash<int>{}(o.src);
+}
 std::size_t hash_value(const ScatterOptions& o) {
   std::size_t seed = std::hash<int>{}(o.src);
   hash_combine(seed, o.scatter_dim);
@@ -102,11 +111,19 @@ std::size_t hash_value(const ReduceOptions& o) {
   hash_combine(seed, o.dst);
   return seed;
 }
-std::size_t hash_value(const PermuteOptions& o) { return hash_range(o.dst_of); }
-std::size_t hash_value(const BarrierOptions&) { return 0; }
+std::size_t hash_value(const PermuteOptions& o) {
+  return hash_range(o.dst_of);
+}
+std::size_t hash_value(const BarrierOptions&) {
+  return 0;
+}
 
-std::string describe(const AllReduceOptions& o) { return fmt::format("op={}", o.op); }
-std::string describe(const AllGatherOptions& o) { return fmt::format("gather_dim={}", o.gather_dim); }
+std::string describe(const AllReduceOptions& o) {
+  return fmt::format("op={}", o.op);
+}
+std::string describe(const AllGatherOptions& o) {
+  return fmt::format("gather_dim={}", o.gather_dim);
+}
 std::string describe(const ReduceScatterOptions& o) {
   return fmt::format("op={} scatter_dim={}", o.op, o.scatter_dim);
 }
@@ -117,15 +134,23 @@ std::string describe(const AllToAllSingleOptions& o) {
   return fmt::format("out_splits={} in_splits={}", splits_str(o.out_splits),
                      splits_str(o.in_splits));
 }
-std::string describe(const BroadcastOptions& o) { return fmt::format("src={}", o.src); }
+std::string describe(const BroadcastOptions& o) {
+  return fmt::format("src={}", o.src);
+}
 std::string describe(const ScatterOptions& o) {
   return fmt::format("src={} scatter_dim={}", o.src, o.scatter_dim);
 }
 std::string describe(const GatherOptions& o) {
   return fmt::format("dst={} gather_dim={}", o.dst, o.gather_dim);
 }
-std::string describe(const ReduceOptions& o) { return fmt::format("op={} dst={}", o.op, o.dst); }
-std::string describe(const PermuteOptions& o) { return fmt::format("dst_of={}", o.dst_of); }
-std::string describe(const BarrierOptions&) { return ""; }
+std::string describe(const ReduceOptions& o) {
+  return fmt::format("op={} dst={}", o.op, o.dst);
+}
+std::string describe(const PermuteOptions& o) {
+  return fmt::format("dst_of={}", o.dst_of);
+}
+std::string describe(const BarrierOptions&) {
+  return "";
+}
 
 }  // namespace spmd

@@ -154,9 +154,9 @@ std::string describe(const BarrierOptions& o);
 
 }  // namespace spmd
 
-#define SPMD_OPTIONS_STD_HASH_(T)                                           \
-  template <>                                                               \
-  struct std::hash<spmd::T> {                                               \
+#define SPMD_OPTIONS_STD_HASH_(T)                                                  \
+  template <>                                                                      \
+  struct std::hash<spmd::T> {                                                      \
     std::size_t operator()(const spmd::T& o) const { return spmd::hash_value(o); } \
   };
 SPMD_OPTIONS_STD_HASH_(AllReduceOptions)

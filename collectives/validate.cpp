@@ -17,8 +17,7 @@ namespace {
 int64_t check_dim(const CollectiveCall& call, int rank, const Tensor& x, int64_t d,
                   const char* name) {
   if (d < -x.dim() || d >= x.dim() || x.dim() == 0) {
-    fail(call, rank, x,
-         fmt::format("{}={} is out of range for a {}-d tensor", name, d, x.dim()));
+    fail(call, rank, x, fmt::format("{}={} is out of range for a {}-d tensor", name, d, x.dim()));
   }
   return d < 0 ? d + x.dim() : d;
 }
@@ -54,22 +53,22 @@ void check_root(const CollectiveCall& call, int rank, const Tensor& x, int root,
 }
 
 void check_splits(const CollectiveCall& call, int rank, const Tensor& x,
-                  const PerRank<std::vector<int64_t>>& splits, const char* name,
-                  int64_t group_size, bool must_sum_to_rows) {
+                  const PerRank<std::vector<int64_t>>& splits, const char* name, int64_t group_size,
+                  bool must_sum_to_rows) {
   if (splits.empty()) {
     if (x.dim() == 0) fail(call, rank, x, "needs at least 1 dim");
     if (x.size(0) % group_size != 0) {
       fail(call, rank, x,
-           fmt::format("no {} given and {} rows do not split evenly over {} ranks", name,
-                       x.size(0), group_size));
+           fmt::format("no {} given and {} rows do not split evenly over {} ranks", name, x.size(0),
+                       group_size));
     }
     return;
   }
   const std::vector<int64_t>& s = splits.at(rank);
   if (static_cast<int64_t>(s.size()) != group_size) {
-    fail(call, rank, x,
-         fmt::format("{} {} has {} entries, the group has {} ranks", name, s, s.size(),
-                     group_size));
+    fail(
+        call, rank, x,
+        fmt::format("{} {} has {} entries, the group has {} ranks", name, s, s.size(), group_size));
   }
   for (int64_t v : s) {
     if (v < 0) fail(call, rank, x, fmt::format("{} {} has a negative size", name, s));
@@ -79,8 +78,7 @@ void check_splits(const CollectiveCall& call, int rank, const Tensor& x,
     const int64_t total = std::accumulate(s.begin(), s.end(), int64_t{0});
     if (total != x.size(0)) {
       fail(call, rank, x,
-           fmt::format("{} {} add up to {} but the input has {} rows", name, s, total,
-                       x.size(0)));
+           fmt::format("{} {} add up to {} but the input has {} rows", name, s, total, x.size(0)));
     }
   }
 }
@@ -150,8 +148,8 @@ void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t 
                  const PermuteOptions& o) {
   if (static_cast<int64_t>(o.dst_of.size()) != group_size) {
     fail(call, rank, x,
-         fmt::format("dst_of {} has {} entries, the group has {} ranks", o.dst_of,
-                     o.dst_of.size(), group_size));
+         fmt::format("dst_of {} has {} entries, the group has {} ranks", o.dst_of, o.dst_of.size(),
+                     group_size));
   }
   std::vector<bool> taken(static_cast<size_t>(group_size), false);
   for (int d : o.dst_of) {
@@ -162,8 +160,7 @@ void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t 
                        group_size - 1));
     }
     if (taken[static_cast<size_t>(d)]) {
-      fail(call, rank, x,
-           fmt::format("dst_of {} sends two shards to group rank {}", o.dst_of, d));
+      fail(call, rank, x, fmt::format("dst_of {} sends two shards to group rank {}", o.dst_of, d));
     }
     taken[static_cast<size_t>(d)] = true;
   }
@@ -204,7 +201,8 @@ void check_group_splits(const CollectiveCall& call, const std::vector<const Tens
     const int rank = (*call.group)[static_cast<size_t>(j)];
     if (o.out_splits.empty()) {
       // Even output split: the result has the input's rows, an equal share from every peer.
-      out[static_cast<size_t>(j)].assign(static_cast<size_t>(n), inputs[static_cast<size_t>(j)]->size(0) / n);
+      out[static_cast<size_t>(j)].assign(static_cast<size_t>(n),
+                                         inputs[static_cast<size_t>(j)]->size(0) / n);
     } else {
       out[static_cast<size_t>(j)] = o.out_splits.at(rank);
     }

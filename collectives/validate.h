@@ -18,7 +18,7 @@ namespace spmd {
 // What one call is, for messages.
 struct CollectiveCall {
   CollectiveKind kind;
-  std::string dim_name;         // mesh dim name
+  std::string dim_name;                     // mesh dim name
   const std::vector<int>* group = nullptr;  // the group's ranks, in group order
 };
 

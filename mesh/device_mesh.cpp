@@ -184,6 +184,7 @@ DeviceMesh DeviceMesh::make(std::shared_ptr<MeshUniverse> universe, std::vector<
   mesh.universe_ = std::move(universe);
   mesh.dims_ = std::move(dims);
   mesh.names_ = std::move(names);
+  mesh.comm_slots_ = std::make_shared<std::vector<std::atomic<Communicator*>>>(mesh.dims_.size());
   return mesh;
 }
 
@@ -204,6 +205,7 @@ DeviceMesh DeviceMesh::from_ranks(const World& world, const std::vector<int64_t>
   mesh.dims_ = universe->root_dims();
   mesh.names_ = std::move(dim_names);
   mesh.universe_ = std::move(universe);
+  mesh.comm_slots_ = std::make_shared<std::vector<std::atomic<Communicator*>>>(mesh.dims_.size());
   return mesh;
 }
 
@@ -316,6 +318,7 @@ DeviceMesh DeviceMesh::root() const {
   mesh.universe_ = universe_;
   mesh.dims_ = u.root_dims();
   mesh.names_ = u.root_names();
+  mesh.comm_slots_ = std::make_shared<std::vector<std::atomic<Communicator*>>>(mesh.dims_.size());
   return mesh;
 }
 
@@ -503,6 +506,7 @@ DeviceMesh DeviceMesh::flatten(const std::string& name) const {
   mesh.universe_ = universe_;
   mesh.dims_ = {std::move(flat)};
   mesh.names_ = {std::move(flat_name)};
+  mesh.comm_slots_ = std::make_shared<std::vector<std::atomic<Communicator*>>>(1);
   return mesh;
 }
 
@@ -823,6 +827,16 @@ std::string DeviceMesh::to_grid() const {
     }
   }
   return out;
+}
+
+Communicator* DeviceMesh::cached_communicator(int dim) const {
+  if (!comm_slots_ || dim < 0 || static_cast<size_t>(dim) >= comm_slots_->size()) return nullptr;
+  return (*comm_slots_)[static_cast<size_t>(dim)].load(std::memory_order_acquire);
+}
+
+void DeviceMesh::cache_communicator(int dim, Communicator* comm) const {
+  if (!comm_slots_ || dim < 0 || static_cast<size_t>(dim) >= comm_slots_->size()) return;
+  (*comm_slots_)[static_cast<size_t>(dim)].store(comm, std::memory_order_release);
 }
 
 }  // namespace spmd

@@ -36,6 +36,7 @@
 // own universe (its own flatten registry and communicator cache).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -201,6 +202,11 @@ class DeviceMesh {
 
   const World& world() const;
   const std::shared_ptr<MeshUniverse>& universe() const { return universe_; }
+  // A slot per dim for the communicator with default options: a fast path in front of
+  // comm_cache() used by the functional collectives. Copies of this handle share the slots; the
+  // communicators themselves are owned by the universe's cache, which outlives every handle.
+  Communicator* cached_communicator(int dim) const;
+  void cache_communicator(int dim, Communicator* comm) const;
   CommCache& comm_cache() const;
   // The root mesh of this universe.
   DeviceMesh root() const;
@@ -240,6 +246,7 @@ class DeviceMesh {
   std::shared_ptr<MeshUniverse> universe_;
   std::vector<Layout> dims_;
   std::vector<std::string> names_;
+  std::shared_ptr<std::vector<std::atomic<Communicator*>>> comm_slots_;
 };
 
 // A root mesh of `shape` over ranks 0..product(shape)-1 (which must not exceed world.size()),

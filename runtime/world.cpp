@@ -2,8 +2,8 @@
 #include <numeric>
 
 #include "backends/sim/backend.h"
-#include "core/error.h"
 #include "collectives/cost_model.h"
+#include "core/error.h"
 #include "sim/world.h"
 
 namespace spmd {

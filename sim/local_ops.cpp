@@ -35,15 +35,15 @@ LocalTensor with_tensor(const LocalTensor& a, F&& f) {
 
 }  // namespace
 
-#define SPMD_LOCAL_BINARY_IMPL_(name)                                                   \
-  LocalTensor name(const LocalTensor& a, const LocalTensor& b) {                        \
+#define SPMD_LOCAL_BINARY_IMPL_(name)                                                        \
+  LocalTensor name(const LocalTensor& a, const LocalTensor& b) {                             \
     return binary(a, b, #name, [](const Tensor& x, const Tensor& y) { return name(x, y); }); \
-  }                                                                                     \
-  LocalTensor name(const LocalTensor& a, const Tensor& b) {                             \
-    return with_tensor(a, [&](const Tensor& x) { return name(x, b); });                 \
-  }                                                                                     \
-  LocalTensor name(const Tensor& a, const LocalTensor& b) {                             \
-    return with_tensor(b, [&](const Tensor& y) { return name(a, y); });                 \
+  }                                                                                          \
+  LocalTensor name(const LocalTensor& a, const Tensor& b) {                                  \
+    return with_tensor(a, [&](const Tensor& x) { return name(x, b); });                      \
+  }                                                                                          \
+  LocalTensor name(const Tensor& a, const LocalTensor& b) {                                  \
+    return with_tensor(b, [&](const Tensor& y) { return name(a, y); });                      \
   }
 SPMD_LOCAL_BINARY_IMPL_(add)
 SPMD_LOCAL_BINARY_IMPL_(sub)
@@ -55,15 +55,21 @@ SPMD_LOCAL_BINARY_IMPL_(matmul)
 SPMD_LOCAL_BINARY_IMPL_(bmm)
 #undef SPMD_LOCAL_BINARY_IMPL_
 
-#define SPMD_LOCAL_OPERATOR_IMPL_(op, name)                                                   \
-  LocalTensor operator op(const LocalTensor& a, const LocalTensor& b) { return name(a, b); } \
-  LocalTensor operator op(const LocalTensor& a, const Tensor& b) { return name(a, b); }      \
-  LocalTensor operator op(const Tensor& a, const LocalTensor& b) { return name(a, b); }      \
-  LocalTensor operator op(const LocalTensor& a, double b) {                                  \
-    return with_tensor(a, [&](const Tensor& x) { return x op b; });                          \
-  }                                                                                          \
-  LocalTensor operator op(double a, const LocalTensor& b) {                                  \
-    return with_tensor(b, [&](const Tensor& y) { return a op y; });                          \
+#define SPMD_LOCAL_OPERATOR_IMPL_(op, name)                             \
+  LocalTensor operator op(const LocalTensor& a, const LocalTensor& b) { \
+    return name(a, b);                                                  \
+  }                                                                     \
+  LocalTensor operator op(const LocalTensor& a, const Tensor& b) {      \
+    return name(a, b);                                                  \
+  }                                                                     \
+  LocalTensor operator op(const Tensor& a, const LocalTensor& b) {      \
+    return name(a, b);                                                  \
+  }                                                                     \
+  LocalTensor operator op(const LocalTensor& a, double b) {             \
+    return with_tensor(a, [&](const Tensor& x) { return x op b; });     \
+  }                                                                     \
+  LocalTensor operator op(double a, const LocalTensor& b) {             \
+    return with_tensor(b, [&](const Tensor& y) { return a op y; });     \
   }
 SPMD_LOCAL_OPERATOR_IMPL_(+, add)
 SPMD_LOCAL_OPERATOR_IMPL_(-, sub)
@@ -71,7 +77,9 @@ SPMD_LOCAL_OPERATOR_IMPL_(*, mul)
 SPMD_LOCAL_OPERATOR_IMPL_(/, div)
 #undef SPMD_LOCAL_OPERATOR_IMPL_
 
-LocalTensor operator-(const LocalTensor& a) { return neg(a); }
+LocalTensor operator-(const LocalTensor& a) {
+  return neg(a);
+}
 
 LocalTensor addmm(const LocalTensor& c, const LocalTensor& a, const LocalTensor& b, double beta,
                   double alpha) {
@@ -90,8 +98,8 @@ LocalTensor addmm(const LocalTensor& c, const LocalTensor& a, const LocalTensor&
   return LocalTensor(a, std::move(out));
 }
 
-#define SPMD_LOCAL_UNARY_IMPL_(name) \
-  LocalTensor name(const LocalTensor& t) { \
+#define SPMD_LOCAL_UNARY_IMPL_(name)                                \
+  LocalTensor name(const LocalTensor& t) {                          \
     return with_tensor(t, [](const Tensor& x) { return name(x); }); \
   }
 SPMD_LOCAL_UNARY_IMPL_(neg)
@@ -104,12 +112,12 @@ SPMD_LOCAL_UNARY_IMPL_(relu)
 SPMD_LOCAL_UNARY_IMPL_(gelu)
 #undef SPMD_LOCAL_UNARY_IMPL_
 
-#define SPMD_LOCAL_REDUCTION_IMPL_(name)                                                    \
-  LocalTensor name(const LocalTensor& t) {                                                  \
-    return with_tensor(t, [](const Tensor& x) { return name(x); });                         \
-  }                                                                                         \
+#define SPMD_LOCAL_REDUCTION_IMPL_(name)                                                   \
+  LocalTensor name(const LocalTensor& t) {                                                 \
+    return with_tensor(t, [](const Tensor& x) { return name(x); });                        \
+  }                                                                                        \
   LocalTensor name(const LocalTensor& t, const std::vector<int64_t>& dims, bool keepdim) { \
-    return with_tensor(t, [&](const Tensor& x) { return name(x, dims, keepdim); });         \
+    return with_tensor(t, [&](const Tensor& x) { return name(x, dims, keepdim); });        \
   }
 SPMD_LOCAL_REDUCTION_IMPL_(sum)
 SPMD_LOCAL_REDUCTION_IMPL_(mean)
@@ -154,7 +162,8 @@ LocalTensor pad(const LocalTensor& t, int64_t d, int64_t before, int64_t after, 
 
 LocalTensor pad(const LocalTensor& t, int64_t d, const PerRank<int64_t>& before,
                 const PerRank<int64_t>& after, double value) {
-  if (before.is_uniform() && after.is_uniform()) return pad(t, d, *before.uniform(), *after.uniform(), value);
+  if (before.is_uniform() && after.is_uniform())
+    return pad(t, d, *before.uniform(), *after.uniform(), value);
   return t.map([&](int r, const Tensor& x) { return pad(x, d, before.at(r), after.at(r), value); });
 }
 
@@ -198,9 +207,8 @@ LocalTensor full(const World& world, const Shape& shape, double value, DType dty
 }
 
 LocalTensor randn_per_rank(const World& world, const Shape& shape, uint64_t seed, DType dtype) {
-  return LocalTensor::from_fn(world, [&](int r) {
-    return randn(shape, seed + static_cast<uint64_t>(r), dtype);
-  });
+  return LocalTensor::from_fn(
+      world, [&](int r) { return randn(shape, seed + static_cast<uint64_t>(r), dtype); });
 }
 
 }  // namespace spmd

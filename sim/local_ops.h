@@ -12,7 +12,7 @@
 
 namespace spmd {
 
-#define SPMD_LOCAL_BINARY_(name)                                 \
+#define SPMD_LOCAL_BINARY_(name)                                \
   LocalTensor name(const LocalTensor& a, const LocalTensor& b); \
   LocalTensor name(const LocalTensor& a, const Tensor& b);      \
   LocalTensor name(const Tensor& a, const LocalTensor& b);
@@ -65,8 +65,7 @@ LocalTensor log_softmax(const LocalTensor& t, int64_t d);
 
 LocalTensor cat(const std::vector<LocalTensor>& tensors, int64_t d = 0);
 LocalTensor stack(const std::vector<LocalTensor>& tensors, int64_t d = 0);
-LocalTensor pad(const LocalTensor& t, int64_t d, int64_t before, int64_t after,
-                double value = 0.0);
+LocalTensor pad(const LocalTensor& t, int64_t d, int64_t before, int64_t after, double value = 0.0);
 // Per-rank padding amounts (uneven shards pad by different amounts).
 LocalTensor pad(const LocalTensor& t, int64_t d, const PerRank<int64_t>& before,
                 const PerRank<int64_t>& after, double value = 0.0);

@@ -11,7 +11,9 @@
 namespace spmd {
 namespace {
 
-std::string ranks_str(const std::vector<int>& ranks) { return fmt::format("{}", ranks); }
+std::string ranks_str(const std::vector<int>& ranks) {
+  return fmt::format("{}", ranks);
+}
 
 }  // namespace
 
@@ -28,7 +30,8 @@ LocalTensor::LocalTensor(std::vector<int> ranks, std::vector<Tensor> shards)
       throw_error<Error>("LocalTensor: ranks must be ascending and unique, got {}",
                          ranks_str(ranks));
     }
-    if (!shards_[i].defined()) throw_error<Error>("LocalTensor: shard of rank {} is undefined", ranks[i]);
+    if (!shards_[i].defined())
+      throw_error<Error>("LocalTensor: shard of rank {} is undefined", ranks[i]);
     if (shards_[i].dtype() != shards_[0].dtype()) {
       throw_error<Error>("LocalTensor: shards must share one dtype: rank {} has {}, rank {} has {}",
                          ranks[0], shards_[0].dtype(), ranks[i], shards_[i].dtype());
@@ -126,11 +129,12 @@ Tensor& LocalTensor::mutable_shard(int rank) {
 
 void LocalTensor::set_shard(int rank, Tensor t) {
   const size_t i = index_of(rank);
-  if (!t.defined()) throw_error<Error>("LocalTensor::set_shard: tensor for rank {} is undefined", rank);
+  if (!t.defined())
+    throw_error<Error>("LocalTensor::set_shard: tensor for rank {} is undefined", rank);
   if (t.dtype() != dtype() || t.dim() != dim()) {
     throw_error<Error>(
-        "LocalTensor::set_shard: rank {} gets {} {} but the LocalTensor holds {} with {} dims", rank,
-        t.dtype(), shape_str(t.shape()), dtype(), dim());
+        "LocalTensor::set_shard: rank {} gets {} {} but the LocalTensor holds {} with {} dims",
+        rank, t.dtype(), shape_str(t.shape()), dtype(), dim());
   }
   shards_[i] = std::move(t);
   update_replicated();
@@ -285,6 +289,8 @@ std::string LocalTensor::to_string() const {
   return out;
 }
 
-std::ostream& operator<<(std::ostream& os, const LocalTensor& t) { return os << t.to_string(); }
+std::ostream& operator<<(std::ostream& os, const LocalTensor& t) {
+  return os << t.to_string();
+}
 
 }  // namespace spmd

@@ -44,7 +44,9 @@ WorkPtr run_groups(CollectiveKind kind, Communicator& comm, const LocalTensor& x
                    const CallSite& site, Fn&& fn) {
   const auto& groups = comm.family().groups();
   std::vector<Tensor> out(x.num_shards());
-  GroupView view{CollectiveCall{kind, site.dim_name, nullptr}, {}, {}};
+  // Reused across calls: the per-group vectors would otherwise be the main cost of small calls.
+  thread_local GroupView view{CollectiveCall{kind, "", nullptr}, {}, {}};
+  view.call = CollectiveCall{kind, site.dim_name, nullptr};
   for (const std::vector<int>& ranks : groups) {
     view.inputs.clear();
     view.outputs.clear();
@@ -90,9 +92,19 @@ struct CopyPiece {
   std::size_t bytes;
 };
 
-// memcpy of many pieces, cut into 1 MiB parts spread over the thread pool.
+// memcpy of many pieces, cut into 1 MiB parts spread over the thread pool. Small copies run
+// inline: waking a pool thread costs microseconds.
 void copy_pieces(const std::vector<CopyPiece>& pieces) {
   constexpr std::size_t kPart = std::size_t{1} << 20;
+  constexpr std::size_t kParallelBytes = std::size_t{4} << 20;
+  std::size_t total = 0;
+  for (const CopyPiece& p : pieces) total += p.bytes;
+  if (total < kParallelBytes) {
+    for (const CopyPiece& p : pieces) {
+      if (p.bytes != 0) std::memcpy(p.dst, p.src, p.bytes);
+    }
+    return;
+  }
   std::vector<CopyPiece> parts;
   for (const CopyPiece& p : pieces) {
     for (std::size_t off = 0; off < p.bytes; off += kPart) {
@@ -107,20 +119,35 @@ void copy_pieces(const std::vector<CopyPiece>& pieces) {
   });
 }
 
-const char* bytes_of(const Tensor& t) { return static_cast<const char*>(t.data_ptr()); }
-char* bytes_of(Tensor& t) { return static_cast<char*>(t.data_ptr()); }
+const char* bytes_of(const Tensor& t) {
+  return static_cast<const char*>(t.data_ptr());
+}
+char* bytes_of(Tensor& t) {
+  return static_cast<char*>(t.data_ptr());
+}
 
-int64_t wrap_dim(int64_t d, int64_t ndim) { return d < 0 ? d + ndim : d; }
+int64_t wrap_dim(int64_t d, int64_t ndim) {
+  return d < 0 ? d + ndim : d;
+}
 
 // The reduction of the group's inputs into a new tensor, in ascending group rank.
 Tensor reduce_group(const std::vector<const Tensor*>& inputs, ReduceOp op) {
-  std::vector<Tensor> keep;
-  std::vector<const Tensor*> in = contiguous_inputs(inputs, keep);
-  Tensor out = empty(in[0]->shape(), in[0]->dtype());
-  std::vector<const void*> ptrs;
-  for (const Tensor* t : in) ptrs.push_back(t->data_ptr());
+  thread_local std::vector<Tensor> keep;
+  thread_local std::vector<const void*> ptrs;
+  keep.clear();
+  ptrs.clear();
+  for (const Tensor* t : inputs) {
+    if (t->is_contiguous()) {
+      ptrs.push_back(t->data_ptr());
+    } else {
+      keep.push_back(t->contiguous());
+      ptrs.push_back(keep.back().data_ptr());
+    }
+  }
+  Tensor out = empty(inputs[0]->shape(), inputs[0]->dtype());
   reduce_buffers(out.dtype(), op, ptrs.data(), static_cast<int64_t>(ptrs.size()), out.data_ptr(),
                  out.numel());
+  keep.clear();
   return out;
 }
 
@@ -141,8 +168,9 @@ Tensor empty_like_along(const Tensor& t, int64_t d, const CollectiveCall& call) 
 WorkPtr SimBackend::all_reduce(Communicator& comm, const LocalTensor& x,
                                const AllReduceOptions& options, const CallSite& site) {
   return run_groups(CollectiveKind::AllReduce, comm, x, site, [&](GroupView& g) {
-    Tensor result = g.size() == 1 && options.op != ReduceOp::Avg ? *g.inputs[0]
-                                                                  : reduce_group(g.inputs, options.op);
+    Tensor result = g.size() == 1 && options.op != ReduceOp::Avg
+                        ? *g.inputs[0]
+                        : reduce_group(g.inputs, options.op);
     for (Tensor* out : g.outputs) *out = result;
   });
 }
@@ -230,10 +258,10 @@ WorkPtr SimBackend::all_to_all(Communicator& comm, const LocalTensor& x,
       for (int64_t j = 0; j < n; ++j) {
         Tensor out = empty(first.shape(), first.dtype());
         for (int64_t i = 0; i < n; ++i) {
-          pieces.push_back({bytes_of(out) + static_cast<std::size_t>(i) * piece_bytes,
-                            bytes_of(*in[static_cast<size_t>(i)]) +
-                                static_cast<std::size_t>(j) * piece_bytes,
-                            piece_bytes});
+          pieces.push_back(
+              {bytes_of(out) + static_cast<std::size_t>(i) * piece_bytes,
+               bytes_of(*in[static_cast<size_t>(i)]) + static_cast<std::size_t>(j) * piece_bytes,
+               piece_bytes});
         }
         *g.outputs[static_cast<size_t>(j)] = std::move(out);
       }
@@ -249,8 +277,7 @@ WorkPtr SimBackend::all_to_all(Communicator& comm, const LocalTensor& x,
 }
 
 WorkPtr SimBackend::all_to_all_single(Communicator& comm, const LocalTensor& x,
-                                      const AllToAllSingleOptions& options,
-                                      const CallSite& site) {
+                                      const AllToAllSingleOptions& options, const CallSite& site) {
   return run_groups(CollectiveKind::AllToAllSingle, comm, x, site, [&](GroupView& g) {
     check_group_splits(g.call, g.inputs, options);
     const int64_t n = g.size();
@@ -259,17 +286,20 @@ WorkPtr SimBackend::all_to_all_single(Communicator& comm, const LocalTensor& x,
     const Tensor& first = *in[0];
     Shape row_shape = first.shape();
     row_shape[0] = 1;
-    const std::size_t row_bytes = static_cast<std::size_t>(shape_numel(row_shape)) * first.itemsize();
+    const std::size_t row_bytes =
+        static_cast<std::size_t>(shape_numel(row_shape)) * first.itemsize();
     // in_offsets[i][j]: first row rank i sends to rank j.
     std::vector<std::vector<int64_t>> in_splits(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
-      in_splits[static_cast<size_t>(i)] = resolve_splits(
-          options.in_splits, (*g.call.group)[static_cast<size_t>(i)], in[static_cast<size_t>(i)]->size(0), n);
+      in_splits[static_cast<size_t>(i)] =
+          resolve_splits(options.in_splits, (*g.call.group)[static_cast<size_t>(i)],
+                         in[static_cast<size_t>(i)]->size(0), n);
     }
     std::vector<CopyPiece> pieces;
     for (int64_t j = 0; j < n; ++j) {
       int64_t rows = 0;
-      for (int64_t i = 0; i < n; ++i) rows += in_splits[static_cast<size_t>(i)][static_cast<size_t>(j)];
+      for (int64_t i = 0; i < n; ++i)
+        rows += in_splits[static_cast<size_t>(i)][static_cast<size_t>(j)];
       Shape shape = first.shape();
       shape[0] = rows;
       Tensor out = empty(shape, first.dtype());
@@ -280,10 +310,10 @@ WorkPtr SimBackend::all_to_all_single(Communicator& comm, const LocalTensor& x,
         for (int64_t k = 0; k < j; ++k) in_row += splits[static_cast<size_t>(k)];
         const int64_t count = splits[static_cast<size_t>(j)];
         if (count > 0) {
-          pieces.push_back({bytes_of(out) + static_cast<std::size_t>(out_row) * row_bytes,
-                            bytes_of(*in[static_cast<size_t>(i)]) +
-                                static_cast<std::size_t>(in_row) * row_bytes,
-                            static_cast<std::size_t>(count) * row_bytes});
+          pieces.push_back(
+              {bytes_of(out) + static_cast<std::size_t>(out_row) * row_bytes,
+               bytes_of(*in[static_cast<size_t>(i)]) + static_cast<std::size_t>(in_row) * row_bytes,
+               static_cast<std::size_t>(count) * row_bytes});
         }
         out_row += count;
       }
@@ -301,8 +331,8 @@ WorkPtr SimBackend::broadcast(Communicator& comm, const LocalTensor& x,
   });
 }
 
-WorkPtr SimBackend::scatter(Communicator& comm, const LocalTensor& x,
-                            const ScatterOptions& options, const CallSite& site) {
+WorkPtr SimBackend::scatter(Communicator& comm, const LocalTensor& x, const ScatterOptions& options,
+                            const CallSite& site) {
   return run_groups(CollectiveKind::Scatter, comm, x, site, [&](GroupView& g) {
     const Tensor& source = *g.inputs[static_cast<size_t>(options.src)];
     const int64_t d = wrap_dim(options.scatter_dim, source.dim());
@@ -338,8 +368,8 @@ WorkPtr SimBackend::reduce(Communicator& comm, const LocalTensor& x, const Reduc
   });
 }
 
-WorkPtr SimBackend::permute(Communicator& comm, const LocalTensor& x,
-                            const PermuteOptions& options, const CallSite& site) {
+WorkPtr SimBackend::permute(Communicator& comm, const LocalTensor& x, const PermuteOptions& options,
+                            const CallSite& site) {
   return run_groups(CollectiveKind::Permute, comm, x, site, [&](GroupView& g) {
     std::vector<bool> received(static_cast<size_t>(g.size()), false);
     for (int64_t i = 0; i < g.size(); ++i) {
@@ -360,7 +390,8 @@ WorkPtr SimBackend::permute(Communicator& comm, const LocalTensor& x,
 WorkPtr SimBackend::barrier(Communicator& comm, const LocalTensor& x, const BarrierOptions&,
                             const CallSite& site) {
   return run_groups(CollectiveKind::Barrier, comm, x, site, [&](GroupView& g) {
-    for (int64_t k = 0; k < g.size(); ++k) *g.outputs[static_cast<size_t>(k)] = *g.inputs[static_cast<size_t>(k)];
+    for (int64_t k = 0; k < g.size(); ++k)
+      *g.outputs[static_cast<size_t>(k)] = *g.inputs[static_cast<size_t>(k)];
   });
 }
 

@@ -15,7 +15,9 @@ namespace {
 
 using testing::expect_throws;
 
-Tensor mat(std::vector<double> v, Shape shape) { return from_vector(v, shape).to(DType::F32); }
+Tensor mat(std::vector<double> v, Shape shape) {
+  return from_vector(v, shape).to(DType::F32);
+}
 
 LocalTensor per_rank(const World& world, const std::vector<Tensor>& shards) {
   return LocalTensor(world.held_ranks(), shards);
@@ -26,8 +28,8 @@ LocalTensor per_rank(const World& world, const std::vector<Tensor>& shards) {
 TEST(LocalTensorVectors, AllReduceWorld3) {
   World world = World::sim(3);
   DeviceMesh mesh = init_device_mesh(world, {3});
-  LocalTensor x = per_rank(world, {mat({1, 4, 2, 5}, {2, 2}), mat({2, 1, 3, 6}, {2, 2}),
-                                   mat({3, 2, 1, 4}, {2, 2})});
+  LocalTensor x = per_rank(
+      world, {mat({1, 4, 2, 5}, {2, 2}), mat({2, 1, 3, 6}, {2, 2}), mat({3, 2, 1, 4}, {2, 2})});
   EXPECT_TRUE(equal(all_reduce(x, mesh, 0, ReduceOp::Sum).reconcile(), mat({6, 7, 6, 15}, {2, 2})));
   EXPECT_TRUE(equal(all_reduce(x, mesh, 0, ReduceOp::Max).reconcile(), mat({3, 4, 3, 6}, {2, 2})));
   EXPECT_TRUE(equal(all_reduce(x, mesh, 0, ReduceOp::Min).reconcile(), mat({1, 1, 1, 4}, {2, 2})));
@@ -86,15 +88,23 @@ TEST(CollectiveErrors, LocalArgumentChecks) {
   expect_throws<CommError>([&] { gather(x, mesh, "tp", -1); }, {"dst=-1"});
   expect_throws<CommError>([&] { all_reduce(x, mesh, "tp", ReduceOp::BXor); },
                            {"bxor", "integer and bool"});
-  expect_throws<CommError>([&] { permute(x, mesh, "tp", {1, 1, 2, 3}); },
-                           {"sends two shards to group rank 1"});
+  expect_throws<CommError>(
+      [&] {
+        permute(x, mesh, "tp", {1, 1, 2, 3});
+      },
+      {"sends two shards to group rank 1"});
   expect_throws<CommError>([&] { permute(x, mesh, "tp", {1, 2}); }, {"2 entries", "4 ranks"});
   expect_throws<CommError>(
-      [&] { all_to_all_single(x, mesh, "tp", std::vector<int64_t>{1, 1, 1, 3}, std::vector<int64_t>{1, 1, 1, 1}); },
+      [&] {
+        all_to_all_single(x, mesh, "tp", std::vector<int64_t>{1, 1, 1, 3},
+                          std::vector<int64_t>{1, 1, 1, 1});
+      },
       {"in_splits", "add up to 4", "6 rows"});
   // Every rank sends all 8 rows to group rank 0, which expects an even 2 from each.
   expect_throws<CommError>(
-      [&] { all_to_all_single(zeros(world, {8, 2}), mesh, "tp", {}, std::vector<int64_t>{8, 0, 0, 0}); },
+      [&] {
+        all_to_all_single(zeros(world, {8, 2}), mesh, "tp", {}, std::vector<int64_t>{8, 0, 0, 0});
+      },
       {"split sizes do not match", "sends 8 rows to rank 0", "expects 2"});
   expect_throws<CommError>([&] { all_reduce(LocalTensor(), mesh, "tp"); }, {"undefined"});
   expect_throws<CommError>([&] { reduce(zeros(world, {}), mesh, "tp", ReduceOp::Sum); },
@@ -112,8 +122,11 @@ TEST(CollectiveSubsets, GroupsNotFullyHeldAreSkipped) {
   LocalTensor y = all_reduce(x, mesh, "tp");
   EXPECT_EQ(y.ranks(), (std::vector<int>{0, 1}));
   EXPECT_TRUE(equal(y.shard(1), full({2}, 3)));
-  expect_throws<CommError>([&] { all_reduce(LocalTensor({0, 2}, {full({2}, 1), full({2}, 1)}), mesh, "tp"); },
-                           {"no group of mesh dim 'tp' is fully held"});
+  expect_throws<CommError>(
+      [&] {
+        all_reduce(LocalTensor({0, 2}, {full({2}, 1), full({2}, 1)}), mesh, "tp");
+      },
+      {"no group of mesh dim 'tp' is fully held"});
 }
 
 // ---- copy-on-write results ------------------------------------------------------------------

@@ -39,8 +39,8 @@ uint64_t mix(uint64_t x) {
 // Values in {-2, -1, 1, 2} (bool: {0, 1}): sums and products of up to 8 of them are exact in
 // BF16, F16 and F32.
 double input_value(uint64_t seed, int rank, int64_t index, DType dtype) {
-  const uint64_t h = mix(seed ^ mix(static_cast<uint64_t>(rank) * 1000003ULL +
-                                    static_cast<uint64_t>(index)));
+  const uint64_t h =
+      mix(seed ^ mix(static_cast<uint64_t>(rank) * 1000003ULL + static_cast<uint64_t>(index)));
   if (dtype == DType::Bool) return static_cast<double>((h >> 7) & 1);
   static const double kValues[4] = {-2, -1, 1, 2};
   return kValues[h & 3];
@@ -48,7 +48,8 @@ double input_value(uint64_t seed, int rank, int64_t index, DType dtype) {
 
 std::vector<double> input_values(uint64_t seed, int rank, const Shape& shape, DType dtype) {
   std::vector<double> v(static_cast<size_t>(shape_numel(shape)));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = input_value(seed, rank, static_cast<int64_t>(i), dtype);
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = input_value(seed, rank, static_cast<int64_t>(i), dtype);
   return v;
 }
 
@@ -91,13 +92,28 @@ double fold(ReduceOp op, DType dtype, const std::vector<double>& v) {
     for (size_t i = 1; i < v.size(); ++i) {
       const int64_t x = static_cast<int64_t>(v[i]);
       switch (op) {
-        case ReduceOp::Sum: case ReduceOp::Avg: acc += x; break;
-        case ReduceOp::Product: acc *= x; break;
-        case ReduceOp::Min: acc = std::min(acc, x); break;
-        case ReduceOp::Max: acc = std::max(acc, x); break;
-        case ReduceOp::BAnd: acc &= x; break;
-        case ReduceOp::BOr: acc |= x; break;
-        case ReduceOp::BXor: acc ^= x; break;
+        case ReduceOp::Sum:
+        case ReduceOp::Avg:
+          acc += x;
+          break;
+        case ReduceOp::Product:
+          acc *= x;
+          break;
+        case ReduceOp::Min:
+          acc = std::min(acc, x);
+          break;
+        case ReduceOp::Max:
+          acc = std::max(acc, x);
+          break;
+        case ReduceOp::BAnd:
+          acc &= x;
+          break;
+        case ReduceOp::BOr:
+          acc |= x;
+          break;
+        case ReduceOp::BXor:
+          acc ^= x;
+          break;
       }
     }
     if (op == ReduceOp::Avg) acc /= static_cast<int64_t>(v.size());
@@ -106,11 +122,21 @@ double fold(ReduceOp op, DType dtype, const std::vector<double>& v) {
   double acc = v[0];
   for (size_t i = 1; i < v.size(); ++i) {
     switch (op) {
-      case ReduceOp::Sum: case ReduceOp::Avg: acc += v[i]; break;
-      case ReduceOp::Product: acc *= v[i]; break;
-      case ReduceOp::Min: acc = std::min(acc, v[i]); break;
-      case ReduceOp::Max: acc = std::max(acc, v[i]); break;
-      default: break;
+      case ReduceOp::Sum:
+      case ReduceOp::Avg:
+        acc += v[i];
+        break;
+      case ReduceOp::Product:
+        acc *= v[i];
+        break;
+      case ReduceOp::Min:
+        acc = std::min(acc, v[i]);
+        break;
+      case ReduceOp::Max:
+        acc = std::max(acc, v[i]);
+        break;
+      default:
+        break;
     }
   }
   return op == ReduceOp::Avg ? acc / n : acc;
@@ -118,12 +144,12 @@ double fold(ReduceOp op, DType dtype, const std::vector<double>& v) {
 
 std::vector<ReduceOp> ops_for(DType dtype) {
   if (dtype == DType::Bool) {
-    return {ReduceOp::Sum, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max,
-            ReduceOp::BAnd, ReduceOp::BOr, ReduceOp::BXor};
+    return {ReduceOp::Sum,  ReduceOp::Product, ReduceOp::Min, ReduceOp::Max,
+            ReduceOp::BAnd, ReduceOp::BOr,     ReduceOp::BXor};
   }
   if (is_integral(dtype)) {
-    return {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Product, ReduceOp::Min,
-            ReduceOp::Max, ReduceOp::BAnd, ReduceOp::BOr, ReduceOp::BXor};
+    return {ReduceOp::Sum, ReduceOp::Avg,  ReduceOp::Product, ReduceOp::Min,
+            ReduceOp::Max, ReduceOp::BAnd, ReduceOp::BOr,     ReduceOp::BXor};
   }
   return {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max};
 }
@@ -143,26 +169,32 @@ struct Family {
 
 std::vector<Family> families(int w) {
   std::vector<Family> out;
-  out.push_back({"1d", [w](const World& world) { return init_device_mesh(world, {w}, {"x"}); }, "x"});
+  out.push_back(
+      {"1d", [w](const World& world) { return init_device_mesh(world, {w}, {"x"}); }, "x"});
   if (w % 2 == 0) {
-    auto mesh2 = [w](const World& world) { return init_device_mesh(world, {2, w / 2}, {"a", "b"}); };
+    auto mesh2 = [w](const World& world) {
+      return init_device_mesh(world, {2, w / 2}, {"a", "b"});
+    };
     out.push_back({"2d_inner", mesh2, "b"});
     out.push_back({"2d_outer", mesh2, "a"});
-    out.push_back({"unflatten_inner",
-                   [w](const World& world) {
-                     return init_device_mesh(world, {w}, {"x"}).unflatten(0, {2, w / 2}, {"u", "v"});
-                   },
-                   "v"});
-    out.push_back({"unflatten_outer",
-                   [w](const World& world) {
-                     return init_device_mesh(world, {w}, {"x"}).unflatten("x", {2, w / 2}, {"u", "v"});
-                   },
-                   "u"});
+    out.push_back(
+        {"unflatten_inner",
+         [w](const World& world) {
+           return init_device_mesh(world, {w}, {"x"}).unflatten(0, {2, w / 2}, {"u", "v"});
+         },
+         "v"});
+    out.push_back(
+        {"unflatten_outer",
+         [w](const World& world) {
+           return init_device_mesh(world, {w}, {"x"}).unflatten("x", {2, w / 2}, {"u", "v"});
+         },
+         "u"});
     out.push_back({"from_ranks_perm",
                    [w](const World& world) {
                      // A permutation of the world: rank ids reversed within halves, halves swapped.
                      std::vector<int64_t> ids(static_cast<size_t>(w));
-                     for (int i = 0; i < w; ++i) ids[static_cast<size_t>(i)] = (w / 2 + (w - 1 - i)) % w;
+                     for (int i = 0; i < w; ++i)
+                       ids[static_cast<size_t>(i)] = (w / 2 + (w - 1 - i)) % w;
                      return DeviceMesh::from_ranks(world, from_vector(ids, {2, w / 2}), {"p", "q"});
                    },
                    "q"});
@@ -175,7 +207,9 @@ std::vector<Family> families(int w) {
                    },
                    "p"});
     out.push_back({"size1_dim",
-                   [w](const World& world) { return init_device_mesh(world, {1, w}, {"one", "all"}); },
+                   [w](const World& world) {
+                     return init_device_mesh(world, {1, w}, {"one", "all"});
+                   },
                    "one"});
   }
   if (w % 4 == 0) {
@@ -185,12 +219,20 @@ std::vector<Family> families(int w) {
     out.push_back({"3d_a", mesh3, "a"});
     out.push_back({"3d_b", mesh3, "b"});
     out.push_back({"3d_c", mesh3, "c"});
-    out.push_back({"sliced_skip", [mesh3](const World& world) { return mesh3(world)[{"a", "c"}]; }, "a"});
+    out.push_back({"sliced_skip",
+                   [mesh3](const World& world) {
+                     return mesh3(world)[{"a", "c"}];
+                   },
+                   "a"});
     out.push_back({"flatten_contiguous",
-                   [mesh3](const World& world) { return mesh3(world)[{"a", "b"}].flatten("ab"); },
+                   [mesh3](const World& world) {
+                     return mesh3(world)[{"a", "b"}].flatten("ab");
+                   },
                    "ab"});
     out.push_back({"flatten_strided",
-                   [mesh3](const World& world) { return mesh3(world)[{"a", "c"}].flatten("ac"); },
+                   [mesh3](const World& world) {
+                     return mesh3(world)[{"a", "c"}].flatten("ac");
+                   },
                    "ac"});
   }
   return out;
@@ -202,8 +244,8 @@ struct ShapeCase {
 };
 
 std::vector<ShapeCase> shapes_for(int64_t g, bool with_scalar) {
-  std::vector<ShapeCase> out = {{"vec", {2 * g}}, {"mat", {g, 3}}, {"empty", {0, 2}},
-                                {"cube", {2, 2 * g, 2}}};
+  std::vector<ShapeCase> out = {
+      {"vec", {2 * g}}, {"mat", {g, 3}}, {"empty", {0, 2}}, {"cube", {2, 2 * g, 2}}};
   if (with_scalar) out.push_back({"scalar", {}});
   return out;
 }
@@ -246,8 +288,9 @@ void expect_result(const std::string& label, int rank, const Tensor& got, const 
                                 << shape_str(got.shape()) << ", expected " << shape_str(shape);
   std::vector<double> v = got.to_vector<double>();
   for (size_t i = 0; i < v.size(); ++i) {
-    const bool ok = tol == 0.0 ? v[i] == expected[i]
-                               : std::abs(v[i] - expected[i]) <= tol * std::max(1.0, std::abs(expected[i]));
+    const bool ok =
+        tol == 0.0 ? v[i] == expected[i]
+                   : std::abs(v[i] - expected[i]) <= tol * std::max(1.0, std::abs(expected[i]));
     if (!ok) {
       ADD_FAILURE() << label << ": rank " << rank << " index " << i << " expected " << expected[i]
                     << " got " << v[i];
@@ -275,7 +318,8 @@ int for_each_case(const World& world, bool with_scalar, Body&& body) {
 
 std::string label_of(const char* op, const Family& f, const ShapeCase& sc, DType dtype,
                      const std::string& extra = "") {
-  return fmt::format("{}/{}/{}/{}/{}{}", op, f.name, f.dim, sc.name, dtype, extra.empty() ? "" : "/" + extra);
+  return fmt::format("{}/{}/{}/{}/{}{}", op, f.name, f.dim, sc.name, dtype,
+                     extra.empty() ? "" : "/" + extra);
 }
 
 LocalTensor inputs(const World& world, uint64_t seed, const Shape& shape, DType dtype) {
@@ -286,118 +330,125 @@ LocalTensor inputs(const World& world, uint64_t seed, const Shape& shape, DType 
 
 TEST(Conformance, AllReduce) {
   World world = test_world();
-  int cases = for_each_case(world, true, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc,
-                                             DType dtype, uint64_t seed) {
-    LocalTensor x = inputs(world, seed, sc.shape, dtype);
-    for (ReduceOp op : ops_for(dtype)) {
-      const std::string label = label_of("all_reduce", f, sc, dtype, std::string(reduce_op_name(op)));
-      LocalTensor y = all_reduce(x, s.mesh, f.dim, op);
-      for (int r : world.held_ranks()) {
-        int64_t gi = 0;
-        const auto& group = s.group_of(r, &gi);
-        std::vector<double> expected(static_cast<size_t>(shape_numel(sc.shape)));
-        for (size_t i = 0; i < expected.size(); ++i) {
-          std::vector<double> v;
-          for (int m : group) v.push_back(input_value(seed, m, static_cast<int64_t>(i), dtype));
-          expected[i] = fold(op, dtype, v);
+  int cases = for_each_case(
+      world, true,
+      [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
+        LocalTensor x = inputs(world, seed, sc.shape, dtype);
+        for (ReduceOp op : ops_for(dtype)) {
+          const std::string label =
+              label_of("all_reduce", f, sc, dtype, std::string(reduce_op_name(op)));
+          LocalTensor y = all_reduce(x, s.mesh, f.dim, op);
+          for (int r : world.held_ranks()) {
+            int64_t gi = 0;
+            const auto& group = s.group_of(r, &gi);
+            std::vector<double> expected(static_cast<size_t>(shape_numel(sc.shape)));
+            for (size_t i = 0; i < expected.size(); ++i) {
+              std::vector<double> v;
+              for (int m : group) v.push_back(input_value(seed, m, static_cast<int64_t>(i), dtype));
+              expected[i] = fold(op, dtype, v);
+            }
+            expect_result(label, r, y.shard(r), sc.shape, expected, tolerance(dtype, op));
+          }
         }
-        expect_result(label, r, y.shard(r), sc.shape, expected, tolerance(dtype, op));
-      }
-    }
-  });
+      });
   EXPECT_GT(cases, 0);
 }
 
 TEST(Conformance, AllGather) {
   World world = test_world();
-  for_each_case(world, false, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype,
-                                  uint64_t seed) {
-    LocalTensor x = inputs(world, seed, sc.shape, dtype);
-    for (int64_t gd : {int64_t{0}, int64_t{-1}}) {
-      const std::string label = label_of("all_gather", f, sc, dtype, fmt::format("gather_dim={}", gd));
-      LocalTensor y = all_gather(x, s.mesh, f.dim, gd);
-      const int64_t d = gd < 0 ? gd + static_cast<int64_t>(sc.shape.size()) : gd;
-      Shape out_shape = sc.shape;
-      out_shape[static_cast<size_t>(d)] *= s.group_size;
-      for (int r : world.held_ranks()) {
-        int64_t gi = 0;
-        const auto& group = s.group_of(r, &gi);
-        std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
-        for (size_t i = 0; i < expected.size(); ++i) {
-          std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
-          const int64_t piece = sc.shape[static_cast<size_t>(d)];
-          const int member = group[static_cast<size_t>(idx[static_cast<size_t>(d)] / piece)];
-          idx[static_cast<size_t>(d)] %= piece;
-          expected[i] = input_value(seed, member, ravel(idx, sc.shape), dtype);
+  for_each_case(
+      world, false,
+      [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
+        LocalTensor x = inputs(world, seed, sc.shape, dtype);
+        for (int64_t gd : {int64_t{0}, int64_t{-1}}) {
+          const std::string label =
+              label_of("all_gather", f, sc, dtype, fmt::format("gather_dim={}", gd));
+          LocalTensor y = all_gather(x, s.mesh, f.dim, gd);
+          const int64_t d = gd < 0 ? gd + static_cast<int64_t>(sc.shape.size()) : gd;
+          Shape out_shape = sc.shape;
+          out_shape[static_cast<size_t>(d)] *= s.group_size;
+          for (int r : world.held_ranks()) {
+            int64_t gi = 0;
+            const auto& group = s.group_of(r, &gi);
+            std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
+            for (size_t i = 0; i < expected.size(); ++i) {
+              std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
+              const int64_t piece = sc.shape[static_cast<size_t>(d)];
+              const int member = group[static_cast<size_t>(idx[static_cast<size_t>(d)] / piece)];
+              idx[static_cast<size_t>(d)] %= piece;
+              expected[i] = input_value(seed, member, ravel(idx, sc.shape), dtype);
+            }
+            expect_result(label, r, y.shard(r), out_shape, expected, 0.0);
+          }
         }
-        expect_result(label, r, y.shard(r), out_shape, expected, 0.0);
-      }
-    }
-  });
+      });
 }
 
 TEST(Conformance, ReduceScatter) {
   World world = test_world();
-  for_each_case(world, false, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype,
-                                  uint64_t seed) {
-    LocalTensor x = inputs(world, seed, sc.shape, dtype);
-    const int64_t sd = sc.name == "cube" ? 1 : 0;
-    for (ReduceOp op : ops_for(dtype)) {
-      const std::string label = label_of("reduce_scatter", f, sc, dtype,
-                                         fmt::format("{}/scatter_dim={}", reduce_op_name(op), sd));
-      LocalTensor y = reduce_scatter(x, s.mesh, f.dim, op, sd);
-      Shape out_shape = sc.shape;
-      const int64_t piece = out_shape[static_cast<size_t>(sd)] / s.group_size;
-      out_shape[static_cast<size_t>(sd)] = piece;
-      for (int r : world.held_ranks()) {
-        int64_t gi = 0;
-        const auto& group = s.group_of(r, &gi);
-        std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
-        for (size_t i = 0; i < expected.size(); ++i) {
-          std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
-          idx[static_cast<size_t>(sd)] += gi * piece;
-          std::vector<double> v;
-          for (int m : group) v.push_back(input_value(seed, m, ravel(idx, sc.shape), dtype));
-          expected[i] = fold(op, dtype, v);
+  for_each_case(
+      world, false,
+      [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
+        LocalTensor x = inputs(world, seed, sc.shape, dtype);
+        const int64_t sd = sc.name == "cube" ? 1 : 0;
+        for (ReduceOp op : ops_for(dtype)) {
+          const std::string label =
+              label_of("reduce_scatter", f, sc, dtype,
+                       fmt::format("{}/scatter_dim={}", reduce_op_name(op), sd));
+          LocalTensor y = reduce_scatter(x, s.mesh, f.dim, op, sd);
+          Shape out_shape = sc.shape;
+          const int64_t piece = out_shape[static_cast<size_t>(sd)] / s.group_size;
+          out_shape[static_cast<size_t>(sd)] = piece;
+          for (int r : world.held_ranks()) {
+            int64_t gi = 0;
+            const auto& group = s.group_of(r, &gi);
+            std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
+            for (size_t i = 0; i < expected.size(); ++i) {
+              std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
+              idx[static_cast<size_t>(sd)] += gi * piece;
+              std::vector<double> v;
+              for (int m : group) v.push_back(input_value(seed, m, ravel(idx, sc.shape), dtype));
+              expected[i] = fold(op, dtype, v);
+            }
+            expect_result(label, r, y.shard(r), out_shape, expected, tolerance(dtype, op));
+          }
         }
-        expect_result(label, r, y.shard(r), out_shape, expected, tolerance(dtype, op));
-      }
-    }
-  });
+      });
 }
 
 TEST(Conformance, AllToAll) {
   World world = test_world();
-  for_each_case(world, false, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype,
-                                  uint64_t seed) {
-    LocalTensor x = inputs(world, seed, sc.shape, dtype);
-    std::vector<std::pair<int64_t, int64_t>> dims = {{0, 0}};
-    if (sc.name == "mat" || sc.name == "empty") dims.push_back({0, 1});
-    if (sc.name == "cube") dims = {{1, 1}, {1, 0}, {1, 2}};
-    for (auto [split, concat] : dims) {
-      const std::string label =
-          label_of("all_to_all", f, sc, dtype, fmt::format("split={},concat={}", split, concat));
-      LocalTensor y = all_to_all(x, s.mesh, f.dim, split, concat);
-      Shape piece_shape = sc.shape;
-      piece_shape[static_cast<size_t>(split)] /= s.group_size;
-      Shape out_shape = piece_shape;
-      out_shape[static_cast<size_t>(concat)] *= s.group_size;
-      for (int r : world.held_ranks()) {
-        int64_t gi = 0;
-        const auto& group = s.group_of(r, &gi);
-        std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
-        for (size_t i = 0; i < expected.size(); ++i) {
-          std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
-          const int64_t pc = piece_shape[static_cast<size_t>(concat)];
-          const int source = group[static_cast<size_t>(idx[static_cast<size_t>(concat)] / pc)];
-          idx[static_cast<size_t>(concat)] %= pc;
-          idx[static_cast<size_t>(split)] += gi * piece_shape[static_cast<size_t>(split)];
-          expected[i] = input_value(seed, source, ravel(idx, sc.shape), dtype);
+  for_each_case(
+      world, false,
+      [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
+        LocalTensor x = inputs(world, seed, sc.shape, dtype);
+        std::vector<std::pair<int64_t, int64_t>> dims = {{0, 0}};
+        if (sc.name == "mat" || sc.name == "empty") dims.push_back({0, 1});
+        if (sc.name == "cube") dims = {{1, 1}, {1, 0}, {1, 2}};
+        for (auto [split, concat] : dims) {
+          const std::string label = label_of("all_to_all", f, sc, dtype,
+                                             fmt::format("split={},concat={}", split, concat));
+          LocalTensor y = all_to_all(x, s.mesh, f.dim, split, concat);
+          Shape piece_shape = sc.shape;
+          piece_shape[static_cast<size_t>(split)] /= s.group_size;
+          Shape out_shape = piece_shape;
+          out_shape[static_cast<size_t>(concat)] *= s.group_size;
+          for (int r : world.held_ranks()) {
+            int64_t gi = 0;
+            const auto& group = s.group_of(r, &gi);
+            std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
+            for (size_t i = 0; i < expected.size(); ++i) {
+              std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
+              const int64_t pc = piece_shape[static_cast<size_t>(concat)];
+              const int source = group[static_cast<size_t>(idx[static_cast<size_t>(concat)] / pc)];
+              idx[static_cast<size_t>(concat)] %= pc;
+              idx[static_cast<size_t>(split)] += gi * piece_shape[static_cast<size_t>(split)];
+              expected[i] = input_value(seed, source, ravel(idx, sc.shape), dtype);
+            }
+            expect_result(label, r, y.shard(r), out_shape, expected, 0.0);
+          }
         }
-        expect_result(label, r, y.shard(r), out_shape, expected, 0.0);
-      }
-    }
-  });
+      });
 }
 
 TEST(Conformance, AllToAllSingle) {
@@ -422,10 +473,14 @@ TEST(Conformance, AllToAllSingle) {
         for (int64_t i = 0; i < n; ++i) splits[static_cast<size_t>(i)] = (i + gj) % 3;
         return splits;
       };
-      auto rows_of = [](const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); };
+      auto rows_of = [](const std::vector<int64_t>& v) {
+        return std::accumulate(v.begin(), v.end(), int64_t{0});
+      };
       const std::vector<int>& held = world.held_ranks();
-      PerRank<std::vector<int64_t>> in_splits = PerRank<std::vector<int64_t>>::from_fn(held, in_for);
-      PerRank<std::vector<int64_t>> out_splits = PerRank<std::vector<int64_t>>::from_fn(held, out_for);
+      PerRank<std::vector<int64_t>> in_splits =
+          PerRank<std::vector<int64_t>>::from_fn(held, in_for);
+      PerRank<std::vector<int64_t>> out_splits =
+          PerRank<std::vector<int64_t>>::from_fn(held, out_for);
       LocalTensor x = LocalTensor::from_fn(world, [&](int r) {
         return make_input(seed, r, {rows_of(in_for(r)), 2}, dtype);
       });
@@ -469,141 +524,150 @@ TEST(Conformance, AllToAllSingle) {
 
 TEST(Conformance, Broadcast) {
   World world = test_world();
-  for_each_case(world, true, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype,
-                                 uint64_t seed) {
-    LocalTensor x = inputs(world, seed, sc.shape, dtype);
-    for (int src : {0, static_cast<int>(s.group_size) - 1}) {
-      LocalTensor y = broadcast(x, s.mesh, f.dim, src);
-      for (int r : world.held_ranks()) {
-        int64_t gi = 0;
-        const auto& group = s.group_of(r, &gi);
-        expect_result(label_of("broadcast", f, sc, dtype, fmt::format("src={}", src)), r, y.shard(r),
-                      sc.shape, input_values(seed, group[static_cast<size_t>(src)], sc.shape, dtype), 0.0);
-      }
-    }
-  });
+  for_each_case(
+      world, true,
+      [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
+        LocalTensor x = inputs(world, seed, sc.shape, dtype);
+        for (int src : {0, static_cast<int>(s.group_size) - 1}) {
+          LocalTensor y = broadcast(x, s.mesh, f.dim, src);
+          for (int r : world.held_ranks()) {
+            int64_t gi = 0;
+            const auto& group = s.group_of(r, &gi);
+            expect_result(label_of("broadcast", f, sc, dtype, fmt::format("src={}", src)), r,
+                          y.shard(r), sc.shape,
+                          input_values(seed, group[static_cast<size_t>(src)], sc.shape, dtype),
+                          0.0);
+          }
+        }
+      });
 }
 
 TEST(Conformance, Scatter) {
   World world = test_world();
-  for_each_case(world, false, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype,
-                                  uint64_t seed) {
-    LocalTensor x = inputs(world, seed, sc.shape, dtype);
-    const int64_t sd = sc.name == "cube" ? 1 : 0;
-    for (int src : {0, static_cast<int>(s.group_size) - 1}) {
-      LocalTensor y = scatter(x, s.mesh, f.dim, src, sd);
-      Shape out_shape = sc.shape;
-      const int64_t piece = out_shape[static_cast<size_t>(sd)] / s.group_size;
-      out_shape[static_cast<size_t>(sd)] = piece;
-      for (int r : world.held_ranks()) {
-        int64_t gi = 0;
-        const auto& group = s.group_of(r, &gi);
-        std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
-        for (size_t i = 0; i < expected.size(); ++i) {
-          std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
-          idx[static_cast<size_t>(sd)] += gi * piece;
-          expected[i] = input_value(seed, group[static_cast<size_t>(src)], ravel(idx, sc.shape), dtype);
+  for_each_case(
+      world, false,
+      [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
+        LocalTensor x = inputs(world, seed, sc.shape, dtype);
+        const int64_t sd = sc.name == "cube" ? 1 : 0;
+        for (int src : {0, static_cast<int>(s.group_size) - 1}) {
+          LocalTensor y = scatter(x, s.mesh, f.dim, src, sd);
+          Shape out_shape = sc.shape;
+          const int64_t piece = out_shape[static_cast<size_t>(sd)] / s.group_size;
+          out_shape[static_cast<size_t>(sd)] = piece;
+          for (int r : world.held_ranks()) {
+            int64_t gi = 0;
+            const auto& group = s.group_of(r, &gi);
+            std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
+            for (size_t i = 0; i < expected.size(); ++i) {
+              std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
+              idx[static_cast<size_t>(sd)] += gi * piece;
+              expected[i] =
+                  input_value(seed, group[static_cast<size_t>(src)], ravel(idx, sc.shape), dtype);
+            }
+            expect_result(label_of("scatter", f, sc, dtype, fmt::format("src={}", src)), r,
+                          y.shard(r), out_shape, expected, 0.0);
+          }
         }
-        expect_result(label_of("scatter", f, sc, dtype, fmt::format("src={}", src)), r, y.shard(r),
-                      out_shape, expected, 0.0);
-      }
-    }
-  });
+      });
 }
 
 TEST(Conformance, Gather) {
   World world = test_world();
-  for_each_case(world, false, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype,
-                                  uint64_t seed) {
-    LocalTensor x = inputs(world, seed, sc.shape, dtype);
-    for (int dst : {0, static_cast<int>(s.group_size) - 1}) {
-      const int64_t gd = sc.name == "cube" ? 2 : 0;
-      LocalTensor y = gather(x, s.mesh, f.dim, dst, gd);
-      Shape out_shape = sc.shape;
-      out_shape[static_cast<size_t>(gd)] *= s.group_size;
-      Shape none_shape = sc.shape;
-      none_shape[static_cast<size_t>(gd)] = 0;
-      for (int r : world.held_ranks()) {
-        int64_t gi = 0;
-        const auto& group = s.group_of(r, &gi);
-        const std::string label = label_of("gather", f, sc, dtype, fmt::format("dst={}", dst));
-        if (gi != dst) {
-          expect_result(label, r, y.shard(r), none_shape, {}, 0.0);
-          continue;
+  for_each_case(
+      world, false,
+      [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
+        LocalTensor x = inputs(world, seed, sc.shape, dtype);
+        for (int dst : {0, static_cast<int>(s.group_size) - 1}) {
+          const int64_t gd = sc.name == "cube" ? 2 : 0;
+          LocalTensor y = gather(x, s.mesh, f.dim, dst, gd);
+          Shape out_shape = sc.shape;
+          out_shape[static_cast<size_t>(gd)] *= s.group_size;
+          Shape none_shape = sc.shape;
+          none_shape[static_cast<size_t>(gd)] = 0;
+          for (int r : world.held_ranks()) {
+            int64_t gi = 0;
+            const auto& group = s.group_of(r, &gi);
+            const std::string label = label_of("gather", f, sc, dtype, fmt::format("dst={}", dst));
+            if (gi != dst) {
+              expect_result(label, r, y.shard(r), none_shape, {}, 0.0);
+              continue;
+            }
+            std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
+            for (size_t i = 0; i < expected.size(); ++i) {
+              std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
+              const int64_t piece = sc.shape[static_cast<size_t>(gd)];
+              const int member = group[static_cast<size_t>(idx[static_cast<size_t>(gd)] / piece)];
+              idx[static_cast<size_t>(gd)] %= piece;
+              expected[i] = input_value(seed, member, ravel(idx, sc.shape), dtype);
+            }
+            expect_result(label, r, y.shard(r), out_shape, expected, 0.0);
+          }
         }
-        std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
-        for (size_t i = 0; i < expected.size(); ++i) {
-          std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
-          const int64_t piece = sc.shape[static_cast<size_t>(gd)];
-          const int member = group[static_cast<size_t>(idx[static_cast<size_t>(gd)] / piece)];
-          idx[static_cast<size_t>(gd)] %= piece;
-          expected[i] = input_value(seed, member, ravel(idx, sc.shape), dtype);
-        }
-        expect_result(label, r, y.shard(r), out_shape, expected, 0.0);
-      }
-    }
-  });
+      });
 }
 
 TEST(Conformance, Reduce) {
   World world = test_world();
-  for_each_case(world, false, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype,
-                                  uint64_t seed) {
-    LocalTensor x = inputs(world, seed, sc.shape, dtype);
-    const int dst = static_cast<int>(s.group_size) - 1;
-    for (ReduceOp op : ops_for(dtype)) {
-      LocalTensor y = reduce(x, s.mesh, f.dim, op, dst);
-      Shape none_shape = sc.shape;
-      none_shape[0] = 0;
-      for (int r : world.held_ranks()) {
-        int64_t gi = 0;
-        const auto& group = s.group_of(r, &gi);
-        const std::string label = label_of("reduce", f, sc, dtype, std::string(reduce_op_name(op)));
-        if (gi != dst) {
-          expect_result(label, r, y.shard(r), none_shape, {}, 0.0);
-          continue;
+  for_each_case(
+      world, false,
+      [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
+        LocalTensor x = inputs(world, seed, sc.shape, dtype);
+        const int dst = static_cast<int>(s.group_size) - 1;
+        for (ReduceOp op : ops_for(dtype)) {
+          LocalTensor y = reduce(x, s.mesh, f.dim, op, dst);
+          Shape none_shape = sc.shape;
+          none_shape[0] = 0;
+          for (int r : world.held_ranks()) {
+            int64_t gi = 0;
+            const auto& group = s.group_of(r, &gi);
+            const std::string label =
+                label_of("reduce", f, sc, dtype, std::string(reduce_op_name(op)));
+            if (gi != dst) {
+              expect_result(label, r, y.shard(r), none_shape, {}, 0.0);
+              continue;
+            }
+            std::vector<double> expected(static_cast<size_t>(shape_numel(sc.shape)));
+            for (size_t i = 0; i < expected.size(); ++i) {
+              std::vector<double> v;
+              for (int m : group) v.push_back(input_value(seed, m, static_cast<int64_t>(i), dtype));
+              expected[i] = fold(op, dtype, v);
+            }
+            expect_result(label, r, y.shard(r), sc.shape, expected, tolerance(dtype, op));
+          }
         }
-        std::vector<double> expected(static_cast<size_t>(shape_numel(sc.shape)));
-        for (size_t i = 0; i < expected.size(); ++i) {
-          std::vector<double> v;
-          for (int m : group) v.push_back(input_value(seed, m, static_cast<int64_t>(i), dtype));
-          expected[i] = fold(op, dtype, v);
-        }
-        expect_result(label, r, y.shard(r), sc.shape, expected, tolerance(dtype, op));
-      }
-    }
-  });
+      });
 }
 
 TEST(Conformance, Permute) {
   World world = test_world();
-  for_each_case(world, true, [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype,
-                                 uint64_t seed) {
-    LocalTensor x = inputs(world, seed, sc.shape, dtype);
-    const int n = static_cast<int>(s.group_size);
-    std::vector<int> shift(static_cast<size_t>(n));
-    std::vector<int> chain(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) {
-      shift[static_cast<size_t>(i)] = (i + 1) % n;
-      chain[static_cast<size_t>(i)] = i + 1 < n ? i + 1 : -1;  // group rank 0 receives nothing
-    }
-    for (const auto& dst_of : {shift, chain}) {
-      LocalTensor y = permute(x, s.mesh, f.dim, dst_of);
-      for (int r : world.held_ranks()) {
-        int64_t gi = 0;
-        const auto& group = s.group_of(r, &gi);
-        int source = -1;
+  for_each_case(
+      world, true,
+      [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
+        LocalTensor x = inputs(world, seed, sc.shape, dtype);
+        const int n = static_cast<int>(s.group_size);
+        std::vector<int> shift(static_cast<size_t>(n));
+        std::vector<int> chain(static_cast<size_t>(n));
         for (int i = 0; i < n; ++i) {
-          if (dst_of[static_cast<size_t>(i)] == gi) source = group[static_cast<size_t>(i)];
+          shift[static_cast<size_t>(i)] = (i + 1) % n;
+          chain[static_cast<size_t>(i)] = i + 1 < n ? i + 1 : -1;  // group rank 0 receives nothing
         }
-        std::vector<double> expected =
-            source < 0 ? std::vector<double>(static_cast<size_t>(shape_numel(sc.shape)), 0.0)
-                       : input_values(seed, source, sc.shape, dtype);
-        expect_result(label_of("permute", f, sc, dtype, fmt::format("dst_of={}", dst_of)), r,
-                      y.shard(r), sc.shape, expected, 0.0);
-      }
-    }
-  });
+        for (const auto& dst_of : {shift, chain}) {
+          LocalTensor y = permute(x, s.mesh, f.dim, dst_of);
+          for (int r : world.held_ranks()) {
+            int64_t gi = 0;
+            const auto& group = s.group_of(r, &gi);
+            int source = -1;
+            for (int i = 0; i < n; ++i) {
+              if (dst_of[static_cast<size_t>(i)] == gi) source = group[static_cast<size_t>(i)];
+            }
+            std::vector<double> expected =
+                source < 0 ? std::vector<double>(static_cast<size_t>(shape_numel(sc.shape)), 0.0)
+                           : input_values(seed, source, sc.shape, dtype);
+            expect_result(label_of("permute", f, sc, dtype, fmt::format("dst_of={}", dst_of)), r,
+                          y.shard(r), sc.shape, expected, 0.0);
+          }
+        }
+      });
 }
 
 TEST(Conformance, Barrier) {

@@ -86,11 +86,18 @@ TEST(LocalTensor, MutableShardCopiesOnWrite) {
 
 TEST(LocalTensor, ConstructionErrors) {
   expect_throws<Error>([] { LocalTensor({1, 0}, {zeros({1}), zeros({1})}); }, {"ascending"});
-  expect_throws<Error>([] { LocalTensor({0, 1}, {zeros({1}), zeros({1}, DType::I64)}); },
-                       {"one dtype", "rank 1 has i64"});
-  expect_throws<ShapeError>([] { LocalTensor({0, 1}, {zeros({1}), zeros({1, 1})}); },
-                            {"same number of dims"});
-  expect_throws<Error>([] { LocalTensor(std::vector<int>{}, std::vector<Tensor>{}); }, {"at least one rank"});
+  expect_throws<Error>(
+      [] {
+        LocalTensor({0, 1}, {zeros({1}), zeros({1}, DType::I64)});
+      },
+      {"one dtype", "rank 1 has i64"});
+  expect_throws<ShapeError>(
+      [] {
+        LocalTensor({0, 1}, {zeros({1}), zeros({1, 1})});
+      },
+      {"same number of dims"});
+  expect_throws<Error>([] { LocalTensor(std::vector<int>{}, std::vector<Tensor>{}); },
+                       {"at least one rank"});
   World world = World::sim(2);
   LocalTensor a = zeros(world, {2});
   LocalTensor b({0}, {zeros({2})});
