@@ -230,3 +230,23 @@ TEST(CollectiveBackends, UnimplementedCallsAreUnsupported) {
 
 }  // namespace
 }  // namespace spmd
+
+namespace spmd {
+namespace {
+
+TEST(CollectiveTrace, ChromeJsonAndSummaryTable) {
+  World world = World::sim(2);
+  DeviceMesh mesh = init_device_mesh(world, {2}, {"tp"});
+  trace().clear();
+  all_reduce(zeros(world, {8}), mesh, "tp");
+  std::string json = trace().to_chrome_json_string();
+  EXPECT_NE(json.find("\"traceEvents\""), std::string::npos);
+  EXPECT_NE(json.find("\"rank 1\""), std::string::npos);
+  EXPECT_NE(json.find("\"ph\":\"X\""), std::string::npos);
+  std::string table = trace().summary_table();
+  EXPECT_NE(table.find("all_reduce"), std::string::npos);
+  EXPECT_NE(table.find("tp"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace spmd
