@@ -1,0 +1,359 @@
+// tools/spmdrun/spmdrun.cpp: spmdrun, the local launcher of spmdsim programs.
+//
+//   spmdrun -n 8 [--tag-output] [--timeout S] [--] ./train --spmd-backend=nccl
+//
+// Starts N processes of the program (posix_spawnp) with SPMD_RANK, SPMD_WORLD_SIZE,
+// SPMD_LOCAL_RANK and SPMD_LOCAL_WORLD_SIZE set, which launch() reads (runtime/options.h). It
+// forwards SIGINT, SIGTERM and SIGHUP to them; with --tag-output each line a rank prints is
+// prefixed with "[rank] ". As soon as one process exits non-zero or dies by a signal, the others
+// get SIGTERM (SIGKILL 5 s later) and spmdrun exits non-zero: the failed process's exit code, or
+// 128 + its signal. --timeout S stops everything after S seconds with exit code 124.
+//
+// It is a launcher for backends that bootstrap themselves (nccl); MPI jobs need mpirun or srun.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+extern char** environ;
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: spmdrun -n N [--tag-output] [--timeout S] [--] program [args...]\n"
+    "\n"
+    "Starts N local processes of `program`, rank r with SPMD_RANK=r, SPMD_WORLD_SIZE=N,\n"
+    "SPMD_LOCAL_RANK=r and SPMD_LOCAL_WORLD_SIZE=N in its environment.\n"
+    "\n"
+    "  -n N            number of processes (ranks), at least 1\n"
+    "  --tag-output    prefix every line a rank prints with \"[rank] \"\n"
+    "  --timeout S     stop every rank after S seconds (exit code 124)\n"
+    "  -h, --help      this text\n"
+    "\n"
+    "SIGINT, SIGTERM and SIGHUP are forwarded to the ranks. When a rank exits non-zero or dies\n"
+    "by a signal, the others are stopped (SIGTERM, then SIGKILL after 5 s) and spmdrun exits\n"
+    "with that rank's exit code (128 + signal for a signal).\n";
+
+struct Options {
+  int n = 0;
+  bool tag_output = false;
+  double timeout_s = 0.0;  // 0: none
+  std::vector<std::string> command;
+};
+
+[[noreturn]] void usage_error(const std::string& message) {
+  fmt::print(stderr, "spmdrun: {}\n\n{}", message, kUsage);
+  std::exit(2);
+}
+
+std::optional<long> parse_long(std::string_view text) {
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  const std::string s(text);
+  errno = 0;
+  const long v = std::strtol(s.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0') return std::nullopt;
+  return v;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  int i = 1;
+  auto value_of = [&](std::string_view arg, std::string_view flag) -> std::string {
+    if (arg.size() > flag.size()) {
+      std::string_view rest = arg.substr(flag.size());
+      if (rest.front() == '=') rest.remove_prefix(1);
+      return std::string(rest);
+    }
+    if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", flag));
+    return argv[++i];
+  };
+  for (; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg == "-h" || arg == "--help") {
+      fmt::print("{}", kUsage);
+      std::exit(0);
+    }
+    if (arg == "--tag-output") {
+      o.tag_output = true;
+    } else if (arg.substr(0, 2) == "-n" &&
+               (arg.size() == 2 || arg[2] == '=' || (arg[2] >= '0' && arg[2] <= '9'))) {
+      const std::string v = value_of(arg, "-n");
+      const auto n = parse_long(v);
+      if (!n || *n < 1 || *n > 4096)
+        usage_error(fmt::format("-n wants a count from 1, got '{}'", v));
+      o.n = static_cast<int>(*n);
+    } else if (arg.substr(0, 9) == "--timeout") {
+      const std::string v = value_of(arg, "--timeout");
+      char* end = nullptr;
+      o.timeout_s = std::strtod(v.c_str(), &end);
+      if (*end != '\0' || o.timeout_s <= 0) {
+        usage_error(fmt::format("--timeout wants seconds > 0, got '{}'", v));
+      }
+    } else if (arg.size() > 1 && arg[0] == '-') {
+      usage_error(fmt::format("unknown option '{}'", arg));
+    } else {
+      break;
+    }
+  }
+  for (; i < argc; ++i) o.command.emplace_back(argv[i]);
+  if (o.n == 0) usage_error("-n N is required");
+  if (o.command.empty()) usage_error("no program given");
+  return o;
+}
+
+// The environment of rank `rank`'s process: spmdrun's own, without launcher variables a previous
+// launch left behind, plus this rank's. (The nccl backend's bootstrap id joins here.)
+std::vector<std::string> child_environment(int rank, int size) {
+  static constexpr std::string_view kOwn[] = {
+      "SPMD_RANK=", "SPMD_WORLD_SIZE=", "SPMD_LOCAL_RANK=", "SPMD_LOCAL_WORLD_SIZE="};
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry = *e;
+    bool own = false;
+    for (std::string_view prefix : kOwn) own |= entry.substr(0, prefix.size()) == prefix;
+    if (!own) env.emplace_back(entry);
+  }
+  env.push_back(fmt::format("SPMD_RANK={}", rank));
+  env.push_back(fmt::format("SPMD_WORLD_SIZE={}", size));
+  env.push_back(fmt::format("SPMD_LOCAL_RANK={}", rank));
+  env.push_back(fmt::format("SPMD_LOCAL_WORLD_SIZE={}", size));
+  return env;
+}
+
+volatile std::sig_atomic_t g_signal = 0;
+
+void on_signal(int sig) {
+  g_signal = sig;
+}
+
+// One output stream of one rank under --tag-output: the read end of its pipe and the partial line.
+struct Stream {
+  int fd = -1;
+  int rank = 0;
+  int out_fd = 1;
+  std::string pending;
+};
+
+void write_all(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+// Reads what is available; writes every complete line with its rank's prefix. Closes at EOF.
+void pump(Stream& s) {
+  char buffer[65536];
+  const ssize_t n = read(s.fd, buffer, sizeof buffer);
+  if (n < 0 && errno == EINTR) return;
+  if (n <= 0) {
+    if (!s.pending.empty()) write_all(s.out_fd, fmt::format("[{}] {}\n", s.rank, s.pending));
+    s.pending.clear();
+    close(s.fd);
+    s.fd = -1;
+    return;
+  }
+  s.pending.append(buffer, static_cast<size_t>(n));
+  std::string out;
+  size_t start = 0;
+  for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+    out += fmt::format("[{}] ", s.rank);
+    out.append(s.pending, start, nl + 1 - start);
+  }
+  s.pending.erase(0, start);
+  if (!out.empty()) write_all(s.out_fd, out);
+}
+
+struct Child {
+  pid_t pid = -1;
+  bool running = false;
+};
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status),
+                       strsignal(WTERMSIG(status)));
+  }
+  return "stopped";
+}
+
+void signal_all(std::vector<Child>& children, int sig) {
+  for (const Child& c : children) {
+    if (c.running) kill(c.pid, sig);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options options = parse(argc, argv);
+
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &action, nullptr);
+
+  std::vector<char*> child_argv;
+  for (const std::string& a : options.command) child_argv.push_back(const_cast<char*>(a.c_str()));
+  child_argv.push_back(nullptr);
+
+  std::vector<Child> children(static_cast<size_t>(options.n));
+  std::vector<Stream> streams;
+  int live = 0;
+  int code = 0;
+  bool stopping = false;
+  std::string failure;
+  for (int rank = 0; rank < options.n; ++rank) {
+    std::vector<std::string> env = child_environment(rank, options.n);
+    std::vector<char*> envp;
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    int pipes[2][2] = {{-1, -1}, {-1, -1}};
+    if (options.tag_output) {
+      for (int k = 0; k < 2; ++k) {
+        if (pipe2(pipes[k], O_CLOEXEC) != 0) {
+          fmt::print(stderr, "spmdrun: pipe failed: {}\n", std::strerror(errno));
+          return 1;
+        }
+        posix_spawn_file_actions_adddup2(&actions, pipes[k][1], k + 1);
+      }
+    }
+    pid_t pid = -1;
+    const int err =
+        posix_spawnp(&pid, child_argv[0], &actions, nullptr, child_argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    for (auto& p : pipes) {
+      if (p[1] >= 0) close(p[1]);
+    }
+    if (err != 0) {
+      for (auto& p : pipes) {
+        if (p[0] >= 0) close(p[0]);
+      }
+      fmt::print(stderr, "spmdrun: cannot start '{}' for rank {}: {}\n", options.command[0], rank,
+                 std::strerror(err));
+      code = 127;
+      stopping = true;
+      signal_all(children, SIGTERM);
+      break;
+    }
+    children[static_cast<size_t>(rank)] = Child{pid, true};
+    ++live;
+    if (options.tag_output) {
+      streams.push_back(Stream{pipes[0][0], rank, 1, {}});
+      streams.push_back(Stream{pipes[1][0], rank, 2, {}});
+    }
+  }
+
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  Clock::time_point kill_at{};
+  while (live > 0) {
+    std::vector<pollfd> fds;
+    for (const Stream& s : streams) {
+      if (s.fd >= 0) fds.push_back(pollfd{s.fd, POLLIN, 0});
+    }
+    poll(fds.data(), fds.size(), 50);
+    for (Stream& s : streams) {
+      for (const pollfd& p : fds) {
+        if (p.fd == s.fd && (p.revents & (POLLIN | POLLHUP | POLLERR))) pump(s);
+      }
+    }
+
+    if (const int sig = g_signal) {
+      g_signal = 0;
+      signal_all(children, sig);
+      if (!stopping) {
+        stopping = true;
+        code = 128 + sig;
+        kill_at = Clock::now() + std::chrono::seconds(5);
+      }
+    }
+    if (options.timeout_s > 0 && !stopping &&
+        Clock::now() - start > std::chrono::duration<double>(options.timeout_s)) {
+      failure = fmt::format("timed out after {} s; stopped every rank", options.timeout_s);
+      stopping = true;
+      code = 124;
+      signal_all(children, SIGTERM);
+      kill_at = Clock::now() + std::chrono::seconds(5);
+    }
+
+    int status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (size_t rank = 0; rank < children.size(); ++rank) {
+        Child& c = children[rank];
+        if (c.pid != pid || !c.running) continue;
+        c.running = false;
+        --live;
+        const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+        if (failed && !stopping) {
+          stopping = true;
+          code = exit_code_of(status);
+          failure =
+              fmt::format("rank {} {}; stopped the other ranks", rank, describe_status(status));
+          signal_all(children, SIGTERM);
+          kill_at = Clock::now() + std::chrono::seconds(5);
+        }
+      }
+    }
+    if (stopping && live > 0 && kill_at != Clock::time_point{} && Clock::now() > kill_at) {
+      signal_all(children, SIGKILL);
+      kill_at = Clock::time_point{};
+    }
+  }
+  // What the ranks wrote last (a descendant keeping a pipe open only delays this by 1 s).
+  const auto drain_until = Clock::now() + std::chrono::seconds(1);
+  for (bool open = true; open && Clock::now() < drain_until;) {
+    std::vector<pollfd> fds;
+    for (const Stream& s : streams) {
+      if (s.fd >= 0) fds.push_back(pollfd{s.fd, POLLIN, 0});
+    }
+    open = !fds.empty();
+    if (!open) break;
+    poll(fds.data(), fds.size(), 50);
+    for (Stream& s : streams) {
+      for (const pollfd& p : fds) {
+        if (p.fd == s.fd && (p.revents & (POLLIN | POLLHUP | POLLERR))) pump(s);
+      }
+    }
+  }
+  if (!failure.empty()) {
+    fmt::print(stderr, "spmdrun: {}\n", failure);
+  }
+  return code;
+}
