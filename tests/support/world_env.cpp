@@ -1,24 +1,32 @@
 // tests/support/world_env.cpp: the test world from the environment.
 #include "tests/support/world_env.h"
 
-#include <string>
+#include <optional>
 
-#include "core/env.h"
-#include "core/error.h"
+#include "runtime/launch.h"
 
 namespace spmd::testing {
+namespace {
+
+std::optional<World>& the_world() {
+  static std::optional<World> world;
+  return world;
+}
+
+}  // namespace
 
 World test_world(int default_size) {
-  static World world = [&] {
-    int size = default_size;
-    if (auto value = env_value("SPMD_WORLD_SIZE")) size = std::stoi(*value);
-    const std::string backend = env_value("SPMD_BACKEND").value_or("sim");
-    if (backend != "sim") {
-      throw_error<ConfigError>("test_world: backend '{}' is not available to tests yet", backend);
-    }
-    return World::sim(size);
-  }();
-  return world;
+  std::optional<World>& world = the_world();
+  if (!world) {
+    LaunchOptions options = launch_options_from_env();
+    if (!options.world_size && options.backend == "sim") options.world_size = default_size;
+    world = make_world(options);
+  }
+  return *world;
+}
+
+void finish_test_world() {
+  if (the_world()) finish_world(*the_world());
 }
 
 }  // namespace spmd::testing

@@ -1,0 +1,256 @@
+// runtime/launch.cpp: launch(), the backend switch and the error report.
+#include "runtime/launch.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <thread>
+
+#include <fmt/ranges.h>
+
+#include "collectives/cost_model.h"
+#include "collectives/trace.h"
+#include "core/env.h"
+#include "core/error.h"
+#include "core/parallel.h"
+#include "spmd/config.h"
+
+#if SPMD_HAVE_MPI
+#include "backends/mpi/backend.h"
+#endif
+
+namespace spmd {
+namespace {
+
+using Program = std::function<int(World&)>;
+
+// Exit code of a launch that failed before the program ran.
+constexpr int kLaunchErrorCode = 2;
+// Exit code of a program that threw.
+constexpr int kProgramErrorCode = 1;
+
+// The world size of a real backend: the launcher's, which --spmd-world-size may only repeat.
+void check_world_size(const LaunchOptions& options, const LauncherInfo& launcher) {
+  if (options.world_size && *options.world_size != launcher.size) {
+    throw_error<ConfigError>("{} disagrees with the launcher: {} started {} processes ({}={})",
+                             options.world_size_source, launcher.name, launcher.size,
+                             launcher.size_variable, launcher.size);
+  }
+}
+
+// Under a real backend each process is one rank: its thread pool gets its share of the cores
+// unless SPMD_NUM_THREADS says otherwise.
+void share_cores(const LauncherInfo& launcher) {
+  if (env_value("SPMD_NUM_THREADS") || launcher.local_size < 1) return;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  set_num_threads(std::max(1, cores / launcher.local_size));
+}
+
+World make_sim_world(const LaunchOptions& options) {
+  return World::sim(options.world_size.value_or(8));
+}
+
+World make_mpi_world(const LaunchOptions& options) {
+#if !SPMD_HAVE_MPI
+  (void)options;
+  throw_error<Unsupported>("this build has no MPI backend; configure with -DSPMD_WITH_MPI=ON");
+#else
+  const auto launcher = detect_launcher();
+  if (!launcher) {
+    throw_error<ConfigError>("--spmd-backend=mpi needs a launcher: run it with mpirun -n N ...");
+  }
+  if (launcher->name == "spmdrun") {
+    throw_error<ConfigError>(
+        "--spmd-backend=mpi cannot run under spmdrun, whose processes share no MPI job: run it "
+        "with mpirun -n N ... (or srun)");
+  }
+  check_world_size(options, *launcher);
+  share_cores(*launcher);
+  mpi_initialize();
+  if (mpi_world_size() != launcher->size || mpi_world_rank() != launcher->rank) {
+    throw_error<ConfigError>(
+        "--spmd-backend=mpi: MPI_COMM_WORLD has this process as rank {} of {}, but {} said rank "
+        "{} of {} (was the program started by a different MPI's launcher?)",
+        mpi_world_rank(), mpi_world_size(), launcher->name, launcher->rank, launcher->size);
+  }
+  auto state = std::make_shared<WorldState>();
+  state->size = mpi_world_size();
+  state->held_ranks = {mpi_world_rank()};
+  state->coordinator = mpi_world_rank() == 0;
+  state->backend_name = "mpi";
+  state->backend = std::make_shared<MpiBackend>(options.debug.fingerprint);
+  return World(std::move(state));
+#endif
+}
+
+// The nccl engineer replaces this function with the NCCL world (spmdrun is its launcher).
+World make_nccl_world(const LaunchOptions& options) {
+  (void)options;
+#if !SPMD_HAVE_NCCL
+  throw_error<Unsupported>("this build has no NCCL backend; configure with -DSPMD_WITH_NCCL=ON");
+#else
+  throw_error<Unsupported>("--spmd-backend=nccl: the nccl backend is not implemented yet");
+#endif
+}
+
+// The threads engineer replaces this function: one World per rank thread, `program` run on each
+// (errors printed per rank thread), returning the exit code.
+int run_threads(const LaunchOptions& options, const Program& program) {
+  (void)options;
+  (void)program;
+  throw_error<Unsupported>("--spmd-backend=threads: the threads backend is not implemented yet");
+}
+
+// A world of a single process (sim, mpi, nccl) with the options every backend shares applied.
+World configure(World world, const LaunchOptions& options) {
+  if (options.debug.any()) world.set_debug(options.debug);
+  if (!options.topology_path.empty()) {
+    world.set_topology(std::make_shared<Topology>(Topology::load(options.topology_path)));
+  }
+  if (!options.trace_path.empty()) {
+    trace().set_capacity(0);
+    auto state = std::make_shared<WorldState>(world.state());
+    state->trace_path = options.trace_path;
+    world = World(std::move(state));
+  }
+  return world;
+}
+
+std::string_view error_type(const std::exception& e) {
+  if (dynamic_cast<const ShapeError*>(&e)) return "ShapeError";
+  if (dynamic_cast<const MeshError*>(&e)) return "MeshError";
+  if (dynamic_cast<const PlacementError*>(&e)) return "PlacementError";
+  if (dynamic_cast<const CommError*>(&e)) return "CommError";
+  if (dynamic_cast<const DivergenceError*>(&e)) return "DivergenceError";
+  if (dynamic_cast<const CollectiveMismatchError*>(&e)) return "CollectiveMismatchError";
+  if (dynamic_cast<const Unsupported*>(&e)) return "Unsupported";
+  if (dynamic_cast<const ConfigError*>(&e)) return "ConfigError";
+  if (dynamic_cast<const InternalError*>(&e)) return "InternalError";
+  if (dynamic_cast<const Error*>(&e)) return "Error";
+  return "error";
+}
+
+// "[rank 3] ", "[ranks 0-7] ", or the launcher's rank before a world exists.
+std::string rank_prefix(const World& world) {
+  if (world.defined()) {
+    const std::vector<int>& held = world.held_ranks();
+    if (held.size() == 1) return fmt::format("[rank {}] ", held[0]);
+    const bool consecutive =
+        !held.empty() && held.back() - held.front() + 1 == static_cast<int>(held.size());
+    if (consecutive) return fmt::format("[ranks {}-{}] ", held.front(), held.back());
+    return fmt::format("[ranks {}] ", fmt::join(held, ","));
+  }
+  try {
+    if (auto launcher = detect_launcher()) return fmt::format("[rank {}] ", launcher->rank);
+  } catch (const Error&) {
+    // The launcher's variables are what failed; report without a rank.
+  }
+  return "";
+}
+
+}  // namespace
+
+World make_world(const LaunchOptions& options) {
+  // The backend switch: one branch per backend.
+  World world;
+  if (options.backend == "sim") {
+    world = make_sim_world(options);
+  } else if (options.backend == "mpi") {
+    world = make_mpi_world(options);
+  } else if (options.backend == "nccl") {
+    world = make_nccl_world(options);
+  } else if (options.backend == "threads") {
+    throw_error<Unsupported>(
+        "--spmd-backend=threads: the threads backend is not implemented yet (it runs one world "
+        "per rank thread, inside launch())");
+  } else {
+    throw_error<ConfigError>("unknown backend '{}'; valid backends: {}", options.backend,
+                             fmt::join(backend_names(), ", "));
+  }
+  return configure(std::move(world), options);
+}
+
+std::string trace_file_for(const World& world, const std::string& path) {
+  if (world.held_ranks().size() == static_cast<size_t>(world.size())) return path;
+  const std::string tag = world.held_ranks().size() == 1
+                              ? fmt::format("rank{}", world.held_ranks()[0])
+                              : fmt::format("ranks{}", fmt::join(world.held_ranks(), "_"));
+  const size_t slash = path.find_last_of('/');
+  const size_t dot = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) ||
+      dot == (slash == std::string::npos ? 0 : slash + 1)) {
+    return fmt::format("{}.{}", path, tag);
+  }
+  return fmt::format("{}.{}{}", path.substr(0, dot), tag, path.substr(dot));
+}
+
+void finish_world(const World& world) {
+  if (!world.defined()) return;
+  const std::string& path = world.state().trace_path;
+  if (!path.empty()) trace().to_chrome_json(trace_file_for(world, path));
+#if SPMD_HAVE_MPI
+  if (world.backend_name() == "mpi") mpi_finalize();
+#endif
+}
+
+void report_error(const std::exception_ptr& error, const World& world) {
+  const std::string prefix = rank_prefix(world);
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "{}{}: {}\n", prefix, error_type(e), e.what());
+  } catch (...) {
+    fmt::print(stderr, "{}error: an exception that is not a std::exception\n", prefix);
+  }
+  std::fflush(stderr);
+}
+
+void abort_job(int code) {
+#if SPMD_HAVE_MPI
+  mpi_abort(code);
+#else
+  (void)code;
+#endif
+}
+
+namespace detail {
+
+int launch_program(int& argc, char** argv, const std::function<int(World&)>& program) {
+  World world;
+  int failure_code = kLaunchErrorCode;
+  try {
+    const LaunchOptions options = parse_launch_options(argc, argv);
+    if (options.backend == "threads") return run_threads(options, program);
+    world = make_world(options);
+    failure_code = kProgramErrorCode;
+    const int code = program(world);
+    finish_world(world);
+    return code;
+  } catch (...) {
+    report_error(std::current_exception(), world);
+    if (world.defined() && !world.state().trace_path.empty()) {
+      try {
+        trace().to_chrome_json(trace_file_for(world, world.state().trace_path));
+      } catch (...) {
+        // The error above is the one to report.
+      }
+    }
+    abort_job(failure_code);
+    return failure_code;
+  }
+}
+
+}  // namespace detail
+
+int launch(int& argc, char** argv, const std::function<int(World&)>& program) {
+  return detail::launch_program(argc, argv, program);
+}
+
+int launch(int& argc, char** argv, const std::function<void(World&)>& program) {
+  return detail::launch_program(argc, argv, [&](World& world) {
+    program(world);
+    return 0;
+  });
+}
+
+}  // namespace spmd
