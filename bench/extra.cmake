@@ -1,0 +1,13 @@
+# Benchmarks with their own main() (bench/CMakeLists.txt includes this file).
+
+# sim_vs_mpi: a tensor-parallel MLP step under sim vs under mpirun -n 8 --spmd-backend=mpi.
+# `cmake --build <build> --target bench_sim_vs_mpi` runs both and prints `mpi_over_sim: <ratio>`.
+add_executable(sim_vs_mpi "${CMAKE_CURRENT_SOURCE_DIR}/sim_vs_mpi.cpp")
+target_link_libraries(sim_vs_mpi PRIVATE spmd::spmd)
+if(SPMD_HAVE_MPI)
+  add_custom_target(bench_sim_vs_mpi
+    COMMAND "${CMAKE_CURRENT_SOURCE_DIR}/run_sim_vs_mpi.sh" $<TARGET_FILE:sim_vs_mpi>
+            "${MPIEXEC_EXECUTABLE}"
+    DEPENDS sim_vs_mpi USES_TERMINAL
+    COMMENT "sim_vs_mpi under sim and under mpirun -n 8")
+endif()
