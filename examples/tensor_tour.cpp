@@ -2,6 +2,7 @@
 // share storage, broadcasting arithmetic, reductions, matmul and counter-based random numbers.
 #include <fmt/core.h>
 
+#include "runtime/digest.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
 
@@ -37,6 +38,8 @@ int main() {
              allclose(sum(softmax(full, 1), {1}), ones({4}), 1e-6, 1e-6));
 
   // Large tensors print summarized, like torch.
-  fmt::print("{}\n", rand({1000, 1000}, 3));
+  Tensor big = rand({1000, 1000}, 3);
+  fmt::print("{}\n", big);
+  fmt::print("digest: {}\n", digest_hex(combined_digest({a, y, full, big})));
   return 0;
 }

@@ -34,6 +34,15 @@ uint64_t digest(const Tensor& t) {
   return fnv1a(c.data_ptr(), c.nbytes(), h);
 }
 
+uint64_t combined_digest(const std::vector<Tensor>& tensors) {
+  uint64_t h = kFnvOffset;
+  for (const Tensor& t : tensors) {
+    const uint64_t d = digest(t);
+    h = fnv1a(&d, sizeof d, h);
+  }
+  return h;
+}
+
 uint64_t digest(const World& world, const std::vector<LocalTensor>& tensors) {
   const int size = world.size();
   const int64_t k = static_cast<int64_t>(tensors.size());

@@ -29,6 +29,9 @@ uint64_t fnv1a(const void* data, std::size_t bytes, uint64_t hash = kFnvOffset);
 
 // The digest of one tensor: dtype, shape and elements.
 uint64_t digest(const Tensor& t);
+// The digest of plain tensors (the same in every process): FNV-1a over their digests, in order.
+// For programs without a World, such as examples/tensor_tour.
+uint64_t combined_digest(const std::vector<Tensor>& tensors);
 // The digest of `tensors` over every rank of `world` (a collective under real backends).
 uint64_t digest(const World& world, const std::vector<LocalTensor>& tensors);
 // 16 lowercase hex digits.

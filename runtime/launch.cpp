@@ -6,8 +6,6 @@
 #include <memory>
 #include <thread>
 
-#include <fmt/ranges.h>
-
 #include "collectives/cost_model.h"
 #include "collectives/trace.h"
 #include "core/env.h"
@@ -30,7 +28,8 @@ constexpr int kLaunchErrorCode = 2;
 constexpr int kProgramErrorCode = 1;
 
 // The world size of a real backend: the launcher's, which --spmd-world-size may only repeat.
-void check_world_size(const LaunchOptions& options, const LauncherInfo& launcher) {
+// (Unused in builds without a real backend.)
+[[maybe_unused]] void check_world_size(const LaunchOptions& options, const LauncherInfo& launcher) {
   if (options.world_size && *options.world_size != launcher.size) {
     throw_error<ConfigError>("{} disagrees with the launcher: {} started {} processes ({}={})",
                              options.world_size_source, launcher.name, launcher.size,
@@ -40,7 +39,7 @@ void check_world_size(const LaunchOptions& options, const LauncherInfo& launcher
 
 // Under a real backend each process is one rank: its thread pool gets its share of the cores
 // unless SPMD_NUM_THREADS says otherwise.
-void share_cores(const LauncherInfo& launcher) {
+[[maybe_unused]] void share_cores(const LauncherInfo& launcher) {
   if (env_value("SPMD_NUM_THREADS") || launcher.local_size < 1) return;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   set_num_threads(std::max(1, cores / launcher.local_size));
@@ -130,6 +129,15 @@ std::string_view error_type(const std::exception& e) {
   return "error";
 }
 
+// "0,1,2" (by hand: fmt's range formatter trips GCC 12's -Wstringop-overflow in fmt 9).
+std::string join(const std::vector<int>& values, std::string_view separator) {
+  std::string out;
+  for (size_t i = 0; i < values.size(); ++i) {
+    out += fmt::format("{}{}", i ? separator : std::string_view(), values[i]);
+  }
+  return out;
+}
+
 // "[rank 3] ", "[ranks 0-7] ", or the launcher's rank before a world exists.
 std::string rank_prefix(const World& world) {
   if (world.defined()) {
@@ -138,7 +146,7 @@ std::string rank_prefix(const World& world) {
     const bool consecutive =
         !held.empty() && held.back() - held.front() + 1 == static_cast<int>(held.size());
     if (consecutive) return fmt::format("[ranks {}-{}] ", held.front(), held.back());
-    return fmt::format("[ranks {}] ", fmt::join(held, ","));
+    return fmt::format("[ranks {}] ", join(held, ","));
   }
   try {
     if (auto launcher = detect_launcher()) return fmt::format("[rank {}] ", launcher->rank);
@@ -165,7 +173,7 @@ World make_world(const LaunchOptions& options) {
         "per rank thread, inside launch())");
   } else {
     throw_error<ConfigError>("unknown backend '{}'; valid backends: {}", options.backend,
-                             fmt::join(backend_names(), ", "));
+                             backend_list());
   }
   return configure(std::move(world), options);
 }
@@ -174,7 +182,7 @@ std::string trace_file_for(const World& world, const std::string& path) {
   if (world.held_ranks().size() == static_cast<size_t>(world.size())) return path;
   const std::string tag = world.held_ranks().size() == 1
                               ? fmt::format("rank{}", world.held_ranks()[0])
-                              : fmt::format("ranks{}", fmt::join(world.held_ranks(), "_"));
+                              : fmt::format("ranks{}", join(world.held_ranks(), "_"));
   const size_t slash = path.find_last_of('/');
   const size_t dot = path.find_last_of('.');
   if (dot == std::string::npos || (slash != std::string::npos && dot < slash) ||

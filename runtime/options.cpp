@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <charconv>
 
-#include <fmt/ranges.h>
-
 #include "core/env.h"
 #include "core/error.h"
 
@@ -42,7 +40,7 @@ void apply(LaunchOptions& o, std::string_view flag, const std::string& value,
     const auto& names = backend_names();
     if (std::find(names.begin(), names.end(), value) == names.end()) {
       throw_error<ConfigError>("unknown backend '{}' ({}); valid backends: {}", value, source,
-                               fmt::join(names, ", "));
+                               backend_list());
     }
     o.backend = value;
     o.backend_source = source;
@@ -72,6 +70,12 @@ int env_int(const char* name, int fallback) {
 }
 
 }  // namespace
+
+std::string backend_list() {
+  std::string out;
+  for (const std::string& name : backend_names()) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
 
 DebugOptions parse_debug_options(std::string_view list, std::string_view source) {
   DebugOptions debug;

@@ -29,6 +29,9 @@ inline const std::vector<std::string>& backend_names() {
   return names;
 }
 
+// "sim, threads, mpi, nccl".
+std::string backend_list();
+
 struct LaunchOptions {
   std::string backend = "sim";
   std::optional<int> world_size;

@@ -252,6 +252,15 @@ uint64_t shared_options_hash(const AllToAllSingleOptions&) {
   return 0;
 }
 
+// "0, 1, 2" (by hand: fmt's range formatter trips GCC 12's -Wstringop-overflow in fmt 9).
+std::string join(const std::vector<int>& values, std::string_view separator) {
+  std::string out;
+  for (size_t i = 0; i < values.size(); ++i) {
+    out += fmt::format("{}{}", i ? separator : std::string_view(), values[i]);
+  }
+  return out;
+}
+
 std::string_view base_name(std::string_view path) {
   const size_t slash = path.find_last_of('/');
   return slash == std::string_view::npos ? path : path.substr(slash + 1);
@@ -356,7 +365,7 @@ Call begin_call(CollectiveKind kind, Communicator& comm, const LocalTensor& x,
     throw_error<CommError>(
         "{}: the mpi backend runs one rank per process; this process holds rank {} but the "
         "input holds ranks {}",
-        call.describe(), rank, x.ranks());
+        call.describe(), rank, join(x.ranks(), ", "));
   }
   call.input = x.shards()[0].contiguous();
   call.type = mpi_type(call.input.dtype());
@@ -587,9 +596,8 @@ WorkPtr MpiBackend::all_to_all_single(Communicator& comm, const LocalTensor& x,
   const int64_t rows = in.size(0);
   const int64_t n = c.n;
   const std::vector<int64_t> in_splits = resolve_splits(options.in_splits, rank_, rows, n);
-  const std::vector<int64_t> out_splits =
-      options.out_splits.empty() ? std::vector<int64_t>(static_cast<size_t>(n), rows / n)
-                                 : options.out_splits.at(rank_);
+  // Empty out_splits: an equal share of this rank's row count from every peer.
+  const std::vector<int64_t> out_splits = resolve_splits(options.out_splits, rank_, rows, n);
 
   // What every peer sends this rank must be what this rank expects (check_group_splits under
   // sim). Every member learns every member's verdict, so all of them throw the same error.

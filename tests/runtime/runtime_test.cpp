@@ -317,6 +317,13 @@ TEST(Digest, TensorDigestSeesDtypeShapeAndValuesButNotStrides) {
   EXPECT_NE(digest(a), digest(a + 1.0));
 }
 
+TEST(Digest, CombinedDigestIsOrdered) {
+  Tensor a = arange(3);
+  Tensor b = ones({2});
+  EXPECT_EQ(combined_digest({a, b}), combined_digest({a.clone(), b.clone()}));
+  EXPECT_NE(combined_digest({a, b}), combined_digest({b, a}));
+}
+
 TEST(Digest, WorldDigestCoversEveryRankInOrder) {
   World world = World::sim(4);
   LocalTensor x = LocalTensor::from_fn(world, [](int r) { return full({2}, r); });
