@@ -331,6 +331,27 @@ TEST(Tensor, CopyBroadcastsAndConvertsEveryDTypePair) {
   }
 }
 
+TEST(Tensor, TransposedCopiesOfLargeMatricesGoThroughTiles) {
+  // Big enough for Note [Transposed copies], with ragged tiles, batches, conversions, and the
+  // destination transposed instead of the source.
+  Gen gen(12);
+  const std::pair<DType, DType> conversions[] = {
+      {DType::F32, DType::F32}, {DType::BF16, DType::F32}, {DType::I32, DType::F64}};
+  for (auto [from, to] : conversions) {
+    const Tensor src = gen.tensor({3, 45, 70}, from, testing::Layout::Contiguous);
+    const Tensor t = src.transpose(1, 2).narrow(1, 1, 66);
+    Tensor dst = empty(t.shape(), to);
+    dst.copy_(t);
+    std::vector<double> want = values(t);
+    for (double& v : want) v = testing::round_to(to, v);
+    testing::expect_values(dst, want, 0, 0, fmt::format("{} -> {} transposed source", from, to));
+    Tensor back = empty({3, 45, 66}, to);
+    back.transpose(1, 2).copy_(dst);
+    testing::expect_values(back.transpose(1, 2), want, 0, 0,
+                           fmt::format("{} -> {} transposed destination", from, to));
+  }
+}
+
 TEST(Tensor, CopyHandlesOverlapAndRejectsBadDestinations) {
   // Shifting a buffer onto itself reads the old values, as if copied aside first.
   Tensor t = iota({6});
