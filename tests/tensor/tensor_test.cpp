@@ -350,6 +350,9 @@ TEST(Tensor, TransposedCopiesOfLargeMatricesGoThroughTiles) {
     testing::expect_values(back.transpose(1, 2), want, 0, 0,
                            fmt::format("{} -> {} transposed destination", from, to));
   }
+  // Large enough that the tiles are spread over threads.
+  const Tensor big = gen.tensor({1100, 1100}, DType::F32, testing::Layout::Transposed);
+  testing::expect_values(big.contiguous(), values(big), 0, 0, "1100 x 1100 transposed");
 }
 
 TEST(Tensor, CopyHandlesOverlapAndRejectsBadDestinations) {
