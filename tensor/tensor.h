@@ -20,6 +20,8 @@
 
 #include <fmt/format.h>
 
+#include "core/format.h"
+
 #include "core/error.h"
 #include "tensor/dtype.h"
 #include "tensor/shape.h"
@@ -137,14 +139,4 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 }  // namespace spmd
 
-// Formats as plain text without format specs. (Inheriting fmt::formatter<std::string_view>
-// would allow padding, but GCC 12 then warns, falsely, inside fmt 9's spec parser:
-// -Wstringop-overflow in fill_t, fmtlib/fmt#3334.)
-template <>
-struct fmt::formatter<spmd::Tensor> {
-  constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
-  template <class Ctx>
-  auto format(const spmd::Tensor& t, Ctx& ctx) const {
-    return fmt::format_to(ctx.out(), "{}", t.to_string());
-  }
-};
+SPMD_FORMAT_AS_TEXT(spmd::Tensor, value.to_string())
