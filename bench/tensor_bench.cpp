@@ -88,6 +88,16 @@ void BM_Add16M(benchmark::State& state) {
 }
 BENCHMARK(BM_Add16M)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
 
+// Informational: a + b from 16 floats (the per-op overhead) to 4M. Run once more with
+// SPMD_NUM_THREADS=1 to see from which size the second thread pays (kElementwiseGrain).
+void BM_AddSizes(benchmark::State& state) {
+  const Tensor a = spmd::rand({state.range(0)}, 1);
+  const Tensor b = spmd::rand({state.range(0)}, 2);
+  for (auto _ : state) benchmark::DoNotOptimize((a + b).data_ptr());
+  state.SetBytesProcessed(3 * 4 * a.numel() * state.iterations());
+}
+BENCHMARK(BM_AddSizes)->RangeMultiplier(4)->Range(16, 1 << 22);
+
 // Informational: a strided copy, a reduction, softmax rows and the RNG.
 void BM_ContiguousOfTranspose(benchmark::State& state) {
   const Tensor a = spmd::rand({4096, 4096}, 1).transpose(0, 1);

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "core/format.h"
 #include "sim/per_rank.h"
 
 namespace spmd {
@@ -172,17 +173,5 @@ SPMD_OPTIONS_STD_HASH_(PermuteOptions)
 SPMD_OPTIONS_STD_HASH_(BarrierOptions)
 #undef SPMD_OPTIONS_STD_HASH_
 
-template <>
-struct fmt::formatter<spmd::ReduceOp> : fmt::formatter<std::string_view> {
-  template <class Ctx>
-  auto format(spmd::ReduceOp op, Ctx& ctx) const {
-    return fmt::formatter<std::string_view>::format(spmd::reduce_op_name(op), ctx);
-  }
-};
-template <>
-struct fmt::formatter<spmd::CollectiveKind> : fmt::formatter<std::string_view> {
-  template <class Ctx>
-  auto format(spmd::CollectiveKind k, Ctx& ctx) const {
-    return fmt::formatter<std::string_view>::format(spmd::collective_name(k), ctx);
-  }
-};
+SPMD_FORMAT_AS_TEXT(spmd::ReduceOp, spmd::reduce_op_name(value))
+SPMD_FORMAT_AS_TEXT(spmd::CollectiveKind, spmd::collective_name(value))

@@ -53,6 +53,8 @@
 
 #include <fmt/format.h>
 
+#include "core/format.h"
+
 #include "mesh/comm_cache.h"
 #include "mesh/group_family.h"
 #include "mesh/layout.h"
@@ -267,10 +269,4 @@ struct std::hash<spmd::DeviceMesh> {
   std::size_t operator()(const spmd::DeviceMesh& mesh) const noexcept { return mesh.hash(); }
 };
 
-template <>
-struct fmt::formatter<spmd::DeviceMesh> : fmt::formatter<std::string> {
-  template <class Ctx>
-  auto format(const spmd::DeviceMesh& mesh, Ctx& ctx) const {
-    return fmt::formatter<std::string>::format(mesh.to_string(), ctx);
-  }
-};
+SPMD_FORMAT_AS_TEXT(spmd::DeviceMesh, value.to_string())

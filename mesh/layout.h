@@ -38,6 +38,8 @@
 
 #include <fmt/format.h>
 
+#include "core/format.h"
+
 namespace spmd {
 
 class Layout {
@@ -247,10 +249,4 @@ struct std::hash<spmd::Layout> {
   std::size_t operator()(const spmd::Layout& layout) const noexcept { return layout.hash(); }
 };
 
-template <>
-struct fmt::formatter<spmd::Layout> : fmt::formatter<std::string> {
-  template <class Ctx>
-  auto format(const spmd::Layout& layout, Ctx& ctx) const {
-    return fmt::formatter<std::string>::format(layout.to_string(), ctx);
-  }
-};
+SPMD_FORMAT_AS_TEXT(spmd::Layout, value.to_string())

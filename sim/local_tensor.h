@@ -29,6 +29,8 @@
 
 #include <fmt/format.h>
 
+#include "core/format.h"
+
 #include "sim/per_rank.h"
 #include "sim/world.h"
 #include "tensor/tensor.h"
@@ -118,10 +120,4 @@ std::ostream& operator<<(std::ostream& os, const LocalTensor& t);
 
 }  // namespace spmd
 
-template <>
-struct fmt::formatter<spmd::LocalTensor> : fmt::formatter<std::string> {
-  template <class Ctx>
-  auto format(const spmd::LocalTensor& t, Ctx& ctx) const {
-    return fmt::formatter<std::string>::format(t.to_string(), ctx);
-  }
-};
+SPMD_FORMAT_AS_TEXT(spmd::LocalTensor, value.to_string())

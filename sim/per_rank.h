@@ -28,6 +28,7 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "core/format.h"
 
 namespace spmd {
 
@@ -236,9 +237,9 @@ SPMD_PER_RANK_CMP_(>=)
 }  // namespace spmd
 
 template <class T>
-struct fmt::formatter<spmd::PerRank<T>> : fmt::formatter<std::string> {
+struct fmt::formatter<spmd::PerRank<T>> : ::spmd::detail::TextFormatterBase {
   template <class Ctx>
   auto format(const spmd::PerRank<T>& v, Ctx& ctx) const {
-    return fmt::formatter<std::string>::format(v.to_string(), ctx);
+    return fmt::format_to(ctx.out(), "{}", v.to_string());
   }
 };

@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "core/format.h"
+
 #include "tensor/half.h"
 
 namespace spmd {
@@ -155,14 +157,4 @@ inline To convert_element(From v) {
 
 }  // namespace spmd
 
-// Formats as plain text without format specs. (Inheriting fmt::formatter<std::string_view>
-// would allow padding, but GCC 12 then warns, falsely, inside fmt 9's spec parser:
-// -Wstringop-overflow in fill_t, fmtlib/fmt#3334.)
-template <>
-struct fmt::formatter<spmd::DType> {
-  constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
-  template <class Ctx>
-  auto format(spmd::DType d, Ctx& ctx) const {
-    return fmt::format_to(ctx.out(), "{}", spmd::dtype_name(d));
-  }
-};
+SPMD_FORMAT_AS_TEXT(spmd::DType, spmd::dtype_name(value))

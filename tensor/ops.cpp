@@ -18,6 +18,12 @@ bool is_integral_value(double v) {
   return std::isfinite(v) && v == std::trunc(v);
 }
 
+// t converted to `dtype` and broadcast to `shape`; t itself (no new handle) when it already is.
+Tensor as_operand(const Tensor& t, DType dtype, const Shape& shape) {
+  if (t.dtype() == dtype && t.shape() == shape) return t;
+  return t.to(dtype).expand(shape);
+}
+
 Tensor binary_op(BinaryOp op, const Tensor& a, const Tensor& b) {
   const std::string_view name = op_name(op);
   DeviceOps& kernels = kernels_for(name, {&a, &b});
@@ -31,7 +37,7 @@ Tensor binary_op(BinaryOp op, const Tensor& a, const Tensor& b) {
                              shape_str(a.shape()), shape_str(b.shape()));
   }
   Tensor out = empty(shape, dtype, a.device());
-  kernels.binary(op, out, a.to(dtype).expand(shape), b.to(dtype).expand(shape));
+  kernels.binary(op, out, as_operand(a, dtype, shape), as_operand(b, dtype, shape));
   return out;
 }
 

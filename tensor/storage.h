@@ -16,6 +16,8 @@
 
 #include <fmt/format.h>
 
+#include "core/format.h"
+
 namespace spmd {
 
 enum class DeviceType : uint8_t { CPU, CUDA };
@@ -78,14 +80,4 @@ void cpu_allocator_release_cached();
 
 }  // namespace spmd
 
-// Formats as plain text without format specs. (Inheriting fmt::formatter<std::string_view>
-// would allow padding, but GCC 12 then warns, falsely, inside fmt 9's spec parser:
-// -Wstringop-overflow in fill_t, fmtlib/fmt#3334.)
-template <>
-struct fmt::formatter<spmd::Device> {
-  constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
-  template <class Ctx>
-  auto format(spmd::Device d, Ctx& ctx) const {
-    return fmt::format_to(ctx.out(), "{}", spmd::device_str(d));
-  }
-};
+SPMD_FORMAT_AS_TEXT(spmd::Device, spmd::device_str(value))

@@ -110,26 +110,29 @@ Shape infer_shape(const char* op, Shape shape, int64_t numel, const Shape& from)
 
 }  // namespace
 
+std::shared_ptr<const Tensor::Meta> Tensor::empty_meta() {
+  static const Meta kEmpty;
+  // Aliasing constructor with no owner: copies of this pointer never touch a reference count.
+  return std::shared_ptr<const Meta>(std::shared_ptr<const Meta>(), &kEmpty);
+}
+
 Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Strides strides, int64_t offset,
                DType dtype)
-    : storage_(std::move(storage)),
-      shape_(std::move(shape)),
-      strides_(std::move(strides)),
-      offset_(offset),
-      dtype_(dtype) {
+    : storage_(std::move(storage)), offset_(offset), dtype_(dtype) {
   SPMD_CHECK(storage_ != nullptr);
-  SPMD_CHECK_EQ(shape_.size(), strides_.size());
+  SPMD_CHECK_EQ(shape.size(), strides.size());
   SPMD_CHECK_GE(offset_, 0);
-  numel_ = 1;
-  for (int64_t s : shape_) {
+  int64_t numel = 1;
+  for (int64_t s : shape) {
     SPMD_CHECK_GE(s, 0);
-    SPMD_CHECK(!__builtin_mul_overflow(numel_, s, &numel_));
+    SPMD_CHECK(!__builtin_mul_overflow(numel, s, &numel));
   }
-  if (numel_ > 0) {
-    const Extent e = extent_of(shape_, strides_, offset_);
+  if (numel > 0) {
+    const Extent e = extent_of(shape, strides, offset_);
     SPMD_CHECK_GE(e.lo, 0);
     SPMD_CHECK_LE(static_cast<std::size_t>(e.hi) * spmd::itemsize(dtype_), storage_->nbytes());
   }
+  meta_ = std::make_shared<const Meta>(Meta{std::move(shape), std::move(strides), numel});
 }
 
 void Tensor::check_defined(const char* op) const {
@@ -145,12 +148,14 @@ Tensor Tensor::as_view(Shape shape, Strides strides, int64_t offset) const {
 
 int64_t Tensor::size(int64_t d) const {
   check_defined("size");
-  return shape_[static_cast<std::size_t>(normalize_dim(d, dim(), "Tensor::size", shape_))];
+  return meta_
+      ->shape[static_cast<std::size_t>(normalize_dim(d, dim(), "Tensor::size", meta_->shape))];
 }
 
 int64_t Tensor::stride(int64_t d) const {
   check_defined("stride");
-  return strides_[static_cast<std::size_t>(normalize_dim(d, dim(), "Tensor::stride", shape_))];
+  return meta_
+      ->strides[static_cast<std::size_t>(normalize_dim(d, dim(), "Tensor::stride", meta_->shape))];
 }
 
 Device Tensor::device() const {
@@ -159,19 +164,20 @@ Device Tensor::device() const {
 }
 
 bool Tensor::is_contiguous() const {
-  if (numel_ == 0) return true;
+  if (meta_->numel == 0) return true;
   int64_t expected = 1;
-  for (std::size_t d = shape_.size(); d-- > 0;) {
-    if (shape_[d] == 1) continue;
-    if (strides_[d] != expected) return false;
-    expected *= shape_[d];
+  for (std::size_t d = meta_->shape.size(); d-- > 0;) {
+    if (meta_->shape[d] == 1) continue;
+    if (meta_->strides[d] != expected) return false;
+    expected *= meta_->shape[d];
   }
   return true;
 }
 
 bool Tensor::is_same(const Tensor& other) const {
-  return storage_ == other.storage_ && offset_ == other.offset_ && shape_ == other.shape_ &&
-         strides_ == other.strides_ && dtype_ == other.dtype_;
+  return storage_ == other.storage_ && offset_ == other.offset_ && dtype_ == other.dtype_ &&
+         (meta_ == other.meta_ ||
+          (meta_->shape == other.meta_->shape && meta_->strides == other.meta_->strides));
 }
 
 void* Tensor::data_ptr() const {
@@ -183,43 +189,43 @@ void* Tensor::data_ptr() const {
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   check_defined("narrow");
-  const auto ud = static_cast<std::size_t>(normalize_dim(d, dim(), "narrow", shape_));
-  const int64_t size = shape_[ud];
+  const auto ud = static_cast<std::size_t>(normalize_dim(d, dim(), "narrow", meta_->shape));
+  const int64_t size = meta_->shape[ud];
   if (start < 0 || length < 0 || start > size - length) {
     throw_error<ShapeError>(
         "narrow: range [{}, {}) is out of bounds for dim {} of size {} (shape {})", start,
-        start + length, d, size, shape_str(shape_));
+        start + length, d, size, shape_str(meta_->shape));
   }
-  Shape shape = shape_;
+  Shape shape = meta_->shape;
   shape[ud] = length;
-  return as_view(std::move(shape), strides_,
-                 length == 0 ? offset_ : offset_ + start * strides_[ud]);
+  return as_view(std::move(shape), meta_->strides,
+                 length == 0 ? offset_ : offset_ + start * meta_->strides[ud]);
 }
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
   check_defined("select");
-  const auto ud = static_cast<std::size_t>(normalize_dim(d, dim(), "select", shape_));
-  const int64_t size = shape_[ud];
+  const auto ud = static_cast<std::size_t>(normalize_dim(d, dim(), "select", meta_->shape));
+  const int64_t size = meta_->shape[ud];
   if (index < -size || index >= size) {
     throw_error<ShapeError>("select: index {} is out of range for dim {} of size {} (shape {})",
-                            index, d, size, shape_str(shape_));
+                            index, d, size, shape_str(meta_->shape));
   }
   if (index < 0) index += size;
-  Shape shape = shape_;
-  Strides strides = strides_;
+  Shape shape = meta_->shape;
+  Strides strides = meta_->strides;
   shape.erase(shape.begin() + static_cast<std::ptrdiff_t>(ud));
   strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(ud));
-  return as_view(std::move(shape), std::move(strides), offset_ + index * strides_[ud]);
+  return as_view(std::move(shape), std::move(strides), offset_ + index * meta_->strides[ud]);
 }
 
 std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
   check_defined("chunk");
   if (chunks <= 0) {
     throw_error<ShapeError>("chunk: the number of chunks must be positive, got {} (shape {})",
-                            chunks, shape_str(shape_));
+                            chunks, shape_str(meta_->shape));
   }
-  d = normalize_dim(d, dim(), "chunk", shape_);
-  const int64_t size = shape_[static_cast<std::size_t>(d)];
+  d = normalize_dim(d, dim(), "chunk", meta_->shape);
+  const int64_t size = meta_->shape[static_cast<std::size_t>(d)];
   std::vector<Tensor> pieces;
   if (size == 0) {  // torch.chunk: `chunks` empty pieces
     for (int64_t i = 0; i < chunks; ++i) pieces.push_back(narrow(d, 0, 0));
@@ -234,19 +240,19 @@ std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
 
 std::vector<Tensor> Tensor::split(const std::vector<int64_t>& sizes, int64_t d) const {
   check_defined("split");
-  d = normalize_dim(d, dim(), "split", shape_);
-  const int64_t size = shape_[static_cast<std::size_t>(d)];
+  d = normalize_dim(d, dim(), "split", meta_->shape);
+  const int64_t size = meta_->shape[static_cast<std::size_t>(d)];
   int64_t total = 0;
   for (int64_t s : sizes) {
     if (s < 0 || total > size - s) {
       throw_error<ShapeError>("split: sizes {} do not add up to size {} of dim {} (shape {})",
-                              shape_str(sizes), size, d, shape_str(shape_));
+                              shape_str(sizes), size, d, shape_str(meta_->shape));
     }
     total += s;
   }
   if (total != size) {
     throw_error<ShapeError>("split: sizes {} add up to {}, not to size {} of dim {} (shape {})",
-                            shape_str(sizes), total, size, d, shape_str(shape_));
+                            shape_str(sizes), total, size, d, shape_str(meta_->shape));
   }
   std::vector<Tensor> pieces;
   int64_t start = 0;
@@ -260,11 +266,11 @@ std::vector<Tensor> Tensor::split(const std::vector<int64_t>& sizes, int64_t d) 
 Tensor Tensor::transpose(int64_t a, int64_t b) const {
   check_defined("transpose");
   const int64_t ndim = std::max<int64_t>(dim(), 1);  // a 0-d tensor transposes dim 0 with itself
-  a = normalize_dim(a, ndim, "transpose", shape_);
-  b = normalize_dim(b, ndim, "transpose", shape_);
+  a = normalize_dim(a, ndim, "transpose", meta_->shape);
+  b = normalize_dim(b, ndim, "transpose", meta_->shape);
   if (dim() == 0) return *this;
-  Shape shape = shape_;
-  Strides strides = strides_;
+  Shape shape = meta_->shape;
+  Strides strides = meta_->strides;
   std::swap(shape[static_cast<std::size_t>(a)], shape[static_cast<std::size_t>(b)]);
   std::swap(strides[static_cast<std::size_t>(a)], strides[static_cast<std::size_t>(b)]);
   return as_view(std::move(shape), std::move(strides), offset_);
@@ -272,7 +278,7 @@ Tensor Tensor::transpose(int64_t a, int64_t b) const {
 
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
   check_defined("permute");
-  const std::size_t n = shape_.size();
+  const std::size_t n = meta_->shape.size();
   std::vector<bool> seen(n, false);
   bool ok = dims.size() == n;
   Shape shape(n);
@@ -282,20 +288,20 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
     ok = d >= 0 && d < dim() && !seen[static_cast<std::size_t>(d)];
     if (!ok) break;
     seen[static_cast<std::size_t>(d)] = true;
-    shape[i] = shape_[static_cast<std::size_t>(d)];
-    strides[i] = strides_[static_cast<std::size_t>(d)];
+    shape[i] = meta_->shape[static_cast<std::size_t>(d)];
+    strides[i] = meta_->strides[static_cast<std::size_t>(d)];
   }
   if (!ok) {
     throw_error<ShapeError>("permute: dims {} are not a permutation of the {} dims of shape {}",
-                            shape_str(dims), n, shape_str(shape_));
+                            shape_str(dims), n, shape_str(meta_->shape));
   }
   return as_view(std::move(shape), std::move(strides), offset_);
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
   check_defined("reshape");
-  Shape target = infer_shape("reshape", shape, numel_, shape_);
-  if (std::optional<Strides> strides = view_strides(shape_, strides_, target)) {
+  Shape target = infer_shape("reshape", shape, meta_->numel, meta_->shape);
+  if (std::optional<Strides> strides = view_strides(meta_->shape, meta_->strides, target)) {
     return as_view(std::move(target), std::move(*strides), offset_);
   }
   Tensor copy = clone();
@@ -304,23 +310,23 @@ Tensor Tensor::reshape(const Shape& shape) const {
 
 Tensor Tensor::view(const Shape& shape) const {
   check_defined("view");
-  Shape target = infer_shape("view", shape, numel_, shape_);
-  std::optional<Strides> strides = view_strides(shape_, strides_, target);
+  Shape target = infer_shape("view", shape, meta_->numel, meta_->shape);
+  std::optional<Strides> strides = view_strides(meta_->shape, meta_->strides, target);
   if (!strides) {
     throw_error<ShapeError>(
         "view: shape {} is not compatible with the input's shape {} and strides {} (use "
         "reshape, which copies)",
-        shape_str(target), shape_str(shape_), shape_str(strides_));
+        shape_str(target), shape_str(meta_->shape), shape_str(meta_->strides));
   }
   return as_view(std::move(target), std::move(*strides), offset_);
 }
 
 Tensor Tensor::unsqueeze(int64_t d) const {
   check_defined("unsqueeze");
-  const auto ud = static_cast<std::size_t>(normalize_dim(d, dim() + 1, "unsqueeze", shape_));
-  Shape shape = shape_;
-  Strides strides = strides_;
-  const int64_t stride = ud < shape_.size() ? shape_[ud] * strides_[ud] : 1;
+  const auto ud = static_cast<std::size_t>(normalize_dim(d, dim() + 1, "unsqueeze", meta_->shape));
+  Shape shape = meta_->shape;
+  Strides strides = meta_->strides;
+  const int64_t stride = ud < meta_->shape.size() ? meta_->shape[ud] * meta_->strides[ud] : 1;
   shape.insert(shape.begin() + static_cast<std::ptrdiff_t>(ud), 1);
   strides.insert(strides.begin() + static_cast<std::ptrdiff_t>(ud), stride);
   return as_view(std::move(shape), std::move(strides), offset_);
@@ -328,11 +334,11 @@ Tensor Tensor::unsqueeze(int64_t d) const {
 
 Tensor Tensor::squeeze(int64_t d) const {
   check_defined("squeeze");
-  const auto ud =
-      static_cast<std::size_t>(normalize_dim(d, std::max<int64_t>(dim(), 1), "squeeze", shape_));
-  if (dim() == 0 || shape_[ud] != 1) return *this;
-  Shape shape = shape_;
-  Strides strides = strides_;
+  const auto ud = static_cast<std::size_t>(
+      normalize_dim(d, std::max<int64_t>(dim(), 1), "squeeze", meta_->shape));
+  if (dim() == 0 || meta_->shape[ud] != 1) return *this;
+  Shape shape = meta_->shape;
+  Strides strides = meta_->strides;
   shape.erase(shape.begin() + static_cast<std::ptrdiff_t>(ud));
   strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(ud));
   return as_view(std::move(shape), std::move(strides), offset_);
@@ -340,11 +346,11 @@ Tensor Tensor::squeeze(int64_t d) const {
 
 Tensor Tensor::expand(const Shape& shape) const {
   check_defined("expand");
-  if (shape.size() < shape_.size()) {
+  if (shape.size() < meta_->shape.size()) {
     throw_error<ShapeError>("expand: target shape {} has fewer dims than the input's shape {}",
-                            shape_str(shape), shape_str(shape_));
+                            shape_str(shape), shape_str(meta_->shape));
   }
-  const std::size_t lead = shape.size() - shape_.size();
+  const std::size_t lead = shape.size() - meta_->shape.size();
   Shape out(shape.size());
   Strides strides(shape.size());
   for (std::size_t i = 0; i < shape.size(); ++i) {
@@ -358,16 +364,16 @@ Tensor Tensor::expand(const Shape& shape) const {
       strides[i] = 0;
       continue;
     }
-    const int64_t have = shape_[i - lead];
+    const int64_t have = meta_->shape[i - lead];
     if (want == -1 || want == have) {
       out[i] = have;
-      strides[i] = strides_[i - lead];
+      strides[i] = meta_->strides[i - lead];
     } else if (have == 1 && want >= 0) {
       out[i] = want;
       strides[i] = 0;
     } else {
       throw_error<ShapeError>("expand: cannot expand shape {} to {} (dim {}: size {} to {})",
-                              shape_str(shape_), shape_str(shape), i, have, want);
+                              shape_str(meta_->shape), shape_str(shape), i, have, want);
     }
   }
   checked_numel(out, "expand");
@@ -383,7 +389,7 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::clone() const {
   check_defined("clone");
-  Tensor out = empty(shape_, dtype_, device());
+  Tensor out = empty(meta_->shape, dtype_, device());
   out.copy_(*this);
   return out;
 }
@@ -391,7 +397,7 @@ Tensor Tensor::clone() const {
 Tensor Tensor::to(DType dtype) const {
   check_defined("to");
   if (dtype == dtype_) return *this;
-  Tensor out = empty(shape_, dtype, device());
+  Tensor out = empty(meta_->shape, dtype, device());
   out.copy_(*this);
   return out;
 }
@@ -399,7 +405,7 @@ Tensor Tensor::to(DType dtype) const {
 Tensor Tensor::to(Device device) const {
   check_defined("to");
   if (device == this->device()) return *this;
-  Tensor out = empty(shape_, dtype_, device);
+  Tensor out = empty(meta_->shape, dtype_, device);
   out.copy_(*this);
   return out;
 }
@@ -407,9 +413,9 @@ Tensor Tensor::to(Device device) const {
 template <class T>
 T Tensor::item() const {
   check_defined("item");
-  if (numel_ != 1) {
-    throw_error<ShapeError>("item: a tensor of shape {} has {} elements, not 1", shape_str(shape_),
-                            numel_);
+  if (meta_->numel != 1) {
+    throw_error<ShapeError>("item: a tensor of shape {} has {} elements, not 1",
+                            shape_str(meta_->shape), meta_->numel);
   }
   if (!device().is_cpu()) return to(cpu()).item<T>();
   return dispatch_dtype(dtype_, [&]<class S>() { return convert_element<T>(*data<S>()); });
@@ -420,7 +426,7 @@ std::vector<T> Tensor::to_vector() const {
   check_defined("to_vector");
   const Tensor host = to(cpu()).to(dtype_of<T>()).contiguous();
   const T* p = host.data<T>();
-  return std::vector<T>(p, p + numel_);
+  return std::vector<T>(p, p + meta_->numel);
 }
 
 #define SPMD_INSTANTIATE_ELEMENT_ACCESS(T) \
@@ -439,11 +445,11 @@ SPMD_INSTANTIATE_ELEMENT_ACCESS(bool)
 
 Tensor& Tensor::fill_(double value) {
   DeviceOps& kernels = kernels_for("fill_", {this});
-  if (has_broadcast_dim(shape_, strides_)) {
+  if (has_broadcast_dim(meta_->shape, meta_->strides)) {
     throw_error<ShapeError>(
         "fill_: the destination (shape {}, strides {}) is an expanded view whose elements share "
         "memory",
-        shape_str(shape_), shape_str(strides_));
+        shape_str(meta_->shape), shape_str(meta_->strides));
   }
   kernels.fill(*this, value);
   return *this;
@@ -452,28 +458,28 @@ Tensor& Tensor::fill_(double value) {
 Tensor& Tensor::copy_(const Tensor& src) {
   check_defined("copy_");
   if (!src.defined()) throw_error<Error>("copy_: the source is an undefined tensor");
-  if (broadcast_shapes(src.shape_, shape_, "copy_") != shape_) {
+  if (broadcast_shapes(src.meta_->shape, meta_->shape, "copy_") != meta_->shape) {
     throw_error<ShapeError>("copy_: source shape {} does not broadcast to destination shape {}",
-                            shape_str(src.shape_), shape_str(shape_));
+                            shape_str(src.meta_->shape), shape_str(meta_->shape));
   }
-  if (has_broadcast_dim(shape_, strides_)) {
+  if (has_broadcast_dim(meta_->shape, meta_->strides)) {
     throw_error<ShapeError>(
         "copy_: the destination (shape {}, strides {}) is an expanded view whose elements share "
         "memory",
-        shape_str(shape_), shape_str(strides_));
+        shape_str(meta_->shape), shape_str(meta_->strides));
   }
-  if (numel_ == 0) return *this;
-  Tensor source = src.expand(shape_);
+  if (meta_->numel == 0) return *this;
+  Tensor source = src.expand(meta_->shape);
   if (source.is_same(*this)) return *this;
   if (src.storage_ == storage_) {
     // Reading and writing one buffer: copy the source aside first if the two may overlap.
-    const Extent a = extent_of(shape_, strides_, offset_);
-    const Extent b = extent_of(src.shape_, src.strides_, src.offset_);
+    const Extent a = extent_of(meta_->shape, meta_->strides, offset_);
+    const Extent b = extent_of(src.meta_->shape, src.meta_->strides, src.offset_);
     const std::size_t sa = itemsize();
     const std::size_t sb = src.itemsize();
     if (static_cast<std::size_t>(a.lo) * sa < static_cast<std::size_t>(b.hi) * sb &&
         static_cast<std::size_t>(b.lo) * sb < static_cast<std::size_t>(a.hi) * sa) {
-      source = src.clone().expand(shape_);
+      source = src.clone().expand(meta_->shape);
     }
   }
   // Host <-> device copies run on the device's kernels.
@@ -627,7 +633,7 @@ std::string Tensor::to_string() const {
   const Tensor host = to(cpu());
   const std::string prefix = "tensor(";
   std::string out = prefix + Printer(host, prefix.size()).body();
-  out += fmt::format(", shape={}, dtype={}", shape_str(shape_), dtype_);
+  out += fmt::format(", shape={}, dtype={}", shape_str(meta_->shape), dtype_);
   if (!device().is_cpu()) out += fmt::format(", device={}", device());
   out += ')';
   return out;

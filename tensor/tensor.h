@@ -20,6 +20,8 @@
 
 #include <fmt/format.h>
 
+#include "core/format.h"
+
 #include "core/error.h"
 #include "tensor/dtype.h"
 #include "tensor/shape.h"
@@ -37,18 +39,18 @@ class Tensor {
 
   // ---- metadata ---------------------------------------------------------------------------
   bool defined() const { return storage_ != nullptr; }
-  const Shape& shape() const { return shape_; }
-  int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
-  int64_t numel() const { return numel_; }
+  const Shape& shape() const { return meta_->shape; }
+  int64_t dim() const { return static_cast<int64_t>(meta_->shape.size()); }
+  int64_t numel() const { return meta_->numel; }
   DType dtype() const { return dtype_; }
   // Size of dim d; negative d counts from the end. ShapeError when out of range.
   int64_t size(int64_t d) const;
-  const Strides& strides() const { return strides_; }
+  const Strides& strides() const { return meta_->strides; }
   int64_t stride(int64_t d) const;
   int64_t storage_offset() const { return offset_; }
   Device device() const;
   std::size_t itemsize() const { return spmd::itemsize(dtype_); }
-  std::size_t nbytes() const { return static_cast<std::size_t>(numel_) * itemsize(); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(meta_->numel) * itemsize(); }
   bool is_contiguous() const;
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   // Same storage, offset, shape, strides and dtype: the two handles are the same view.
@@ -117,11 +119,19 @@ class Tensor {
   // Another view of this tensor's storage.
   Tensor as_view(Shape shape, Strides strides, int64_t offset) const;
 
+  // Shape, strides and element count: immutable once built and shared by copies of the handle,
+  // so copying a Tensor costs two reference counts, not two vector allocations. An undefined
+  // tensor points at a static empty Meta (no control block).
+  struct Meta {
+    Shape shape;
+    Strides strides;
+    int64_t numel = 0;
+  };
+  static std::shared_ptr<const Meta> empty_meta();
+
   std::shared_ptr<Storage> storage_;
-  Shape shape_;
-  Strides strides_;
+  std::shared_ptr<const Meta> meta_ = empty_meta();
   int64_t offset_ = 0;
-  int64_t numel_ = 0;
   DType dtype_ = DType::F32;
 };
 
@@ -129,14 +139,4 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 }  // namespace spmd
 
-// Formats as plain text without format specs. (Inheriting fmt::formatter<std::string_view>
-// would allow padding, but GCC 12 then warns, falsely, inside fmt 9's spec parser:
-// -Wstringop-overflow in fill_t, fmtlib/fmt#3334.)
-template <>
-struct fmt::formatter<spmd::Tensor> {
-  constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
-  template <class Ctx>
-  auto format(const spmd::Tensor& t, Ctx& ctx) const {
-    return fmt::format_to(ctx.out(), "{}", t.to_string());
-  }
-};
+SPMD_FORMAT_AS_TEXT(spmd::Tensor, value.to_string())

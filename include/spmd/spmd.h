@@ -33,6 +33,7 @@
 #include "sim/local_tensor.h"
 #include "sim/per_rank.h"
 #include "sim/world.h"
+#include "tensor/device_ops.h"
 #include "tensor/dtype.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"

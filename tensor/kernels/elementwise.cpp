@@ -4,6 +4,7 @@
 // Each kernel walks its operands with StridedLoop and special-cases the run shapes that matter
 // for speed (all contiguous, one operand a broadcast scalar) so the compiler vectorizes them;
 // any other strides take the generic loop. BF16/F16 compute in float and round once per element.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -47,6 +48,59 @@ void copy_typed(const Tensor& dst, const Tensor& src) {
       }
     } else {
       for (int64_t i = 0; i < n; ++i) o[i * st[0]] = convert_element<D>(x[i * st[1]]);
+    }
+  });
+}
+
+// Note [Transposed copies]
+// When source and destination step through memory along different ones of the last two dims
+// (x.transpose(-1, -2).contiguous()), the plain walk strides across memory on one side for
+// every element. Copying kTile x kTile tiles keeps the lines of both sides in cache. Small
+// tiles: with power-of-two row lengths a tile's lines share one L1 set, and 8 fit its ways
+// (tensor_bench BM_ContiguousOfTranspose, 4096^2 floats: 63 ms untiled, 35 ms with 8, 43 with
+// 16, 70 with 64).
+constexpr int64_t kTile = 8;
+
+bool is_transposed_copy(const Tensor& dst, const Tensor& src) {
+  if (dst.dim() < 2 || dst.size(-2) < kTile || dst.size(-1) < kTile) return false;
+  auto crosses = [](const Tensor& unit, const Tensor& other) {
+    return unit.stride(-1) == 1 && other.stride(-2) == 1 && other.stride(-1) != 1;
+  };
+  return crosses(dst, src) || crosses(src, dst);
+}
+
+template <class D, class S>
+void copy_tiled(const Tensor& dst, const Tensor& src) {
+  const int64_t rows = dst.size(-2);
+  const int64_t cols = dst.size(-1);
+  const int64_t dr = dst.stride(-2);
+  const int64_t dc = dst.stride(-1);
+  const int64_t sr = src.stride(-2);
+  const int64_t sc = src.stride(-1);
+  Shape outer = dst.shape();
+  outer[outer.size() - 2] = 1;
+  outer.back() = 1;
+  StridedLoop<2> loop(outer, {&dst.strides(), &src.strides()});
+  D* out = at<D>(dst);
+  const S* in = at<S>(src);
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / (kTile * cols));
+  loop.for_each_run(0, loop.numel(), [&](const auto& off, const auto& st, int64_t n) {
+    for (int64_t m = 0; m < n; ++m) {
+      D* o = out + off[0] + m * st[0];
+      const S* x = in + off[1] + m * st[1];
+      parallel_for(row_tiles, grain, [&](int64_t first, int64_t last) {
+        for (int64_t i0 = first * kTile; i0 < std::min(rows, last * kTile); i0 += kTile) {
+          const int64_t i1 = std::min(i0 + kTile, rows);
+          for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
+            const int64_t j1 = std::min(j0 + kTile, cols);
+            for (int64_t i = i0; i < i1; ++i) {
+              for (int64_t j = j0; j < j1; ++j)
+                o[i * dr + j * dc] = convert_element<D>(x[i * sr + j * sc]);
+            }
+          }
+        }
+      });
     }
   });
 }
@@ -234,7 +288,13 @@ void fill(const Tensor& dst, double value) {
 void copy(const Tensor& dst, const Tensor& src) {
   SPMD_CHECK(dst.shape() == src.shape());
   dispatch_dtype(dst.dtype(), [&]<class D>() {
-    dispatch_dtype(src.dtype(), [&]<class S>() { copy_typed<D, S>(dst, src); });
+    dispatch_dtype(src.dtype(), [&]<class S>() {
+      if (is_transposed_copy(dst, src)) {
+        copy_tiled<D, S>(dst, src);
+      } else {
+        copy_typed<D, S>(dst, src);
+      }
+    });
   });
 }
 

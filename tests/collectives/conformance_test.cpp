@@ -159,6 +159,36 @@ double tolerance(DType dtype, ReduceOp op) {
   return dtype == DType::BF16 ? 1e-2 : dtype == DType::F16 ? 1e-3 : 1e-6;
 }
 
+// The concatenation of the group members' inputs along dim d (all_gather, gather).
+std::vector<double> concat_reference(uint64_t seed, const std::vector<int>& group,
+                                     const Shape& shape, int64_t d, DType dtype) {
+  Shape out_shape = shape;
+  out_shape[static_cast<size_t>(d)] *= static_cast<int64_t>(group.size());
+  std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
+  for (size_t i = 0; i < expected.size(); ++i) {
+    std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
+    const int64_t piece = shape[static_cast<size_t>(d)];
+    const int member = group[static_cast<size_t>(idx[static_cast<size_t>(d)] / piece)];
+    idx[static_cast<size_t>(d)] %= piece;
+    expected[i] = input_value(seed, member, ravel(idx, shape), dtype);
+  }
+  return expected;
+}
+
+// The element-wise reduction of the group members' inputs (all_reduce, reduce).
+std::vector<double> fold_reference(uint64_t seed, const std::vector<int>& group, const Shape& shape,
+                                   ReduceOp op, DType dtype) {
+  std::vector<double> expected(static_cast<size_t>(shape_numel(shape)));
+  std::vector<double> v(group.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    for (size_t k = 0; k < group.size(); ++k) {
+      v[k] = input_value(seed, group[k], static_cast<int64_t>(i), dtype);
+    }
+    expected[i] = fold(op, dtype, v);
+  }
+  return expected;
+}
+
 // ---- group families -------------------------------------------------------------------------
 
 struct Family {
@@ -341,12 +371,7 @@ TEST(Conformance, AllReduce) {
           for (int r : world.held_ranks()) {
             int64_t gi = 0;
             const auto& group = s.group_of(r, &gi);
-            std::vector<double> expected(static_cast<size_t>(shape_numel(sc.shape)));
-            for (size_t i = 0; i < expected.size(); ++i) {
-              std::vector<double> v;
-              for (int m : group) v.push_back(input_value(seed, m, static_cast<int64_t>(i), dtype));
-              expected[i] = fold(op, dtype, v);
-            }
+            std::vector<double> expected = fold_reference(seed, group, sc.shape, op, dtype);
             expect_result(label, r, y.shard(r), sc.shape, expected, tolerance(dtype, op));
           }
         }
@@ -370,15 +395,8 @@ TEST(Conformance, AllGather) {
           for (int r : world.held_ranks()) {
             int64_t gi = 0;
             const auto& group = s.group_of(r, &gi);
-            std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
-            for (size_t i = 0; i < expected.size(); ++i) {
-              std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
-              const int64_t piece = sc.shape[static_cast<size_t>(d)];
-              const int member = group[static_cast<size_t>(idx[static_cast<size_t>(d)] / piece)];
-              idx[static_cast<size_t>(d)] %= piece;
-              expected[i] = input_value(seed, member, ravel(idx, sc.shape), dtype);
-            }
-            expect_result(label, r, y.shard(r), out_shape, expected, 0.0);
+            expect_result(label, r, y.shard(r), out_shape,
+                          concat_reference(seed, group, sc.shape, d, dtype), 0.0);
           }
         }
       });
@@ -592,15 +610,8 @@ TEST(Conformance, Gather) {
               expect_result(label, r, y.shard(r), none_shape, {}, 0.0);
               continue;
             }
-            std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
-            for (size_t i = 0; i < expected.size(); ++i) {
-              std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
-              const int64_t piece = sc.shape[static_cast<size_t>(gd)];
-              const int member = group[static_cast<size_t>(idx[static_cast<size_t>(gd)] / piece)];
-              idx[static_cast<size_t>(gd)] %= piece;
-              expected[i] = input_value(seed, member, ravel(idx, sc.shape), dtype);
-            }
-            expect_result(label, r, y.shard(r), out_shape, expected, 0.0);
+            expect_result(label, r, y.shard(r), out_shape,
+                          concat_reference(seed, group, sc.shape, gd, dtype), 0.0);
           }
         }
       });
@@ -626,12 +637,7 @@ TEST(Conformance, Reduce) {
               expect_result(label, r, y.shard(r), none_shape, {}, 0.0);
               continue;
             }
-            std::vector<double> expected(static_cast<size_t>(shape_numel(sc.shape)));
-            for (size_t i = 0; i < expected.size(); ++i) {
-              std::vector<double> v;
-              for (int m : group) v.push_back(input_value(seed, m, static_cast<int64_t>(i), dtype));
-              expected[i] = fold(op, dtype, v);
-            }
+            std::vector<double> expected = fold_reference(seed, group, sc.shape, op, dtype);
             expect_result(label, r, y.shard(r), sc.shape, expected, tolerance(dtype, op));
           }
         }

@@ -97,7 +97,8 @@ class DeviceSeam : public ::testing::Test {
 TEST_F(DeviceSeam, NoKernelsRegisteredIsUnsupported) {
   Tensor t = empty({2, 3}, DType::F32, cuda(0));  // allocation alone works
   EXPECT_EQ(t.device(), cuda(0));
-  expect_throws<Unsupported>([&] { t.fill_(1); }, {"fill_: no kernels registered for device cuda:0"});
+  expect_throws<Unsupported>([&] { t.fill_(1); },
+                             {"fill_: no kernels registered for device cuda:0"});
   expect_throws<Unsupported>([&] { add(t, t); }, {"add: no kernels registered for device cuda:0"});
   expect_throws<Unsupported>([&] { matmul(t, t.transpose(0, 1)); }, {"matmul", "cuda:0"});
   expect_throws<Unsupported>([&] { sum(t); }, {"sum", "cuda:0"});

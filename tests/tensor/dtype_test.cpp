@@ -175,10 +175,10 @@ TEST(Half, EdgeCases) {
   EXPECT_EQ(Half(65519.0f).bits, 0x7bff);
   EXPECT_EQ(Half(65520.0f).bits, 0x7c00);  // the tie above the largest finite goes to inf
   EXPECT_EQ(Half(-INFINITY).bits, 0xfc00);
-  EXPECT_EQ(Half(std::ldexp(1.0f, -24)).bits, 0x0001);   // smallest subnormal
-  EXPECT_EQ(Half(std::ldexp(1.0f, -25)).bits, 0x0000);   // tie with zero: even
-  EXPECT_EQ(Half(std::ldexp(1.5f, -25)).bits, 0x0001);   // above the tie
-  EXPECT_EQ(Half(std::ldexp(3.0f, -25)).bits, 0x0002);   // tie between 1 and 2: even
+  EXPECT_EQ(Half(std::ldexp(1.0f, -24)).bits, 0x0001);     // smallest subnormal
+  EXPECT_EQ(Half(std::ldexp(1.0f, -25)).bits, 0x0000);     // tie with zero: even
+  EXPECT_EQ(Half(std::ldexp(1.5f, -25)).bits, 0x0001);     // above the tie
+  EXPECT_EQ(Half(std::ldexp(3.0f, -25)).bits, 0x0002);     // tie between 1 and 2: even
   EXPECT_EQ(Half(std::ldexp(1023.5f, -24)).bits, 0x0400);  // largest subnormal rounds up
   EXPECT_EQ(Half(-0.0f).bits, 0x8000);
   EXPECT_EQ(Half(1.0f + std::ldexp(1.0f, -11)).bits, 0x3c00);      // tie: even (down)
@@ -187,10 +187,10 @@ TEST(Half, EdgeCases) {
 }
 
 TEST(BFloat16, EdgeCases) {
-  EXPECT_EQ(BFloat16(1.0f + std::ldexp(1.0f, -8)).bits, 0x3f80);      // tie: even (down)
-  EXPECT_EQ(BFloat16(1.0f + 3 * std::ldexp(1.0f, -8)).bits, 0x3f82);  // tie: even (up)
+  EXPECT_EQ(BFloat16(1.0f + std::ldexp(1.0f, -8)).bits, 0x3f80);        // tie: even (down)
+  EXPECT_EQ(BFloat16(1.0f + 3 * std::ldexp(1.0f, -8)).bits, 0x3f82);    // tie: even (up)
   EXPECT_EQ(BFloat16(std::numeric_limits<float>::max()).bits, 0x7f80);  // overflow to inf
-  EXPECT_EQ(BFloat16(std::ldexp(1.0f, -133)).bits, 0x0001);            // subnormal
+  EXPECT_EQ(BFloat16(std::ldexp(1.0f, -133)).bits, 0x0001);             // subnormal
   EXPECT_EQ(BFloat16(-INFINITY).bits, 0xff80);
   EXPECT_TRUE(std::isnan(static_cast<float>(BFloat16(NAN))));
   EXPECT_TRUE(std::isnan(static_cast<float>(BFloat16(-NAN))));

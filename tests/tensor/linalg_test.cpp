@@ -145,8 +145,9 @@ TEST(Matmul, Addmm) {
     const double betas[] = {1, 0, 0.5, -1};
     const double alpha = alphas[gen.uniform(0, 3)];
     const double beta = betas[gen.uniform(0, 3)];
-    const std::string context = fmt::format("addmm(c {} {}, a {} [{}, {}], b [{}, {}], beta {}, alpha {})",
-                                            dc, shape_str(sc), d, n, k, k, m, beta, alpha);
+    const std::string context =
+        fmt::format("addmm(c {} {}, a {} [{}, {}], b [{}, {}], beta {}, alpha {})", dc,
+                    shape_str(sc), d, n, k, k, m, beta, alpha);
     const DType want_dtype = promote_types(dc, d);
     if (want_dtype == DType::Bool) {
       expect_throws<Unsupported>([&] { addmm(c, a, b, beta, alpha); }, {"addmm", "bool"});
@@ -163,8 +164,8 @@ TEST(Matmul, Addmm) {
     std::vector<double> want;
     for (int64_t i = 0; i < n * m; ++i) {
       const double cv = round_to(want_dtype, element(c, broadcast_index(unravel(i, {n, m}), sc)));
-      want.push_back(round_to(want_dtype, (beta == 0 ? 0 : beta * cv) +
-                                              alpha * p.values[static_cast<std::size_t>(i)]));
+      want.push_back(round_to(
+          want_dtype, (beta == 0 ? 0 : beta * cv) + alpha * p.values[static_cast<std::size_t>(i)]));
     }
     expect_values(out, want, 0, 0, context);
   }
@@ -188,27 +189,50 @@ TEST(Matmul, Bmm) {
     ASSERT_EQ(out.shape(), (Shape{batch, n, m}));
     std::vector<double> want;
     for (double v : p.values) want.push_back(round_to(d, v));
-    expect_values(out, want, 0, 0, fmt::format("bmm {} [{}, {}, {}] @ [{}, {}, {}]", d, batch, n, k, batch, k, m));
+    expect_values(out, want, 0, 0,
+                  fmt::format("bmm {} [{}, {}, {}] @ [{}, {}, {}]", d, batch, n, k, batch, k, m));
   }
 }
 
 TEST(Matmul, Errors) {
-  expect_throws<ShapeError>([] { matmul(full({}, 1), ones({2})); }, {"matmul", "at least 1 dim", "[]"});
-  expect_throws<ShapeError>([] { matmul(ones({2, 3}), ones({4, 5})); },
-                            {"matmul", "[2, 3]", "[4, 5]", "3 and 4"});
+  expect_throws<ShapeError>([] { matmul(full({}, 1), ones({2})); },
+                            {"matmul", "at least 1 dim", "[]"});
+  expect_throws<ShapeError>(
+      [] {
+        matmul(ones({2, 3}), ones({4, 5}));
+      },
+      {"matmul", "[2, 3]", "[4, 5]", "3 and 4"});
   expect_throws<ShapeError>([] { matmul(ones({3}), ones({4})); }, {"matmul", "[3]", "[4]"});
-  expect_throws<ShapeError>([] { matmul(ones({2, 2, 3}), ones({3, 3, 4})); },
-                            {"matmul", "[2]", "[3]"});
-  expect_throws<Unsupported>([] { matmul(ones({2, 2}, DType::Bool), ones({2, 2}, DType::Bool)); },
-                             {"matmul", "bool"});
-  expect_throws<ShapeError>([] { addmm(ones({2, 2}), ones({2, 3, 1}), ones({3, 2})); },
-                            {"addmm", "2-d", "[2, 3, 1]"});
-  expect_throws<ShapeError>([] { addmm(ones({3, 2}), ones({2, 3}), ones({3, 2})); },
-                            {"addmm", "[3, 2]", "[2, 2]"});
-  expect_throws<ShapeError>([] { addmm(ones({2, 2}), ones({2, 3}), ones({2, 2})); },
-                            {"addmm", "[2, 3]", "[2, 2]"});
-  expect_throws<ShapeError>([] { bmm(ones({2, 2, 3}), ones({3, 3, 2})); },
-                            {"bmm", "[2, 2, 3]", "[3, 3, 2]"});
+  expect_throws<ShapeError>(
+      [] {
+        matmul(ones({2, 2, 3}), ones({3, 3, 4}));
+      },
+      {"matmul", "[2]", "[3]"});
+  expect_throws<Unsupported>(
+      [] {
+        matmul(ones({2, 2}, DType::Bool), ones({2, 2}, DType::Bool));
+      },
+      {"matmul", "bool"});
+  expect_throws<ShapeError>(
+      [] {
+        addmm(ones({2, 2}), ones({2, 3, 1}), ones({3, 2}));
+      },
+      {"addmm", "2-d", "[2, 3, 1]"});
+  expect_throws<ShapeError>(
+      [] {
+        addmm(ones({3, 2}), ones({2, 3}), ones({3, 2}));
+      },
+      {"addmm", "[3, 2]", "[2, 2]"});
+  expect_throws<ShapeError>(
+      [] {
+        addmm(ones({2, 2}), ones({2, 3}), ones({2, 2}));
+      },
+      {"addmm", "[2, 3]", "[2, 2]"});
+  expect_throws<ShapeError>(
+      [] {
+        bmm(ones({2, 2, 3}), ones({3, 3, 2}));
+      },
+      {"bmm", "[2, 2, 3]", "[3, 3, 2]"});
   expect_throws<ShapeError>([] { bmm(ones({2, 3}), ones({3, 2})); }, {"bmm", "[2, 3]"});
   expect_throws<ShapeError>([] { bmm(ones({2, 2, 3}), ones({2, 4, 2})); }, {"bmm", "3 and 4"});
 }

@@ -96,8 +96,8 @@ TEST(BinaryOps, LargeContiguousAndBroadcastRunsInParallelChunks) {
   const Tensor out = a * b;
   std::vector<double> want;
   for (int64_t i = 0; i < out.numel(); ++i) {
-    want.push_back(round_to(DType::F32, element(a, {i / 700001, i % 700001}) *
-                                            element(b, {i % 700001})));
+    want.push_back(
+        round_to(DType::F32, element(a, {i / 700001, i % 700001}) * element(b, {i % 700001})));
   }
   expect_values(out, want, 0, 0, "a * b broadcast");
   const Tensor t = a.transpose(0, 1) + 1.0;
@@ -118,8 +118,7 @@ TEST(BinaryOps, NaNPropagatesThroughMaximumAndMinimum) {
 TEST(BinaryOps, IntegerArithmeticWrapsAround) {
   const Tensor big = full({1}, 2147483647, DType::I32);
   EXPECT_EQ(values(big + big)[0], -2);
-  EXPECT_EQ(values(full({1}, -2147483648.0, DType::I32) - full({1}, 1, DType::I32))[0],
-            2147483647);
+  EXPECT_EQ(values(full({1}, -2147483648.0, DType::I32) - full({1}, 1, DType::I32))[0], 2147483647);
   EXPECT_EQ(values(neg(full({1}, -2147483648.0, DType::I32)))[0], -2147483648.0);
   EXPECT_EQ(values(full({1}, 3, DType::I64) / full({1}, 0, DType::I64))[0], INFINITY);
 }
@@ -158,9 +157,8 @@ TEST(BinaryOps, ScalarOperandsFollowPromotionNote) {
         const Shape shape = gen.shape(0, 3);
         const auto layout = gen.layout();
         const Tensor t = gen.tensor(shape, d, layout);
-        const std::string context =
-            fmt::format("{} with t {} {} ({}), s = {}", c.name, d, shape_str(shape),
-                        layout_name(layout), s);
+        const std::string context = fmt::format("{} with t {} {} ({}), s = {}", c.name, d,
+                                                shape_str(shape), layout_name(layout), s);
         DType want_dtype = d;
         if (!is_floating(d) && (s != std::trunc(s) || c.divides)) want_dtype = DType::F32;
         // Only Bool arithmetic with an integral scalar stays Bool, and is refused.
@@ -258,7 +256,8 @@ struct ReductionCase {
 };
 
 const ReductionCase kReductionCases[] = {
-    {"sum", Red::Sum, [](const Tensor& t, const std::vector<int64_t>& d, bool k) { return sum(t, d, k); },
+    {"sum", Red::Sum,
+     [](const Tensor& t, const std::vector<int64_t>& d, bool k) { return sum(t, d, k); },
      [](const Tensor& t) { return sum(t); }},
     {"mean", Red::Mean,
      [](const Tensor& t, const std::vector<int64_t>& d, bool k) { return mean(t, d, k); },
@@ -295,9 +294,9 @@ TEST(Reductions, MatchReferenceOverRandomDimsForEveryDType) {
           dims.clear();
           std::fill(reduced.begin(), reduced.end(), true);
         }
-        const std::string context = fmt::format("{}({} {} {}, dims {}, keepdim {})", c.name, d,
-                                                shape_str(shape), layout_name(layout),
-                                                shape_str(dims), keepdim);
+        const std::string context =
+            fmt::format("{}({} {} {}, dims {}, keepdim {})", c.name, d, shape_str(shape),
+                        layout_name(layout), shape_str(dims), keepdim);
         auto run = [&] { return use_all_overload ? c.op_all(t) : c.op(t, dims, keepdim); };
         if (c.kind == Red::Mean && !is_floating(d)) {
           expect_throws<Unsupported>(run, {"mean", std::string(dtype_name(d)), shape_str(shape)});
@@ -341,7 +340,8 @@ TEST(Reductions, MatchReferenceOverRandomDimsForEveryDType) {
         }
         std::vector<double> want;
         for (double a : acc) {
-          want.push_back(round_to(want_dtype, c.kind == Red::Mean ? a / static_cast<double>(count) : a));
+          want.push_back(
+              round_to(want_dtype, c.kind == Red::Mean ? a / static_cast<double>(count) : a));
         }
         expect_values(out, want, 0, 0, context);
       }
@@ -363,8 +363,11 @@ TEST(Reductions, EmptyAndSpecialCases) {
   const Tensor ones_big = full({1 << 25}, 1.0);
   EXPECT_EQ(sum(ones_big).item<double>(), static_cast<double>(1 << 25));
   expect_throws<ShapeError>([] { amax(empty({0})); }, {"amax", "zero elements", "[0]"});
-  expect_throws<ShapeError>([] { sum(empty({2, 3}), {0, -2}); },
-                            {"sum", "more than once", "[0, -2]", "[2, 3]"});
+  expect_throws<ShapeError>(
+      [] {
+        sum(empty({2, 3}), {0, -2});
+      },
+      {"sum", "more than once", "[0, -2]", "[2, 3]"});
   expect_throws<ShapeError>([] { sum(empty({2, 3}), {2}); }, {"sum", "dim 2", "[2, 3]"});
   expect_throws<Unsupported>([] { mean(full({2}, 1, DType::I64)); }, {"mean", "i64", "[2]"});
 }
@@ -378,10 +381,11 @@ TEST(Softmax, MatchesReferenceAndIsStable) {
         const auto layout = gen.layout();
         const Tensor t = gen.tensor(shape, d, layout);
         const int64_t ndim = static_cast<int64_t>(shape.size());
-        const int64_t dim = gen.uniform(-std::max<int64_t>(ndim, 1), std::max<int64_t>(ndim, 1) - 1);
-        const std::string context = fmt::format("{}({} {} {}, dim {})",
-                                                log_form ? "log_softmax" : "softmax", d,
-                                                shape_str(shape), layout_name(layout), dim);
+        const int64_t dim =
+            gen.uniform(-std::max<int64_t>(ndim, 1), std::max<int64_t>(ndim, 1) - 1);
+        const std::string context =
+            fmt::format("{}({} {} {}, dim {})", log_form ? "log_softmax" : "softmax", d,
+                        shape_str(shape), layout_name(layout), dim);
         const Tensor out = log_form ? log_softmax(t, dim) : softmax(t, dim);
         const DType want_dtype = is_floating(d) ? d : DType::F32;
         ASSERT_EQ(out.dtype(), want_dtype) << context;
@@ -398,7 +402,8 @@ TEST(Softmax, MatchesReferenceAndIsStable) {
             total += std::exp(element(t, other));
           }
           const double x = element(t, index);
-          want.push_back(round_to(want_dtype, log_form ? x - std::log(total) : std::exp(x) / total));
+          want.push_back(
+              round_to(want_dtype, log_form ? x - std::log(total) : std::exp(x) / total));
         }
         const double rtol = testing::transcendental_rtol(want_dtype);
         expect_values(out, want, rtol, rtol, context);
@@ -457,7 +462,8 @@ TEST(Joining, StackPadUnpad) {
     const int64_t ndim = static_cast<int64_t>(shape.size());
     const DType d = kAllDTypes[gen.uniform(0, 6)];
     std::vector<Tensor> parts;
-    for (int64_t k = gen.uniform(1, 3); k > 0; --k) parts.push_back(gen.tensor(shape, d, gen.layout()));
+    for (int64_t k = gen.uniform(1, 3); k > 0; --k)
+      parts.push_back(gen.tensor(shape, d, gen.layout()));
     const int64_t sdim = gen.uniform(-(ndim + 1), ndim);
     const Tensor stacked = stack(parts, sdim);
     const std::size_t us = static_cast<std::size_t>(sdim < 0 ? sdim + ndim + 1 : sdim);
@@ -488,7 +494,8 @@ TEST(Joining, StackPadUnpad) {
         want.push_back(element(parts[0], index));
       }
     }
-    expect_values(padded, want, 0, 0, fmt::format("pad {} dim {} by {}/{}", shape_str(shape), pdim, before, after));
+    expect_values(padded, want, 0, 0,
+                  fmt::format("pad {} dim {} by {}/{}", shape_str(shape), pdim, before, after));
     const Tensor back = unpad(padded, pdim, before, after);
     EXPECT_EQ(back.storage(), padded.storage());
     EXPECT_EQ(values(back), values(parts[0]));
@@ -498,13 +505,19 @@ TEST(Joining, StackPadUnpad) {
 TEST(Joining, Errors) {
   const Tensor a = empty({2, 3});
   expect_throws<ShapeError>([] { cat({}, 0); }, {"cat", "at least one"});
-  expect_throws<ShapeError>([&] { cat({a, empty({2, 4})}, 0); },
-                            {"cat", "tensor 1", "[2, 4]", "[2, 3]", "dim 0"});
+  expect_throws<ShapeError>(
+      [&] {
+        cat({a, empty({2, 4})}, 0);
+      },
+      {"cat", "tensor 1", "[2, 4]", "[2, 3]", "dim 0"});
   expect_throws<ShapeError>([&] { cat({a, empty({2})}, 0); }, {"cat", "tensor 1", "[2]"});
   expect_throws<ShapeError>([&] { cat({a}, 2); }, {"cat", "dim 2"});
   expect_throws<ShapeError>([] { cat({full({}, 1)}, 0); }, {"cat", "0-d"});
-  expect_throws<ShapeError>([&] { stack({a, empty({3, 2})}, 0); },
-                            {"stack", "tensor 1", "[3, 2]", "[2, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        stack({a, empty({3, 2})}, 0);
+      },
+      {"stack", "tensor 1", "[3, 2]", "[2, 3]"});
   expect_throws<ShapeError>([&] { stack({a}, 3); }, {"stack", "dim 3"});
   expect_throws<ShapeError>([] { stack({}, 0); }, {"stack"});
   expect_throws<ShapeError>([&] { pad(a, 1, -1, 0); }, {"pad", "-1", "[2, 3]"});
@@ -523,8 +536,8 @@ TEST(Comparisons, EqualAllcloseMaxAbsDiffHasNonfinite) {
   EXPECT_TRUE(equal(empty({0, 2}), empty({0, 2}, DType::I32)));
   EXPECT_TRUE(equal(full({2, 3}, 1).transpose(0, 1), full({1}, 1).expand({3, 2})));
   // Integers compare exactly, beyond double's 53 bits.
-  EXPECT_FALSE(equal(from_vector<int64_t>({9007199254740993}),
-                     from_vector<int64_t>({9007199254740992})));
+  EXPECT_FALSE(
+      equal(from_vector<int64_t>({9007199254740993}), from_vector<int64_t>({9007199254740992})));
   const Tensor b = from_vector<float>({1, 2, 3.0001f});
   EXPECT_FALSE(allclose(a, b));
   EXPECT_TRUE(allclose(a, b, 1e-4, 0));
@@ -562,8 +575,11 @@ TEST(Factories, ValuesAndErrors) {
   expect_throws<ShapeError>([] { zeros({2, -3}); }, {"empty", "-3", "[2, -3]"});
   expect_throws<ShapeError>([] { arange(-1); }, {"arange", "-1"});
   expect_throws<Unsupported>([] { arange(3, DType::Bool); }, {"arange", "bool"});
-  expect_throws<ShapeError>([] { from_vector<float>({1, 2, 3}, {2, 2}); },
-                            {"from_vector", "3 values", "[2, 2]"});
+  expect_throws<ShapeError>(
+      [] {
+        from_vector<float>({1, 2, 3}, {2, 2});
+      },
+      {"from_vector", "3 values", "[2, 2]"});
   expect_throws<ShapeError>([] { add(empty({2, 3}), empty({3, 2})); }, {"add", "[2, 3]", "[3, 2]"});
   expect_throws<Unsupported>([] { sub(ones({2}, DType::Bool), ones({1}, DType::Bool)); },
                              {"sub", "bool", "[2]", "[1]"});

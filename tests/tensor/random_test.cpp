@@ -115,8 +115,11 @@ TEST(Random, DistributionsLookRight) {
 }
 
 TEST(Random, Errors) {
-  expect_throws<ShapeError>([] { rand_block({4, 4}, 0, {2, 2}, {3, 1}); },
-                            {"rand", "[2, 2]", "[3, 1]", "[4, 4]"});
+  expect_throws<ShapeError>(
+      [] {
+        rand_block({4, 4}, 0, {2, 2}, {3, 1});
+      },
+      {"rand", "[2, 2]", "[3, 1]", "[4, 4]"});
   expect_throws<ShapeError>([] { randn_block({4, 4}, 0, {0}, {1}); }, {"randn", "[4, 4]"});
   expect_throws<ShapeError>([] { randn_block({4}, 0, {-1}, {1}); }, {"randn", "[-1]"});
   expect_throws<ShapeError>([] { randn({-2}, 0); }, {"randn", "-2"});

@@ -28,18 +28,27 @@ TEST(Shape, NumelStridesAndPrinting) {
 
 TEST(Shape, CheckedNumelRejectsNegativeAndOverflow) {
   EXPECT_EQ(checked_numel({3, 0, int64_t{1} << 62}, "zeros"), 0);
-  expect_throws<ShapeError>([] { checked_numel({2, -1}, "zeros"); },
-                            {"zeros", "negative size -1", "[2, -1]"});
-  expect_throws<ShapeError>([] { checked_numel({int64_t{1} << 40, int64_t{1} << 40}, "empty"); },
-                            {"empty", "too many elements"});
+  expect_throws<ShapeError>(
+      [] {
+        checked_numel({2, -1}, "zeros");
+      },
+      {"zeros", "negative size -1", "[2, -1]"});
+  expect_throws<ShapeError>(
+      [] {
+        checked_numel({int64_t{1} << 40, int64_t{1} << 40}, "empty");
+      },
+      {"empty", "too many elements"});
 }
 
 TEST(Shape, NormalizeDim) {
   EXPECT_EQ(normalize_dim(-1, 3, "op"), 2);
   EXPECT_EQ(normalize_dim(0, 3, "op"), 0);
   EXPECT_EQ(normalize_dim(-3, 3, "op"), 0);
-  expect_throws<ShapeError>([] { normalize_dim(3, 3, "narrow", {2, 3, 4}); },
-                            {"narrow", "dim 3", "[2, 3, 4]"});
+  expect_throws<ShapeError>(
+      [] {
+        normalize_dim(3, 3, "narrow", {2, 3, 4});
+      },
+      {"narrow", "dim 3", "[2, 3, 4]"});
   expect_throws<ShapeError>([] { normalize_dim(-4, 3, "sum", {2, 3, 4}); }, {"sum", "dim -4"});
   expect_throws<ShapeError>([] { normalize_dim(0, 0, "select", {}); }, {"select", "0-d"});
 }
@@ -49,8 +58,11 @@ TEST(Shape, BroadcastShapes) {
   EXPECT_EQ(broadcast_shapes({}, {5}, "add"), (Shape{5}));
   EXPECT_EQ(broadcast_shapes({0, 1}, {1, 3}, "add"), (Shape{0, 3}));
   EXPECT_EQ(broadcast_shapes({1}, {0}, "add"), (Shape{0}));
-  expect_throws<ShapeError>([] { broadcast_shapes({2, 3}, {4, 3}, "mul"); },
-                            {"mul", "[2, 3]", "[4, 3]", "2 vs 4"});
+  expect_throws<ShapeError>(
+      [] {
+        broadcast_shapes({2, 3}, {4, 3}, "mul");
+      },
+      {"mul", "[2, 3]", "[4, 3]", "2 vs 4"});
   expect_throws<ShapeError>([] { broadcast_shapes({2}, {0}, "add"); }, {"add", "[2]", "[0]"});
 }
 
@@ -107,7 +119,8 @@ TEST(Storage, ConcurrentAllocationIsSafe) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([t] {
       for (int i = 0; i < 200; ++i) {
-        auto s = Storage::allocate((std::size_t{1} << 18) * static_cast<std::size_t>(1 + (i + t) % 5));
+        auto s =
+            Storage::allocate((std::size_t{1} << 18) * static_cast<std::size_t>(1 + (i + t) % 5));
         static_cast<char*>(s->data())[s->nbytes() - 1] = static_cast<char>(i);
       }
     });

@@ -144,8 +144,11 @@ TEST(Tensor, Split) {
   EXPECT_EQ(pieces[0].shape(), (Shape{2, 1}));
   EXPECT_EQ(pieces[1].shape(), (Shape{2, 0}));
   EXPECT_EQ(values(pieces[2]), (std::vector<double>{1, 2, 3, 4, 5, 7, 8, 9, 10, 11}));
-  expect_throws<ShapeError>([] { iota({5, 2}).split({2, 2}); },
-                            {"split", "[2, 2]", "add up to 4", "size 5", "[5, 2]"});
+  expect_throws<ShapeError>(
+      [] {
+        iota({5, 2}).split({2, 2});
+      },
+      {"split", "[2, 2]", "add up to 4", "size 5", "[5, 2]"});
   expect_throws<ShapeError>([] { iota({5}).split({7, -2}); }, {"split", "[7, -2]"});
 }
 
@@ -176,8 +179,11 @@ TEST(Tensor, ReshapeIsAViewWhenStridesAllowElseACopy) {
   EXPECT_EQ(s.reshape({1, 1, 1}).shape(), (Shape{1, 1, 1}));
   EXPECT_EQ(iota({0, 3}).reshape({3, -1, 5}).shape(), (Shape{3, 0, 5}));
   // Errors.
-  expect_throws<ShapeError>([&] { t.reshape({5, -1}); },
-                            {"reshape", "[5, -1]", "24 elements", "[2, 3, 4]"});
+  expect_throws<ShapeError>(
+      [&] {
+        t.reshape({5, -1});
+      },
+      {"reshape", "[5, -1]", "24 elements", "[2, 3, 4]"});
   expect_throws<ShapeError>([&] { t.reshape({-1, -1}); }, {"reshape", "only one", "-1"});
   expect_throws<ShapeError>([&] { t.reshape({25}); }, {"reshape", "[25]"});
   expect_throws<ShapeError>([&] { t.reshape({-2, 12}); }, {"reshape", "invalid size -2"});
@@ -216,7 +222,8 @@ TEST(Tensor, ReshapeViewMatchesCopyOnRandomViews) {
     } catch (const ShapeError&) {
       view_ok = false;
     }
-    EXPECT_EQ(r.storage() == t.storage(), view_ok) << shape_str(shape) << " -> " << shape_str(target);
+    EXPECT_EQ(r.storage() == t.storage(), view_ok)
+        << shape_str(shape) << " -> " << shape_str(target);
   }
 }
 
@@ -313,15 +320,39 @@ TEST(Tensor, CopyBroadcastsAndConvertsEveryDTypePair) {
           want.push_back(testing::round_to(
               dst_dtype, element(src, testing::broadcast_index(index, src_shape))));
         }
-        testing::expect_values(dst, want, 0, 0,
-                               fmt::format("copy_ {} {} ({}) into {} {} ({})", src_dtype,
-                                           shape_str(src_shape), testing::layout_name(src_layout),
-                                           dst_dtype, shape_str(shape),
-                                           testing::layout_name(dst_layout)));
+        testing::expect_values(
+            dst, want, 0, 0,
+            fmt::format("copy_ {} {} ({}) into {} {} ({})", src_dtype, shape_str(src_shape),
+                        testing::layout_name(src_layout), dst_dtype, shape_str(shape),
+                        testing::layout_name(dst_layout)));
         EXPECT_EQ(values(src), values(before_src));
       }
     }
   }
+}
+
+TEST(Tensor, TransposedCopiesOfLargeMatricesGoThroughTiles) {
+  // Big enough for Note [Transposed copies], with ragged tiles, batches, conversions, and the
+  // destination transposed instead of the source.
+  Gen gen(12);
+  const std::pair<DType, DType> conversions[] = {
+      {DType::F32, DType::F32}, {DType::BF16, DType::F32}, {DType::I32, DType::F64}};
+  for (auto [from, to] : conversions) {
+    const Tensor src = gen.tensor({3, 45, 70}, from, testing::Layout::Contiguous);
+    const Tensor t = src.transpose(1, 2).narrow(1, 1, 66);
+    Tensor dst = empty(t.shape(), to);
+    dst.copy_(t);
+    std::vector<double> want = values(t);
+    for (double& v : want) v = testing::round_to(to, v);
+    testing::expect_values(dst, want, 0, 0, fmt::format("{} -> {} transposed source", from, to));
+    Tensor back = empty({3, 45, 66}, to);
+    back.transpose(1, 2).copy_(dst);
+    testing::expect_values(back.transpose(1, 2), want, 0, 0,
+                           fmt::format("{} -> {} transposed destination", from, to));
+  }
+  // Large enough that the tiles are spread over threads.
+  const Tensor big = gen.tensor({1100, 1100}, DType::F32, testing::Layout::Transposed);
+  testing::expect_values(big.contiguous(), values(big), 0, 0, "1100 x 1100 transposed");
 }
 
 TEST(Tensor, CopyHandlesOverlapAndRejectsBadDestinations) {
@@ -335,11 +366,17 @@ TEST(Tensor, CopyHandlesOverlapAndRejectsBadDestinations) {
   Tensor same = iota({4});
   same.copy_(same);
   EXPECT_EQ(values(same), iota_values(4));
-  expect_throws<ShapeError>([] { iota({2, 3}).copy_(iota({3, 2})); },
-                            {"copy_", "[3, 2]", "[2, 3]"});
+  expect_throws<ShapeError>(
+      [] {
+        iota({2, 3}).copy_(iota({3, 2}));
+      },
+      {"copy_", "[3, 2]", "[2, 3]"});
   expect_throws<ShapeError>([] { iota({3}).copy_(iota({2, 3})); }, {"copy_", "[2, 3]", "[3]"});
-  expect_throws<ShapeError>([] { iota({1, 3}).expand({2, 3}).copy_(iota({2, 3})); },
-                            {"copy_", "expanded"});
+  expect_throws<ShapeError>(
+      [] {
+        iota({1, 3}).expand({2, 3}).copy_(iota({2, 3}));
+      },
+      {"copy_", "expanded"});
   expect_throws<Error>([] { iota({3}).copy_(Tensor()); }, {"copy_", "undefined"});
 }
 
@@ -369,8 +406,7 @@ TEST(Tensor, PrintingSummarizesLargeTensors) {
   EXPECT_NE(big.find("tensor([[1000., 1001., 1002., ..., 1037., 1038., 1039.],\n"),
             std::string::npos)
       << big;
-  EXPECT_NE(big.find("[2560., 2561., 2562., ..., 2597., 2598., 2599.]]"), std::string::npos)
-      << big;
+  EXPECT_NE(big.find("[2560., 2561., 2562., ..., 2597., 2598., 2599.]]"), std::string::npos) << big;
   EXPECT_NE(big.find("\n        ...,\n"), std::string::npos) << big;
   EXPECT_NE(big.find("shape=[40, 40], dtype=f32)"), std::string::npos);
   EXPECT_LT(big.size(), 450u);
