@@ -6,6 +6,8 @@
 #include <memory>
 #include <thread>
 
+#include <fmt/ranges.h>
+
 #include "collectives/cost_model.h"
 #include "collectives/trace.h"
 #include "core/env.h"
@@ -129,15 +131,6 @@ std::string_view error_type(const std::exception& e) {
   return "error";
 }
 
-// "0,1,2" (by hand: fmt's range formatter trips GCC 12's -Wstringop-overflow in fmt 9).
-std::string join(const std::vector<int>& values, std::string_view separator) {
-  std::string out;
-  for (size_t i = 0; i < values.size(); ++i) {
-    out += fmt::format("{}{}", i ? separator : std::string_view(), values[i]);
-  }
-  return out;
-}
-
 // "[rank 3] ", "[ranks 0-7] ", or the launcher's rank before a world exists.
 std::string rank_prefix(const World& world) {
   if (world.defined()) {
@@ -146,7 +139,7 @@ std::string rank_prefix(const World& world) {
     const bool consecutive =
         !held.empty() && held.back() - held.front() + 1 == static_cast<int>(held.size());
     if (consecutive) return fmt::format("[ranks {}-{}] ", held.front(), held.back());
-    return fmt::format("[ranks {}] ", join(held, ","));
+    return fmt::format("[ranks {}] ", fmt::join(held, ","));
   }
   try {
     if (auto launcher = detect_launcher()) return fmt::format("[rank {}] ", launcher->rank);
@@ -182,7 +175,7 @@ std::string trace_file_for(const World& world, const std::string& path) {
   if (world.held_ranks().size() == static_cast<size_t>(world.size())) return path;
   const std::string tag = world.held_ranks().size() == 1
                               ? fmt::format("rank{}", world.held_ranks()[0])
-                              : fmt::format("ranks{}", join(world.held_ranks(), "_"));
+                              : fmt::format("ranks{}", fmt::join(world.held_ranks(), "_"));
   const size_t slash = path.find_last_of('/');
   const size_t dot = path.find_last_of('.');
   if (dot == std::string::npos || (slash != std::string::npos && dot < slash) ||

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <type_traits>
 
+#include <fmt/ranges.h>
+
 #include "collectives/reduce_kernels.h"
 #include "collectives/validate.h"
 #include "core/check.h"
@@ -252,15 +254,6 @@ uint64_t shared_options_hash(const AllToAllSingleOptions&) {
   return 0;
 }
 
-// "0, 1, 2" (by hand: fmt's range formatter trips GCC 12's -Wstringop-overflow in fmt 9).
-std::string join(const std::vector<int>& values, std::string_view separator) {
-  std::string out;
-  for (size_t i = 0; i < values.size(); ++i) {
-    out += fmt::format("{}{}", i ? separator : std::string_view(), values[i]);
-  }
-  return out;
-}
-
 std::string_view base_name(std::string_view path) {
   const size_t slash = path.find_last_of('/');
   return slash == std::string_view::npos ? path : path.substr(slash + 1);
@@ -365,7 +358,7 @@ Call begin_call(CollectiveKind kind, Communicator& comm, const LocalTensor& x,
     throw_error<CommError>(
         "{}: the mpi backend runs one rank per process; this process holds rank {} but the "
         "input holds ranks {}",
-        call.describe(), rank, join(x.ranks(), ", "));
+        call.describe(), rank, x.ranks());
   }
   call.input = x.shards()[0].contiguous();
   call.type = mpi_type(call.input.dtype());
