@@ -173,8 +173,13 @@ std::shared_ptr<const OutputSharding> decide(const OpDef& op, SpecList inputs, c
 
 }  // namespace
 
-std::shared_ptr<const OutputSharding> propagate_sharding(const OpDef& op, SpecList inputs,
-                                                         const OpArgs& args) {
+namespace {
+
+// The cached decision. On a miss the key keeps the spec handles of `owners` (the input DTensors)
+// when given, else copies of the specs: keeping the callers' handles makes later lookups with the
+// same spec objects (every op output shares its cached spec) compare specs by pointer.
+std::shared_ptr<const OutputSharding> lookup(const OpDef& op, SpecList inputs, const OpArgs& args,
+                                             std::span<const DTensor* const> owners) {
   const KeyView view{&op, inputs, &args, key_hash(op, inputs, args)};
   ShardingCache& cache = sharding_cache();
   {
@@ -188,10 +193,20 @@ std::shared_ptr<const OutputSharding> propagate_sharding(const OpDef& op, SpecLi
   std::shared_ptr<const OutputSharding> decision = decide(op, inputs, args);
   Key key{&op, {}, args, view.hash};
   key.inputs.reserve(inputs.size());
-  for (const DTensorSpec* s : inputs) key.inputs.push_back(std::make_shared<const DTensorSpec>(*s));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    key.inputs.push_back(owners.empty() ? std::make_shared<const DTensorSpec>(*inputs[i])
+                                        : owners[i]->spec_ptr());
+  }
   std::lock_guard<std::mutex> lock(cache.mutex);
   cache.misses.fetch_add(1, std::memory_order_relaxed);
   return cache.map.emplace(std::move(key), std::move(decision)).first->second;
+}
+
+}  // namespace
+
+std::shared_ptr<const OutputSharding> propagate_sharding(const OpDef& op, SpecList inputs,
+                                                         const OpArgs& args) {
+  return lookup(op, inputs, args, {});
 }
 
 DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const OpArgs& args) {
@@ -206,16 +221,20 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
     }
     specs[i] = &inputs[i]->spec();
   }
-  std::shared_ptr<const OutputSharding> decision = propagate_sharding(op, SpecList(specs, n), args);
+  std::shared_ptr<const OutputSharding> decision = lookup(op, SpecList(specs, n), args, inputs);
 
-  LocalTensor locals[kMaxInputs];
+  LocalTensor moved[kMaxInputs];
+  const LocalTensor* locals[kMaxInputs];
   for (size_t i = 0; i < n; ++i) {
     const RedistributePlan* plan = decision->plans[i].get();
-    locals[i] = plan ? execute_redistribute(inputs[i]->to_local(), *specs[i], *plan)
-                     : inputs[i]->to_local();
+    if (plan) {
+      moved[i] = execute_redistribute(inputs[i]->to_local(), *specs[i], *plan);
+      locals[i] = &moved[i];
+    } else {
+      locals[i] = &inputs[i]->to_local();
+    }
   }
-  DTensor out(op.local(std::span<const LocalTensor>(locals, n), args, *decision->output),
-              decision->output);
+  DTensor out(op.local(LocalInputs(locals, n), args, *decision->output), decision->output);
   if (has_op_observers()) notify_op_observers(OpEvent{op.name, &op, args, inputs, out});
   return out;
 }

@@ -57,6 +57,18 @@ struct OpMeta {
 
 using SpecList = std::span<const DTensorSpec* const>;
 
+// The pieces an op computes on, by input position (a view: no LocalTensor is copied).
+class LocalInputs {
+ public:
+  LocalInputs(const LocalTensor* const* items, std::size_t n) : items_(items), size_(n) {}
+  const LocalTensor& operator[](std::size_t i) const { return *items_[i]; }
+  std::size_t size() const { return size_; }
+
+ private:
+  const LocalTensor* const* items_;
+  std::size_t size_;
+};
+
 struct OpDef {
   std::string_view name;
   // The output's global shape and dtype; throws (ShapeError, Unsupported) for bad inputs with a
@@ -65,8 +77,7 @@ struct OpDef {
   // Candidate strategies for these input specs; each must be correct for the op. At least one.
   std::vector<OpStrategy> (*strategies)(SpecList inputs, const OpArgs& args, const OpMeta& out);
   // The computation on the pieces, given inputs already laid out as the chosen strategy says.
-  LocalTensor (*local)(std::span<const LocalTensor> inputs, const OpArgs& args,
-                       const DTensorSpec& out);
+  LocalTensor (*local)(LocalInputs inputs, const OpArgs& args, const DTensorSpec& out);
   // The same op on full tensors.
   Tensor (*reference)(std::span<const Tensor> inputs, const OpArgs& args);
 };
@@ -74,7 +85,7 @@ struct OpDef {
 // The decision sharding propagation made for one cache key.
 struct OutputSharding {
   SpecPtr output;
-  std::vector<SpecPtr> input_specs;  // what each input is redistributed to (its own spec if none)
+  std::vector<SpecPtr> input_specs;  // what each input is redistributed to (null if unchanged)
   std::vector<std::shared_ptr<const RedistributePlan>> plans;  // null where nothing moves
   double cost_us = 0.0;
 };

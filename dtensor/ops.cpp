@@ -15,7 +15,7 @@
 namespace spmd {
 namespace {
 
-using Inputs = std::span<const LocalTensor>;
+using Inputs = LocalInputs;
 using Fulls = std::span<const Tensor>;
 
 const std::vector<OpStrategy> kNoStrategies;
