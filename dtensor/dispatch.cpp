@@ -143,8 +143,19 @@ std::shared_ptr<const OutputSharding> decide(const OpDef& op, SpecList inputs, c
 
   std::shared_ptr<OutputSharding> best;
   double best_score = std::numeric_limits<double>::infinity();
+  // An integer Partial(avg) truncates when reduced, so no op keeps one as it is.
+  auto keeps_integer_avg = [&](const OpStrategy& strategy) {
+    for (size_t t = 0; t < inputs.size(); ++t) {
+      if (is_floating(inputs[t]->dtype())) continue;
+      for (const Placement& p : strategy.inputs[t]) {
+        if (p == Placement{Partial{ReduceOp::Avg}}) return true;
+      }
+    }
+    return false;
+  };
   for (const OpStrategy& strategy : strategies) {
     SPMD_CHECK_EQ(strategy.inputs.size(), inputs.size());
+    if (keeps_integer_avg(strategy)) continue;
     auto candidate = std::make_shared<OutputSharding>();
     double score = 0.0;
     for (size_t t = 0; t < inputs.size(); ++t) {

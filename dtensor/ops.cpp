@@ -18,8 +18,6 @@ namespace {
 using Inputs = LocalInputs;
 using Fulls = std::span<const Tensor>;
 
-const std::vector<OpStrategy> kNoStrategies;
-
 Placements all_replicate(int mesh_ndim) {
   return Placements(static_cast<size_t>(mesh_ndim), Replicate{});
 }

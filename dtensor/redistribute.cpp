@@ -99,8 +99,10 @@ std::optional<StepKind> direct_kind(const Placement& from, const Placement& to) 
 }
 
 // Partials reduce innermost first; two Partials may reduce in either order when their ops
-// commute: sum with avg (both linear), any op with itself.
-bool partial_ops_commute(ReduceOp a, ReduceOp b) {
+// commute: any op with itself, and sum with avg, for floating dtypes; an integer avg truncates,
+// so it commutes with nothing, not even another avg.
+bool partial_ops_commute(ReduceOp a, ReduceOp b, DType dtype) {
+  if (!is_floating(dtype)) return a == b && a != ReduceOp::Avg;
   auto linear = [](ReduceOp op) { return op == ReduceOp::Sum || op == ReduceOp::Avg; };
   return a == b || (linear(a) && linear(b));
 }
@@ -131,7 +133,7 @@ bool step_valid(const Placements& state, const std::vector<int64_t>& mesh_shape,
       if ((a && a->dim == s->dim) || (b && b->dim == s->dim)) return false;
     }
     if (const Partial* q = std::get_if<Partial>(&state[j])) {
-      if (reduced && !partial_ops_commute(reduced->op, q->op)) return false;
+      if (reduced && !partial_ops_commute(reduced->op, q->op, dtype)) return false;
       if (partitioned && !partition_commutes(partitioned->op, q->op, dtype)) return false;
     }
   }

@@ -137,6 +137,68 @@ TEST(Redistribute, ExhaustiveKindsOn2x3Mesh) {
   }
 }
 
+// Integer data stays exact: the R -> P(sum) partition zeroes the other ranks instead of
+// dividing (Note [Redistribute steps]).
+TEST(Redistribute, IntegerPartialsAreExact) {
+  World world = testing::test_world(64);
+  auto mesh = testing::try_mesh(world, {2, 3});
+  if (!mesh) GTEST_SKIP() << "world too small";
+  const Placements kinds = {Shard{0},
+                            Shard{1},
+                            Replicate{},
+                            Partial{ReduceOp::Sum},
+                            Partial{ReduceOp::Avg},
+                            Partial{ReduceOp::Max},
+                            Partial{ReduceOp::Min}};
+  Tensor global = testing::int_valued({5, 4}, 21, DType::I64);
+  std::mt19937_64 rng(5);
+  for (int k = 0; k < 150; ++k) {
+    const Placements src = {kinds[rng() % kinds.size()], kinds[rng() % kinds.size()]};
+    const Placements dst = {kinds[rng() % kinds.size()], kinds[rng() % kinds.size()]};
+    SCOPED_TRACE(fmt::format("{} -> {}", to_string(src), to_string(dst)));
+    DTensor b = make_dtensor(global, *mesh, src, rng()).redistribute(dst);
+    EXPECT_EQ(b.dtype(), DType::I64);
+    EXPECT_TRUE(pieces_match(b, global));
+  }
+}
+
+// Sub-meshes and flattened meshes: every sibling group redistributes its own copy.
+TEST(Redistribute, SubMeshesAndFlattenedMeshes) {
+  World world = testing::test_world(64);
+  if (world.size() < 8) GTEST_SKIP() << "needs 8 ranks";
+  DeviceMesh mesh = init_device_mesh(world, {2, 4}, {"dp", "tp"});
+  Tensor global = testing::int_valued({7, 3}, 8);
+  for (const DeviceMesh& m : {mesh["tp"], mesh["dp"], mesh.flatten()}) {
+    SCOPED_TRACE(m.to_string());
+    DTensor x = distribute_tensor(global, m, {Shard{0}});
+    EXPECT_TRUE(pieces_match(x, global));
+    EXPECT_TRUE(pieces_match(x.redistribute({Shard{1}}), global));
+    EXPECT_TRUE(pieces_match(x.redistribute({Partial{}}).redistribute({Shard{0}}), global, 1e-5));
+    EXPECT_TRUE(equal(x.full_tensor(), global));
+  }
+}
+
+// The cost model reads the world's topology: a mesh dim spanning hosts uses the inter-host
+// link (from code or JSON).
+TEST(RedistributePlan, CostsFollowTheWorldTopology) {
+  World world = testing::test_world(64);
+  if (world.size() < 8) GTEST_SKIP() << "needs 8 ranks";
+  World w = world;
+  DeviceMesh mesh = init_device_mesh(w, {2, 4}, {"dp", "tp"});
+  DTensorSpec from(mesh, {Shard{0}, Replicate{}}, {1024, 1024}, DType::F32);
+  DTensorSpec to = from.with_placements({Replicate{}, Replicate{}});
+  const double one_host = plan_redistribute(from, to).cost_us;
+  w.set_topology(std::make_shared<Topology>(Topology::from_json(R"({"devices_per_host": 4})")));
+  const RedistributePlan two_hosts = plan_redistribute(from, to);
+  w.set_topology(nullptr);
+  ASSERT_EQ(two_hosts.steps.size(), 1u);
+  // dp groups {0, 4}, ... span the two hosts: 0.22x the bandwidth, 2.7 us per hop.
+  const double bytes = 1024.0 * 1024 * 4;
+  const double expected = 6.6 + 2.7 + bytes / (1 << 30) * 0.5 / (87.7 * 0.22) * 1e6;
+  EXPECT_NEAR(two_hosts.cost_us, expected, 1e-6);
+  EXPECT_GT(two_hosts.cost_us, 3 * one_host);
+}
+
 // ---- shard sizes (notes §4.1) -------------------------------------------------------------
 
 TEST(UnevenSharding, TorchChunkVectors) {
