@@ -18,7 +18,9 @@
 // spec) and the static arguments (dims, keepdim, scalars, shapes). A warm lookup hashes a few
 // precomputed values and compares specs (pointer equality first), so a cached op costs a map
 // lookup plus the shard-by-shard math. The cache is process-wide and thread-safe; hits and
-// misses are counted (sharding_cache_stats()).
+// misses are counted (sharding_cache_stats()). Like PyTorch's lru_cache(None) it is unbounded,
+// and its entries keep their specs (so their meshes and worlds) alive: clear_sharding_cache()
+// (and clear_redistribute_cache() for plans) drops them.
 #pragma once
 
 #include <cstddef>

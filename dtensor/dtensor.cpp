@@ -167,8 +167,7 @@ DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh,
                              });
 }
 
-// ---- from_local
-// ----------------------------------------------------------------------------------
+// ---- from_local --------------------------------------------------------------------------------
 
 namespace {
 
@@ -292,8 +291,7 @@ DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements place
   return DTensor(std::move(local), std::move(spec));
 }
 
-// ---- visualize_sharding
-// --------------------------------------------------------------------------
+// ---- visualize_sharding ------------------------------------------------------------------------
 
 std::string visualize_sharding(const DTensor& tensor) {
   const DTensorSpec& spec = tensor.spec();

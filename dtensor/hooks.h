@@ -31,7 +31,8 @@ namespace spmd {
 
 struct OpEvent {
   std::string_view op;  // "add", "matmul", ..., "redistribute"
-  const OpDef* def;     // the op's definition
+  // The op's definition. For "redistribute" only `reference` (the identity) is set.
+  const OpDef* def;
   const OpArgs& args;
   std::span<const DTensor* const> inputs;
   const DTensor& output;

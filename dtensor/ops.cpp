@@ -63,8 +63,7 @@ OpMeta same_shape_meta(const OpDef& op, SpecList in, const OpArgs& args) {
   return OpMeta{in[0]->shape(), probe_dtype(op, in, args)};
 }
 
-// ---- unary pointwise
-// -----------------------------------------------------------------------------
+// ---- unary pointwise ---------------------------------------------------------------------------
 
 enum class UnaryRule { None, Negation, NonDecreasing };
 
@@ -98,8 +97,7 @@ SPMD_UNARY_OPDEF_(relu, UnaryRule::NonDecreasing)
 SPMD_UNARY_OPDEF_(gelu, UnaryRule::None)
 #undef SPMD_UNARY_OPDEF_
 
-// ---- pointwise with a scalar
-// ---------------------------------------------------------------------
+// ---- pointwise with a scalar -------------------------------------------------------------------
 
 enum class ScalarOp { Add, Sub, RSub, Mul, Div, RDiv };
 
@@ -172,8 +170,7 @@ SPMD_SCALAR_OPDEF_(k_div_scalar, "div", ScalarOp::Div)
 SPMD_SCALAR_OPDEF_(k_rdiv_scalar, "rdiv", ScalarOp::RDiv)
 #undef SPMD_SCALAR_OPDEF_
 
-// ---- binary pointwise with broadcasting
-// ----------------------------------------------------------
+// ---- binary pointwise with broadcasting --------------------------------------------------------
 
 enum class BinaryOp { Add, Sub, Mul, Div, Maximum, Minimum };
 
@@ -219,8 +216,8 @@ std::vector<DimOption> binary_partial_options(BinaryOp op) {
   return out;
 }
 
-// The input dim of a shape of `in_ndim` dims aligned (broadcasting) with output dim o of an
-// `out_ndim`-dim result, or -1 when that input lacks it or broadcasts it from size 1.
+// The dim of input shape `in` that lines up (broadcasting, right-aligned) with dim o of the
+// result shape `out`, or -1 when the input lacks it or broadcasts it from size 1.
 int aligned_dim(const Shape& in, const Shape& out, int o) {
   const int d = o - static_cast<int>(out.size() - in.size());
   if (d < 0) return -1;
@@ -297,8 +294,7 @@ SPMD_BINARY_OPDEF_(k_maximum, "maximum", BinaryOp::Maximum)
 SPMD_BINARY_OPDEF_(k_minimum, "minimum", BinaryOp::Minimum)
 #undef SPMD_BINARY_OPDEF_
 
-// ---- matmul, bmm, addmm
-// --------------------------------------------------------------------------
+// ---- matmul, bmm, addmm ------------------------------------------------------------------------
 
 // Einsum labels of a matmul: per dim of a, b and the output; -1 marks a dim that is not sharded.
 struct Labels {
@@ -399,6 +395,7 @@ Shape matmul_shape(const Shape& a, const Shape& b, const char* name) {
   batch.push_back(b.back());
   return batch;
 }
+
 const OpDef k_matmul{
     "matmul",
     [](SpecList in, const OpArgs& a) {
@@ -457,8 +454,7 @@ const OpDef k_addmm{
     },
     [](Fulls in, const OpArgs& a) { return addmm(in[0], in[1], in[2], a.reals[0], a.reals[1]); }};
 
-// ---- reductions
-// ----------------------------------------------------------------------------------
+// ---- reductions --------------------------------------------------------------------------------
 
 enum class Reduction { Sum, Mean, Amax, Amin };
 
@@ -536,14 +532,12 @@ std::vector<OpStrategy> reduction_strategies(SpecList in, const OpArgs& args, co
   // mean gives P(avg) only when every piece of the reduced dims has the same size.
   std::vector<OpStrategy> even;
   for (OpStrategy& s : strategies) {
-    DTensorSpec required = in[0]->with_placements(s.inputs[0]);
     bool ok = true;
     for (int64_t d : dims) {
-      Shape logical = required.shape();
+      int64_t n = in[0]->shape()[static_cast<size_t>(d)];
       for (size_t i = 0; i < s.inputs[0].size(); ++i) {
         if (!is_shard(s.inputs[0][i], static_cast<int>(d))) continue;
-        const int64_t k = required.mesh_shape()[i];
-        int64_t& n = logical[static_cast<size_t>(d)];
+        const int64_t k = in[0]->mesh_shape()[i];
         if (n % k != 0) ok = false;
         n /= k;
       }
@@ -613,8 +607,7 @@ SPMD_REDUCTION_OPDEF_(amax, Reduction::Amax)
 SPMD_REDUCTION_OPDEF_(amin, Reduction::Amin)
 #undef SPMD_REDUCTION_OPDEF_
 
-// ---- softmax
-// -------------------------------------------------------------------------------------
+// ---- softmax -----------------------------------------------------------------------------------
 
 std::vector<OpStrategy> softmax_strategies(SpecList in, const OpArgs& args, const OpMeta&) {
   const int d = static_cast<int>(args.ints[0]);
@@ -623,6 +616,7 @@ std::vector<OpStrategy> softmax_strategies(SpecList in, const OpArgs& args, cons
     return p;
   });
 }
+
 const OpDef k_softmax{
     "softmax", [](SpecList in, const OpArgs& a) { return same_shape_meta(k_softmax, in, a); },
     softmax_strategies,
@@ -635,8 +629,8 @@ const OpDef k_log_softmax{
     [](Inputs in, const OpArgs& a, const DTensorSpec&) { return log_softmax(in[0], a.ints[0]); },
     [](Fulls in, const OpArgs& a) { return log_softmax(in[0], a.ints[0]); }};
 
-// ---- transpose
-// -----------------------------------------------------------------------------------
+// ---- transpose ---------------------------------------------------------------------------------
+
 const OpDef k_transpose{
     "transpose",
     [](SpecList in, const OpArgs& a) {
@@ -658,8 +652,7 @@ const OpDef k_transpose{
     },
     [](Fulls in, const OpArgs& a) { return in[0].transpose(a.ints[0], a.ints[1]); }};
 
-// ---- reshape
-// -------------------------------------------------------------------------------------
+// ---- reshape -----------------------------------------------------------------------------------
 
 struct ViewGroup {
   std::vector<int> in;
@@ -773,6 +766,7 @@ std::vector<OpStrategy> reshape_strategies(SpecList in, const OpArgs&, const OpM
     }
   }
 }
+
 const OpDef k_reshape{
     "reshape",
     [](SpecList in, const OpArgs& a) {
@@ -817,8 +811,7 @@ const OpDef k_reshape{
     },
     [](Fulls in, const OpArgs& a) { return in[0].reshape(a.ints); }};
 
-// ---- front ends
-// ----------------------------------------------------------------------------------
+// ---- front ends --------------------------------------------------------------------------------
 
 DTensor run(const OpDef& op, std::initializer_list<const DTensor*> inputs, OpArgs args = {}) {
   return dispatch(op, inputs, args);

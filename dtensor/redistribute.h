@@ -26,9 +26,9 @@
 // after i shards a tensor dim the step touches (nested sharding splits outer mesh dims first,
 // Note [Uneven sharding]); a step reducing a Partial on mesh dim i only when every Partial
 // after i reduces compatibly (Partials reduce innermost first; an op commutes with itself and
-// sum with avg, except that an integer avg truncates and commutes with nothing); and a partition only when the Partials after i keep it exact (dividing
-// by k breaks an inner product, ones break an inner sum). Steps on mesh dims of size 1 change
-// nothing and are left out.
+// sum with avg, except that an integer avg truncates and commutes with nothing); and a partition
+// only when the Partials after i keep it exact (dividing by k breaks an inner product, ones break
+// an inner sum). Steps on mesh dims of size 1 change nothing and are left out.
 //
 // Note [Greedy and min-cost planners]
 // The greedy planner is PyTorch's: walk mesh dims inner -> outer, sending a dim to Replicate
