@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <ostream>
@@ -575,33 +576,42 @@ int64_t logical_size(const Placements& state, const DTensorSpec& spec,
   return n;
 }
 
-// fn(index into info.ranks) for every held rank, as a PerRank.
+// One value per held rank, in info.ranks order, which is the order of the LocalTensor's shards
+// (execute_redistribute checks it).
+using RankValues = std::vector<int64_t>;
+
 template <class F>
-PerRank<int64_t> per_rank(const DTensorSpec::RankInfo& info, F&& fn) {
-  std::vector<int64_t> values;
+RankValues per_rank(const DTensorSpec::RankInfo& info, F&& fn) {
+  RankValues values;
   values.reserve(info.ranks.size());
-  bool uniform = true;
-  for (size_t r = 0; r < info.ranks.size(); ++r) {
-    values.push_back(fn(r));
-    uniform = uniform && values.back() == values.front();
+  for (size_t r = 0; r < info.ranks.size(); ++r) values.push_back(fn(r));
+  return values;
+}
+
+bool is_uniform(const RankValues& v) {
+  return std::all_of(v.begin(), v.end(), [&](int64_t x) { return x == v.front(); });
+}
+
+// fn(shard, r) for the shard of every held rank r; once when `amount` is uniform (so that a
+// replicated LocalTensor stays one buffer).
+LocalTensor per_shard(const LocalTensor& x, const RankValues& amount,
+                      const std::function<Tensor(const Tensor&, int64_t)>& fn) {
+  if (is_uniform(amount)) {
+    if (amount.front() == 0) return x;
+    return x.apply([&](const Tensor& t) { return fn(t, amount.front()); });
   }
-  if (uniform) return PerRank<int64_t>(values.front());
-  return PerRank<int64_t>(info.ranks, std::move(values));
+  std::vector<Tensor> out;
+  out.reserve(x.num_shards());
+  for (size_t r = 0; r < x.num_shards(); ++r) out.push_back(fn(x.shards()[r], amount[r]));
+  return LocalTensor(x, std::move(out));
 }
 
-bool all_zero(const PerRank<int64_t>& v) {
-  auto u = v.uniform();
-  return u && *u == 0;
+LocalTensor pad_after(const LocalTensor& x, int d, const RankValues& amount) {
+  return per_shard(x, amount, [d](const Tensor& t, int64_t n) { return pad(t, d, 0, n); });
 }
 
-LocalTensor pad_after(const LocalTensor& x, int d, const PerRank<int64_t>& amount) {
-  if (all_zero(amount)) return x;
-  return pad(x, d, PerRank<int64_t>(0), amount);
-}
-
-LocalTensor unpad_after(const LocalTensor& x, int d, const PerRank<int64_t>& amount) {
-  if (all_zero(amount)) return x;
-  return unpad(x, d, PerRank<int64_t>(0), amount);
+LocalTensor unpad_after(const LocalTensor& x, int d, const RankValues& amount) {
+  return per_shard(x, amount, [d](const Tensor& t, int64_t n) { return unpad(t, d, 0, n); });
 }
 
 LocalTensor run_step(const LocalTensor& x, const DTensorSpec& spec,
@@ -615,73 +625,67 @@ LocalTensor run_step(const LocalTensor& x, const DTensorSpec& spec,
     return per_rank(info,
                     [&](size_t r) { return logical_size(state, spec, info.coordinates[r], d, i); });
   };
+  // Padding a piece up to the chunk capacity, and the whole dim up to k chunks.
+  auto to_capacity = [&](const RankValues& len) {
+    return per_rank(info, [&](size_t r) {
+      return shard_capacity(len[r], k) - shard_size(len[r], k, coord(r));
+    });
+  };
+  auto to_k_chunks = [&](const RankValues& len) {
+    return per_rank(info, [&](size_t r) { return k * shard_capacity(len[r], k) - len[r]; });
+  };
   switch (step.kind) {
     case StepKind::AllGather: {
       const int d = std::get<Shard>(step.from).dim;
-      const PerRank<int64_t> len = logical(d);
-      const PerRank<int64_t> pad_by = per_rank(info, [&](size_t r) {
-        const int64_t n = len.at(info.ranks[r]);
-        return shard_capacity(n, k) - shard_size(n, k, coord(r));
-      });
-      const PerRank<int64_t> unpad_by =
-          len.map([&](int64_t n) { return k * shard_capacity(n, k) - n; });
-      LocalTensor y = all_gather(pad_after(x, d, pad_by), mesh, i, d);
-      return unpad_after(y, d, unpad_by);
+      const RankValues len = logical(d);
+      LocalTensor y = all_gather(pad_after(x, d, to_capacity(len)), mesh, i, d);
+      return unpad_after(y, d, to_k_chunks(len));
     }
     case StepKind::LocalChunk: {
       const int d = std::get<Shard>(step.to).dim;
-      const PerRank<int64_t> len = logical(d);
-      return x.map([&](int rank, const Tensor& t) {
-        const size_t r = info.index_of(rank);
-        const int64_t n = len.at(rank);
-        return t.narrow(d, shard_offset(n, k, coord(r)), shard_size(n, k, coord(r)));
-      });
+      const RankValues len = logical(d);
+      std::vector<Tensor> out;
+      out.reserve(x.num_shards());
+      for (size_t r = 0; r < x.num_shards(); ++r) {
+        out.push_back(x.shards()[r].narrow(d, shard_offset(len[r], k, coord(r)),
+                                           shard_size(len[r], k, coord(r))));
+      }
+      return LocalTensor(x, std::move(out));
     }
     case StepKind::AllToAll: {
       const int a = std::get<Shard>(step.from).dim;
       const int b = std::get<Shard>(step.to).dim;
-      const PerRank<int64_t> len_a = logical(a);
-      const PerRank<int64_t> len_b = logical(b);
-      const PerRank<int64_t> pad_a = per_rank(info, [&](size_t r) {
-        const int64_t n = len_a.at(info.ranks[r]);
-        return shard_capacity(n, k) - shard_size(n, k, coord(r));
-      });
-      const PerRank<int64_t> pad_b =
-          len_b.map([&](int64_t n) { return k * shard_capacity(n, k) - n; });
-      const PerRank<int64_t> unpad_a =
-          len_a.map([&](int64_t n) { return k * shard_capacity(n, k) - n; });
-      const PerRank<int64_t> unpad_b = per_rank(info, [&](size_t r) {
-        const int64_t n = len_b.at(info.ranks[r]);
-        return shard_capacity(n, k) - shard_size(n, k, coord(r));
-      });
-      LocalTensor y = pad_after(pad_after(x, a, pad_a), b, pad_b);
+      const RankValues len_a = logical(a);
+      const RankValues len_b = logical(b);
+      LocalTensor y = pad_after(pad_after(x, a, to_capacity(len_a)), b, to_k_chunks(len_b));
       y = all_to_all(y, mesh, i, /*split_dim=*/b, /*concat_dim=*/a);
-      return unpad_after(unpad_after(y, a, unpad_a), b, unpad_b);
+      return unpad_after(unpad_after(y, a, to_k_chunks(len_a)), b, to_capacity(len_b));
     }
     case StepKind::AllReduce:
       return all_reduce(x, mesh, i, std::get<Partial>(step.from).op);
     case StepKind::ReduceScatter: {
       const int d = std::get<Shard>(step.to).dim;
-      const PerRank<int64_t> len = logical(d);
-      const PerRank<int64_t> pad_by =
-          len.map([&](int64_t n) { return k * shard_capacity(n, k) - n; });
-      const PerRank<int64_t> unpad_by = per_rank(info, [&](size_t r) {
-        const int64_t n = len.at(info.ranks[r]);
-        return shard_capacity(n, k) - shard_size(n, k, coord(r));
-      });
-      LocalTensor y =
-          reduce_scatter(pad_after(x, d, pad_by), mesh, i, std::get<Partial>(step.from).op, d);
-      return unpad_after(y, d, unpad_by);
+      const RankValues len = logical(d);
+      LocalTensor y = reduce_scatter(pad_after(x, d, to_k_chunks(len)), mesh, i,
+                                     std::get<Partial>(step.from).op, d);
+      return unpad_after(y, d, to_capacity(len));
     }
     case StepKind::LocalPartition: {
       const ReduceOp op = std::get<Partial>(step.to).op;
       if (op == ReduceOp::Avg || op == ReduceOp::Min || op == ReduceOp::Max) return x;
       if (op == ReduceOp::Sum && is_floating(x.dtype())) return x / static_cast<double>(k);
       const bool sum = op == ReduceOp::Sum;
-      return x.map([&](int rank, const Tensor& t) {
-        if (coord(info.index_of(rank)) == 0) return t;
-        return sum ? zeros(t.shape(), t.dtype()) : ones(t.shape(), t.dtype());
-      });
+      std::vector<Tensor> out;
+      out.reserve(x.num_shards());
+      for (size_t r = 0; r < x.num_shards(); ++r) {
+        const Tensor& t = x.shards()[r];
+        if (coord(r) == 0) {
+          out.push_back(t);
+        } else {
+          out.push_back(sum ? zeros(t.shape(), t.dtype()) : ones(t.shape(), t.dtype()));
+        }
+      }
+      return LocalTensor(x, std::move(out));
     }
   }
   SPMD_CHECK_MSG(false, "unknown step kind");
