@@ -209,7 +209,7 @@ void compute_group(GroupView& g, const AllToAllOptions& o) {
 }
 
 void compute_group(GroupView& g, const AllToAllSingleOptions& o) {
-  check_group_splits(g.call, g.inputs, options);
+  check_group_splits(g.call, g.inputs, o);
   const int64_t n = g.size();
   std::vector<Tensor> keep;
   std::vector<const Tensor*> in = contiguous_inputs(g.inputs, keep);
@@ -296,6 +296,12 @@ void compute_group(GroupView& g, const PermuteOptions& o) {
       const Tensor& own = *g.inputs[static_cast<size_t>(k)];
       *g.outputs[static_cast<size_t>(k)] = zeros(own.shape(), own.dtype());
     }
+  }
+}
+
+void compute_group(GroupView& g, const BarrierOptions&) {
+  for (int64_t k = 0; k < g.size(); ++k) {
+    *g.outputs[static_cast<size_t>(k)] = *g.inputs[static_cast<size_t>(k)];
   }
 }
 

@@ -118,4 +118,10 @@ WorkPtr SimBackend::permute(Communicator& comm, const LocalTensor& x, const Perm
                     [&](GroupView& g) { compute_group(g, options); });
 }
 
+WorkPtr SimBackend::barrier(Communicator& comm, const LocalTensor& x, const BarrierOptions& options,
+                            const CallSite& site) {
+  return run_groups(CollectiveKind::Barrier, comm, x, site,
+                    [&](GroupView& g) { compute_group(g, options); });
+}
+
 }  // namespace spmd
