@@ -1,0 +1,139 @@
+// examples/fsdp_tp_2d.cpp: 2-D parallelism, FSDP over dp and tensor parallelism over tp, on a
+// mesh made by concatenating the dp and tp sub-meshes of a larger mesh.
+//
+//   ./fsdp_tp_2d                                   # sim: 8 ranks, root mesh (pp=2, dp=2, tp=2)
+//   mpirun -n 8 ./fsdp_tp_2d --spmd-backend=mpi    # the same digest
+//
+// Why concatenate: a training job's root mesh has more dims than FSDP needs (here a pipeline dim
+// pp). FSDP+TP wants the 2-D (dp, tp) mesh of the ranks it shares parameters with. PyTorch first
+// sliced that out of the root mesh; concatenate({mesh["dp"], mesh["tp"]}) builds it from the two
+// 1-D meshes FSDP and TP already hold (pytorch/pytorch "[DeviceMesh][2D] Use concatenate for 2D
+// (FSDP+TP)"). The result is one (dp, tp) mesh per pp coordinate: its sibling meshes (Note
+// [Sub-meshes and siblings], mesh/device_mesh.h). Each pipeline stage trains its own copy of the
+// layer here; examples/pipeline.cpp shows stages passing activations.
+//
+// The layer y = tanh(x W1) W2. Each parameter is stored as its FSDP shard of its TP block:
+//   W1 [H, F]  placements (S(0), S(1)) on (dp, tp): columns over tp (column-parallel), and each
+//              column block's rows over dp (FSDP)
+//   W2 [F, H]  placements (S(1), S(0)): rows over tp (row-parallel), columns over dp (FSDP)
+// A step: all_gather over dp (the TP blocks, before use); forward with one all_reduce over tp;
+// backward; reduce_scatter over dp of the gradients (each rank keeps its FSDP shard's sum);
+// SGD on the shards. Checked against the same step on full tensors.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <spmd/spmd.h>
+
+using namespace spmd;
+
+namespace {
+
+constexpr int64_t kBatch = 8;
+constexpr int64_t kHidden = 8;
+constexpr int64_t kFfn = 16;
+constexpr double kLr = 0.1;
+constexpr double kTolerance = 1e-5;
+
+int fsdp_tp_2d(World& world) {
+  if (world.size() % 4 != 0) {
+    throw_error<ConfigError>("fsdp_tp_2d needs a world size divisible by 4, got {}", world.size());
+  }
+  const int64_t pp = world.size() / 4;
+  const DeviceMesh root = init_device_mesh(world, {pp, 2, 2}, {"pp", "dp", "tp"});
+  const DeviceMesh mesh = concatenate({root["dp"], root["tp"]});
+  // The universe caches communicators by the dim's layout: the concatenated mesh's dp dim is
+  // root's dp dim, so FSDP reuses the communicator the root mesh made. (Every process asks: under
+  // a real backend, making a communicator is collective.)
+  const bool shared_comm = communicator(mesh, "dp") == communicator(root, "dp");
+  auto groups_str = [](const std::vector<std::vector<int>>& groups) {
+    std::string out;
+    for (const std::vector<int>& g : groups) out += (out.empty() ? "" : " ") + ranks_str(g);
+    return out;
+  };
+  if (world.is_coordinator()) {
+    fmt::print("fsdp_tp_2d: FSDP over dp and TP over tp, {} ranks, backend {}\n\n", world.size(),
+               world.backend_name());
+    fmt::print("root mesh, layout {}:\n{}\n", root.layout(), root.to_grid());
+    fmt::print("concatenate({{root[\"dp\"], root[\"tp\"]}}) = {}  layout {}\n", mesh,
+               mesh.layout());
+    fmt::print("  one (dp, tp) mesh per pipeline stage ({} siblings):\n{}\n", mesh.num_siblings(),
+               mesh.to_grid());
+    fmt::print("  equals root[{{\"dp\", \"tp\"}}]: {}\n", mesh == root[{"dp", "tp"}]);
+    fmt::print("  dp groups {}\n  tp groups {}\n", groups_str(mesh.groups("dp")),
+               groups_str(mesh.groups("tp")));
+    fmt::print("  communicator of dp is the root's: {}\n\n", shared_comm);
+  }
+
+  const Placements batch = {Shard{0}, Replicate{}};
+  const Placements w1_placements = {Shard{0}, Shard{1}};
+  const Placements w2_placements = {Shard{1}, Shard{0}};
+  const DTensor x = randn({kBatch, kHidden}, mesh, batch, /*seed=*/11);
+  const DTensor target = randn({kBatch, kHidden}, mesh, batch, /*seed=*/12);
+  const DTensor w1 = randn({kHidden, kFfn}, mesh, w1_placements, /*seed=*/13) *
+                     (1.0 / std::sqrt(static_cast<double>(kHidden)));
+  const DTensor w2 = randn({kFfn, kHidden}, mesh, w2_placements, /*seed=*/14) *
+                     (1.0 / std::sqrt(static_cast<double>(kFfn)));
+  if (world.is_coordinator()) {
+    fmt::print("W1 {} {} (each rank stores 1/{} of it):\n{}\n\n", shape_str(w1.shape()),
+               to_string(w1.placements()), mesh.size(), visualize_sharding(w1));
+    fmt::print("W2 {} {}:\n{}\n\n", shape_str(w2.shape()), to_string(w2.placements()),
+               visualize_sharding(w2));
+  }
+
+  trace().clear();
+  // FSDP: gather the TP blocks over dp just before use.
+  const LocalTensor w1_block = all_gather(w1.to_local(), mesh, "dp", /*gather_dim=*/0);
+  const LocalTensor w2_block = all_gather(w2.to_local(), mesh, "dp", /*gather_dim=*/1);
+  // TP forward: column-parallel then row-parallel.
+  const LocalTensor xs = x.to_local();
+  const LocalTensor a = tanh(matmul(xs, w1_block));
+  const LocalTensor y = all_reduce(matmul(a, w2_block), mesh, "tp");
+  const double numel = static_cast<double>(kBatch * kHidden);
+  const LocalTensor diff = y - target.to_local();
+  // Backward. Each dp rank's gradient covers its part of the batch; reduce_scatter sums them and
+  // leaves each rank the FSDP shard it stores.
+  const LocalTensor dy = diff * (2.0 / numel);
+  const LocalTensor dw2_block = matmul(a.transpose(0, 1), dy);
+  const LocalTensor dh = matmul(dy, w2_block.transpose(0, 1)) * (1.0 - a * a);
+  const LocalTensor dw1_block = matmul(xs.transpose(0, 1), dh);
+  const LocalTensor dw1 = reduce_scatter(dw1_block, mesh, "dp", ReduceOp::Sum, /*scatter_dim=*/0);
+  const LocalTensor dw2 = reduce_scatter(dw2_block, mesh, "dp", ReduceOp::Sum, /*scatter_dim=*/1);
+  const DTensor w1_new =
+      DTensor::from_local(w1.to_local() - dw1 * kLr, mesh, w1_placements, w1.shape());
+  const DTensor w2_new =
+      DTensor::from_local(w2.to_local() - dw2 * kLr, mesh, w2_placements, w2.shape());
+  if (world.is_coordinator()) {
+    fmt::print("collectives of the step:\n{}\n", trace().summary_table());
+  }
+
+  // The same step on full tensors.
+  const Tensor xf = x.full_tensor();
+  const Tensor w1f = w1.full_tensor();
+  const Tensor w2f = w2.full_tensor();
+  const Tensor af = tanh(matmul(xf, w1f));
+  const Tensor yf = matmul(af, w2f);
+  const Tensor dyf = (yf - target.full_tensor()) * (2.0 / numel);
+  const Tensor dhf = matmul(dyf, w2f.transpose(0, 1)) * (1.0 - af * af);
+  const Tensor w1_ref = w1f - matmul(xf.transpose(0, 1), dhf) * kLr;
+  const Tensor w2_ref = w2f - matmul(af.transpose(0, 1), dyf) * kLr;
+  const double err_y = max_abs_diff(DTensor::from_local(y, mesh, batch).full_tensor(), yf);
+  const double err_w1 = max_abs_diff(w1_new.full_tensor(), w1_ref);
+  const double err_w2 = max_abs_diff(w2_new.full_tensor(), w2_ref);
+  const double worst = std::max({err_y, err_w1, err_w2});
+  const bool pass = worst <= kTolerance;
+  if (world.is_coordinator()) {
+    fmt::print("max |error| against full tensors: y {:.3g}, W1 {:.3g}, W2 {:.3g}\n", err_y, err_w1,
+               err_w2);
+    fmt::print("check: {} (tolerance {:.0e})\n", pass ? "PASS" : "FAIL", kTolerance);
+  }
+  print_digest(world, {y, w1_new.to_local(), w2_new.to_local()});
+  return pass ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return launch(argc, argv, fsdp_tp_2d);
+}

@@ -1,0 +1,97 @@
+// The example programs as processes under sim: each one's check passes at the world sizes it
+// supports, and it prints what its banner promises (tp_mlp is what scripts/demo shows first).
+// The digest tests (CMakeLists.txt) compare the same programs under mpirun.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/support/run_command.h"
+
+namespace spmd {
+namespace {
+
+using testing::CommandResult;
+using testing::run_command;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// `text` with every run of spaces as one space, so expectations do not depend on column widths.
+std::string squeeze(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == ' ' && !out.empty() && out.back() == ' ') continue;
+    out += c;
+  }
+  return out;
+}
+
+CommandResult run_example(const std::string& name, int world_size) {
+  return run_command(std::string(SPMD_EXAMPLES_DIR) + "/" + name +
+                     " --spmd-world-size=" + std::to_string(world_size));
+}
+
+// Runs `name` on `world_size` ranks; it must exit 0, pass its check, print one digest and every
+// line of `expected`.
+void expect_passes(const std::string& name, int world_size,
+                   const std::vector<std::string>& expected = {}) {
+  const CommandResult r = run_example(name, world_size);
+  const std::string where = name + " on " + std::to_string(world_size) + " ranks:\n" + r.output;
+  EXPECT_EQ(r.exit_code, 0) << where;
+  EXPECT_TRUE(contains(r.output, "check: PASS")) << where;
+  EXPECT_FALSE(contains(r.output, "FAIL")) << where;
+  EXPECT_TRUE(contains(r.output, "\ndigest: ")) << where;
+  for (const std::string& line : expected) {
+    EXPECT_TRUE(contains(squeeze(r.output), squeeze(line))) << line << "\n" << where;
+  }
+}
+
+TEST(Examples, TpMlpShowsMeshShardingForwardBackwardTraceAndCheck) {
+  expect_passes("tp_mlp", 8,
+                {"DeviceMesh((dp=2, tp=4), stride=(4, 1))", "== sharding",
+                 "R,S(1): column-parallel", "R,S(0): row-parallel", "h = x @ W1          S(0),S(1)",
+                 "z = tanh(h) @ W2    S(0),P(sum)", "y = z.redistribute  S(0),R", "== backward",
+                 "== collectives of the step (this process's trace; estimates on the default "
+                 "topology, 8 devices per host)",
+                 "all_reduce", "estimated us", "W2 after SGD"});
+  expect_passes("tp_mlp", 4, {"DeviceMesh((dp=2, tp=2), stride=(2, 1))"});
+  expect_passes("tp_mlp", 2);
+}
+
+TEST(Examples, TpMlpRejectsAnOddWorld) {
+  const CommandResult r = run_example("tp_mlp", 3);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "even world size, got 3")) << r.output;
+}
+
+TEST(Examples, FsdpTp2dConcatenatesTheDpAndTpSubmeshes) {
+  expect_passes("fsdp_tp_2d", 8,
+                {"concatenate({root[\"dp\"], root[\"tp\"]}) = DeviceMesh((dp=2, tp=2)",
+                 "equals root[{\"dp\", \"tp\"}]: true", "communicator of dp is the root's: true",
+                 "reduce_scatter", "all_gather"});
+  expect_passes("fsdp_tp_2d", 4);
+  expect_passes("fsdp_tp_2d", 12);
+}
+
+TEST(Examples, ExpertParallelMeshReusesCommunicatorsOfCoincidingGroups) {
+  expect_passes("expert_parallel_mesh", 8,
+                {"moe ep          = dense cp                     reused (dense cp)",
+                 "moe ep_tp       = dense tp                     reused (dense tp)",
+                 "moe_wide ep     [0, 2, 4, 6] [1, 3, 5, 7]      new",
+                 "communicators in the cache: 3 after dense, 3 after moe, 4 after moe_wide",
+                 "all_to_all_single"});
+  expect_passes("expert_parallel_mesh", 4);
+  expect_passes("expert_parallel_mesh", 16);
+}
+
+TEST(Examples, PipelineRunsEveryMicrobatchThroughEveryStage) {
+  expect_passes("pipeline", 8,
+                {"4 stages x 4 microbatches", "bubble: 12 of 28 stage-ticks idle", "permute"});
+  expect_passes("pipeline", 4);
+  expect_passes("pipeline", 6);
+}
+
+}  // namespace
+}  // namespace spmd
