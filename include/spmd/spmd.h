@@ -24,6 +24,8 @@
 #include "core/check.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "debug/trace_diff.h"
+#include "debug/trace_file.h"
 #include "dtensor/dispatch.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/hooks.h"
