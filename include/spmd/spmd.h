@@ -26,6 +26,7 @@
 #include "core/parallel.h"
 #include "debug/trace_diff.h"
 #include "debug/trace_file.h"
+#include "debug/visualize.h"
 #include "dtensor/dispatch.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/hooks.h"
