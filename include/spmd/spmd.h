@@ -24,6 +24,7 @@
 #include "core/check.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "debug/checks.h"
 #include "debug/trace_diff.h"
 #include "debug/trace_file.h"
 #include "debug/visualize.h"
