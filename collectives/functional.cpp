@@ -2,6 +2,7 @@
 // communicator, check each held rank's input, record the trace event, run the backend.
 #include "collectives/functional.h"
 
+#include <atomic>
 #include <vector>
 
 #include "collectives/cost_model.h"
@@ -12,14 +13,23 @@
 
 namespace spmd {
 
-Async<LocalTensor>::Async(WorkPtr work, std::function<void()> on_complete)
+namespace {
+std::atomic<CollectiveObserver> g_observer{nullptr};
+}  // namespace
+
+void set_collective_observer(CollectiveObserver observer) {
+  g_observer.store(observer, std::memory_order_relaxed);
+}
+
+Async<LocalTensor>::Async(WorkPtr work, std::function<void(const LocalTensor&)> on_complete)
     : work_(std::move(work)), on_complete_(std::move(on_complete)) {}
 
 LocalTensor Async<LocalTensor>::wait() {
   work_->wait();
   if (on_complete_) {
-    on_complete_();
+    auto on_complete = std::move(on_complete_);
     on_complete_ = nullptr;
+    on_complete(work_->result());
   }
   return work_->result();
 }
@@ -181,8 +191,18 @@ Async<LocalTensor> run_async(CollectiveKind kind, const LocalTensor& x, const De
                              Issue&& issue) {
   Issued issued = issue_call(kind, x, mesh, dim, options, loc, issue);
   const uint64_t id = issued.trace_id;
+  CollectiveObserver observer = g_observer.load(std::memory_order_relaxed);
+  if (observer != nullptr) [[unlikely]] {
+    return Async<LocalTensor>(std::move(issued.work), [id, observer, kind, x, world = mesh.world(),
+                                                       dim_name = mesh.dim_name(mesh.resolve(dim)),
+                                                       loc](const LocalTensor& result) {
+      if (id != UINT64_MAX) trace().finish(id);
+      observer(CollectiveEvent{kind, world, dim_name, loc, x, result});
+    });
+  }
   if (id == UINT64_MAX) return Async<LocalTensor>(std::move(issued.work), nullptr);
-  return Async<LocalTensor>(std::move(issued.work), [id] { trace().finish(id); });
+  return Async<LocalTensor>(std::move(issued.work),
+                            [id](const LocalTensor&) { trace().finish(id); });
 }
 
 // The synchronous form: waits and moves the result out of the only Work handle.
@@ -192,7 +212,11 @@ LocalTensor run_sync(CollectiveKind kind, const LocalTensor& x, const DeviceMesh
   Issued issued = issue_call(kind, x, mesh, dim, options, loc, issue);
   issued.work->wait();
   if (issued.trace_id != UINT64_MAX) trace().finish(issued.trace_id);
-  return issued.work->take_result();
+  LocalTensor result = issued.work->take_result();
+  if (CollectiveObserver observer = g_observer.load(std::memory_order_relaxed)) [[unlikely]] {
+    observer(CollectiveEvent{kind, mesh.world(), mesh.dim_name(mesh.resolve(dim)), loc, x, result});
+  }
+  return result;
 }
 
 #define SPMD_ISSUE_(method)                                                                 \

@@ -37,7 +37,7 @@ class Async;
 template <>
 class Async<LocalTensor> {
  public:
-  Async(WorkPtr work, std::function<void()> on_complete);
+  Async(WorkPtr work, std::function<void(const LocalTensor&)> on_complete);
   // Blocks until the collective finished and returns what the synchronous call returns.
   // Subsequent calls return the same result.
   LocalTensor wait();
@@ -45,8 +45,23 @@ class Async<LocalTensor> {
 
  private:
   WorkPtr work_;
-  std::function<void()> on_complete_;  // closes the trace event; runs once
+  // Closes the trace event and shows the result to the collective observer; runs once.
+  std::function<void(const LocalTensor&)> on_complete_;
 };
+
+// One finished collective, as the collective observer sees it.
+struct CollectiveEvent {
+  CollectiveKind kind;
+  const World& world;
+  const std::string& dim_name;
+  const std::source_location& location;
+  const LocalTensor& input;
+  const LocalTensor& output;
+};
+// Sees every collective's result on the thread that waited for it, while set: the hook of
+// --spmd-debug=nan (debug/). Null (the default) costs one relaxed atomic load per call.
+using CollectiveObserver = void (*)(const CollectiveEvent& event);
+void set_collective_observer(CollectiveObserver observer);
 
 // The communicator of `mesh`'s dim `dim` (created and cached on first use).
 std::shared_ptr<Communicator> communicator(const DeviceMesh& mesh, MeshDim dim,

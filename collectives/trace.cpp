@@ -108,6 +108,11 @@ std::size_t Trace::num_events() const {
   return ring_.size();
 }
 
+uint64_t Trace::first_event_id() const {
+  std::lock_guard lock(mutex_);
+  return first_id_;
+}
+
 std::vector<TraceSummaryRow> Trace::summary() const {
   std::lock_guard lock(mutex_);
   return summary_;

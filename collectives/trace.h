@@ -5,6 +5,24 @@
 // records() expands events into one TraceRecord per (rank, call): the schema shared by the Chrome
 // trace export, the summary table, the flight-recorder dump and `spmd trace diff` (debug/).
 // Under real backends the trace is a ring buffer of the last N events (the flight recorder).
+//
+// Note [Flight recorder]
+// Under a real backend (mpi, nccl) launch() keeps the last SPMD_FLIGHT_RECORDER_SIZE events
+// (default 2000; 0 turns the recorder off) unless --spmd-trace asks for all of them, and when
+// the program fails it dumps them: dump_flight_recorder(world, reason) writes this process's
+// records, oldest first, to SPMD_FLIGHT_RECORDER_FILE (default
+// $TMPDIR/spmd_flight_recorder.json, TMPDIR defaulting to /tmp) with the rank inserted as for
+// trace files (spmd_flight_recorder.rank3.json), and prints the last few to stderr. The NCCL
+// watchdog calls it on a timeout. The file is the Chrome trace JSON of
+// Trace::to_chrome_json (it opens in Perfetto) with the same record args, plus
+//   "state": "completed" | "pending"   per record (pending: issued, never finished: a hang shows
+//                                     up as each rank's last, pending, call)
+//   "otherData": {"producer": "spmdsim", "kind": "flight_recorder", "reason": "...",
+//                 "ranks": [3], "world_size": 8, "backend": "mpi", "capacity": 2000,
+//                 "first_event": 1234}
+// where first_event is the number of this process's events dropped before the oldest one in
+// the file (non-zero: the history is truncated). debug/trace_file.h reads such files back and
+// debug/trace_diff.h compares them with another run's trace.
 #pragma once
 
 #include <cstddef>
@@ -14,6 +32,7 @@
 #include <optional>
 #include <source_location>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "collectives/types.h"
@@ -22,6 +41,8 @@
 #include "tensor/shape.h"
 
 namespace spmd {
+
+class World;  // sim/world.h
 
 // One rank's part in one collective call.
 struct TraceParticipant {
@@ -104,6 +125,8 @@ class Trace {
 
   std::vector<TraceEvent> events() const;
   std::size_t num_events() const;
+  // Events dropped (capacity) or cleared before the oldest one held: the id of that event.
+  uint64_t first_event_id() const;
   // One record per (participating rank, call), ordered by rank, then by issue order.
   std::vector<TraceRecord> records() const;
   // Running totals, in first-seen order.
@@ -134,5 +157,20 @@ class Trace {
 
 // The process's trace.
 Trace& trace();
+
+// ---- the flight recorder (Note [Flight recorder]; defined in debug/flight_recorder.cpp) ------
+
+// SPMD_FLIGHT_RECORDER_SIZE, or 2000 when unset. ConfigError for a value that is not a
+// non-negative integer.
+std::size_t flight_recorder_size();
+// The file dump_flight_recorder writes for `world`'s ranks.
+std::string flight_recorder_file(const World& world);
+// Writes the last flight_recorder_size() events of the ranks `world` holds to
+// flight_recorder_file(world) and prints the last few to stderr, each line prefixed with the
+// rank, `reason` (e.g. "timeout after 600 s in all_reduce over 'tp'") first. Returns the path
+// written, or "" when the recorder is off (size 0) or the file cannot be written (said on stderr:
+// a dump happens on a failure path and never throws). Safe to call from a watchdog thread while
+// other threads record.
+std::string dump_flight_recorder(const World& world, std::string_view reason);
 
 }  // namespace spmd

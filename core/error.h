@@ -39,8 +39,14 @@ class CommError : public Error {
   using Error::Error;
 };
 // Per-rank values whose answer differs between ranks where one answer is needed (a PerRank
-// comparison, reconcile() of shards that differ, a replica that diverged).
+// comparison, reconcile() of shards that differ, a replica that diverged), or a sharded op whose
+// result differs from the same op on the full tensors (--spmd-debug=check).
 class DivergenceError : public Error {
+  using Error::Error;
+};
+// An op or collective produced NaN or Inf (--spmd-debug=nan); the message names the op, the
+// rank and the index.
+class NonFiniteError : public Error {
   using Error::Error;
 };
 // Ranks of one group issued different collectives (op, shape, dtype, root, ...), or a rank never

@@ -291,33 +291,4 @@ DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements place
   return DTensor(std::move(local), std::move(spec));
 }
 
-// ---- visualize_sharding ------------------------------------------------------------------------
-
-std::string visualize_sharding(const DTensor& tensor) {
-  const DTensorSpec& spec = tensor.spec();
-  const DeviceMesh& mesh = spec.mesh();
-  std::string out = fmt::format("DTensor {} {} placements {} on {}", shape_str(spec.shape()),
-                                spec.dtype(), to_string(spec.placements()), mesh.to_string());
-  const int world_size = mesh.world().size();
-  for (int rank = 0; rank < world_size; ++rank) {
-    auto coordinate = mesh.coordinate_of(rank);
-    if (!coordinate) continue;
-    const Shape offset = spec.local_offset(*coordinate);
-    const Shape size = spec.local_shape(*coordinate);
-    std::string block;
-    for (size_t d = 0; d < size.size(); ++d) {
-      block += fmt::format("{}{}:{}", d ? ", " : "", offset[d], offset[d] + size[d]);
-    }
-    out += fmt::format("\n  rank {:>3} {}: [{}]{}", rank, shape_str(*coordinate), block,
-                       shape_numel(size) == 0 ? " (empty)" : "");
-  }
-  for (int i = 0; i < spec.mesh_ndim(); ++i) {
-    if (const Partial* p = std::get_if<Partial>(&spec.placements()[static_cast<size_t>(i)])) {
-      out += fmt::format("\n  mesh dim {} ({}): each block is a partial value, reduced with {}", i,
-                         mesh.dim_name(i), reduce_op_name(p->op));
-    }
-  }
-  return out;
-}
-
 }  // namespace spmd

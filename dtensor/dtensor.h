@@ -91,9 +91,9 @@ DTensor dtensor_from_blocks(
     const char* op, SpecPtr spec,
     const std::function<Tensor(const Shape& offset, const Shape& size)>& block);
 
-// Which ranks hold which block: one line per rank of the mesh (every rank, computed from the
-// spec, not only the held ones) with its coordinate and the block [start:end, ...], and a note
-// on the Partial mesh dims.
+// Which ranks hold which block, drawn as a grid for 1-D and 2-D tensors (every rank, computed
+// from the spec, not only the held ones). Defined in debug/visualize.cpp, whose header has the
+// form with options (colour, size).
 std::string visualize_sharding(const DTensor& tensor);
 
 std::ostream& operator<<(std::ostream& os, const DTensor& tensor);

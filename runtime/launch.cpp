@@ -102,6 +102,11 @@ int run_threads(const LaunchOptions& options, const Program& program) {
   throw_error<Unsupported>("--spmd-backend=threads: the threads backend is not implemented yet");
 }
 
+// Real backends keep a flight recorder (Note [Flight recorder]); sim holds every rank's trace.
+bool has_flight_recorder(const World& world) {
+  return world.backend_name() == "mpi" || world.backend_name() == "nccl";
+}
+
 // A world of a single process (sim, mpi, nccl) with the options every backend shares applied.
 World configure(World world, const LaunchOptions& options) {
   if (options.debug.any()) world.set_debug(options.debug);
@@ -113,6 +118,8 @@ World configure(World world, const LaunchOptions& options) {
     auto state = std::make_shared<WorldState>(world.state());
     state->trace_path = options.trace_path;
     world = World(std::move(state));
+  } else if (has_flight_recorder(world) && flight_recorder_size() > 0) {
+    trace().set_capacity(flight_recorder_size());
   }
   return world;
 }
@@ -124,6 +131,7 @@ std::string_view error_type(const std::exception& e) {
   if (dynamic_cast<const CommError*>(&e)) return "CommError";
   if (dynamic_cast<const DivergenceError*>(&e)) return "DivergenceError";
   if (dynamic_cast<const CollectiveMismatchError*>(&e)) return "CollectiveMismatchError";
+  if (dynamic_cast<const NonFiniteError*>(&e)) return "NonFiniteError";
   if (dynamic_cast<const Unsupported*>(&e)) return "Unsupported";
   if (dynamic_cast<const ConfigError*>(&e)) return "ConfigError";
   if (dynamic_cast<const InternalError*>(&e)) return "InternalError";
@@ -194,15 +202,18 @@ void finish_world(const World& world) {
 #endif
 }
 
-void report_error(const std::exception_ptr& error, const World& world) {
-  const std::string prefix = rank_prefix(world);
+std::string error_text(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "{}{}: {}\n", prefix, error_type(e), e.what());
+    return fmt::format("{}: {}", error_type(e), e.what());
   } catch (...) {
-    fmt::print(stderr, "{}error: an exception that is not a std::exception\n", prefix);
+    return "error: an exception that is not a std::exception";
   }
+}
+
+void report_error(const std::exception_ptr& error, const World& world) {
+  fmt::print(stderr, "{}{}\n", rank_prefix(world), error_text(error));
   std::fflush(stderr);
 }
 
@@ -229,6 +240,9 @@ int launch_program(int& argc, char** argv, const std::function<int(World&)>& pro
     return code;
   } catch (...) {
     report_error(std::current_exception(), world);
+    if (world.defined() && has_flight_recorder(world)) {
+      dump_flight_recorder(world, error_text(std::current_exception()));
+    }
     if (world.defined() && !world.state().trace_path.empty()) {
       try {
         trace().to_chrome_json(trace_file_for(world, world.state().trace_path));

@@ -23,6 +23,8 @@
 // the program ends (also when it fails). Under sim that is one file with one track per rank. Under
 // a real backend each process writes its own ranks' file, the rank inserted before the
 // extension: trace.json -> trace.rank3.json (no extension: trace -> trace.rank3).
+// Under mpi and nccl a failing program also dumps the flight recorder (Note [Flight recorder] in
+// collectives/trace.h): spmd_flight_recorder.rank3.json in $TMPDIR or /tmp, named on stderr.
 #pragma once
 
 #include <concepts>
@@ -75,8 +77,11 @@ void finish_world(const World& world);
 // The trace file of this process under `world` (Note [Trace files]).
 std::string trace_file_for(const World& world, const std::string& path);
 
+// "CommError: message": the spmd::Error subclass's name (other exceptions: "error") and the
+// message.
+std::string error_text(const std::exception_ptr& error);
 // Prints "[rank 3] CommError: message" (the ranks `world` holds, else the launcher's rank) to
-// stderr. Types are the spmd::Error subclasses' names; other exceptions print as "error".
+// stderr.
 void report_error(const std::exception_ptr& error, const World& world);
 
 // Ends every process of the job with `code` when a real backend's library is running

@@ -1,11 +1,24 @@
 // sim/local_ops.cpp: Tensor ops applied to LocalTensor shard by shard.
 #include "sim/local_ops.h"
 
+#include <atomic>
+
 #include "core/error.h"
 #include "tensor/random.h"
 
 namespace spmd {
 namespace {
+
+std::atomic<LocalOpObserver> g_observer{nullptr};
+
+// `result`, after the observer (if any) has seen it.
+LocalTensor observed(const char* op, std::initializer_list<const LocalTensor*> inputs,
+                     LocalTensor result) {
+  if (LocalOpObserver observer = g_observer.load(std::memory_order_relaxed)) [[unlikely]] {
+    observer(op, std::span<const LocalTensor* const>(inputs.begin(), inputs.size()), result);
+  }
+  return result;
+}
 
 void check_same_ranks(const LocalTensor& a, const LocalTensor& b, const char* op) {
   if (!a.defined() || !b.defined()) throw_error<Error>("{}: LocalTensor operand is undefined", op);
@@ -20,17 +33,24 @@ LocalTensor binary(const LocalTensor& a, const LocalTensor& b, const char* op, F
   check_same_ranks(a, b, op);
   const size_t n = a.num_shards();
   if (a.is_replicated() && b.is_replicated()) {
-    return LocalTensor(a, std::vector<Tensor>(n, f(a.shards()[0], b.shards()[0])));
+    return observed(op, {&a, &b},
+                    LocalTensor(a, std::vector<Tensor>(n, f(a.shards()[0], b.shards()[0]))));
   }
   std::vector<Tensor> out(n);
   detail::for_each_shard(n, detail::total_numel(a) + detail::total_numel(b),
                          [&](size_t i) { out[i] = f(a.shards()[i], b.shards()[i]); });
-  return LocalTensor(a, std::move(out));
+  return observed(op, {&a, &b}, LocalTensor(a, std::move(out)));
 }
 
 template <class F>
 LocalTensor with_tensor(const LocalTensor& a, F&& f) {
   return a.apply(std::forward<F>(f));
+}
+
+// An op that can produce NaN or Inf: its result goes to the observer.
+template <class F>
+LocalTensor arithmetic(const char* op, const LocalTensor& a, F&& f) {
+  return observed(op, {&a}, a.apply(std::forward<F>(f)));
 }
 
 }  // namespace
@@ -40,10 +60,10 @@ LocalTensor with_tensor(const LocalTensor& a, F&& f) {
     return binary(a, b, #name, [](const Tensor& x, const Tensor& y) { return name(x, y); }); \
   }                                                                                          \
   LocalTensor name(const LocalTensor& a, const Tensor& b) {                                  \
-    return with_tensor(a, [&](const Tensor& x) { return name(x, b); });                      \
+    return arithmetic(#name, a, [&](const Tensor& x) { return name(x, b); });                \
   }                                                                                          \
   LocalTensor name(const Tensor& a, const LocalTensor& b) {                                  \
-    return with_tensor(b, [&](const Tensor& y) { return name(a, y); });                      \
+    return arithmetic(#name, b, [&](const Tensor& y) { return name(a, y); });                \
   }
 SPMD_LOCAL_BINARY_IMPL_(add)
 SPMD_LOCAL_BINARY_IMPL_(sub)
@@ -55,21 +75,21 @@ SPMD_LOCAL_BINARY_IMPL_(matmul)
 SPMD_LOCAL_BINARY_IMPL_(bmm)
 #undef SPMD_LOCAL_BINARY_IMPL_
 
-#define SPMD_LOCAL_OPERATOR_IMPL_(op, name)                             \
-  LocalTensor operator op(const LocalTensor& a, const LocalTensor& b) { \
-    return name(a, b);                                                  \
-  }                                                                     \
-  LocalTensor operator op(const LocalTensor& a, const Tensor& b) {      \
-    return name(a, b);                                                  \
-  }                                                                     \
-  LocalTensor operator op(const Tensor& a, const LocalTensor& b) {      \
-    return name(a, b);                                                  \
-  }                                                                     \
-  LocalTensor operator op(const LocalTensor& a, double b) {             \
-    return with_tensor(a, [&](const Tensor& x) { return x op b; });     \
-  }                                                                     \
-  LocalTensor operator op(double a, const LocalTensor& b) {             \
-    return with_tensor(b, [&](const Tensor& y) { return a op y; });     \
+#define SPMD_LOCAL_OPERATOR_IMPL_(op, name)                               \
+  LocalTensor operator op(const LocalTensor& a, const LocalTensor& b) {   \
+    return name(a, b);                                                    \
+  }                                                                       \
+  LocalTensor operator op(const LocalTensor& a, const Tensor& b) {        \
+    return name(a, b);                                                    \
+  }                                                                       \
+  LocalTensor operator op(const Tensor& a, const LocalTensor& b) {        \
+    return name(a, b);                                                    \
+  }                                                                       \
+  LocalTensor operator op(const LocalTensor& a, double b) {               \
+    return arithmetic(#name, a, [&](const Tensor& x) { return x op b; }); \
+  }                                                                       \
+  LocalTensor operator op(double a, const LocalTensor& b) {               \
+    return arithmetic(#name, b, [&](const Tensor& y) { return a op y; }); \
   }
 SPMD_LOCAL_OPERATOR_IMPL_(+, add)
 SPMD_LOCAL_OPERATOR_IMPL_(-, sub)
@@ -88,18 +108,18 @@ LocalTensor addmm(const LocalTensor& c, const LocalTensor& a, const LocalTensor&
   const size_t n = a.num_shards();
   if (c.is_replicated() && a.is_replicated() && b.is_replicated()) {
     Tensor one = addmm(c.shards()[0], a.shards()[0], b.shards()[0], beta, alpha);
-    return LocalTensor(a, std::vector<Tensor>(n, one));
+    return observed("addmm", {&c, &a, &b}, LocalTensor(a, std::vector<Tensor>(n, one)));
   }
   std::vector<Tensor> out(n);
   detail::for_each_shard(n, detail::total_numel(a) + detail::total_numel(b), [&](size_t i) {
     out[i] = addmm(c.shards()[i], a.shards()[i], b.shards()[i], beta, alpha);
   });
-  return LocalTensor(a, std::move(out));
+  return observed("addmm", {&c, &a, &b}, LocalTensor(a, std::move(out)));
 }
 
-#define SPMD_LOCAL_UNARY_IMPL_(name)                                \
-  LocalTensor name(const LocalTensor& t) {                          \
-    return with_tensor(t, [](const Tensor& x) { return name(x); }); \
+#define SPMD_LOCAL_UNARY_IMPL_(name)                                      \
+  LocalTensor name(const LocalTensor& t) {                                \
+    return arithmetic(#name, t, [](const Tensor& x) { return name(x); }); \
   }
 SPMD_LOCAL_UNARY_IMPL_(neg)
 SPMD_LOCAL_UNARY_IMPL_(abs)
@@ -113,10 +133,10 @@ SPMD_LOCAL_UNARY_IMPL_(gelu)
 
 #define SPMD_LOCAL_REDUCTION_IMPL_(name)                                                   \
   LocalTensor name(const LocalTensor& t) {                                                 \
-    return with_tensor(t, [](const Tensor& x) { return name(x); });                        \
+    return arithmetic(#name, t, [](const Tensor& x) { return name(x); });                  \
   }                                                                                        \
   LocalTensor name(const LocalTensor& t, const std::vector<int64_t>& dims, bool keepdim) { \
-    return with_tensor(t, [&](const Tensor& x) { return name(x, dims, keepdim); });        \
+    return arithmetic(#name, t, [&](const Tensor& x) { return name(x, dims, keepdim); });  \
   }
 SPMD_LOCAL_REDUCTION_IMPL_(sum)
 SPMD_LOCAL_REDUCTION_IMPL_(mean)
@@ -125,10 +145,10 @@ SPMD_LOCAL_REDUCTION_IMPL_(amin)
 #undef SPMD_LOCAL_REDUCTION_IMPL_
 
 LocalTensor softmax(const LocalTensor& t, int64_t d) {
-  return with_tensor(t, [&](const Tensor& x) { return softmax(x, d); });
+  return arithmetic("softmax", t, [&](const Tensor& x) { return softmax(x, d); });
 }
 LocalTensor log_softmax(const LocalTensor& t, int64_t d) {
-  return with_tensor(t, [&](const Tensor& x) { return log_softmax(x, d); });
+  return arithmetic("log_softmax", t, [&](const Tensor& x) { return log_softmax(x, d); });
 }
 
 namespace {
@@ -203,6 +223,10 @@ LocalTensor ones(const World& world, const Shape& shape, DType dtype) {
 LocalTensor full(const World& world, const Shape& shape, double value, DType dtype) {
   return LocalTensor(world.held_ranks(),
                      std::vector<Tensor>(world.held_ranks().size(), full(shape, value, dtype)));
+}
+
+void set_local_op_observer(LocalOpObserver observer) {
+  g_observer.store(observer, std::memory_order_relaxed);
 }
 
 LocalTensor randn_per_rank(const World& world, const Shape& shape, uint64_t seed, DType dtype) {

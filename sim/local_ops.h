@@ -5,6 +5,7 @@
 // and the result is replicated too.
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "sim/local_tensor.h"
@@ -84,5 +85,12 @@ LocalTensor full(const World& world, const Shape& shape, double value, DType dty
 // Rank r holds randn(shape, seed + r): independent data per rank.
 LocalTensor randn_per_rank(const World& world, const Shape& shape, uint64_t seed,
                            DType dtype = DType::F32);
+
+// Sees the name, the LocalTensor operands and the result of every arithmetic op above (the
+// binary, scalar, unary and reduction ops, addmm, softmax, log_softmax) while set, for
+// --spmd-debug=nan (debug/). Null (the default) costs one relaxed atomic load per op.
+using LocalOpObserver = void (*)(const char* op, std::span<const LocalTensor* const> inputs,
+                                 const LocalTensor& result);
+void set_local_op_observer(LocalOpObserver observer);
 
 }  // namespace spmd

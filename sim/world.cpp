@@ -49,11 +49,6 @@ const DebugOptions& World::debug() const {
   return checked("debug").debug;
 }
 
-void World::set_debug(const DebugOptions& debug) {
-  checked("set_debug");
-  state_->debug = debug;
-}
-
 void World::set_topology(std::shared_ptr<const Topology> topology) {
   checked("set_topology");
   state_->topology = std::move(topology);

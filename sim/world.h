@@ -36,6 +36,8 @@ struct WorldState {
   std::shared_ptr<Backend> backend;
   std::shared_ptr<const Topology> topology;  // null: the default topology
   DebugOptions debug;
+  // Keeps debug/'s observers of ops and collectives installed while a world with checks lives.
+  std::shared_ptr<const void> debug_hooks;
   std::string trace_path;  // where launch() writes the Chrome trace at exit; empty for none
 };
 
@@ -62,6 +64,10 @@ class World {
   const Topology& topology() const;
   void set_topology(std::shared_ptr<const Topology> topology);
   const DebugOptions& debug() const;
+  // Turns the checks of --spmd-debug on or off for this world (defined in debug/checks.cpp).
+  // ConfigError for check or replicate on a world that does not hold every rank (they compare
+  // every rank's piece: sim only). fingerprint is read by a real backend when it is created
+  // (launch(), make_world()), not here.
   void set_debug(const DebugOptions& debug);
   const WorldState& state() const;
 

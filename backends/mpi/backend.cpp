@@ -5,17 +5,15 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
-#include <cstring>
-#include <string_view>
 #include <type_traits>
 
 #include <fmt/ranges.h>
 
+#include "collectives/fingerprint.h"
 #include "collectives/reduce_kernels.h"
 #include "collectives/validate.h"
 #include "core/check.h"
 #include "core/error.h"
-#include "core/hash.h"
 #include "tensor/ops.h"
 
 namespace spmd {
@@ -202,62 +200,10 @@ void divide_in_place(Tensor& t, int64_t n) {
 // ---- one call -------------------------------------------------------------------------------
 
 // Note [Signature exchange]
-// Before its MPI call, every member sends the others a fixed-size record of what it is about to
-// do. A member whose record differs would otherwise make MPI hang, truncate or silently misread
-// buffers; with the records every member finds the same difference and throws the same error.
-constexpr int kSignatureDims = 8;
-struct Signature {
-  int32_t kind;
-  int32_t dtype;
-  int32_t ndim;
-  uint64_t shape_hash;    // every dim (but dim 0 for all_to_all_single)
-  uint64_t options_hash;  // the options every member must share
-  uint64_t sequence;      // fingerprint only: calls issued on this communicator before this one
-  int64_t dims[kSignatureDims];
-  char detail[48];  // describe(options), for messages
-  char site[80];    // fingerprint only: "file.cpp:12"
-};
-static_assert(std::is_trivially_copyable_v<Signature>);
-
-void copy_text(char* dst, size_t capacity, std::string_view text) {
-  const size_t n = std::min(capacity - 1, text.size());
-  std::memcpy(dst, text.data(), n);
-  dst[n] = '\0';
-}
-
-std::string signature_shape(const Signature& s) {
-  std::string out = "[";
-  for (int d = 0; d < s.ndim; ++d) {
-    if (d == kSignatureDims) {
-      out += ", ...";
-      break;
-    }
-    out += fmt::format("{}{}", d ? ", " : "", s.dims[d]);
-  }
-  return out + "]";
-}
-
-std::string signature_text(const Signature& s, bool fingerprint) {
-  std::string text = fmt::format("{} {} {}", static_cast<CollectiveKind>(s.kind),
-                                 signature_shape(s), static_cast<DType>(s.dtype));
-  if (s.detail[0] != '\0') text += fmt::format(" {}", s.detail);
-  if (fingerprint) text += fmt::format(" (call #{} at {})", s.sequence, s.site);
-  return text;
-}
-
-// The options every member must pass identically (split sizes legitimately differ per rank).
-template <class Options>
-uint64_t shared_options_hash(const Options& o) {
-  return hash_value(o);
-}
-uint64_t shared_options_hash(const AllToAllSingleOptions&) {
-  return 0;
-}
-
-std::string_view base_name(std::string_view path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string_view::npos ? path : path.substr(slash + 1);
-}
+// Before its MPI call, every member allgathers a CollectiveFingerprint of what it is about to do
+// (Note [Collective fingerprint] in collectives/fingerprint.h). A member whose call differs would
+// otherwise make MPI hang, truncate or silently misread buffers; with the fingerprints every member
+// finds the same difference and throws the same error.
 
 struct Call {
   MpiCommunicator* comm;
@@ -285,62 +231,23 @@ int count_of(const Call& call, int64_t elements) {
 template <class Options>
 void exchange_signatures(const Call& call, const Options& options, const CallSite& site,
                          bool fingerprint) {
-  const Tensor& x = call.input;
-  Signature mine;
-  std::memset(&mine, 0, sizeof mine);  // padding included: the bytes travel as they are
-  mine.kind = static_cast<int32_t>(call.what.kind);
-  mine.dtype = static_cast<int32_t>(x.dtype());
-  mine.ndim = static_cast<int32_t>(x.dim());
-  const bool rows_may_differ = call.what.kind == CollectiveKind::AllToAllSingle;
-  size_t shape_hash = 0;
-  for (int64_t d = 0; d < x.dim(); ++d) {
-    if (d < kSignatureDims) mine.dims[d] = x.size(d);
-    if (!(rows_may_differ && d == 0)) hash_combine(shape_hash, x.size(d));
-  }
-  mine.shape_hash = shape_hash;
-  mine.options_hash = shared_options_hash(options);
-  copy_text(mine.detail, sizeof mine.detail, describe(options));
+  FingerprintInput input{call.what.kind,
+                         &call.input,
+                         site.dim_name,
+                         &call.comm->members(),
+                         fingerprint_options_hash(options),
+                         describe(options)};
   if (fingerprint) {
-    mine.sequence = call.comm->next_call();
-    copy_text(mine.site, sizeof mine.site,
-              fmt::format("{}:{}", base_name(site.location.file_name()), site.location.line()));
+    input.with_site = true;
+    input.sequence = call.comm->next_call();
+    input.location = site.location;
   }
-  std::vector<Signature> all(static_cast<size_t>(call.n));
-  check_mpi(MPI_Allgather(&mine, sizeof(Signature), MPI_BYTE, all.data(), sizeof(Signature),
-                          MPI_BYTE, call.comm_handle()),
+  const CollectiveFingerprint mine = make_fingerprint(input);
+  std::vector<CollectiveFingerprint> all(static_cast<size_t>(call.n));
+  check_mpi(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE,
+                          call.comm_handle()),
             "MPI_Allgather", call.context());
-
-  const std::vector<int>& members = call.comm->members();
-  auto list = [&](auto&& text_of) {
-    std::string out;
-    for (size_t k = 0; k < all.size(); ++k) {
-      out += fmt::format("{}rank {}: {}", k ? ", " : "", members[k], text_of(all[k]));
-    }
-    return out;
-  };
-  const Signature& first = all[0];
-  bool same_kind = true;
-  bool same_tensor = true;
-  bool same_rest = true;
-  for (const Signature& s : all) {
-    same_kind &= s.kind == first.kind;
-    same_tensor &=
-        s.dtype == first.dtype && s.ndim == first.ndim && s.shape_hash == first.shape_hash;
-    same_rest &= s.options_hash == first.options_hash && s.sequence == first.sequence;
-  }
-  if (!same_kind || !same_rest) {
-    throw_error<CollectiveMismatchError>(
-        "{}: the ranks of the group issued different calls: {}", call.describe(),
-        list([&](const Signature& s) { return signature_text(s, fingerprint); }));
-  }
-  if (!same_tensor) {
-    // The message of check_group (the sim backend's), so both backends report alike.
-    throw_error<CommError>("{}: inputs differ within the group{}: {}", call.describe(),
-                           rows_may_differ ? " (beyond dim 0)" : "", list([](const Signature& s) {
-                             return fmt::format("{} {}", signature_shape(s),
-                                                static_cast<DType>(s.dtype));
-                           }));
-  }
+  check_fingerprints(call.what, all, call.comm->members(), fingerprint);
 }
 
 template <class Options>

@@ -8,12 +8,12 @@
 // share it. MPI_Comm_split is collective over every process, so every process must make the
 // first call on each mesh dim, in the same order (an SPMD program does).
 //
-// Before each MPI call the group exchanges a small signature of the call (collective, dtype,
-// shape, the options that must agree; with --spmd-debug=fingerprint also the per-communicator
-// sequence number and call site) with one MPI_Allgather. Every member then sees every other
-// member's call, so a disagreement is the same error on all of them (CommError for shapes and
-// dtypes, as under sim; CollectiveMismatchError for anything else) instead of a hang or a
-// truncated message.
+// Before each MPI call the group exchanges a fingerprint of the call (collective, dtype, shape,
+// group, the options that must agree; with --spmd-debug=fingerprint also the per-communicator
+// sequence number and call site) with one MPI_Allgather (Note [Collective fingerprint]). Every
+// member then sees every other member's call, so a disagreement is the same error on all of them
+// (CommError for shapes and dtypes, as under sim, unless fingerprint mode is on;
+// CollectiveMismatchError for anything else) instead of a hang or a truncated message.
 //
 // Semantics match the sim backend bit for bit on data whose reductions are exact (Note
 // [Reduction order]). Avg is the sum, then a division by the group size done as sim does it.
