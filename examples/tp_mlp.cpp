@@ -67,8 +67,9 @@ void section(const World& world, const std::string& title) {
 
 void show(const World& world, const std::string& name, const std::string& role, const DTensor& t) {
   if (!world.is_coordinator()) return;
+  // Short pictures, so that the whole step fits on a terminal.
   fmt::print("\n{} {} {}: {}\n{}\n", name, shape_str(t.shape()), to_string(t.placements()), role,
-             visualize_sharding(t));
+             visualize_sharding(t, {.max_height = 4}));
 }
 
 int tp_mlp(World& world) {
@@ -86,7 +87,7 @@ int tp_mlp(World& world) {
     fmt::print(
         "        y = tanh(x W1) W2, x [{}, {}], W1 [{}, {}], W2 [{}, {}]; {} ranks, backend {}\n",
         kBatch, kHidden, kHidden, kFfn, kFfn, kHidden, world.size(), world.backend_name());
-    fmt::print("\n== mesh, layout {}\n{}\n", mesh.layout(), mesh.to_grid());
+    fmt::print("\n== mesh, layout {}\n{}", mesh.layout(), mesh.to_grid());
   }
 
   section(world, "sharding (which ranks hold which block)");

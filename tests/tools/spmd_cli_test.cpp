@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "debug/trace_file.h"
 #include "spmd/config.h"
 #include "tests/support/run_command.h"
 
@@ -39,6 +40,13 @@ json spmd_json(const std::string& args) {
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
+}
+
+// A file name of this test's own (CTest runs tests in parallel), in the temporary folder.
+std::string temp_path(const std::string& suffix) {
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  return ::testing::TempDir() + "/spmd_cli_" + test->test_suite_name() + "_" + test->name() + "_" +
+         suffix;
 }
 
 // Runs `args`, which must fail with exit code 2 and a message holding every fragment.
@@ -290,7 +298,7 @@ TEST(SpmdRedistribute, MinCostFindsACheaperRouteThanGreedy) {
 
 TEST(SpmdRedistribute, TopologyFileChangesTheEstimate) {
   // Two devices per host: the dp groups [r, r+4] span hosts and use the inter-host link.
-  const std::string path = ::testing::TempDir() + "/spmd_cli_topology.json";
+  const std::string path = temp_path("topology.json");
   std::ofstream(path) << R"({"devices_per_host": 2, "inter_host": {"bandwidth_gbps": 10,
                               "latency_us": 5}})";
   const json doc = spmd_json(
@@ -321,7 +329,7 @@ TEST(SpmdRedistribute, BadInputNamesTheValue) {
 
 // collectives_tour's trace under sim: 8 ranks, mesh (dp=2, tp=4).
 std::string tour_trace() {
-  const std::string path = ::testing::TempDir() + "/spmd_cli_tour_trace.json";
+  const std::string path = temp_path("tour.json");
   const CommandResult r = run_command(std::string(SPMD_COLLECTIVES_TOUR) + " --spmd-trace=" + path);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   return path;
@@ -369,7 +377,7 @@ TEST(SpmdTrace, SummaryCountsCallsPerGroupAndBytesPerRank) {
 
 TEST(SpmdTrace, BadFilesNameThePath) {
   expect_input_error("trace summary /nonexistent/trace.json", {"/nonexistent/trace.json"});
-  const std::string path = ::testing::TempDir() + "/spmd_cli_not_a_trace.json";
+  const std::string path = temp_path("not_a_trace.json");
   std::ofstream(path) << "{\"hello\": 1}";
   expect_input_error("trace summary " + path, {path, "traceEvents"});
   std::ofstream(path) << "not json at all";
@@ -378,9 +386,95 @@ TEST(SpmdTrace, BadFilesNameThePath) {
   expect_input_error("trace summary", {"files"});
 }
 
-TEST(SpmdTrace, DiffAndConvertSayWhatTheyWaitFor) {
-  expect_input_error("trace diff a.json b.json", {"spmd trace diff", "debug/"});
-  expect_input_error("trace convert a.json b.json", {"spmd trace convert", "debug/"});
+TEST(SpmdTrace, SummaryTextIsTheDebugModulesTable) {
+  const std::string path = tour_trace();
+  const CommandResult r = spmd_cli("trace summary " + path);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, summary_table(read_trace_file(path).records))) << r.output;
+  std::remove(path.c_str());
+}
+
+TEST(SpmdTrace, DiffFindsTheFirstDifferingRecordOfEachRank) {
+  const std::string a = tour_trace();
+  const json same = spmd_json("trace diff " + a + " " + a);
+  EXPECT_EQ(same["identical"], true);
+  ASSERT_EQ(same["ranks"].size(), 8u);
+  for (const json& rank : same["ranks"]) EXPECT_EQ(rank["kind"], "same") << rank;
+
+  // b: a with rank 3's second collective renamed.
+  json doc;
+  std::ifstream(a) >> doc;
+  int seen = 0;
+  for (json& e : doc["traceEvents"]) {
+    if (e["ph"] != "M" && e["tid"] == 3 && ++seen == 2) e["name"] = "broadcast";
+  }
+  const std::string b = temp_path("b.json");
+  std::ofstream(b) << doc.dump();
+  const CommandResult r = spmd_cli("trace diff " + a + " " + b + " --json");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const json diff = json::parse(r.output);
+  EXPECT_EQ(diff["identical"], false);
+  for (const json& rank : diff["ranks"]) {
+    if (rank["rank"] != 3) {
+      EXPECT_EQ(rank["kind"], "same") << rank;
+      continue;
+    }
+    EXPECT_EQ(rank["kind"], "differs") << rank;
+    EXPECT_EQ(rank["index_a"], 1) << rank;
+    EXPECT_EQ(rank["compared"], 1) << rank;
+    EXPECT_EQ(rank["fields"], json({"op"})) << rank;
+  }
+  const CommandResult text = spmd_cli("trace diff " + a + " " + b);
+  EXPECT_EQ(text.exit_code, 1) << text.output;
+  EXPECT_TRUE(contains(text.output, "rank 3")) << text.output;
+  std::remove(a.c_str());
+  std::remove(b.c_str());
+}
+
+TEST(SpmdTrace, ConvertMergesTheRanksOfAnMpiRunIntoTheSimTrace) {
+  if (!SPMD_HAVE_MPI) GTEST_SKIP() << "no MPI backend in this build";
+  const std::string sim = tour_trace();
+  // Under mpirun each process writes its rank's file: mpi.rank0.json ... mpi.rank7.json.
+  const std::string mpi = temp_path("mpi.json");
+  const CommandResult run = run_command(
+      testing::mpi_env_prefix() +
+      MPIEXEC_EXECUTABLE " -n 8 " SPMD_COLLECTIVES_TOUR " --spmd-backend=mpi --spmd-trace=" + mpi);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::string merged = temp_path("merged.json");
+  const json converted = spmd_json("trace convert " + mpi + " " + merged);
+  EXPECT_EQ(converted["ranks"], json({0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(converted["inputs"].size(), 8u);
+  // The merged file holds what the sim run recorded, rank by rank, and then one call more: under
+  // mpi print_digest all-gathers every rank's [1, 9] i64 digests over the world ("digest").
+  const CommandResult r = spmd_cli("trace diff " + sim + " " + merged + " --json");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const json diff = json::parse(r.output);
+  ASSERT_EQ(diff["ranks"].size(), 8u) << diff.dump(2);
+  const json a = spmd_json("trace summary " + sim);
+  const json b = spmd_json("trace summary " + merged);
+  const int64_t per_rank = a["records"].get<int64_t>() / 8;
+  for (const json& rank : diff["ranks"]) {
+    EXPECT_EQ(rank["kind"], "ends_early_a") << rank;
+    EXPECT_EQ(rank["compared"], per_rank) << rank;
+    EXPECT_TRUE(contains(rank["record_b"].get<std::string>(), "all_gather 'digest'")) << rank;
+  }
+  EXPECT_EQ(b["total"]["calls"], a["total"]["calls"].get<int64_t>() + 1);
+  EXPECT_EQ(b["total"]["bytes"], a["total"]["bytes"].get<int64_t>() + 8 * 9 * 8);
+  for (int r = 0; r < 8; ++r) {
+    std::remove(temp_path("mpi.rank" + std::to_string(r) + ".json").c_str());
+  }
+  std::remove(sim.c_str());
+  std::remove(merged.c_str());
+}
+
+TEST(SpmdTrace, DiffAndConvertNameBadPaths) {
+  const std::string path = tour_trace();
+  expect_input_error("trace diff /nonexistent/a.json " + path, {"/nonexistent/a.json"});
+  expect_input_error("trace diff " + path + " /nonexistent/b.json", {"/nonexistent/b.json"});
+  expect_input_error("trace convert " + path + " /nonexistent/dir/out.json",
+                     {"/nonexistent/dir/out.json"});
+  expect_input_error("trace convert " + path, {"files"});
+  std::remove(path.c_str());
 }
 
 // ---- spmd version, help, usage -------------------------------------------------------------

@@ -112,7 +112,7 @@ int run_mesh(const MeshOptions& o, const std::vector<std::string>& operations,
     } else {
       mesh = apply_unflatten(mesh, value);
     }
-    applied.push_back(fmt::format("--{} {}", op, value));
+    applied.push_back(value.empty() ? fmt::format("--{}=", op) : fmt::format("--{} {}", op, value));
   }
 
   std::vector<std::string> dim_names;

@@ -1,26 +1,22 @@
-// tools/spmd/trace_command.cpp: `spmd trace`, the trace files --spmd-trace writes (Chrome trace
-// JSON, one track per rank; under a real backend one file per rank).
+// tools/spmd/trace_command.cpp: `spmd trace`, the trace files --spmd-trace writes and the
+// flight-recorder dumps (debug/trace_file.h reads both; a FILE may also be a folder, or a path
+// whose per-rank files trace.rank0.json, trace.rank1.json, ... exist).
 //
-//   spmd trace summary trace.json [trace.rank1.json ...] [--json]
-//       per collective and mesh dim: calls, bytes, the cost model's estimate, the measured time
-//   spmd trace diff a.json b.json        where two traces part ways, rank by rank
-//   spmd trace convert in.json out.json  merge per-rank files into one
-//
-// The reader and the summary here are this tool's own until debug/ (trace_file.h, trace_diff.h)
-// is in main: then summary reads with read_trace_file and prints summary_table, and diff and
-// convert call diff_traces and write_trace_file, which do not exist before it.
-#include <fstream>
+//   spmd trace summary FILE... [--json]   per collective and mesh dim: calls, bytes, the cost
+//                                         model's estimate, the measured time
+//   spmd trace diff A B [--json]          where two traces part ways, rank by rank; exit 1 if so
+//   spmd trace convert FILE... OUT        the records of every FILE as one trace file
+#include <algorithm>
 #include <map>
 #include <memory>
-#include <set>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
 
-#include "core/error.h"
+#include "debug/trace_diff.h"
+#include "debug/trace_file.h"
 #include "tools/spmd/cli.h"
 
 namespace spmd::cli {
@@ -31,156 +27,169 @@ struct TraceOptions {
   bool json = false;
 };
 
-// One (rank, call) event of a trace file: the fields the summary needs.
-struct Record {
-  int rank = 0;
-  std::string op;
-  std::string dim;
-  std::vector<int> group;
-  uint64_t seq = 0;
-  int64_t bytes = 0;
-  double estimate_us = 0.0;
-  double duration_us = 0.0;  // 0 for a call that never finished
-};
-
-std::vector<Record> read_records(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw_error<ConfigError>("cannot read trace file '{}'", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json doc = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object() || !doc.contains("traceEvents") ||
-      !doc["traceEvents"].is_array()) {
-    throw_error<ConfigError>(
-        "'{}' is not a trace file (Chrome trace JSON with a \"traceEvents\" list, as "
-        "--spmd-trace writes)",
-        path);
+// Every FILE read as one trace, records by rank then in issue order (the order TraceFile keeps).
+TraceFile read_all(const std::vector<std::string>& files) {
+  TraceFile all;
+  for (const std::string& f : files) {
+    TraceFile part = read_trace_file(f);
+    all.paths.insert(all.paths.end(), part.paths.begin(), part.paths.end());
+    all.infos.insert(all.infos.end(), part.infos.begin(), part.infos.end());
+    all.records.insert(all.records.end(), part.records.begin(), part.records.end());
   }
-  std::vector<Record> out;
-  std::size_t index = 0;
-  for (const nlohmann::json& e : doc["traceEvents"]) {
-    ++index;
-    if (!e.is_object() || e.value("ph", "") == "M") continue;
-    try {
-      const nlohmann::json& args = e.at("args");
-      Record r;
-      r.rank = e.at("tid").get<int>();
-      r.op = e.at("name").get<std::string>();
-      r.dim = args.at("dim").get<std::string>();
-      r.group = args.at("group").get<std::vector<int>>();
-      r.seq = args.at("seq").get<uint64_t>();
-      r.bytes = args.at("bytes").get<int64_t>();
-      r.estimate_us = args.at("estimate_us").get<double>();
-      r.duration_us = e.value("dur", 0.0);
-      out.push_back(std::move(r));
-    } catch (const nlohmann::json::exception& ex) {
-      throw_error<ConfigError>("'{}': trace event {} lacks a field of spmdsim's schema ({})", path,
-                               index, ex.what());
-    }
-  }
-  return out;
+  std::stable_sort(all.records.begin(), all.records.end(),
+                   [](const TraceRecord& a, const TraceRecord& b) { return a.rank < b.rank; });
+  return all;
 }
 
-struct SummaryRow {
-  std::string op;
-  std::string dim;
-  int64_t calls = 0;
-  int64_t bytes = 0;
-  double estimate_us = 0.0;
-  double measured_us = 0.0;
-};
-
-// Per (op, dim) in first-seen order. A call is one (group, sequence number): its estimate counts
-// once and its measured time is its slowest rank's.
-std::vector<SummaryRow> summarize(const std::vector<Record>& records) {
-  std::vector<SummaryRow> rows;
+// The rows of summary_table (debug/trace_export.cpp) as values for --json: per (op, dim) in
+// first-seen order, one call per (group, sequence number) with its estimate once and its slowest
+// rank's time, and every rank's input bytes.
+std::vector<TraceSummaryRow> summary_rows(const std::vector<TraceRecord>& records) {
+  std::vector<TraceSummaryRow> rows;
   std::map<std::pair<std::string, std::string>, std::size_t> row_of;
-  std::map<std::tuple<std::string, std::string, std::vector<int>, uint64_t>, double> call_time;
-  for (const Record& r : records) {
-    auto [it, fresh] = row_of.try_emplace({r.op, r.dim}, rows.size());
-    if (fresh) rows.push_back({r.op, r.dim});
-    SummaryRow& row = rows[it->second];
+  std::map<std::tuple<std::string, std::string, std::vector<int>, uint64_t>, double> slowest;
+  for (const TraceRecord& r : records) {
+    auto [it, fresh] = row_of.try_emplace({r.op, r.dim_name}, rows.size());
+    if (fresh) rows.push_back(TraceSummaryRow{r.op, r.dim_name});
+    TraceSummaryRow& row = rows[it->second];
     row.bytes += r.bytes;
-    auto [call, first] = call_time.try_emplace({r.op, r.dim, r.group, r.seq}, r.duration_us);
+    const double took = r.end_us > 0.0 ? r.end_us - r.start_us : 0.0;
+    auto [call, first] = slowest.try_emplace({r.op, r.dim_name, r.group_ranks, r.sequence}, took);
     if (first) {
-      ++row.calls;
+      ++row.count;
       row.estimate_us += r.estimate_us;
     } else {
-      call->second = std::max(call->second, r.duration_us);
+      call->second = std::max(call->second, took);
     }
   }
-  for (const auto& [key, time] : call_time) {
-    rows[row_of.at({std::get<0>(key), std::get<1>(key)})].measured_us += time;
+  for (const auto& [key, took] : slowest) {
+    rows[row_of.at({std::get<0>(key), std::get<1>(key)})].measured_us += took;
   }
   return rows;
 }
 
+nlohmann::json row_json(const TraceSummaryRow& r) {
+  return {{"op", r.op},
+          {"dim", r.dim_name},
+          {"calls", r.count},
+          {"bytes", r.bytes},
+          {"estimate_us", r.estimate_us},
+          {"measured_us", r.measured_us}};
+}
+
 int run_summary(const TraceOptions& o) {
-  std::vector<Record> records;
-  for (const std::string& f : o.files) {
-    std::vector<Record> more = read_records(f);
-    records.insert(records.end(), more.begin(), more.end());
+  const TraceFile trace = read_all(o.files);
+  if (!o.json) {
+    fmt::print("{} records of {} ranks from {}\n{}", trace.records.size(), trace.ranks().size(),
+               fmt::join(trace.paths, ", "), summary_table(trace.records));
+    return 0;
   }
-  const std::vector<SummaryRow> rows = summarize(records);
-  SummaryRow total{"total", ""};
-  std::set<int> ranks;
-  for (const Record& r : records) ranks.insert(r.rank);
-  for (const SummaryRow& r : rows) {
-    total.calls += r.calls;
+  const std::vector<TraceSummaryRow> rows = summary_rows(trace.records);
+  TraceSummaryRow total{"total", ""};
+  nlohmann::json doc;
+  doc["files"] = trace.paths;
+  doc["records"] = trace.records.size();
+  doc["ranks"] = trace.ranks();
+  doc["rows"] = nlohmann::json::array();
+  for (const TraceSummaryRow& r : rows) {
+    doc["rows"].push_back(row_json(r));
+    total.count += r.count;
     total.bytes += r.bytes;
     total.estimate_us += r.estimate_us;
     total.measured_us += r.measured_us;
   }
-  if (o.json) {
-    auto row_json = [](const SummaryRow& r) {
-      return nlohmann::json{{"op", r.op},
-                            {"dim", r.dim},
-                            {"calls", r.calls},
-                            {"bytes", r.bytes},
-                            {"estimate_us", r.estimate_us},
-                            {"measured_us", r.measured_us}};
-    };
-    nlohmann::json doc;
-    doc["files"] = o.files;
-    doc["records"] = records.size();
-    doc["ranks"] = ranks;
-    doc["rows"] = nlohmann::json::array();
-    for (const SummaryRow& r : rows) doc["rows"].push_back(row_json(r));
-    doc["total"] = row_json(total);
-    print_json(doc);
-    return 0;
-  }
-  fmt::print("{} records of {} ranks from {}\n", records.size(), ranks.size(),
-             fmt::join(o.files, ", "));
-  fmt::print("{:<18} {:<10} {:>8} {:>14} {:>14} {:>14}\n", "collective", "mesh dim", "calls",
-             "bytes", "estimated us", "measured us");
-  for (const SummaryRow& r : rows) {
-    fmt::print("{:<18} {:<10} {:>8} {:>14} {:>14.1f} {:>14.1f}\n", r.op, r.dim, r.calls, r.bytes,
-               r.estimate_us, r.measured_us);
-  }
-  fmt::print("{:<18} {:<10} {:>8} {:>14} {:>14.1f} {:>14.1f}\n", "total", "", total.calls,
-             total.bytes, total.estimate_us, total.measured_us);
+  doc["total"] = row_json(total);
+  print_json(doc);
   return 0;
 }
 
-[[noreturn]] void needs_debug_module(const char* what) {
-  throw_error<Unsupported>(
-      "{} is not in this build yet: it is built on debug/trace_diff.h and debug/trace_file.h, "
-      "which land with the debug module",
-      what);
+std::string_view kind_name(TraceRankDiff::Kind kind) {
+  switch (kind) {
+    case TraceRankDiff::Kind::Same:
+      return "same";
+    case TraceRankDiff::Kind::Differs:
+      return "differs";
+    case TraceRankDiff::Kind::EndsEarlyA:
+      return "ends_early_a";
+    case TraceRankDiff::Kind::EndsEarlyB:
+      return "ends_early_b";
+    case TraceRankDiff::Kind::OnlyInA:
+      return "only_in_a";
+    case TraceRankDiff::Kind::OnlyInB:
+      return "only_in_b";
+    case TraceRankDiff::Kind::NoOverlap:
+      return "no_overlap";
+  }
+  return "unknown";
+}
+
+int run_diff(const TraceOptions& o) {
+  const TraceDiff d = diff_traces(o.files[0], o.files[1]);
+  if (!o.json) {
+    fmt::print("{}", d.to_string());
+    return d.identical() ? 0 : 1;
+  }
+  nlohmann::json doc;
+  doc["a"] = d.name_a;
+  doc["b"] = d.name_b;
+  doc["records_a"] = d.records_a;
+  doc["records_b"] = d.records_b;
+  doc["identical"] = d.identical();
+  doc["ranks"] = nlohmann::json::array();
+  for (const TraceRankDiff& r : d.ranks) {
+    nlohmann::json rank = {{"rank", r.rank},
+                           {"kind", kind_name(r.kind)},
+                           {"compared", r.compared},
+                           {"fields", r.fields}};
+    if (r.kind != TraceRankDiff::Kind::Same) {
+      rank["index_a"] = r.index_a;
+      rank["index_b"] = r.index_b;
+    }
+    if (r.a) rank["record_a"] = format_record(*r.a);
+    if (r.b) rank["record_b"] = format_record(*r.b);
+    doc["ranks"].push_back(std::move(rank));
+  }
+  print_json(doc);
+  return d.identical() ? 0 : 1;
+}
+
+int run_convert(const TraceOptions& o) {
+  const std::vector<std::string> inputs(o.files.begin(), o.files.end() - 1);
+  const std::string& output = o.files.back();
+  const TraceFile trace = read_all(inputs);
+  TraceFileInfo info;
+  info.ranks = trace.ranks();
+  for (const TraceFileInfo& i : trace.infos) {
+    info.world_size = std::max(info.world_size, i.world_size);
+    if (info.backend.empty()) info.backend = i.backend;
+  }
+  write_trace_file(output, trace.records, info);
+  if (o.json) {
+    print_json({{"inputs", trace.paths},
+                {"output", output},
+                {"records", trace.records.size()},
+                {"ranks", info.ranks}});
+  } else {
+    fmt::print("wrote {}: {} records of {} ranks from {}\n", output, trace.records.size(),
+               info.ranks.size(), fmt::join(trace.paths, ", "));
+  }
+  return 0;
 }
 
 }  // namespace
 
 Command add_trace_command(CLI::App& parent) {
-  CLI::App* app = parent.add_subcommand("trace", "Read the trace files --spmd-trace writes");
+  CLI::App* app = parent.add_subcommand(
+      "trace", "Read the trace files --spmd-trace writes and flight-recorder dumps");
   app->require_subcommand(1);
+  app->footer(
+      "A FILE may be a trace file, a folder of them, or trace.json standing for its per-rank\n"
+      "files trace.rank0.json, trace.rank1.json, ... (as mpirun runs write them).");
 
   auto summary = std::make_shared<TraceOptions>();
   CLI::App* summary_app = app->add_subcommand(
       "summary", "Per collective and mesh dim: calls, bytes, estimated and measured time");
-  summary_app->add_option("files", summary->files, "Trace files (per-rank files together)")
-      ->required();
+  summary_app->add_option("files", summary->files, "Trace files")->required();
   summary_app->add_flag("--json", summary->json, "Machine-readable output");
 
   auto diff = std::make_shared<TraceOptions>();
@@ -190,17 +199,17 @@ Command add_trace_command(CLI::App& parent) {
   diff_app->add_flag("--json", diff->json, "Machine-readable output");
 
   auto convert = std::make_shared<TraceOptions>();
-  CLI::App* convert_app =
-      app->add_subcommand("convert", "Merge trace or flight-recorder files into one trace file");
+  CLI::App* convert_app = app->add_subcommand(
+      "convert", "Write the records of trace or flight-recorder files as one trace file");
   convert_app->add_option("files", convert->files, "Input files, then the output file")
       ->required()
       ->expected(2, 1 << 20);
+  convert_app->add_flag("--json", convert->json, "Machine-readable output");
 
-  // The lambda owns every options struct CLI11 writes into, used or not.
-  return {app, [summary_app, diff_app, summary, diff, convert]() -> int {
+  return {app, [summary_app, diff_app, summary, diff, convert] {
             if (summary_app->parsed()) return run_summary(*summary);
-            if (diff_app->parsed()) needs_debug_module("spmd trace diff");
-            needs_debug_module("spmd trace convert");
+            if (diff_app->parsed()) return run_diff(*diff);
+            return run_convert(*convert);
           }};
 }
 
