@@ -22,9 +22,9 @@ LocalTensor binary(const LocalTensor& a, const LocalTensor& b, const char* op, F
   if (a.is_replicated() && b.is_replicated()) {
     return LocalTensor(a, std::vector<Tensor>(n, f(a.shards()[0], b.shards()[0])));
   }
-  std::vector<Tensor> out;
-  out.reserve(n);
-  for (size_t i = 0; i < n; ++i) out.push_back(f(a.shards()[i], b.shards()[i]));
+  std::vector<Tensor> out(n);
+  detail::for_each_shard(n, detail::total_numel(a) + detail::total_numel(b),
+                         [&](size_t i) { out[i] = f(a.shards()[i], b.shards()[i]); });
   return LocalTensor(a, std::move(out));
 }
 
@@ -90,11 +90,10 @@ LocalTensor addmm(const LocalTensor& c, const LocalTensor& a, const LocalTensor&
     Tensor one = addmm(c.shards()[0], a.shards()[0], b.shards()[0], beta, alpha);
     return LocalTensor(a, std::vector<Tensor>(n, one));
   }
-  std::vector<Tensor> out;
-  out.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(addmm(c.shards()[i], a.shards()[i], b.shards()[i], beta, alpha));
-  }
+  std::vector<Tensor> out(n);
+  detail::for_each_shard(n, detail::total_numel(a) + detail::total_numel(b), [&](size_t i) {
+    out[i] = addmm(c.shards()[i], a.shards()[i], b.shards()[i], beta, alpha);
+  });
   return LocalTensor(a, std::move(out));
 }
 

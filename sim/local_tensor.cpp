@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "tensor/ops.h"
 
 namespace spmd {
@@ -191,11 +192,44 @@ std::size_t LocalTensor::bytes_held() const {
   return total;
 }
 
+namespace detail {
+
+// Below this many elements per call, waking a pool thread costs more than it saves.
+constexpr int64_t kParallelShardWork = int64_t{1} << 16;
+
+void for_each_shard(std::size_t n, int64_t work, const std::function<void(std::size_t)>& fn) {
+  if (n < 2 || work < kParallelShardWork) {
+    for (std::size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(n);
+  parallel_for(static_cast<int64_t>(n), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      try {
+        fn(static_cast<std::size_t>(i));
+      } catch (...) {
+        errors[static_cast<std::size_t>(i)] = std::current_exception();
+      }
+    }
+  });
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+int64_t total_numel(const LocalTensor& t) {
+  int64_t total = 0;
+  for (const Tensor& s : t.shards()) total += s.numel();
+  return total;
+}
+
+}  // namespace detail
+
 LocalTensor LocalTensor::map(const std::function<Tensor(int, const Tensor&)>& fn) const {
   check_defined("map");
-  std::vector<Tensor> out;
-  out.reserve(shards_.size());
-  for (size_t i = 0; i < shards_.size(); ++i) out.push_back(fn((*ranks_)[i], shards_[i]));
+  std::vector<Tensor> out(shards_.size());
+  detail::for_each_shard(shards_.size(), detail::total_numel(*this),
+                         [&](std::size_t i) { out[i] = fn((*ranks_)[i], shards_[i]); });
   return LocalTensor(*this, std::move(out));
 }
 
@@ -205,9 +239,9 @@ LocalTensor LocalTensor::apply(const std::function<Tensor(const Tensor&)>& fn) c
     Tensor one = fn(shards_[0]);
     return LocalTensor(*this, std::vector<Tensor>(shards_.size(), one));
   }
-  std::vector<Tensor> out;
-  out.reserve(shards_.size());
-  for (const Tensor& s : shards_) out.push_back(fn(s));
+  std::vector<Tensor> out(shards_.size());
+  detail::for_each_shard(shards_.size(), detail::total_numel(*this),
+                         [&](std::size_t i) { out[i] = fn(shards_[i]); });
   return LocalTensor(*this, std::move(out));
 }
 

@@ -118,6 +118,17 @@ class LocalTensor {
 
 std::ostream& operator<<(std::ostream& os, const LocalTensor& t);
 
+namespace detail {
+// Calls fn(i) for every shard index i < n. Shards are independent, so when `work` (the elements
+// the call touches, summed over shards) is large they run in parallel on the thread pool (the
+// sim backend would otherwise use one core for every rank's matmul); small calls stay inline.
+// Results do not depend on the split. If shards throw, the lowest shard index's error is
+// rethrown, so error messages are the same run to run.
+void for_each_shard(std::size_t n, int64_t work, const std::function<void(std::size_t)>& fn);
+// Elements of all shards together (the `work` of a shard-by-shard op over `t`).
+int64_t total_numel(const LocalTensor& t);
+}  // namespace detail
+
 }  // namespace spmd
 
 SPMD_FORMAT_AS_TEXT(spmd::LocalTensor, value.to_string())
