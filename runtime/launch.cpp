@@ -2,12 +2,14 @@
 #include "runtime/launch.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <thread>
 
 #include <fmt/ranges.h>
 
+#include "backends/threads/backend.h"
 #include "collectives/cost_model.h"
 #include "collectives/trace.h"
 #include "core/env.h"
@@ -94,13 +96,8 @@ World make_nccl_world(const LaunchOptions& options) {
 #endif
 }
 
-// The threads engineer replaces this function: one World per rank thread, `program` run on each
-// (errors printed per rank thread), returning the exit code.
-int run_threads(const LaunchOptions& options, const Program& program) {
-  (void)options;
-  (void)program;
-  throw_error<Unsupported>("--spmd-backend=threads: the threads backend is not implemented yet");
-}
+// The World of the calling rank thread while run_rank_threads() runs its program, else null.
+thread_local const World* t_rank_world = nullptr;
 
 // Real backends keep a flight recorder (Note [Flight recorder]); sim holds every rank's trace.
 bool has_flight_recorder(const World& world) {
@@ -130,6 +127,7 @@ std::string_view error_type(const std::exception& e) {
   if (dynamic_cast<const PlacementError*>(&e)) return "PlacementError";
   if (dynamic_cast<const CommError*>(&e)) return "CommError";
   if (dynamic_cast<const DivergenceError*>(&e)) return "DivergenceError";
+  if (dynamic_cast<const DeadlockError*>(&e)) return "DeadlockError";
   if (dynamic_cast<const CollectiveMismatchError*>(&e)) return "CollectiveMismatchError";
   if (dynamic_cast<const NonFiniteError*>(&e)) return "NonFiniteError";
   if (dynamic_cast<const Unsupported*>(&e)) return "Unsupported";
@@ -139,16 +137,34 @@ std::string_view error_type(const std::exception& e) {
   return "error";
 }
 
-// "[rank 3] ", "[ranks 0-7] ", or the launcher's rank before a world exists.
-std::string rank_prefix(const World& world) {
-  if (world.defined()) {
-    const std::vector<int>& held = world.held_ranks();
-    if (held.size() == 1) return fmt::format("[rank {}] ", held[0]);
-    const bool consecutive =
-        !held.empty() && held.back() - held.front() + 1 == static_cast<int>(held.size());
-    if (consecutive) return fmt::format("[ranks {}-{}] ", held.front(), held.back());
-    return fmt::format("[ranks {}] ", fmt::join(held, ","));
+std::string_view error_type(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return error_type(e);
+  } catch (...) {
+    return "error";
   }
+}
+
+// "[rank 3] ", "[ranks 0-7] ", "[ranks 0-2,5] " (ascending ranks), or "" for none.
+std::string ranks_prefix(const std::vector<int>& ranks) {
+  if (ranks.empty()) return "";
+  if (ranks.size() == 1) return fmt::format("[rank {}] ", ranks[0]);
+  std::string list;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    list += fmt::format("{}{}", list.empty() ? "" : ",", ranks[i]);
+    if (j > i) list += fmt::format("-{}", ranks[j]);
+    i = j + 1;
+  }
+  return fmt::format("[ranks {}] ", list);
+}
+
+// The ranks `world` holds, or the launcher's rank before a world exists.
+std::string rank_prefix(const World& world) {
+  if (world.defined()) return ranks_prefix(world.held_ranks());
   try {
     if (auto launcher = detect_launcher()) return fmt::format("[rank {}] ", launcher->rank);
   } catch (const Error&) {
@@ -157,10 +173,63 @@ std::string rank_prefix(const World& world) {
   return "";
 }
 
+// launch() under threads: runs the rank threads, prints each failure once (ranks with the same
+// error together, in the order they failed), writes the trace, returns the exit code.
+int run_threads(const LaunchOptions& options, const Program& program) {
+  if (!options.trace_path.empty()) trace().set_capacity(0);
+  const std::vector<RankOutcome> outcomes = run_rank_threads(options, program);
+  std::vector<const RankOutcome*> failed;
+  for (const RankOutcome& o : outcomes) {
+    if (o.error) failed.push_back(&o);
+  }
+  std::sort(failed.begin(), failed.end(), [](const RankOutcome* a, const RankOutcome* b) {
+    return a->failure_order < b->failure_order;
+  });
+  std::vector<std::pair<std::string, std::vector<int>>> reports;  // summary -> ranks
+  std::vector<std::exception_ptr> errors;
+  for (const RankOutcome* o : failed) {
+    const std::string summary = error_text(o->error);
+    auto it = std::find_if(reports.begin(), reports.end(),
+                           [&](const auto& r) { return r.first == summary; });
+    if (it == reports.end()) {
+      reports.push_back({summary, {o->rank}});
+      errors.push_back(o->error);
+    } else {
+      it->second.push_back(o->rank);
+    }
+  }
+  for (size_t i = 0; i < reports.size(); ++i) {
+    std::vector<int>& ranks = reports[i].second;
+    std::sort(ranks.begin(), ranks.end());
+    report_error(errors[i], ranks);
+  }
+  int code = failed.empty() ? 0 : kProgramErrorCode;
+  for (const RankOutcome& o : outcomes) {
+    if (code == 0 && o.code != 0) code = o.code;
+  }
+  if (!options.trace_path.empty()) {
+    try {
+      trace().to_chrome_json(options.trace_path);
+    } catch (...) {
+      report_error(std::current_exception(), std::vector<int>{});
+      if (code == 0) code = kProgramErrorCode;
+    }
+  }
+  return code;
+}
+
 }  // namespace
 
 World make_world(const LaunchOptions& options) {
   // The backend switch: one branch per backend.
+  if (options.backend == "threads") {
+    if (t_rank_world == nullptr) {
+      throw_error<ConfigError>(
+          "--spmd-backend=threads: threads worlds exist only on the rank threads that launch() "
+          "(or run_rank_threads()) starts, one per rank");
+    }
+    return *t_rank_world;
+  }
   World world;
   if (options.backend == "sim") {
     world = make_sim_world(options);
@@ -168,10 +237,6 @@ World make_world(const LaunchOptions& options) {
     world = make_mpi_world(options);
   } else if (options.backend == "nccl") {
     world = make_nccl_world(options);
-  } else if (options.backend == "threads") {
-    throw_error<Unsupported>(
-        "--spmd-backend=threads: the threads backend is not implemented yet (it runs one world "
-        "per rank thread, inside launch())");
   } else {
     throw_error<ConfigError>("unknown backend '{}'; valid backends: {}", options.backend,
                              backend_list());
@@ -202,6 +267,62 @@ void finish_world(const World& world) {
 #endif
 }
 
+std::vector<RankOutcome> run_rank_threads(const LaunchOptions& options,
+                                          const std::function<int(World&)>& program) {
+  const int size = options.world_size.value_or(8);
+  std::shared_ptr<const Topology> topology;
+  if (!options.topology_path.empty()) {
+    topology = std::make_shared<Topology>(Topology::load(options.topology_path));
+  }
+  auto hub = std::make_shared<ThreadsHub>(size);
+  std::vector<RankOutcome> outcomes(static_cast<size_t>(size));
+  for (int rank = 0; rank < size; ++rank) outcomes[static_cast<size_t>(rank)].rank = rank;
+  std::atomic<uint64_t> failures{0};
+  auto run_rank = [&](int rank) {
+    RankOutcome& outcome = outcomes[static_cast<size_t>(rank)];
+    std::string how = "returned";
+    {
+      auto state = std::make_shared<WorldState>();
+      state->size = size;
+      state->held_ranks = {rank};
+      state->coordinator = rank == 0;
+      state->backend_name = "threads";
+      state->backend = std::make_shared<ThreadsBackend>(hub, rank);
+      state->topology = topology;
+      state->debug = options.debug;
+      World world(std::move(state));
+      t_rank_world = &world;
+      try {
+        outcome.code = program(world);
+      } catch (...) {
+        outcome.error = std::current_exception();
+        outcome.failure_order = failures++;
+        how = fmt::format("threw {}", error_type(outcome.error));
+      }
+      t_rank_world = nullptr;
+    }
+    hub->rank_finished(rank, how);
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(size));
+  for (int rank = 0; rank < size; ++rank) {
+    try {
+      threads.emplace_back(run_rank, rank);
+    } catch (...) {
+      // The ranks without a thread count as finished, so the started ones do not wait for them.
+      for (int r = rank; r < size; ++r) {
+        outcomes[static_cast<size_t>(r)].error = std::current_exception();
+        outcomes[static_cast<size_t>(r)].failure_order = failures++;
+        hub->rank_finished(r, "never started: its thread could not be created");
+      }
+      break;
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  hub->close();
+  return outcomes;
+}
+
 std::string error_text(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
@@ -210,6 +331,11 @@ std::string error_text(const std::exception_ptr& error) {
   } catch (...) {
     return "error: an exception that is not a std::exception";
   }
+}
+
+void report_error(const std::exception_ptr& error, const std::vector<int>& ranks) {
+  fmt::print(stderr, "{}{}\n", ranks_prefix(ranks), error_text(error));
+  std::fflush(stderr);
 }
 
 void report_error(const std::exception_ptr& error, const World& world) {

@@ -9,7 +9,7 @@ SPMD_PACKAGES=(
   build-essential cmake git python3
   libgtest-dev libgmock-dev libbenchmark-dev
   libeigen3-dev libfmt-dev nlohmann-json3-dev libcli11-dev
-  libopenmpi-dev openmpi-bin
+  libopenmpi-dev openmpi-bin doxygen
 )
 
 # install_packages PKG...: apt-get installs the packages of the list that are not installed.
@@ -38,12 +38,17 @@ export_mpi_env() {
   export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader
 }
 
-# configure_build DIR CMAKE_ARGS...: configures DIR (ccache is used when present) and builds it.
-configure_build() {
+# configure DIR CMAKE_ARGS...: configures DIR (ccache is used when present).
+configure() {
   local dir=$1
   shift
   local launcher=()
   command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   cmake -S "$SPMD_ROOT" -B "$dir" "${launcher[@]}" "$@"
-  cmake --build "$dir" -j "$JOBS"
+}
+
+# configure_build DIR CMAKE_ARGS...: configures DIR and builds everything in it.
+configure_build() {
+  configure "$@"
+  cmake --build "$1" -j "$JOBS"
 }

@@ -6,7 +6,8 @@
 // Inputs are exact by construction: element i of rank r's input is a small integer drawn from
 // (seed, r, i), so sums and products are exact in every dtype and results compare with ==
 // (tolerance only for Avg). Every process can compute every rank's input, so the same body runs
-// under backends where a process holds only its own rank (mpirun), checking the held ranks only.
+// under backends where a process or thread holds only its own rank (mpirun, threads), checking the
+// held ranks only.
 // Failures name the case, the rank, the element index, the expected and the actual value.
 #include <gtest/gtest.h>
 
@@ -329,7 +330,8 @@ void expect_result(const std::string& label, int rank, const Tensor& got, const 
   }
 }
 
-uint64_t g_seed = 1;
+// Per thread: under threads every rank thread runs the same cases and must draw the same seeds.
+thread_local uint64_t g_seed = 1;
 
 template <class Body>
 int for_each_case(const World& world, bool with_scalar, Body&& body) {
@@ -358,7 +360,7 @@ LocalTensor inputs(const World& world, uint64_t seed, const Shape& shape, DType 
 
 // ---- the tests, one per collective ----------------------------------------------------------
 
-TEST(Conformance, AllReduce) {
+SPMD_TEST(Conformance, AllReduce) {
   World world = test_world();
   int cases = for_each_case(
       world, true,
@@ -379,7 +381,7 @@ TEST(Conformance, AllReduce) {
   EXPECT_GT(cases, 0);
 }
 
-TEST(Conformance, AllGather) {
+SPMD_TEST(Conformance, AllGather) {
   World world = test_world();
   for_each_case(
       world, false,
@@ -402,7 +404,7 @@ TEST(Conformance, AllGather) {
       });
 }
 
-TEST(Conformance, ReduceScatter) {
+SPMD_TEST(Conformance, ReduceScatter) {
   World world = test_world();
   for_each_case(
       world, false,
@@ -434,7 +436,7 @@ TEST(Conformance, ReduceScatter) {
       });
 }
 
-TEST(Conformance, AllToAll) {
+SPMD_TEST(Conformance, AllToAll) {
   World world = test_world();
   for_each_case(
       world, false,
@@ -469,7 +471,7 @@ TEST(Conformance, AllToAll) {
       });
 }
 
-TEST(Conformance, AllToAllSingle) {
+SPMD_TEST(Conformance, AllToAllSingle) {
   World world = test_world();
   for (const Family& f : families(world.size())) {
     CaseMesh s = setup(world, f);
@@ -540,7 +542,7 @@ TEST(Conformance, AllToAllSingle) {
   }
 }
 
-TEST(Conformance, Broadcast) {
+SPMD_TEST(Conformance, Broadcast) {
   World world = test_world();
   for_each_case(
       world, true,
@@ -560,7 +562,7 @@ TEST(Conformance, Broadcast) {
       });
 }
 
-TEST(Conformance, Scatter) {
+SPMD_TEST(Conformance, Scatter) {
   World world = test_world();
   for_each_case(
       world, false,
@@ -589,7 +591,7 @@ TEST(Conformance, Scatter) {
       });
 }
 
-TEST(Conformance, Gather) {
+SPMD_TEST(Conformance, Gather) {
   World world = test_world();
   for_each_case(
       world, false,
@@ -617,7 +619,7 @@ TEST(Conformance, Gather) {
       });
 }
 
-TEST(Conformance, Reduce) {
+SPMD_TEST(Conformance, Reduce) {
   World world = test_world();
   for_each_case(
       world, false,
@@ -644,7 +646,7 @@ TEST(Conformance, Reduce) {
       });
 }
 
-TEST(Conformance, Permute) {
+SPMD_TEST(Conformance, Permute) {
   World world = test_world();
   for_each_case(
       world, true,
@@ -676,7 +678,7 @@ TEST(Conformance, Permute) {
       });
 }
 
-TEST(Conformance, Barrier) {
+SPMD_TEST(Conformance, Barrier) {
   World world = test_world();
   for (const Family& f : families(world.size())) {
     CaseMesh s = setup(world, f);

@@ -75,10 +75,72 @@ TEST(LaunchProcess, BackendThisBuildLacks) {
 #endif
 }
 
-TEST(LaunchProcess, ThreadsBackendIsNotBuiltYet) {
-  CommandResult r = probe("--spmd-backend=threads");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_TRUE(contains(r.output, "Unsupported: --spmd-backend=threads")) << r.output;
+int count(const std::string& text, const std::string& part) {
+  int n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+TEST(LaunchProcess, ThreadsRunsTheProgramOncePerRankThread) {
+  CommandResult r = probe("a --spmd-backend=threads b");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count(r.output, "probe: backend=threads size=8 held=1 coordinator=1 args=[a b]"), 1)
+      << r.output;
+  EXPECT_EQ(count(r.output, "probe: backend=threads size=8 held=1 coordinator=0 args=[a b]"), 7)
+      << r.output;
+  EXPECT_EQ(count(r.output, "digest: "), 1) << r.output;
+  // The same digest as sim's: the threads backend computes each group as sim does.
+  const std::string sim = probe("").output;
+  const size_t at = sim.find("digest: ");
+  ASSERT_NE(at, std::string::npos) << sim;
+  EXPECT_TRUE(contains(r.output, sim.substr(at, 24))) << r.output << sim;
+  EXPECT_TRUE(
+      contains(probe("--spmd-backend=threads --spmd-world-size=3").output, "size=3 held=1"));
+}
+
+TEST(LaunchProcess, ThreadsExitCodes) {
+  EXPECT_EQ(probe("--spmd-backend=threads --probe-exit=5").exit_code, 5);
+  CommandResult r = probe("--spmd-backend=threads --spmd-world-size=4 --probe-throw");
+  EXPECT_EQ(r.exit_code, 1);
+  // Every rank threw the same error: printed once, with all its ranks.
+  EXPECT_EQ(count(r.output, "CommError"), 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "[ranks 0-3] CommError: probe: failing on purpose")) << r.output;
+}
+
+TEST(LaunchProcess, ThreadsARankThrowsWhileTheOthersWait) {
+  CommandResult r = probe("--spmd-backend=threads --spmd-world-size=4 --probe-fail-rank=2");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(r.seconds, 5.0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 2] CommError: probe: rank 2 fails on purpose")) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "[ranks 0-1,3] DeadlockError: call #0 of group ranks [0, 1, 2, "
+                       "3] over mesh dim 'all' can never complete: rank 2 has finished "
+                       "(threw CommError) without making it"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "rank 0: barrier over 'all' [0] f32 at launch_probe.cpp:"))
+      << r.output;
+  // The failing rank is reported first.
+  EXPECT_LT(r.output.find("[rank 2]"), r.output.find("[ranks 0-1,3]")) << r.output;
+}
+
+TEST(LaunchProcess, ThreadsMismatchedCollectives) {
+  CommandResult r = probe("--spmd-backend=threads --spmd-world-size=4 --probe-mismatch=shape");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "[ranks 0-3] CollectiveMismatchError: call #0 of group ranks [0, "
+                       "1, 2, 3] over mesh dim 'all': the ranks issued different "
+                       "collectives (they differ in shape)"))
+      << r.output;
+  EXPECT_TRUE(
+      contains(r.output, "rank 1: all_reduce over 'all' [5] f32 op=sum at launch_probe.cpp:"))
+      << r.output;
+  r = probe("--spmd-backend=threads --spmd-world-size=4 --probe-mismatch=kind");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "(they differ in op)")) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "rank 1: all_gather over 'all' [4] f32 gather_dim=0 at "
+                       "launch_probe.cpp:"))
+      << r.output;
 }
 
 #if SPMD_HAVE_MPI

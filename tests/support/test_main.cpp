@@ -1,6 +1,9 @@
 // tests/support/test_main.cpp: main() of the test executables whose bodies take their World from
 // test_world(), so one source runs under sim and under `mpirun -n N` with SPMD_BACKEND=mpi.
 //
+// Under threads (SPMD_BACKEND=threads) the process is one test program as under sim; SPMD_TEST
+// bodies run once per rank thread (tests/support/world_env.h).
+//
 // Under a real backend every rank runs every test and checks its own rank's results. The
 // coordinator prints GoogleTest's usual report; the other ranks print only their failures, each
 // line prefixed with the rank. Exceptions are not caught per test there: a rank that throws
@@ -49,7 +52,9 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  const bool real_backend = spmd::env_value("SPMD_BACKEND").value_or("sim") != "sim";
+  // threads runs in this process like sim: the rank threads report through GoogleTest.
+  const std::string backend = spmd::env_value("SPMD_BACKEND").value_or("sim");
+  const bool real_backend = backend != "sim" && backend != "threads";
   spmd::World world;
   try {
     if (real_backend && !GTEST_FLAG_GET(list_tests)) {

@@ -12,10 +12,10 @@
 namespace spmd::cli {
 namespace {
 
-// The backends compiled into this build, in the order runtime/options.h lists them. sim is always
-// there; threads joins the list when the threads backend is in main.
+// The backends compiled into this build, in the order runtime/options.h lists them. sim and threads
+// are always built (backends/CMakeLists.txt).
 std::vector<std::string> built_backends() {
-  std::vector<std::string> out = {"sim"};
+  std::vector<std::string> out = {"sim", "threads"};
   if (SPMD_HAVE_MPI) out.emplace_back("mpi");
   if (SPMD_HAVE_NCCL) out.emplace_back("nccl");
   return out;
