@@ -9,7 +9,7 @@ SPMD_PACKAGES=(
   build-essential cmake git python3
   libgtest-dev libgmock-dev libbenchmark-dev
   libeigen3-dev libfmt-dev nlohmann-json3-dev libcli11-dev
-  libopenmpi-dev openmpi-bin
+  libopenmpi-dev openmpi-bin doxygen
 )
 
 # install_packages PKG...: apt-get installs the packages of the list that are not installed.
