@@ -92,6 +92,9 @@ std::string Watchdog::check_once() {
   // Completed operations leave in order; the oldest unfinished one decides the timeout.
   while (!pending_.empty()) {
     Pending& p = pending_.front();
+    // The event's own device: a thread that never set one would make device 0 current and give
+    // this process a context there.
+    (void)cudaSetDevice(p.device);
     const cudaError_t state = cudaEventQuery(p.event);
     if (state == cudaSuccess) {
       free_events_[p.device].push_back(p.event);
