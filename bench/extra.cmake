@@ -11,3 +11,10 @@ if(SPMD_HAVE_MPI)
     DEPENDS sim_vs_mpi USES_TERMINAL
     COMMENT "sim_vs_mpi under sim and under mpirun -n 8")
 endif()
+
+# nccl_bench: the nccl backend at world size 1 (host overhead per call, algbw/busbw); exits 77
+# without a GPU. Built with the NCCL backend only.
+if(SPMD_HAVE_NCCL)
+  add_executable(nccl_bench "${CMAKE_CURRENT_SOURCE_DIR}/nccl.cpp")
+  target_link_libraries(nccl_bench PRIVATE spmd::spmd)
+endif()

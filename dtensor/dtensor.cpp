@@ -123,6 +123,7 @@ DTensor dtensor_from_blocks(const char* op, SpecPtr spec,
                             const std::function<Tensor(const Shape&, const Shape&)>& block) {
   check_has_ranks(*spec, op);
   const DTensorSpec::RankInfo& info = spec->rank_info();
+  const World& world = spec->mesh().world();
   std::map<std::vector<int64_t>, Tensor> pieces;
   std::vector<Tensor> shards;
   shards.reserve(info.ranks.size());
@@ -137,9 +138,12 @@ DTensor dtensor_from_blocks(const char* op, SpecPtr spec,
         key.push_back(info.coordinates[r][static_cast<size_t>(i)] == 0);
       }
     }
+    // Each rank's piece on its device (Note [NCCL device placement]), shared by the ranks there.
+    const Device device = world.device_of(info.ranks[r]);
+    key.push_back(device.is_cpu() ? -1 : device.index);
     auto it = pieces.find(key);
     if (it == pieces.end()) {
-      Tensor piece = partition_local(block(offset, size), *spec, info.coordinates[r]);
+      Tensor piece = partition_local(block(offset, size).to(device), *spec, info.coordinates[r]);
       it = pieces.emplace(std::move(key), std::move(piece)).first;
     }
     shards.push_back(it->second);

@@ -573,7 +573,7 @@ LocalTensor reduction_local(Inputs in, const OpArgs& args, const DTensorSpec& ou
       for (int64_t d : dims) empty = empty || t.size(d) == 0;
       if (empty) {
         return full(reduced_shape(t.shape(), dims, keep),
-                    extreme(out.dtype(), r == Reduction::Amax), out.dtype());
+                    extreme(out.dtype(), r == Reduction::Amax), out.dtype(), t.device());
       }
     }
     return apply_reduction(r, t, dims, keep);

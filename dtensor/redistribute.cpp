@@ -551,10 +551,10 @@ Tensor partition_local(const Tensor& block, const DTensorSpec& spec,
       if (is_floating(out.dtype())) {
         out = out / static_cast<double>(k);
       } else if (!first) {
-        out = zeros(out.shape(), out.dtype());
+        out = zeros(out.shape(), out.dtype(), out.device());
       }
     } else if (p->op == ReduceOp::Product && !first) {
-      out = ones(out.shape(), out.dtype());
+      out = ones(out.shape(), out.dtype(), out.device());
     }
   }
   return out;
@@ -682,7 +682,8 @@ LocalTensor run_step(const LocalTensor& x, const DTensorSpec& spec,
         if (coord(r) == 0) {
           out.push_back(t);
         } else {
-          out.push_back(sum ? zeros(t.shape(), t.dtype()) : ones(t.shape(), t.dtype()));
+          out.push_back(sum ? zeros(t.shape(), t.dtype(), t.device())
+                            : ones(t.shape(), t.dtype(), t.device()));
         }
       }
       return LocalTensor(x, std::move(out));

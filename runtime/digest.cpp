@@ -30,7 +30,7 @@ uint64_t digest(const Tensor& t) {
     const int64_t size = t.size(d);
     h = fnv1a(&size, sizeof size, h);
   }
-  const Tensor c = t.contiguous();
+  const Tensor c = t.to(cpu()).contiguous();
   return fnv1a(c.data_ptr(), c.nbytes(), h);
 }
 

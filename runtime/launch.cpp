@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <thread>
 
@@ -19,6 +20,12 @@
 
 #if SPMD_HAVE_MPI
 #include "backends/mpi/backend.h"
+#endif
+#if SPMD_HAVE_NCCL
+#include "backends/nccl/backend.h"
+#include "backends/nccl/bootstrap.h"
+#include "backends/nccl/unique_id.h"
+#include "tensor/cuda/device.h"
 #endif
 
 namespace spmd {
@@ -86,13 +93,70 @@ World make_mpi_world(const LaunchOptions& options) {
 #endif
 }
 
-// The nccl engineer replaces this function with the NCCL world (spmdrun is its launcher).
+// Note [NCCL bootstrap] (backends/nccl/bootstrap.h) lists the steps, in this order.
 World make_nccl_world(const LaunchOptions& options) {
-  (void)options;
 #if !SPMD_HAVE_NCCL
+  (void)options;
   throw_error<Unsupported>("this build has no NCCL backend; configure with -DSPMD_WITH_NCCL=ON");
 #else
-  throw_error<Unsupported>("--spmd-backend=nccl: the nccl backend is not implemented yet");
+  const auto launcher = detect_launcher();
+  const int processes = launcher ? launcher->size : 1;
+  const int process_rank = launcher ? launcher->rank : 0;
+  const int per_process = options.gpus_per_process;
+  const int world_size = processes * per_process;
+  // SPMD_WORLD_SIZE set by spmdrun counts processes; any other world size must be the ranks'.
+  const bool launchers_count = launcher && options.world_size == launcher->size &&
+                               options.world_size_source.starts_with(launcher->size_variable);
+  if (options.world_size && *options.world_size != world_size && !launchers_count) {
+    throw_error<ConfigError>(
+        "{} disagrees with the launch: {} process(es) ({}) with {} GPU(s) each make {} ranks",
+        options.world_size_source, processes, launcher ? launcher->name : "no launcher",
+        per_process, world_size);
+  }
+  if (launcher) share_cores(*launcher);
+
+  const CudaDevices gpus = probe_cuda_devices();
+  if (gpus.count == 0) {
+    throw_error<Unsupported>("--spmd-backend=nccl needs a CUDA GPU, and process {} has none: {}",
+                             process_rank, gpus.error);
+  }
+  const bool share_gpu = env_value("SPMD_NCCL_SHARE_GPU").value_or("0") == "1";
+  const std::vector<int> devices =
+      rank_devices(launcher ? launcher->local_rank : 0, launcher ? launcher->local_size : 1,
+                   per_process, gpus.count, share_gpu);
+  const int version = nccl_runtime_version();
+  if (share_gpu) apply_shared_gpu_env(version, process_rank);
+
+  const UniqueIdSource source = choose_unique_id_source(
+      env_value(kUniqueIdVariable), env_value("NCCL_COMM_ID"),
+      launcher ? std::string_view(launcher->name) : std::string_view(), processes, SPMD_HAVE_MPI);
+  NcclConfig config;
+  config.id = obtain_unique_id(source, process_rank);
+#if SPMD_HAVE_MPI
+  if (source == UniqueIdSource::MpiBroadcast &&
+      (mpi_world_size() != processes || mpi_world_rank() != process_rank)) {
+    throw_error<ConfigError>(
+        "--spmd-backend=nccl: MPI_COMM_WORLD has this process as rank {} of {}, but {} said rank "
+        "{} of {}",
+        mpi_world_rank(), mpi_world_size(), launcher->name, process_rank, processes);
+  }
+#endif
+  config.world_size = world_size;
+  for (int i = 0; i < per_process; ++i) config.ranks.push_back(process_rank * per_process + i);
+  config.devices = devices;
+  config.timeout_s = options.nccl_timeout_s.value_or(300.0);
+  config.fingerprint = options.debug.fingerprint;
+  config.native_alltoall_gather_scatter = use_native_alltoall_gather_scatter(
+      version, env_value("SPMD_NCCL_P2P_COLLECTIVES").value_or("0") == "1");
+
+  auto state = std::make_shared<WorldState>();
+  state->size = world_size;
+  state->held_ranks = config.ranks;
+  for (int device : devices) state->devices.push_back(cuda(device));
+  state->coordinator = process_rank == 0;
+  state->backend_name = "nccl";
+  state->backend = std::make_shared<NcclBackend>(config);
+  return World(std::move(state));
 #endif
 }
 
@@ -262,8 +326,12 @@ void finish_world(const World& world) {
   if (!world.defined()) return;
   const std::string& path = world.state().trace_path;
   if (!path.empty()) trace().to_chrome_json(trace_file_for(world, path));
+#if SPMD_HAVE_NCCL
+  if (world.backend_name() == "nccl") dynamic_cast<NcclBackend&>(world.backend()).shutdown();
+#endif
 #if SPMD_HAVE_MPI
-  if (world.backend_name() == "mpi") mpi_finalize();
+  // The nccl backend initializes MPI too when mpirun started it (the unique id's MPI_Bcast).
+  if (world.backend_name() == "mpi" || world.backend_name() == "nccl") mpi_finalize();
 #endif
 }
 
@@ -344,11 +412,22 @@ void report_error(const std::exception_ptr& error, const World& world) {
 }
 
 void abort_job(int code) {
+#if SPMD_HAVE_NCCL
+  // Peers blocked in a collective with this process see aborted communicators, not silence.
+  const bool nccl = nccl_abort_communicators();
+#endif
 #if SPMD_HAVE_MPI
   mpi_abort(code);
-#else
-  (void)code;
 #endif
+#if SPMD_HAVE_NCCL
+  if (nccl) {
+    // NCCL's threads and communicators are in no state for an orderly exit: end here, so the
+    // launcher sees the code and stops the other ranks.
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }
+#endif
+  (void)code;
 }
 
 namespace detail {

@@ -71,7 +71,8 @@ int launch(int& argc, char** argv, Program&& program) {
 }
 
 // The world `options` describe, for this process, without running a program (tests, tools):
-// sim holds every rank; mpi holds the rank mpirun/srun gave this process and initializes MPI.
+// sim holds every rank; mpi holds the rank mpirun/srun gave this process and initializes MPI;
+// nccl holds this process's rank(s) and creates their world communicators (Note [NCCL bootstrap]).
 // Applies the debug options, the topology file and the trace settings. Pair it with
 // finish_world(). ConfigError/Unsupported as for launch(). Under threads a world exists only on
 // a rank thread of run_rank_threads(): there this returns that thread's world, elsewhere it
@@ -112,8 +113,9 @@ void report_error(const std::exception_ptr& error, const World& world);
 // The same for an explicit rank list: "[rank 3] ", "[ranks 0-7] ", "[ranks 0-2,5] ".
 void report_error(const std::exception_ptr& error, const std::vector<int>& ranks);
 
-// Ends every process of the job with `code` when a real backend's library is running
-// (MPI_Abort); returns otherwise.
+// Ends every process of the job with `code` when a real backend's library is running: MPI_Abort
+// under mpi; under nccl this process's communicators are aborted (its peers' collectives fail)
+// and it exits with `code` (spmdrun then stops the others). Returns otherwise.
 void abort_job(int code);
 
 }  // namespace spmd

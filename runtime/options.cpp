@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -15,9 +16,13 @@ struct FlagSpec {
   const char* variable;
 };
 constexpr FlagSpec kFlags[] = {
-    {"--spmd-backend", "SPMD_BACKEND"},   {"--spmd-world-size", "SPMD_WORLD_SIZE"},
-    {"--spmd-trace", "SPMD_TRACE"},       {"--spmd-debug", "SPMD_DEBUG"},
+    {"--spmd-backend", "SPMD_BACKEND"},
+    {"--spmd-world-size", "SPMD_WORLD_SIZE"},
+    {"--spmd-trace", "SPMD_TRACE"},
+    {"--spmd-debug", "SPMD_DEBUG"},
     {"--spmd-topology", "SPMD_TOPOLOGY"},
+    {"--spmd-nccl-timeout", "SPMD_NCCL_TIMEOUT"},
+    {"--spmd-gpus-per-process", "SPMD_GPUS_PER_PROCESS"},
 };
 
 std::string valid_flags() {
@@ -58,6 +63,21 @@ void apply(LaunchOptions& o, std::string_view flag, const std::string& value,
     o.debug = parse_debug_options(value, source);
   } else if (flag == "--spmd-topology") {
     o.topology_path = value;
+  } else if (flag == "--spmd-nccl-timeout") {
+    char* end = nullptr;
+    const double seconds = std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != '\0' || !(seconds > 0)) {
+      throw_error<ConfigError>("{}: the timeout must be a positive number of seconds, got '{}'",
+                               source, value);
+    }
+    o.nccl_timeout_s = seconds;
+  } else if (flag == "--spmd-gpus-per-process") {
+    const auto n = parse_int(value);
+    if (!n || *n < 1) {
+      throw_error<ConfigError>("{}: GPUs per process must be a positive integer, got '{}'", source,
+                               value);
+    }
+    o.gpus_per_process = *n;
   }
 }
 

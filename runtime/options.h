@@ -8,6 +8,10 @@
 //   --spmd-trace=path                     SPMD_TRACE       (Chrome trace JSON written at exit)
 //   --spmd-debug=check,replicate,fingerprint,nan  SPMD_DEBUG
 //   --spmd-topology=file.json             SPMD_TOPOLOGY    (the cost model's topology)
+//   --spmd-nccl-timeout=S                 SPMD_NCCL_TIMEOUT (nccl: seconds before a stuck
+//                                                           collective ends the run; default 300)
+//   --spmd-gpus-per-process=K             SPMD_GPUS_PER_PROCESS (nccl: ranks, one GPU each,
+//                                                           per process; default 1)
 // Both `--spmd-x=value` and `--spmd-x value` are accepted; parsing stops at `--`.
 //
 //   LaunchOptions o = parse_launch_options(argc, argv);  // argv now lacks the --spmd-* flags
@@ -37,7 +41,9 @@ struct LaunchOptions {
   std::optional<int> world_size;
   std::string trace_path;  // empty: no trace file
   DebugOptions debug;
-  std::string topology_path;  // empty: the default topology
+  std::string topology_path;             // empty: the default topology
+  std::optional<double> nccl_timeout_s;  // Note [NCCL watchdog]; default 300
+  int gpus_per_process = 1;
   // Where each setting came from, for messages: "--spmd-world-size=8", "SPMD_WORLD_SIZE=8" or
   // empty for the default.
   std::string backend_source;

@@ -70,7 +70,19 @@ LocalTensor::LocalTensor(const LocalTensor& like, std::vector<Tensor> shards)
 }
 
 LocalTensor LocalTensor::replicate(const World& world, const Tensor& t) {
-  return replicate(world.held_ranks(), t);
+  const std::vector<Device>& devices = world.state().devices;
+  if (devices.empty()) return replicate(world.held_ranks(), t);
+  if (!t.defined()) throw_error<Error>("LocalTensor::replicate: tensor is undefined");
+  // One copy per device the held ranks use (Note [NCCL device placement]).
+  std::vector<Tensor> shards;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    size_t same = 0;
+    while (same < i && devices[same] != devices[i]) ++same;
+    shards.push_back(same < i                   ? shards[same]
+                     : t.device() == devices[i] ? t.clone()
+                                                : t.to(devices[i]));
+  }
+  return LocalTensor(world.held_ranks(), std::move(shards));
 }
 
 LocalTensor LocalTensor::replicate(const std::vector<int>& ranks, const Tensor& t) {
@@ -80,7 +92,19 @@ LocalTensor LocalTensor::replicate(const std::vector<int>& ranks, const Tensor& 
 }
 
 LocalTensor LocalTensor::from_fn(const World& world, const std::function<Tensor(int)>& fn) {
-  return from_fn(world.held_ranks(), fn);
+  const std::vector<Device>& devices = world.state().devices;
+  if (devices.empty()) return from_fn(world.held_ranks(), fn);
+  const std::vector<int>& ranks = world.held_ranks();
+  std::vector<Tensor> shards;
+  shards.reserve(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    Tensor shard = fn(ranks[i]);
+    if (!shard.defined()) {
+      throw_error<Error>("LocalTensor: shard of rank {} is undefined", ranks[i]);
+    }
+    shards.push_back(shard.to(devices[i]));
+  }
+  return LocalTensor(ranks, std::move(shards));
 }
 
 LocalTensor LocalTensor::from_fn(const std::vector<int>& ranks,

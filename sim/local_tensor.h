@@ -47,10 +47,12 @@ class LocalTensor {
   // The same ranks as `like` (no rank-list copy), with new shards.
   LocalTensor(const LocalTensor& like, std::vector<Tensor> shards);
 
-  // A copy of `t` on every held rank of `world`, stored once (Note [Copy-on-write replicas]).
+  // A copy of `t` on every held rank of `world`, stored once per device (Note [Copy-on-write
+  // replicas]); on each rank's device (World::device_of: a GPU under nccl).
   static LocalTensor replicate(const World& world, const Tensor& t);
   static LocalTensor replicate(const std::vector<int>& ranks, const Tensor& t);
-  // fn(rank) for every held rank of `world`.
+  // fn(rank) for every held rank of `world`, moved to the rank's device (World::device_of: a GPU
+  // under nccl, Note [NCCL device placement]). The rank-list forms leave shards where fn made them.
   static LocalTensor from_fn(const World& world, const std::function<Tensor(int rank)>& fn);
   static LocalTensor from_fn(const std::vector<int>& ranks,
                              const std::function<Tensor(int rank)>& fn);

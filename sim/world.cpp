@@ -27,6 +27,17 @@ bool World::holds(int rank) const {
   return std::binary_search(held.begin(), held.end(), rank);
 }
 
+Device World::device_of(int rank) const {
+  const auto& state = checked("device_of");
+  const auto it = std::lower_bound(state.held_ranks.begin(), state.held_ranks.end(), rank);
+  if (it == state.held_ranks.end() || *it != rank) {
+    throw_error<Error>("World::device_of: rank {} is not held by this world (it holds {} ranks)",
+                       rank, state.held_ranks.size());
+  }
+  if (state.devices.empty()) return Device{};
+  return state.devices[static_cast<size_t>(it - state.held_ranks.begin())];
+}
+
 std::string World::backend_name() const {
   return checked("backend_name").backend_name;
 }

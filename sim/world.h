@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "tensor/storage.h"
+
 namespace spmd {
 
 class Backend;   // collectives/backend.h
@@ -31,6 +33,7 @@ struct DebugOptions {
 struct WorldState {
   int size = 0;
   std::vector<int> held_ranks;  // ascending
+  std::vector<Device> devices;  // the device of each held rank, in held_ranks order; empty: CPU
   bool coordinator = false;     // true in exactly one process / rank thread
   std::string backend_name;
   std::shared_ptr<Backend> backend;
@@ -55,6 +58,9 @@ class World {
   // sim: all ranks; threads, mpi, nccl: this process's or thread's rank(s). Ascending.
   const std::vector<int>& held_ranks() const;
   bool holds(int rank) const;
+  // The device a held rank's tensors live on: its GPU under nccl (Note [NCCL device placement]),
+  // the CPU everywhere else. Error when `rank` is not held.
+  Device device_of(int rank) const;
   std::string backend_name() const;
   bool is_coordinator() const;
 

@@ -9,6 +9,12 @@
 // under backends where a process or thread holds only its own rank (mpirun, threads), checking the
 // held ranks only.
 // Failures name the case, the rank, the element index, the expected and the actual value.
+//
+// Under nccl the inputs are made on the host and LocalTensor::from_fn moves them to each rank's
+// GPU (Note [NCCL device placement]); results come back through to_vector. Floating Avg is
+// compared with a tolerance there too: NCCL pre-multiplies by 1/n (Note [NCCL semantics]).
+// SPMD_CONFORMANCE_DTYPES=f32,bf16,... limits the table to those dtypes (scripts/gpu-check thins
+// its slow runs of several ranks time-sharing one GPU this way).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +24,7 @@
 #include <vector>
 
 #include "collectives/functional.h"
+#include "core/env.h"
 #include "mesh/device_mesh.h"
 #include "sim/local_tensor.h"
 #include "tensor/ops.h"
@@ -190,6 +197,29 @@ std::vector<double> fold_reference(uint64_t seed, const std::vector<int>& group,
   return expected;
 }
 
+// The dtypes of the table: every dtype, or those SPMD_CONFORMANCE_DTYPES lists.
+const std::vector<DType>& table_dtypes() {
+  static const std::vector<DType> dtypes = [] {
+    const auto list = env_value("SPMD_CONFORMANCE_DTYPES");
+    if (!list) return std::vector<DType>(std::begin(kAllDTypes), std::end(kAllDTypes));
+    std::vector<DType> out;
+    size_t start = 0;
+    while (start <= list->size()) {
+      size_t end = list->find(',', start);
+      if (end == std::string::npos) end = list->size();
+      const std::string name = list->substr(start, end - start);
+      if (!name.empty()) {
+        const auto dtype = parse_dtype(name);
+        if (!dtype) throw_error<ConfigError>("SPMD_CONFORMANCE_DTYPES: unknown dtype '{}'", name);
+        out.push_back(*dtype);
+      }
+      start = end + 1;
+    }
+    return out;
+  }();
+  return dtypes;
+}
+
 // ---- group families -------------------------------------------------------------------------
 
 struct Family {
@@ -339,7 +369,7 @@ int for_each_case(const World& world, bool with_scalar, Body&& body) {
   for (const Family& family : families(world.size())) {
     CaseMesh s = setup(world, family);
     for (const ShapeCase& sc : shapes_for(s.group_size, with_scalar)) {
-      for (DType dtype : kAllDTypes) {
+      for (DType dtype : table_dtypes()) {
         body(family, s, sc, dtype, g_seed++);
         ++cases;
       }
@@ -476,7 +506,7 @@ SPMD_TEST(Conformance, AllToAllSingle) {
   for (const Family& f : families(world.size())) {
     CaseMesh s = setup(world, f);
     const int64_t n = s.group_size;
-    for (DType dtype : kAllDTypes) {
+    for (DType dtype : table_dtypes()) {
       const uint64_t seed = g_seed++;
       // Uneven: group rank i sends (i + j) % 3 rows to group rank j.
       auto in_for = [&](int r) {

@@ -16,7 +16,11 @@
 
 #include "core/env.h"
 #include "runtime/launch.h"
+#include "spmd/config.h"
 #include "tests/support/world_env.h"
+#if SPMD_HAVE_NCCL
+#include "tensor/cuda/device.h"
+#endif
 
 namespace {
 
@@ -55,6 +59,16 @@ int main(int argc, char** argv) {
   // threads runs in this process like sim: the rank threads report through GoogleTest.
   const std::string backend = spmd::env_value("SPMD_BACKEND").value_or("sim");
   const bool real_backend = backend != "sim" && backend != "threads";
+#if SPMD_HAVE_NCCL
+  // Without a usable GPU the nccl runs are skipped (CTest's SKIP_RETURN_CODE 77), in every rank.
+  if (backend == "nccl" && !GTEST_FLAG_GET(list_tests)) {
+    const spmd::CudaDevices gpus = spmd::probe_cuda_devices();
+    if (gpus.count == 0) {
+      std::printf("[  SKIPPED ] no usable GPU for the nccl backend: %s\n", gpus.error.c_str());
+      return 77;
+    }
+  }
+#endif
   spmd::World world;
   try {
     if (real_backend && !GTEST_FLAG_GET(list_tests)) {

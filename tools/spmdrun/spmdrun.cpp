@@ -10,6 +10,9 @@
 // 128 + its signal. --timeout S stops everything after S seconds with exit code 124.
 //
 // It is a launcher for backends that bootstrap themselves (nccl); MPI jobs need mpirun or srun.
+// Built with NCCL, it also calls ncclGetUniqueId once (no GPU needed) and passes the id to every
+// rank as 256 hex digits in SPMD_NCCL_UNIQUE_ID (backends/nccl/unique_id.h). The id's bootstrap
+// root listens in this process, which stays alive until the ranks end.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -29,6 +32,10 @@
 #include <vector>
 
 #include <fmt/format.h>
+
+#if SPMDRUN_WITH_NCCL
+#include "backends/nccl/unique_id.h"
+#endif
 
 extern char** environ;
 
@@ -121,11 +128,30 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// The NCCL unique id the ranks of this launch share, as hex; empty (with a warning) when NCCL
+// cannot make one or spmdrun was built without it.
+std::string nccl_unique_id_hex() {
+#if SPMDRUN_WITH_NCCL
+  ncclUniqueId id{};
+  const ncclResult_t result = ncclGetUniqueId(&id);
+  if (result != ncclSuccess) {
+    fmt::print(stderr,
+               "spmdrun: warning: ncclGetUniqueId failed ({}); ranks using the nccl backend need "
+               "NCCL_COMM_ID instead\n",
+               ncclGetErrorString(result));
+    return {};
+  }
+  return spmd::unique_id_to_hex(id);
+#else
+  return {};
+#endif
+}
+
 // The environment of rank `rank`'s process: spmdrun's own, without launcher variables a previous
-// launch left behind, plus this rank's. (The nccl backend's bootstrap id joins here.)
-std::vector<std::string> child_environment(int rank, int size) {
-  static constexpr std::string_view kOwn[] = {
-      "SPMD_RANK=", "SPMD_WORLD_SIZE=", "SPMD_LOCAL_RANK=", "SPMD_LOCAL_WORLD_SIZE="};
+// launch left behind, plus this rank's and the launch's NCCL unique id (when there is one).
+std::vector<std::string> child_environment(int rank, int size, const std::string& nccl_id) {
+  static constexpr std::string_view kOwn[] = {"SPMD_RANK=", "SPMD_WORLD_SIZE=", "SPMD_LOCAL_RANK=",
+                                              "SPMD_LOCAL_WORLD_SIZE=", "SPMD_NCCL_UNIQUE_ID="};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view entry = *e;
@@ -137,6 +163,7 @@ std::vector<std::string> child_environment(int rank, int size) {
   env.push_back(fmt::format("SPMD_WORLD_SIZE={}", size));
   env.push_back(fmt::format("SPMD_LOCAL_RANK={}", rank));
   env.push_back(fmt::format("SPMD_LOCAL_WORLD_SIZE={}", size));
+  if (!nccl_id.empty()) env.push_back(fmt::format("SPMD_NCCL_UNIQUE_ID={}", nccl_id));
   return env;
 }
 
@@ -229,6 +256,7 @@ int main(int argc, char** argv) {
   for (const std::string& a : options.command) child_argv.push_back(const_cast<char*>(a.c_str()));
   child_argv.push_back(nullptr);
 
+  const std::string nccl_id = nccl_unique_id_hex();
   std::vector<Child> children(static_cast<size_t>(options.n));
   std::vector<Stream> streams;
   int live = 0;
@@ -236,7 +264,7 @@ int main(int argc, char** argv) {
   bool stopping = false;
   std::string failure;
   for (int rank = 0; rank < options.n; ++rank) {
-    std::vector<std::string> env = child_environment(rank, options.n);
+    std::vector<std::string> env = child_environment(rank, options.n, nccl_id);
     std::vector<char*> envp;
     for (std::string& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
