@@ -318,6 +318,68 @@ Tensor concat_blocks(const Tensor& buffer, int64_t d) {
   return cat(pieces, d);
 }
 
+// Note [Rank-ordered floating reductions]
+// MPI may bracket a reduction as it likes ((x0 + x1) + (x2 + x3) in a tree), and the user ops
+// for BF16/F16 round at every hop. Floating Sum, Product and Avg over more than 2 ranks would then
+// differ from sim in the last bits, breaking Note [Reduction order]'s promise that every backend
+// gives sim's bits. So these reductions do not use MPI's reduction at all: each member receives
+// its slice of every member's input (MPI_Alltoall[v], the traffic of a reduce-scatter) and folds
+// the slices in ascending group rank with the shared kernel; all_reduce and reduce then
+// (all)gather the reduced slices. Min, Max, integers, Bool and groups of 1 or 2 (a single
+// commutative step) keep MPI's own reduction.
+bool needs_rank_order(DType dtype, ReduceOp op, int n) {
+  return n > 2 && is_floating(dtype) &&
+         (op == ReduceOp::Sum || op == ReduceOp::Product || op == ReduceOp::Avg);
+}
+
+// Folds the n contiguous blocks of `count` elements in `blocks` in rank order into `out`
+// (Avg divides as the shared kernel does).
+void fold_blocks(const Call& c, ReduceOp op, const char* blocks, int64_t count, void* out) {
+  const size_t bytes = itemsize(c.input.dtype()) * static_cast<size_t>(count);
+  std::vector<const void*> inputs(static_cast<size_t>(c.n));
+  for (int i = 0; i < c.n; ++i) inputs[static_cast<size_t>(i)] = blocks + bytes * i;
+  reduce_buffers(c.input.dtype(), op, inputs.data(), c.n, out, count);
+}
+
+// The whole input reduced in rank order, on every member (root < 0) or on group rank `root`
+// only (others get an empty tensor). The flat input is split into n slices of near-equal size.
+Tensor rank_ordered_reduce(const Call& c, ReduceOp op, int root) {
+  const int64_t total = c.input.numel();
+  const size_t elem = itemsize(c.input.dtype());
+  std::vector<int> counts(static_cast<size_t>(c.n));
+  std::vector<int> displs(static_cast<size_t>(c.n));
+  int64_t offset = 0;
+  for (int k = 0; k < c.n; ++k) {
+    const int64_t len = total / c.n + (k < total % c.n ? 1 : 0);
+    counts[static_cast<size_t>(k)] = count_of(c, len);
+    displs[static_cast<size_t>(k)] = count_of(c, offset);
+    offset += len;
+  }
+  const int mine = counts[static_cast<size_t>(c.index)];
+  // Every member sends its k-th slice to member k and receives its own slice from everyone.
+  std::vector<char> received(elem * static_cast<size_t>(mine) * static_cast<size_t>(c.n));
+  std::vector<int> recv_counts(static_cast<size_t>(c.n), mine);
+  std::vector<int> recv_displs(static_cast<size_t>(c.n));
+  for (int i = 0; i < c.n; ++i)
+    recv_displs[static_cast<size_t>(i)] = count_of(c, int64_t{mine} * i);
+  check_mpi(MPI_Alltoallv(c.input.data_ptr(), counts.data(), displs.data(), c.type, received.data(),
+                          recv_counts.data(), recv_displs.data(), c.type, c.comm_handle()),
+            "MPI_Alltoallv", c.context());
+  std::vector<char> slice(elem * static_cast<size_t>(mine));
+  fold_blocks(c, op, received.data(), mine, slice.data());
+  Tensor out = root < 0 || root == c.index ? empty(c.input.shape(), c.input.dtype()) : Tensor{};
+  if (root < 0) {
+    check_mpi(MPI_Allgatherv(slice.data(), mine, c.type, out.data_ptr(), counts.data(),
+                             displs.data(), c.type, c.comm_handle()),
+              "MPI_Allgatherv", c.context());
+  } else {
+    check_mpi(MPI_Gatherv(slice.data(), mine, c.type, out.defined() ? out.data_ptr() : nullptr,
+                          counts.data(), displs.data(), c.type, root, c.comm_handle()),
+              "MPI_Gatherv", c.context());
+  }
+  return out;
+}
+
 }  // namespace
 
 // ---- lifetime -------------------------------------------------------------------------------
@@ -424,8 +486,11 @@ std::shared_ptr<Communicator> MpiBackend::make_communicator(const GroupFamily& f
 WorkPtr MpiBackend::all_reduce(Communicator& comm, const LocalTensor& x,
                                const AllReduceOptions& options, const CallSite& site) {
   Call c = begin_call(CollectiveKind::AllReduce, comm, x, options, site, rank_, fingerprint_);
-  Tensor out = empty(c.input.shape(), c.input.dtype());
   const int count = count_of(c, c.input.numel());
+  if (count > 0 && needs_rank_order(c.input.dtype(), options.op, c.n)) {
+    return done(x, rank_ordered_reduce(c, options.op, -1));
+  }
+  Tensor out = empty(c.input.shape(), c.input.dtype());
   if (count > 0) {
     check_mpi(MPI_Allreduce(c.input.data_ptr(), out.data_ptr(), count, c.type,
                             mpi_op(options.op, c.input.dtype()), c.comm_handle()),
@@ -460,6 +525,16 @@ WorkPtr MpiBackend::reduce_scatter(Communicator& comm, const LocalTensor& x,
   Tensor out = empty(out_shape, c.input.dtype());
   const int count = count_of(c, out.numel());
   count_of(c, send.numel());
+  if (count > 0 && needs_rank_order(c.input.dtype(), options.op, c.n)) {
+    // Member k's block of every member's input, then the rank-ordered fold (Note [Rank-ordered
+    // floating reductions]).
+    std::vector<char> received(send.nbytes());
+    check_mpi(MPI_Alltoall(send.data_ptr(), count, c.type, received.data(), count, c.type,
+                           c.comm_handle()),
+              "MPI_Alltoall", c.context());
+    fold_blocks(c, options.op, received.data(), count, out.data_ptr());
+    return done(x, std::move(out));
+  }
   if (count > 0) {
     check_mpi(MPI_Reduce_scatter_block(send.data_ptr(), out.data_ptr(), count, c.type,
                                        mpi_op(options.op, c.input.dtype()), c.comm_handle()),
@@ -615,13 +690,16 @@ WorkPtr MpiBackend::reduce(Communicator& comm, const LocalTensor& x, const Reduc
   const bool root = c.index == options.dst;
   Tensor out = root ? empty(c.input.shape(), c.input.dtype()) : Tensor{};
   const int count = count_of(c, c.input.numel());
-  if (count > 0) {
+  const bool ordered = count > 0 && needs_rank_order(c.input.dtype(), options.op, c.n);
+  if (ordered) {
+    out = rank_ordered_reduce(c, options.op, options.dst);  // Avg divided by the fold
+  } else if (count > 0) {
     check_mpi(MPI_Reduce(c.input.data_ptr(), root ? out.data_ptr() : nullptr, count, c.type,
                          mpi_op(options.op, c.input.dtype()), options.dst, c.comm_handle()),
               "MPI_Reduce", c.context());
   }
   if (root) {
-    if (options.op == ReduceOp::Avg) divide_in_place(out, c.n);
+    if (options.op == ReduceOp::Avg && !ordered) divide_in_place(out, c.n);
     return done(x, std::move(out));
   }
   Shape none = c.input.shape();

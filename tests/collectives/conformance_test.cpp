@@ -28,6 +28,7 @@
 #include "mesh/device_mesh.h"
 #include "sim/local_tensor.h"
 #include "tensor/ops.h"
+#include "tensor/random.h"
 #include "tests/support/world_env.h"
 
 namespace spmd {
@@ -706,6 +707,74 @@ SPMD_TEST(Conformance, Permute) {
           }
         }
       });
+}
+
+// Note [Reduction order] on inexact data: rank r's input is randn(seed + r), so sums, products
+// and averages round, and every backend must give the bits of ((x0 op x1) op x2) op ... with the
+// accumulation type of the note (F32 for BF16 and F32, F64 for F64), rounded once. The reference
+// is that loop, written out here. Groups of 4 and 8 under mpirun are what Note [Rank-ordered
+// floating reductions] (backends/mpi/backend.cpp) is for. NCCL brackets as it likes (Note [NCCL
+// semantics]), so this test does not run there.
+template <class Acc>
+std::vector<double> rank_order_fold(const std::vector<std::vector<double>>& rows, ReduceOp op) {
+  std::vector<double> out(rows.front().size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    Acc acc = static_cast<Acc>(rows[0][i]);
+    for (size_t m = 1; m < rows.size(); ++m) {
+      if (op == ReduceOp::Product) {
+        acc = acc * static_cast<Acc>(rows[m][i]);
+      } else {
+        acc = acc + static_cast<Acc>(rows[m][i]);
+      }
+    }
+    if (op == ReduceOp::Avg) acc = acc / static_cast<Acc>(rows.size());
+    out[i] = static_cast<double>(acc);
+  }
+  return out;
+}
+
+SPMD_TEST(Conformance, FloatingReductionsFollowRankOrderBitwise) {
+  World world = test_world();
+  if (world.backend_name() == "nccl") GTEST_SKIP() << "NCCL chooses its own bracketing";
+  const int n = world.size();
+  DeviceMesh line = init_device_mesh(world, {n}, {"x"});
+  const Shape odd{7, 5};            // 35 elements: uneven slices over 4 and 8 ranks
+  const Shape rows_of_n{2 * n, 3};  // reduce_scatter: 2 rows per rank
+  for (DType dtype : {DType::F32, DType::F64, DType::BF16}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Product}) {
+      const std::string what = fmt::format("{}/{}", dtype, reduce_op_name(op));
+      const uint64_t seed = 1000 + static_cast<uint64_t>(op) * 10 + static_cast<uint64_t>(dtype);
+      auto input_of = [&](const Shape& shape, int r) {
+        return randn(shape, seed + static_cast<uint64_t>(r), dtype);
+      };
+      // The rank-order fold of every rank's input, rounded once to the dtype by the conversion.
+      auto expected_of = [&](const Shape& shape) {
+        std::vector<std::vector<double>> rows;
+        for (int r = 0; r < n; ++r) rows.push_back(input_of(shape, r).to_vector<double>());
+        std::vector<double> folded = dtype == DType::F64 ? rank_order_fold<double>(rows, op)
+                                                         : rank_order_fold<float>(rows, op);
+        return from_vector(folded).to(dtype).to(DType::F64).to_vector<double>();
+      };
+      auto values = [](const Tensor& t) { return t.to(DType::F64).to_vector<double>(); };
+
+      const std::vector<double> expected = expected_of(odd);
+      LocalTensor x = LocalTensor::from_fn(world, [&](int r) { return input_of(odd, r); });
+      LocalTensor all = all_reduce(x, line, "x", op);
+      LocalTensor to_root = reduce(x, line, "x", op, /*dst=*/n - 1);
+      const std::vector<double> expected_rows = expected_of(rows_of_n);
+      LocalTensor y = LocalTensor::from_fn(world, [&](int r) { return input_of(rows_of_n, r); });
+      LocalTensor scattered = reduce_scatter(y, line, "x", op, 0);
+      for (int r : world.held_ranks()) {
+        EXPECT_EQ(values(all.shard(r)), expected) << "all_reduce " << what << " on rank " << r;
+        if (r == n - 1) {
+          EXPECT_EQ(values(to_root.shard(r)), expected) << "reduce " << what << " on rank " << r;
+        }
+        const std::vector<double> mine(expected_rows.begin() + 6 * r,
+                                       expected_rows.begin() + 6 * (r + 1));
+        EXPECT_EQ(values(scattered.shard(r)), mine) << "reduce_scatter " << what << " rank " << r;
+      }
+    }
+  }
 }
 
 SPMD_TEST(Conformance, Barrier) {
