@@ -147,7 +147,15 @@ Tensor& LocalTensor::mutable_shard(int rank) {
   Tensor& shard = shards_[i];
   // Note [Copy-on-write replicas]: any other handle on the buffer (another rank's shard, or a
   // view kept elsewhere) means this rank must get its own copy before writing.
-  if (shard.storage().use_count() > 1) shard = shard.clone();
+  if (shard.storage().use_count() > 1) {
+    shard = shard.clone();
+  } else {
+    // use_count() is a relaxed load: seeing 1 does not order this rank's writes after the reads
+    // another rank thread made before dropping its handle (threads backend, shared results). A
+    // copy and release of the handle is an acquire-release decrement of the same counter, which
+    // synchronizes with that thread's release of its handle.
+    std::shared_ptr<Storage> acquire = shard.storage();
+  }
   replicated_ = shards_.size() == 1;
   return shard;
 }
