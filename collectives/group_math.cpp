@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 
+#include "collectives/blocks.h"
 #include "collectives/reduce_kernels.h"
 #include "core/error.h"
 #include "core/parallel.h"
@@ -69,10 +70,6 @@ const char* bytes_of(const Tensor& t) {
 }
 char* bytes_of(Tensor& t) {
   return static_cast<char*>(t.data_ptr());
-}
-
-int64_t wrap_dim(int64_t d, int64_t ndim) {
-  return d < 0 ? d + ndim : d;
 }
 
 // The reduction of the group's inputs into a new tensor, in ascending group rank.

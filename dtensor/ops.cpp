@@ -240,25 +240,9 @@ std::vector<OpStrategy> binary_strategies(SpecList in, const OpArgs&, const OpMe
   return expand_dim_options(in, options);
 }
 
-Tensor apply_binary(BinaryOp op, const Tensor& a, const Tensor& b) {
-  switch (op) {
-    case BinaryOp::Add:
-      return add(a, b);
-    case BinaryOp::Sub:
-      return sub(a, b);
-    case BinaryOp::Mul:
-      return mul(a, b);
-    case BinaryOp::Div:
-      return div(a, b);
-    case BinaryOp::Maximum:
-      return maximum(a, b);
-    case BinaryOp::Minimum:
-      return minimum(a, b);
-  }
-  return a;
-}
-
-LocalTensor apply_binary(BinaryOp op, const LocalTensor& a, const LocalTensor& b) {
+// Tensor (the full-tensor reference) or LocalTensor (the shards): both have these functions.
+template <class T>
+T apply_binary(BinaryOp op, const T& a, const T& b) {
   switch (op) {
     case BinaryOp::Add:
       return add(a, b);

@@ -18,6 +18,7 @@
 #include <fmt/ranges.h>
 
 #include "backends/nccl/watchdog.h"
+#include "collectives/blocks.h"
 #include "collectives/validate.h"
 #include "core/check.h"
 #include "core/error.h"
@@ -417,43 +418,6 @@ cuda_kernels::Elt elt(DType dtype) {
 
 char* byte_ptr(const Tensor& t, int64_t elements = 0) {
   return static_cast<char*>(t.data_ptr()) + elements * static_cast<int64_t>(t.itemsize());
-}
-
-int64_t wrap_dim(int64_t d, int64_t ndim) {
-  return d < 0 ? d + ndim : d;
-}
-
-Shape stacked_shape(int64_t n, const Shape& shape) {
-  Shape out;
-  out.reserve(shape.size() + 1);
-  out.push_back(n);
-  out.insert(out.end(), shape.begin(), shape.end());
-  return out;
-}
-
-// The n equal pieces of `t` along d, stacked into one contiguous [n, piece...] tensor (piece k is
-// the k-th block); `t` itself when d == 0. Runs on t's device.
-Tensor pieces_stacked(const Tensor& t, int64_t d, int64_t n) {
-  if (d == 0) return t;
-  const int64_t piece = t.size(d) / n;
-  std::vector<Tensor> pieces;
-  pieces.reserve(static_cast<size_t>(n));
-  for (int64_t k = 0; k < n; ++k) pieces.push_back(t.narrow(d, k * piece, piece));
-  return stack(pieces, 0).contiguous();
-}
-
-// The blocks of a contiguous [n, piece...] buffer concatenated along d of the piece.
-Tensor concat_blocks(const Tensor& buffer, int64_t d) {
-  const int64_t n = buffer.size(0);
-  if (d == 0) {
-    Shape shape(buffer.shape().begin() + 1, buffer.shape().end());
-    shape[0] *= n;
-    return buffer.reshape(shape);
-  }
-  std::vector<Tensor> pieces;
-  pieces.reserve(static_cast<size_t>(n));
-  for (int64_t k = 0; k < n; ++k) pieces.push_back(buffer.select(0, k));
-  return cat(pieces, d);
 }
 
 // ---- the signature exchange (Note [Signature exchange], backends/mpi/backend.cpp) -----------

@@ -23,28 +23,6 @@ __device__ __forceinline__ int64_t grid_stride() {
   return static_cast<int64_t>(blockDim.x) * gridDim.x;
 }
 
-// Calls f(T{}) with T the storage type of `type`.
-template <class F>
-cudaError_t dispatch(Elt type, F&& f) {
-  switch (type) {
-    case Elt::F32:
-      return f(float{});
-    case Elt::F64:
-      return f(double{});
-    case Elt::BF16:
-      return f(Bf16{});
-    case Elt::F16:
-      return f(F16{});
-    case Elt::I32:
-      return f(int32_t{});
-    case Elt::I64:
-      return f(int64_t{});
-    case Elt::Bool:
-      return f(bool{});
-  }
-  return cudaErrorInvalidValue;
-}
-
 // ---- fill and copy ---------------------------------------------------------------------------
 
 template <class U>

@@ -21,6 +21,28 @@ enum class Elt : uint8_t { F32, F64, BF16, F16, I32, I64, Bool };
 
 using cuda_math::Indexer;
 
+// For the .cu files: calls f(T{}) with T the storage type of `type`.
+template <class F>
+cudaError_t dispatch(Elt type, F&& f) {
+  switch (type) {
+    case Elt::F32:
+      return f(float{});
+    case Elt::F64:
+      return f(double{});
+    case Elt::BF16:
+      return f(cuda_math::Bf16{});
+    case Elt::F16:
+      return f(cuda_math::F16{});
+    case Elt::I32:
+      return f(int32_t{});
+    case Elt::I64:
+      return f(int64_t{});
+    case Elt::Bool:
+      return f(bool{});
+  }
+  return cudaErrorInvalidValue;
+}
+
 // Writes the `elt_size`-byte pattern `bits` to the n elements Indexer<1> walks.
 cudaError_t fill(int elt_size, void* dst, const Indexer<1>& ix, int64_t n, uint64_t bits,
                  cudaStream_t stream);

@@ -23,27 +23,6 @@ unsigned int blocks_for(int64_t n, int threads) {
   return static_cast<unsigned int>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
-template <class F>
-cudaError_t dispatch(Elt type, F&& f) {
-  switch (type) {
-    case Elt::F32:
-      return f(float{});
-    case Elt::F64:
-      return f(double{});
-    case Elt::BF16:
-      return f(Bf16{});
-    case Elt::F16:
-      return f(F16{});
-    case Elt::I32:
-      return f(int32_t{});
-    case Elt::I64:
-      return f(int64_t{});
-    case Elt::Bool:
-      return f(bool{});
-  }
-  return cudaErrorInvalidValue;
-}
-
 // ---- reductions over dims ------------------------------------------------------------------
 
 // spmd::Reduction values.
