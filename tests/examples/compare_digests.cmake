@@ -4,19 +4,7 @@
 # OpenMPI environment already set.
 string(REPLACE "|" ";" args "${ARGS}")
 
-function(run_digest out label)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE code OUTPUT_VARIABLE stdout
-                  ERROR_VARIABLE stderr)
-  if(NOT code EQUAL 0)
-    message(FATAL_ERROR "${label} run failed (exit ${code}):\n${stdout}\n${stderr}")
-  endif()
-  string(REGEX MATCHALL "digest: [0-9a-f]+" digests "${stdout}")
-  list(LENGTH digests count)
-  if(NOT count EQUAL 1)
-    message(FATAL_ERROR "${label} run printed ${count} digest lines, expected 1:\n${stdout}")
-  endif()
-  set(${out} "${digests}" PARENT_SCOPE)
-endfunction()
+include("${CMAKE_CURRENT_LIST_DIR}/run_digest.cmake")
 
 run_digest(sim "sim" ${PROGRAM} ${args} --spmd-backend=sim --spmd-world-size=${NPROCS})
 run_digest(threads "threads" ${PROGRAM} ${args} --spmd-backend=threads --spmd-world-size=${NPROCS})
