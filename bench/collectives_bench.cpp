@@ -21,11 +21,11 @@
 #include <cstring>
 #include <vector>
 
-#include "collectives/functional.h"
-#include "collectives/trace.h"
-#include "mesh/device_mesh.h"
-#include "sim/local_ops.h"
-#include "tensor/ops.h"
+#include <spmd/collectives/functional.h>
+#include <spmd/collectives/trace.h>
+#include <spmd/mesh/device_mesh.h>
+#include <spmd/sim/local_ops.h>
+#include <spmd/tensor/ops.h>
 
 namespace spmd {
 namespace {

@@ -19,13 +19,13 @@
 #include <functional>
 #include <utility>
 
-#include "dtensor/dispatch.h"
-#include "dtensor/dtensor.h"
-#include "dtensor/ops.h"
-#include "dtensor/redistribute.h"
-#include "mesh/device_mesh.h"
-#include "tensor/ops.h"
-#include "tensor/random.h"
+#include <spmd/dtensor/dispatch.h>
+#include <spmd/dtensor/dtensor.h>
+#include <spmd/dtensor/ops.h>
+#include <spmd/dtensor/redistribute.h>
+#include <spmd/mesh/device_mesh.h>
+#include <spmd/tensor/ops.h>
+#include <spmd/tensor/random.h>
 
 namespace spmd {
 namespace {

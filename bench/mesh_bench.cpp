@@ -11,8 +11,8 @@
 #include <numeric>
 #include <vector>
 
-#include "mesh/device_mesh.h"
-#include "sim/world.h"
+#include <spmd/mesh/device_mesh.h>
+#include <spmd/sim/world.h>
 
 namespace spmd {
 namespace {

@@ -29,8 +29,8 @@
 
 #include <spmd/spmd.h>
 
-#include "backends/nccl/bootstrap.h"
-#include "tensor/cuda/device.h"
+#include <spmd/backends/nccl/bootstrap.h>
+#include <spmd/tensor/cuda/device.h>
 
 namespace spmd {
 namespace {

@@ -11,8 +11,8 @@
 #include <chrono>
 #include <vector>
 
-#include "tensor/ops.h"
-#include "tensor/random.h"
+#include <spmd/tensor/ops.h>
+#include <spmd/tensor/random.h>
 
 namespace {
 

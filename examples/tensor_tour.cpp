@@ -2,9 +2,9 @@
 // share storage, broadcasting arithmetic, reductions, matmul and counter-based random numbers.
 #include <fmt/core.h>
 
-#include "runtime/digest.h"
-#include "tensor/ops.h"
-#include "tensor/random.h"
+#include <spmd/runtime/digest.h>
+#include <spmd/tensor/ops.h>
+#include <spmd/tensor/random.h>
 
 using namespace spmd;
 

@@ -3,11 +3,11 @@
 // handles and communicator reuse.
 #include <gtest/gtest.h>
 
-#include "collectives/functional.h"
-#include "collectives/trace.h"
-#include "mesh/device_mesh.h"
-#include "sim/local_ops.h"
-#include "tensor/ops.h"
+#include <spmd/collectives/functional.h>
+#include <spmd/collectives/trace.h>
+#include <spmd/mesh/device_mesh.h>
+#include <spmd/sim/local_ops.h>
+#include <spmd/tensor/ops.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {

@@ -23,12 +23,12 @@
 #include <string>
 #include <vector>
 
-#include "collectives/functional.h"
-#include "core/env.h"
-#include "mesh/device_mesh.h"
-#include "sim/local_tensor.h"
-#include "tensor/ops.h"
-#include "tensor/random.h"
+#include <spmd/collectives/functional.h>
+#include <spmd/core/env.h>
+#include <spmd/mesh/device_mesh.h>
+#include <spmd/sim/local_tensor.h>
+#include <spmd/tensor/ops.h>
+#include <spmd/tensor/random.h>
 #include "tests/support/world_env.h"
 
 namespace spmd {

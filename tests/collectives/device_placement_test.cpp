@@ -9,8 +9,8 @@
 
 #include <spmd/spmd.h>
 
-#include "backends/sim/backend.h"
-#include "tensor/device_ops.h"
+#include <spmd/backends/sim/backend.h>
+#include <spmd/tensor/device_ops.h>
 
 namespace spmd {
 namespace {

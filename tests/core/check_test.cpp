@@ -1,9 +1,9 @@
 // Tests for core/check.h and core/error.h.
-#include "core/check.h"
+#include <spmd/core/check.h>
 
 #include <gtest/gtest.h>
 
-#include "core/error.h"
+#include <spmd/core/error.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {

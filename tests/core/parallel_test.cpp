@@ -1,5 +1,5 @@
 // Tests for core/parallel.h: every index visited once, exceptions propagate, nesting is safe.
-#include "core/parallel.h"
+#include <spmd/core/parallel.h>
 
 #include <gtest/gtest.h>
 

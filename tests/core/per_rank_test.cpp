@@ -1,5 +1,5 @@
 // Tests for sim/per_rank.h: collapsing, arithmetic, and the divergence check on comparisons.
-#include "sim/per_rank.h"
+#include <spmd/sim/per_rank.h>
 
 #include <gtest/gtest.h>
 

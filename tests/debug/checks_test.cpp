@@ -5,15 +5,15 @@
 #include <string>
 #include <vector>
 
-#include "collectives/functional.h"
-#include "collectives/trace.h"
-#include "debug/checks.h"
-#include "dtensor/hooks.h"
-#include "dtensor/ops.h"
-#include "dtensor/redistribute.h"
-#include "runtime/launch.h"
-#include "sim/local_ops.h"
-#include "tensor/ops.h"
+#include <spmd/collectives/functional.h>
+#include <spmd/collectives/trace.h>
+#include <spmd/debug/checks.h>
+#include <spmd/dtensor/hooks.h>
+#include <spmd/dtensor/ops.h>
+#include <spmd/dtensor/redistribute.h>
+#include <spmd/runtime/launch.h>
+#include <spmd/sim/local_ops.h>
+#include <spmd/tensor/ops.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {

@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <string>
 
-#include "debug/trace_diff.h"
-#include "debug/trace_file.h"
+#include <spmd/debug/trace_diff.h>
+#include <spmd/debug/trace_file.h>
 #include "tests/support/run_command.h"
 
 namespace spmd {

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "debug/trace_file.h"
+#include <spmd/debug/trace_file.h>
 #include "tests/support/run_command.h"
 
 namespace spmd {

@@ -8,13 +8,13 @@
 #include <string>
 #include <vector>
 
-#include "collectives/functional.h"
-#include "collectives/trace.h"
-#include "debug/trace_diff.h"
-#include "debug/trace_file.h"
-#include "mesh/device_mesh.h"
-#include "sim/local_ops.h"
-#include "tensor/ops.h"
+#include <spmd/collectives/functional.h>
+#include <spmd/collectives/trace.h>
+#include <spmd/debug/trace_diff.h>
+#include <spmd/debug/trace_file.h>
+#include <spmd/mesh/device_mesh.h>
+#include <spmd/sim/local_ops.h>
+#include <spmd/tensor/ops.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {

@@ -4,9 +4,9 @@
 
 #include <string>
 
-#include "debug/visualize.h"
-#include "dtensor/dtensor.h"
-#include "tensor/ops.h"
+#include <spmd/debug/visualize.h>
+#include <spmd/dtensor/dtensor.h>
+#include <spmd/tensor/ops.h>
 
 namespace spmd {
 namespace {

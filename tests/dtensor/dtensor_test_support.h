@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "dtensor/dtensor.h"
-#include "mesh/device_mesh.h"
-#include "tensor/ops.h"
-#include "tensor/random.h"
+#include <spmd/dtensor/dtensor.h>
+#include <spmd/mesh/device_mesh.h>
+#include <spmd/tensor/ops.h>
+#include <spmd/tensor/random.h>
 #include "tests/support/world_env.h"
 
 namespace spmd::testing {

@@ -7,9 +7,9 @@
 #include <functional>
 #include <random>
 
-#include "dtensor/dispatch.h"
-#include "dtensor/hooks.h"
-#include "dtensor/ops.h"
+#include <spmd/dtensor/dispatch.h>
+#include <spmd/dtensor/hooks.h>
+#include <spmd/dtensor/ops.h>
 #include "tests/dtensor/dtensor_test_support.h"
 #include "tests/support/test_support.h"
 

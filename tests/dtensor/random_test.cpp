@@ -2,7 +2,7 @@
 // tensor bit for bit, on several meshes and placements, uneven and empty shards included.
 #include <gtest/gtest.h>
 
-#include "dtensor/random.h"
+#include <spmd/dtensor/random.h>
 #include "tests/dtensor/dtensor_test_support.h"
 
 namespace spmd {

@@ -7,9 +7,9 @@
 #include <random>
 #include <set>
 
-#include "collectives/cost_model.h"
-#include "dtensor/dtensor.h"
-#include "dtensor/redistribute.h"
+#include <spmd/collectives/cost_model.h>
+#include <spmd/dtensor/dtensor.h>
+#include <spmd/dtensor/redistribute.h>
 #include "tests/dtensor/dtensor_test_support.h"
 #include "tests/support/test_support.h"
 

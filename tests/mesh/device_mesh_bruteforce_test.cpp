@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "mesh/device_mesh.h"
-#include "tensor/ops.h"
+#include <spmd/mesh/device_mesh.h>
+#include <spmd/tensor/ops.h>
 #include "tests/mesh/mesh_test_support.h"
 
 namespace spmd {

@@ -1,7 +1,7 @@
 // Tests for mesh/device_mesh.h, mesh/group_family.h and mesh/comm_cache.h: the reference vectors
 // of notes/prior_art_pytorch.md section 3.5 as group and coordinate tables, error messages,
 // printing, save/load, and communicator sharing.
-#include "mesh/device_mesh.h"
+#include <spmd/mesh/device_mesh.h>
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <sstream>
 #include <thread>
 
-#include "tensor/ops.h"
+#include <spmd/tensor/ops.h>
 #include "tests/mesh/mesh_test_support.h"
 #include "tests/support/test_support.h"
 

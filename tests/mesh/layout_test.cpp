@@ -2,7 +2,7 @@
 // layout with up to 4 modes (sizes 1..4, strides from kStrides plus every permuted row-major
 // stride set), a seeded random sample of larger and nested layouts, and the reference vectors
 // of notes/prior_art_pytorch.md section 2.3.
-#include "mesh/layout.h"
+#include <spmd/mesh/layout.h>
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
+#include <spmd/core/error.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {

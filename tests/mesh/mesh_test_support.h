@@ -5,8 +5,8 @@
 #include <numeric>
 #include <vector>
 
-#include "mesh/comm_cache.h"
-#include "sim/world.h"
+#include <spmd/mesh/comm_cache.h>
+#include <spmd/sim/world.h>
 
 namespace spmd::testing {
 

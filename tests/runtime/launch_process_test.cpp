@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "spmd/config.h"
+#include <spmd/config.h>
 #include "tests/support/run_command.h"
 
 namespace spmd {

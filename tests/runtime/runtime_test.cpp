@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "collectives/functional.h"
-#include "collectives/trace.h"
-#include "runtime/digest.h"
-#include "runtime/launch.h"
-#include "runtime/options.h"
-#include "spmd/config.h"
-#include "tensor/ops.h"
+#include <spmd/collectives/functional.h>
+#include <spmd/collectives/trace.h>
+#include <spmd/config.h>
+#include <spmd/runtime/digest.h>
+#include <spmd/runtime/launch.h>
+#include <spmd/runtime/options.h>
+#include <spmd/tensor/ops.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {

@@ -7,8 +7,8 @@
 
 #include <cstdio>
 
-#include "backends/nccl/bootstrap.h"
-#include "tensor/cuda/device.h"
+#include <spmd/backends/nccl/bootstrap.h>
+#include <spmd/tensor/cuda/device.h>
 
 int main() {
   const spmd::CudaDevices gpus = spmd::probe_cuda_devices();

@@ -14,12 +14,12 @@
 #include <cstdio>
 #include <string>
 
-#include "core/env.h"
-#include "runtime/launch.h"
-#include "spmd/config.h"
+#include <spmd/config.h>
+#include <spmd/core/env.h>
+#include <spmd/runtime/launch.h>
 #include "tests/support/world_env.h"
 #if SPMD_HAVE_NCCL
-#include "tensor/cuda/device.h"
+#include <spmd/tensor/cuda/device.h>
 #endif
 
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 #include <type_traits>
 
-#include "core/error.h"
+#include <spmd/core/error.h>
 
 namespace spmd::testing {
 

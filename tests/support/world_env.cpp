@@ -6,7 +6,7 @@
 #include <optional>
 #include <vector>
 
-#include "runtime/launch.h"
+#include <spmd/runtime/launch.h>
 
 namespace spmd::testing {
 namespace {

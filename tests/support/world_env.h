@@ -20,7 +20,7 @@
 
 #include <functional>
 
-#include "sim/world.h"
+#include <spmd/sim/world.h>
 
 namespace spmd::testing {
 

@@ -2,7 +2,7 @@
 // host memory and whose kernels forward to the CPU ones, every op must route through the
 // registered DeviceOps (and only it), mixing devices must fail naming both, and a device with
 // no kernels must fail with Unsupported naming the op and the device.
-#include "tensor/device_ops.h"
+#include <spmd/tensor/device_ops.h>
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <map>
 #include <string>
 
-#include "tensor/ops.h"
+#include <spmd/tensor/ops.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {

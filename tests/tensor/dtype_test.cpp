@@ -1,7 +1,7 @@
 // Tests for tensor/dtype.h and tensor/half.h: names, the promotion table, element conversions,
 // and BFloat16/Half rounding (ties to even, subnormals, overflow, inf/NaN) against an
 // independent reference computed in double.
-#include "tensor/dtype.h"
+#include <spmd/tensor/dtype.h>
 
 #include <gtest/gtest.h>
 

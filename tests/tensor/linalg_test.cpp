@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "tensor/ops.h"
-#include "tensor/random.h"
+#include <spmd/tensor/ops.h>
+#include <spmd/tensor/random.h>
 #include "tests/support/test_support.h"
 #include "tests/tensor/reference.h"
 

@@ -3,7 +3,7 @@
 // Every op runs on seeded random shapes (0-size dims included) with every memory layout of
 // reference.h, for every dtype (pair) it takes, against a naive loop in double; see
 // reference.h for why most comparisons are exact.
-#include "tensor/ops.h"
+#include <spmd/tensor/ops.h>
 
 #include <gtest/gtest.h>
 

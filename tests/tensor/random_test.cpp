@@ -1,13 +1,13 @@
 // Tests for tensor/random.h: the Random123 known-answer vectors of Philox4x32-10, element i as
 // a pure function of (seed, i), blocks equal to slices of the full tensor, and coarse
 // distribution checks (means and variances within a few standard errors).
-#include "tensor/random.h"
+#include <spmd/tensor/random.h>
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "tensor/ops.h"
+#include <spmd/tensor/ops.h>
 #include "tests/support/test_support.h"
 #include "tests/tensor/reference.h"
 

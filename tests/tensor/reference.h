@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "tensor/ops.h"
+#include <spmd/tensor/ops.h>
 
 namespace spmd::testing {
 

@@ -6,8 +6,8 @@
 #include <thread>
 #include <vector>
 
-#include "tensor/shape.h"
-#include "tensor/storage.h"
+#include <spmd/tensor/shape.h>
+#include <spmd/tensor/storage.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {

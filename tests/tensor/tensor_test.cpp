@@ -1,13 +1,13 @@
 // Tests for tensor/tensor.h: views and storage sharing, reshape (view vs copy), chunk/split,
 // contiguous/clone/to, item/to_vector, fill_/copy_ with broadcasting and conversion, printing,
 // and the errors each of them raises.
-#include "tensor/tensor.h"
+#include <spmd/tensor/tensor.h>
 
 #include <gtest/gtest.h>
 
 #include <sstream>
 
-#include "tensor/ops.h"
+#include <spmd/tensor/ops.h>
 #include "tests/support/test_support.h"
 #include "tests/tensor/reference.h"
 

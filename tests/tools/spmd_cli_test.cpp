@@ -14,8 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "debug/trace_file.h"
-#include "spmd/config.h"
+#include <spmd/config.h>
+#include <spmd/debug/trace_file.h>
 #include "tests/support/run_command.h"
 
 namespace spmd {

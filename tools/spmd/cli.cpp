@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "core/error.h"
+#include <spmd/core/error.h>
 
 namespace spmd::cli {
 namespace {

@@ -13,8 +13,8 @@
 
 #include <fmt/format.h>
 
-#include "core/error.h"
-#include "mesh/layout.h"
+#include <spmd/core/error.h>
+#include <spmd/mesh/layout.h>
 #include "tools/spmd/cli.h"
 
 namespace spmd::cli {

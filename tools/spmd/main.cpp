@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
-#include "core/error.h"
+#include <spmd/core/error.h>
 #include "tools/spmd/cli.h"
 
 namespace {

@@ -16,10 +16,10 @@
 
 #include <fmt/format.h>
 
-#include "core/error.h"
-#include "mesh/device_mesh.h"
-#include "sim/world.h"
-#include "tensor/shape.h"
+#include <spmd/core/error.h>
+#include <spmd/mesh/device_mesh.h>
+#include <spmd/sim/world.h>
+#include <spmd/tensor/shape.h>
 #include "tools/spmd/cli.h"
 
 namespace spmd::cli {

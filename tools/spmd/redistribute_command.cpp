@@ -17,17 +17,17 @@
 
 #include <fmt/format.h>
 
-#include "collectives/cost_model.h"
-#include "collectives/trace.h"
-#include "core/error.h"
-#include "dtensor/dtensor.h"
-#include "dtensor/placement.h"
-#include "dtensor/redistribute.h"
-#include "dtensor/spec.h"
-#include "mesh/device_mesh.h"
-#include "sim/world.h"
-#include "tensor/dtype.h"
-#include "tensor/ops.h"
+#include <spmd/collectives/cost_model.h>
+#include <spmd/collectives/trace.h>
+#include <spmd/core/error.h>
+#include <spmd/dtensor/dtensor.h>
+#include <spmd/dtensor/placement.h>
+#include <spmd/dtensor/redistribute.h>
+#include <spmd/dtensor/spec.h>
+#include <spmd/mesh/device_mesh.h>
+#include <spmd/sim/world.h>
+#include <spmd/tensor/dtype.h>
+#include <spmd/tensor/ops.h>
 #include "tools/spmd/cli.h"
 
 namespace spmd::cli {

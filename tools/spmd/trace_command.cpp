@@ -15,8 +15,8 @@
 
 #include <fmt/format.h>
 
-#include "debug/trace_diff.h"
-#include "debug/trace_file.h"
+#include <spmd/debug/trace_diff.h>
+#include <spmd/debug/trace_file.h>
 #include "tools/spmd/cli.h"
 
 namespace spmd::cli {

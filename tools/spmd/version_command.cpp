@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "spmd/config.h"
+#include <spmd/config.h>
 #include "tools/spmd/cli.h"
 
 namespace spmd::cli {

@@ -34,7 +34,7 @@
 #include <fmt/format.h>
 
 #if SPMDRUN_WITH_NCCL
-#include "backends/nccl/unique_id.h"
+#include <spmd/backends/nccl/unique_id.h>
 #endif
 
 extern char** environ;

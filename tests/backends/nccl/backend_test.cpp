@@ -7,7 +7,7 @@
 
 #include <spmd/spmd.h>
 
-#include "tensor/cuda/device.h"
+#include <spmd/tensor/cuda/device.h>
 #include "tests/support/test_support.h"
 #include "tests/support/world_env.h"
 

@@ -1,6 +1,6 @@
 // Tests for the nccl backend's bootstrap (backends/nccl/bootstrap.h, unique_id.h) that need no
 // GPU: ncclGetUniqueId works without one, and the rest is decisions and text.
-#include "backends/nccl/bootstrap.h"
+#include <spmd/backends/nccl/bootstrap.h>
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <set>
 #include <string>
 
-#include "backends/nccl/unique_id.h"
+#include <spmd/backends/nccl/unique_id.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {

@@ -9,9 +9,9 @@
 #include <sstream>
 #include <string>
 
-#include "backends/nccl/unique_id.h"
-#include "runtime/options.h"
-#include "tensor/cuda/device.h"
+#include <spmd/backends/nccl/unique_id.h>
+#include <spmd/runtime/options.h>
+#include <spmd/tensor/cuda/device.h>
 #include "tests/support/run_command.h"
 #include "tests/support/test_support.h"
 

@@ -11,16 +11,16 @@
 #include <type_traits>
 #include <vector>
 
-#include "backends/threads/backend.h"
-#include "collectives/functional.h"
-#include "dtensor/dtensor.h"
-#include "dtensor/ops.h"
-#include "mesh/device_mesh.h"
-#include "runtime/digest.h"
-#include "runtime/launch.h"
-#include "sim/local_ops.h"
-#include "tensor/ops.h"
-#include "tensor/random.h"
+#include <spmd/backends/threads/backend.h>
+#include <spmd/collectives/functional.h>
+#include <spmd/dtensor/dtensor.h>
+#include <spmd/dtensor/ops.h>
+#include <spmd/mesh/device_mesh.h>
+#include <spmd/runtime/digest.h>
+#include <spmd/runtime/launch.h>
+#include <spmd/sim/local_ops.h>
+#include <spmd/tensor/ops.h>
+#include <spmd/tensor/random.h>
 
 namespace spmd {
 namespace {

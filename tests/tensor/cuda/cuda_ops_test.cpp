@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "tensor/cuda/device.h"
-#include "tensor/ops.h"
-#include "tensor/random.h"
+#include <spmd/tensor/cuda/device.h>
+#include <spmd/tensor/ops.h>
+#include <spmd/tensor/random.h>
 
 namespace spmd {
 namespace {

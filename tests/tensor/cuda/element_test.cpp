@@ -2,7 +2,7 @@
 // the CUDA kernels run must equal the CPU kernels' bit for bit. They need no GPU: element.h is
 // the same code on both sides (its transcendentals excepted, whose device versions may differ
 // in the last bit; here both sides call glibc).
-#include "tensor/cuda/element.h"
+#include <spmd/tensor/cuda/element.h>
 
 #include <gtest/gtest.h>
 
@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "tensor/dtype.h"
-#include "tensor/ops.h"
+#include <spmd/tensor/dtype.h>
+#include <spmd/tensor/ops.h>
 
 namespace spmd {
 namespace {

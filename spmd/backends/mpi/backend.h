@@ -1,0 +1,119 @@
+// spmd/backends/mpi/backend.h: the mpi backend: one rank per process, every collective an MPI call.
+//
+// Started by mpirun (or srun): MPI_COMM_WORLD rank r is mesh rank r and the process holds only
+// that rank. Each group family (the groups along one mesh dim) gets one MPI communicator, split
+// from a duplicate of MPI_COMM_WORLD on first use with color = the rank's group and key = its
+// index in the group, so the communicator's rank is the group rank and roots need no mapping.
+// The mesh universe caches it per (dim layout, options): two unflattens into the same layout
+// share it. MPI_Comm_split is collective over every process, so every process must make the
+// first call on each mesh dim, in the same order (an SPMD program does).
+//
+// Before each MPI call the group exchanges a fingerprint of the call (collective, dtype, shape,
+// group, the options that must agree; with --spmd-debug=fingerprint also the per-communicator
+// sequence number and call site) with one MPI_Allgather (Note [Collective fingerprint]). Every
+// member then sees every other member's call, so a disagreement is the same error on all of them
+// (CommError for shapes and dtypes, as under sim, unless fingerprint mode is on;
+// CollectiveMismatchError for anything else) instead of a hang or a truncated message.
+//
+// Semantics match the sim backend bit for bit on data whose reductions are exact (Note
+// [Reduction order]). Avg is the sum, then a division by the group size done as sim does it.
+// BF16 and F16 travel as a 2-byte contiguous type and reduce through user ops that run the shared
+// reduction kernel (collectives/reduce_kernels.h), which widens to F32, combines and rounds at
+// every hop; F32/F64 Min and Max also use user ops so NaN propagates as under sim. Bool travels
+// as bytes (Sum/Max/BOr = or, Product/Min/BAnd = and, BXor = xor). Every MPI return code is
+// checked: a failure is a CommError naming the call, MPI's error string and the rank.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include <spmd/collectives/backend.h>
+
+namespace spmd {
+
+// MPI_Init_thread once per process (MPI_THREAD_FUNNELED: only the thread that initialized MPI
+// calls it); later calls return at once. Also sets MPI_ERRORS_RETURN on MPI_COMM_WORLD and
+// registers mpi_finalize() with atexit. Unsupported after mpi_finalize().
+void mpi_initialize();
+// MPI_Finalize, once, when MPI was initialized; communicators still alive are freed without it.
+void mpi_finalize();
+bool mpi_is_initialized();
+// This process's rank and size in MPI_COMM_WORLD (mpi_initialize() first).
+int mpi_world_rank();
+int mpi_world_size();
+// MPI_Abort(MPI_COMM_WORLD, code) when MPI is initialized (and not finalized); returns otherwise.
+void mpi_abort(int code);
+
+// The communicator of one group family: MPI_COMM_NULL when this process's rank is not in the
+// family's rank map.
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(GroupFamily family, CommOptions options, MPI_Comm comm, int world_rank);
+  ~MpiCommunicator() override;
+
+  MPI_Comm comm() const { return comm_; }
+  int world_rank() const { return world_rank_; }
+  // The group this process's rank is in and its index there (-1 when not in the family).
+  int64_t group() const { return group_; }
+  int index() const { return index_; }
+  // The global ranks of this process's group, in group order.
+  const std::vector<int>& members() const { return members_; }
+  // Calls issued on this communicator so far (the fingerprint's sequence number).
+  uint64_t next_call() { return calls_++; }
+
+ private:
+  MPI_Comm comm_;
+  int world_rank_;
+  int64_t group_ = -1;
+  int index_ = -1;
+  std::vector<int> members_;
+  uint64_t calls_ = 0;
+};
+
+class MpiBackend final : public Backend {
+ public:
+  // Duplicates MPI_COMM_WORLD (mpi_initialize() first). `fingerprint`: the signature exchange
+  // also compares sequence numbers and reports call sites (--spmd-debug=fingerprint).
+  explicit MpiBackend(bool fingerprint = false);
+  ~MpiBackend() override;
+
+  std::string name() const override { return "mpi"; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  std::shared_ptr<Communicator> make_communicator(const GroupFamily& family,
+                                                  const CommOptions& options) override;
+
+  WorkPtr all_reduce(Communicator& comm, const LocalTensor& x, const AllReduceOptions& options,
+                     const CallSite& site) override;
+  WorkPtr all_gather(Communicator& comm, const LocalTensor& x, const AllGatherOptions& options,
+                     const CallSite& site) override;
+  WorkPtr reduce_scatter(Communicator& comm, const LocalTensor& x,
+                         const ReduceScatterOptions& options, const CallSite& site) override;
+  WorkPtr all_to_all(Communicator& comm, const LocalTensor& x, const AllToAllOptions& options,
+                     const CallSite& site) override;
+  WorkPtr all_to_all_single(Communicator& comm, const LocalTensor& x,
+                            const AllToAllSingleOptions& options, const CallSite& site) override;
+  WorkPtr broadcast(Communicator& comm, const LocalTensor& x, const BroadcastOptions& options,
+                    const CallSite& site) override;
+  WorkPtr scatter(Communicator& comm, const LocalTensor& x, const ScatterOptions& options,
+                  const CallSite& site) override;
+  WorkPtr gather(Communicator& comm, const LocalTensor& x, const GatherOptions& options,
+                 const CallSite& site) override;
+  WorkPtr reduce(Communicator& comm, const LocalTensor& x, const ReduceOptions& options,
+                 const CallSite& site) override;
+  WorkPtr permute(Communicator& comm, const LocalTensor& x, const PermuteOptions& options,
+                  const CallSite& site) override;
+  WorkPtr barrier(Communicator& comm, const LocalTensor& x, const BarrierOptions& options,
+                  const CallSite& site) override;
+
+ private:
+  MPI_Comm world_ = MPI_COMM_NULL;  // our duplicate of MPI_COMM_WORLD
+  int rank_ = 0;
+  int size_ = 0;
+  bool fingerprint_ = false;
+};
+
+}  // namespace spmd

@@ -1,0 +1,144 @@
+// spmd/backends/nccl/backend.h: the nccl backend: each process drives one GPU per rank it holds,
+// and every collective is an NCCL call on device buffers.
+//
+// Started by spmdrun (or mpirun, or by hand with NCCL_COMM_ID; Note [NCCL bootstrap] in
+// backends/nccl/bootstrap.h). A process holds one rank, or several (--spmd-gpus-per-process),
+// each with its own GPU, world communicator and stream; NCCL calls of several held ranks go in
+// one ncclGroupStart/End. Each group family (the groups along one mesh dim) gets one communicator
+// per held rank, split from the world communicator on first use with color = the rank's group and
+// key = its index in the group (NCCL_SPLIT_NOCOLOR outside the family), so the communicator's
+// rank is the group rank. The mesh universe caches it per (dim layout, options); ncclCommSplit is
+// collective over the world, so every process makes the first call on each mesh dim in the same
+// order (an SPMD program does).
+//
+// Note [NCCL device placement]
+// Under nccl a rank's tensors live on its GPU: World::device_of(rank) is the rank's device, and
+// LocalTensor::from_fn / replicate and DTensor's distribute_tensor and randn put shards there.
+// Collectives take device shards and return device results with no host staging. A shard still
+// on the host (made by hand, e.g. with from_fn over a rank list) is copied to the rank's GPU for
+// the call and its result copied back, so code written for the CPU backends keeps working.
+//
+// Note [NCCL semantics]
+// The same results as sim (Note [Reduction order]) on data whose reductions are exact, with these
+// differences, each the NCCL behaviour:
+//   - Avg on floating dtypes pre-multiplies every input by 1/n (rounded to the dtype), then sums;
+//     sim sums, then divides. Results differ in the last bits unless n is a power of two: tests
+//     compare floating Avg with a tolerance (tests/collectives/conformance_test.cpp). Integer Avg
+//     is the sum divided by n, truncated toward zero, as under sim.
+//   - Floating sums and products reduce in NCCL's order (ring or tree), rounding to the dtype at
+//     every hop (BF16/F16 too; sim accumulates BF16/F16 in F32 and rounds once).
+//   - Min and Max on floating dtypes ignore NaN (fminf/fmaxf); sim propagates NaN.
+//   - Bool travels as uint8: Sum/Max/BOr reduce with ncclMax, Product/Min/BAnd with ncclMin,
+//     BXor with ncclSum followed by the low bit. BAnd/BOr/BXor on I32/I64, which NCCL lacks, are
+//     an all_gather (or gather to the root) followed by the shared reduction order on the GPU.
+//   - all_to_all, gather and scatter use ncclAlltoAll/ncclGather/ncclScatter on NCCL >= 2.28.3
+//     (in the headers and at run time), else grouped ncclSend/ncclRecv, as all_to_all_single and
+//     permute always do.
+// Before each NCCL call the group exchanges a fixed-size signature with one small ncclAllGather
+// (Note [Signature exchange] in backends/mpi/backend.cpp), so mismatched calls are errors, not
+// hangs; --spmd-debug=fingerprint adds per-communicator sequence numbers and call sites.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <spmd/collectives/backend.h>
+
+namespace spmd {
+
+class NcclRuntime;  // the process's held ranks, streams, live communicators and watchdog
+
+struct NcclConfig {
+  int world_size = 1;
+  std::vector<int> ranks;                      // held ranks, ascending
+  std::vector<int> devices;                    // the CUDA device of each held rank
+  ncclUniqueId id{};                           // of the world communicator
+  double timeout_s = 300.0;                    // Note [NCCL watchdog]
+  bool fingerprint = false;                    // --spmd-debug=fingerprint
+  bool native_alltoall_gather_scatter = true;  // use_native_alltoall_gather_scatter()
+};
+
+// The communicators of one group family: one per held rank (null where the rank is not in the
+// family).
+class NcclCommunicator final : public Communicator {
+ public:
+  struct Member {
+    ncclComm_t comm = nullptr;
+    int64_t group = -1;        // the group the held rank is in
+    int index = -1;            // its index in that group
+    std::vector<int> members;  // the group's global ranks, in group order
+    uint64_t calls = 0;        // calls issued so far (the fingerprint's sequence number)
+  };
+
+  NcclCommunicator(GroupFamily family, CommOptions options, std::shared_ptr<NcclRuntime> runtime,
+                   std::vector<Member> members);
+  // Finalizes and destroys the communicators (aborts them if the backend failed).
+  ~NcclCommunicator() override;
+
+  // One Member per held rank, in the backend's held-rank order.
+  std::vector<Member>& members() { return members_; }
+
+ private:
+  std::shared_ptr<NcclRuntime> runtime_;
+  std::vector<Member> members_;
+};
+
+class NcclBackend final : public Backend {
+ public:
+  // Creates the world communicator of every held rank (collective over all processes; waits at
+  // most config.timeout_s) and starts the watchdog. Registers the CUDA tensor device.
+  explicit NcclBackend(const NcclConfig& config);
+  // Finalizes and destroys the world communicators (aborts them if the backend failed).
+  ~NcclBackend() override;
+
+  std::string name() const override { return "nccl"; }
+  Device device_of(int rank) const override;
+  const std::vector<int>& ranks() const;
+
+  std::shared_ptr<Communicator> make_communicator(const GroupFamily& family,
+                                                  const CommOptions& options) override;
+
+  WorkPtr all_reduce(Communicator& comm, const LocalTensor& x, const AllReduceOptions& options,
+                     const CallSite& site) override;
+  WorkPtr all_gather(Communicator& comm, const LocalTensor& x, const AllGatherOptions& options,
+                     const CallSite& site) override;
+  WorkPtr reduce_scatter(Communicator& comm, const LocalTensor& x,
+                         const ReduceScatterOptions& options, const CallSite& site) override;
+  WorkPtr all_to_all(Communicator& comm, const LocalTensor& x, const AllToAllOptions& options,
+                     const CallSite& site) override;
+  WorkPtr all_to_all_single(Communicator& comm, const LocalTensor& x,
+                            const AllToAllSingleOptions& options, const CallSite& site) override;
+  WorkPtr broadcast(Communicator& comm, const LocalTensor& x, const BroadcastOptions& options,
+                    const CallSite& site) override;
+  WorkPtr scatter(Communicator& comm, const LocalTensor& x, const ScatterOptions& options,
+                  const CallSite& site) override;
+  WorkPtr gather(Communicator& comm, const LocalTensor& x, const GatherOptions& options,
+                 const CallSite& site) override;
+  WorkPtr reduce(Communicator& comm, const LocalTensor& x, const ReduceOptions& options,
+                 const CallSite& site) override;
+  WorkPtr permute(Communicator& comm, const LocalTensor& x, const PermuteOptions& options,
+                  const CallSite& site) override;
+  WorkPtr barrier(Communicator& comm, const LocalTensor& x, const BarrierOptions& options,
+                  const CallSite& site) override;
+
+  // Finalizes and destroys every communicator of this process that is still alive (those of
+  // meshes still referenced included) and stops the watchdog; collectives fail afterwards. Called
+  // by finish_world(), while the CUDA runtime is certainly still up.
+  void shutdown();
+
+ private:
+  std::shared_ptr<NcclRuntime> runtime_;
+  std::vector<ncclComm_t> world_;  // per held rank
+};
+
+// When an nccl backend is alive in this process: prints its last collectives and aborts every
+// communicator (ncclCommAbort, waiting at most a few seconds), so peers blocked in a collective
+// with this process see an error instead of waiting. Returns true when there was one. Used by
+// abort_job() after a failure; the process must exit afterwards.
+bool nccl_abort_communicators();
+
+}  // namespace spmd

@@ -1,0 +1,743 @@
+// spmd/backends/threads/backend.cpp: the hub (rendezvous, rank states, deadlock detection), the
+// comparison of the members' calls and its reports, and the threads backend's collectives.
+#include <spmd/backends/threads/backend.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <optional>
+#include <source_location>
+#include <string_view>
+#include <utility>
+#include <variant>
+
+#include <fmt/ranges.h>
+
+#include <spmd/collectives/group_math.h>
+#include <spmd/collectives/validate.h>
+#include <spmd/core/check.h>
+#include <spmd/core/hash.h>
+
+namespace spmd {
+namespace {
+
+using AnyOptions =
+    std::variant<AllReduceOptions, AllGatherOptions, ReduceScatterOptions, AllToAllOptions,
+                 AllToAllSingleOptions, BroadcastOptions, ScatterOptions, GatherOptions,
+                 ReduceOptions, PermuteOptions, BarrierOptions>;
+
+std::string_view base_name(std::string_view path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string_view::npos ? path : path.substr(slash + 1);
+}
+
+// "rank 3" or "ranks 0, 2, 3".
+std::string ranks_text(const std::vector<int>& ranks) {
+  if (ranks.size() == 1) return fmt::format("rank {}", ranks[0]);
+  return fmt::format("ranks {}", fmt::join(ranks, ", "));
+}
+
+// One rank's call at a rendezvous. The input is dropped once the result is computed; shape and
+// dtype stay for reports.
+struct Call {
+  int rank = 0;
+  CollectiveKind kind = CollectiveKind::AllReduce;
+  std::string dim_name;
+  Tensor input;
+  Shape shape;
+  DType dtype = DType::F32;
+  AnyOptions options;
+  std::source_location location;
+
+  // "divergence.cpp:41"
+  std::string site() const {
+    return fmt::format("{}:{}", base_name(location.file_name()), location.line());
+  }
+  // "all_reduce over 'dp' [4, 8] f32 op=sum at divergence.cpp:41"
+  std::string text() const {
+    const std::string detail = std::visit([](const auto& o) { return describe(o); }, options);
+    return fmt::format("{} over '{}' {} {}{}{} at {}", kind, dim_name, shape_str(shape), dtype,
+                       detail.empty() ? "" : " ", detail, site());
+  }
+};
+
+enum class Status { Pending, Computing, Done, Failed };
+enum class Failure { None, Mismatch, Deadlock, Raised };
+
+struct Rendezvous {
+  std::shared_ptr<ThreadsFamily> family;
+  int64_t group = 0;
+  uint64_t sequence = 0;
+  std::vector<int> members;  // group order
+  std::vector<std::optional<Call>> calls;
+  size_t arrived = 0;
+  Status status = Status::Pending;
+  Failure failure = Failure::None;
+  std::string error;            // Mismatch, Deadlock
+  std::exception_ptr raised;    // Raised: what computing the result threw
+  std::vector<Tensor> outputs;  // Done: by group index
+  std::condition_variable settled;
+
+  // "call #3 of group ranks [0, 1, 2, 3]"
+  std::string where() const { return fmt::format("call #{} of group ranks {}", sequence, members); }
+  // "call #3 of group ranks [0, 1, 2, 3] over mesh dim 'x'"
+  std::string what() const {
+    std::string dim;
+    for (const auto& c : calls) {
+      if (c) {
+        dim = c->dim_name;
+        break;
+      }
+    }
+    return fmt::format("call #{} of group ranks {} over mesh dim '{}'", sequence, members, dim);
+  }
+  std::vector<int> missing() const {
+    std::vector<int> out;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (!calls[i]) out.push_back(members[i]);
+    }
+    return out;
+  }
+};
+
+// ---- comparing the members' calls (Note [Threads rendezvous]) -------------------------------
+
+void add_unique(std::vector<std::string>& out, std::string what) {
+  if (std::find(out.begin(), out.end(), what) == out.end()) out.push_back(std::move(what));
+}
+
+// The fields in which two options of one collective differ.
+void option_differences(const AllReduceOptions& a, const AllReduceOptions& b,
+                        std::vector<std::string>& out) {
+  if (a.op != b.op) add_unique(out, "reduce op");
+}
+void option_differences(const AllGatherOptions& a, const AllGatherOptions& b,
+                        std::vector<std::string>& out) {
+  if (a.gather_dim != b.gather_dim) add_unique(out, "gather_dim");
+}
+void option_differences(const ReduceScatterOptions& a, const ReduceScatterOptions& b,
+                        std::vector<std::string>& out) {
+  if (a.op != b.op) add_unique(out, "reduce op");
+  if (a.scatter_dim != b.scatter_dim) add_unique(out, "scatter_dim");
+}
+void option_differences(const AllToAllOptions& a, const AllToAllOptions& b,
+                        std::vector<std::string>& out) {
+  if (a.split_dim != b.split_dim) add_unique(out, "split_dim");
+  if (a.concat_dim != b.concat_dim) add_unique(out, "concat_dim");
+}
+void option_differences(const AllToAllSingleOptions&, const AllToAllSingleOptions&,
+                        std::vector<std::string>&) {
+  // Split sizes differ per rank by design; split_differences checks that they fit together.
+}
+void option_differences(const BroadcastOptions& a, const BroadcastOptions& b,
+                        std::vector<std::string>& out) {
+  if (a.src != b.src) add_unique(out, "root (src)");
+}
+void option_differences(const ScatterOptions& a, const ScatterOptions& b,
+                        std::vector<std::string>& out) {
+  if (a.src != b.src) add_unique(out, "root (src)");
+  if (a.scatter_dim != b.scatter_dim) add_unique(out, "scatter_dim");
+}
+void option_differences(const GatherOptions& a, const GatherOptions& b,
+                        std::vector<std::string>& out) {
+  if (a.dst != b.dst) add_unique(out, "root (dst)");
+  if (a.gather_dim != b.gather_dim) add_unique(out, "gather_dim");
+}
+void option_differences(const ReduceOptions& a, const ReduceOptions& b,
+                        std::vector<std::string>& out) {
+  if (a.op != b.op) add_unique(out, "reduce op");
+  if (a.dst != b.dst) add_unique(out, "root (dst)");
+}
+void option_differences(const PermuteOptions& a, const PermuteOptions& b,
+                        std::vector<std::string>& out) {
+  if (a.dst_of != b.dst_of) add_unique(out, "dst_of");
+}
+void option_differences(const BarrierOptions&, const BarrierOptions&, std::vector<std::string>&) {}
+
+// Each member's all_to_all_single split sizes, resolved (even splits spelled out).
+struct Splits {
+  std::vector<std::vector<int64_t>> in;   // in[i][j]: rows member i sends to member j
+  std::vector<std::vector<int64_t>> out;  // out[j][i]: rows member j expects from member i
+};
+
+Splits resolve_all_splits(const Rendezvous& rv) {
+  const int64_t n = static_cast<int64_t>(rv.members.size());
+  Splits s;
+  for (const auto& c : rv.calls) {
+    const auto& o = std::get<AllToAllSingleOptions>(c->options);
+    const int64_t rows = c->shape[0];
+    s.in.push_back(resolve_splits(o.in_splits, c->rank, rows, n));
+    s.out.push_back(o.out_splits.empty() ? std::vector<int64_t>(static_cast<size_t>(n), rows / n)
+                                         : o.out_splits.at(c->rank));
+  }
+  return s;
+}
+
+// Lines naming every pair of members whose split sizes disagree; empty when they fit.
+std::vector<std::string> split_differences(const Rendezvous& rv) {
+  const Splits s = resolve_all_splits(rv);
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < rv.members.size(); ++i) {
+    for (size_t j = 0; j < rv.members.size(); ++j) {
+      if (s.in[i][j] == s.out[j][i]) continue;
+      lines.push_back(
+          fmt::format("rank {} sends {} rows to rank {} (in_splits {}), which expects {} "
+                      "(out_splits {})",
+                      rv.members[i], s.in[i][j], rv.members[j], s.in[i], s.out[j][i], s.out[j]));
+    }
+  }
+  return lines;
+}
+
+// The options compute_group takes for all_to_all_single: every member's resolved splits.
+AllToAllSingleOptions merged_splits(const Rendezvous& rv) {
+  const Splits s = resolve_all_splits(rv);
+  std::vector<size_t> order(rv.members.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return rv.members[a] < rv.members[b]; });
+  std::vector<int> ranks;
+  std::vector<std::vector<int64_t>> in, out;
+  for (size_t i : order) {
+    ranks.push_back(rv.members[i]);
+    in.push_back(s.in[i]);
+    out.push_back(s.out[i]);
+  }
+  return AllToAllSingleOptions{PerRank<std::vector<int64_t>>(ranks, std::move(out)),
+                               PerRank<std::vector<int64_t>>(ranks, std::move(in))};
+}
+
+// "ranks 0, 2, 3 at a.cpp:10; rank 1 at a.cpp:12" when the members called from different source
+// lines, else empty.
+std::string site_pairing(const Rendezvous& rv) {
+  std::vector<std::pair<std::string, std::vector<int>>> sites;
+  for (const auto& c : rv.calls) {
+    const std::string site = c->site();
+    auto it =
+        std::find_if(sites.begin(), sites.end(), [&](const auto& s) { return s.first == site; });
+    if (it == sites.end()) {
+      sites.push_back({site, {c->rank}});
+    } else {
+      it->second.push_back(c->rank);
+    }
+  }
+  if (sites.size() < 2) return "";
+  std::string out;
+  for (const auto& [site, ranks] : sites) {
+    out += fmt::format("{}{} at {}", out.empty() ? "" : "; ", ranks_text(ranks), site);
+  }
+  return out;
+}
+
+// The report of a complete rendezvous whose calls differ, or nullopt when they agree.
+std::optional<std::string> mismatch_report(const Rendezvous& rv) {
+  const Call& first = *rv.calls[0];
+  const bool all_splits = std::all_of(rv.calls.begin(), rv.calls.end(), [](const auto& c) {
+    return c->kind == CollectiveKind::AllToAllSingle;
+  });
+  std::vector<std::string> differ;
+  for (const auto& c : rv.calls) {
+    if (c->kind != first.kind) add_unique(differ, "op");
+    if (c->dtype != first.dtype) add_unique(differ, "dtype");
+    bool same_shape = c->shape.size() == first.shape.size();
+    for (size_t d = all_splits ? 1 : 0; same_shape && d < first.shape.size(); ++d) {
+      same_shape = c->shape[d] == first.shape[d];
+    }
+    if (!same_shape) add_unique(differ, "shape");
+    if (c->kind == first.kind) {
+      std::visit(
+          [&](const auto& a) {
+            using T = std::decay_t<decltype(a)>;
+            option_differences(std::get<T>(first.options), a, differ);
+          },
+          c->options);
+    }
+  }
+  std::vector<std::string> split_lines;
+  if (all_splits && differ.empty()) {
+    split_lines = split_differences(rv);
+    if (!split_lines.empty()) differ.push_back("split sizes");
+  }
+  if (differ.empty()) return std::nullopt;
+  std::string report =
+      fmt::format("{}: the ranks issued different collectives (they differ in {}):", rv.what(),
+                  fmt::join(differ, ", "));
+  for (const auto& c : rv.calls) report += fmt::format("\n  rank {}: {}", c->rank, c->text());
+  for (const std::string& line : split_lines) report += "\n  " + line;
+  if (const std::string sites = site_pairing(rv); !sites.empty()) {
+    report += fmt::format("\nthe calls come from different source lines: {}", sites);
+  }
+  return report;
+}
+
+// ---- the work handle ------------------------------------------------------------------------
+
+class ThreadsWork final : public Work {
+ public:
+  ThreadsWork(std::shared_ptr<ThreadsHub> hub, std::shared_ptr<Rendezvous> rv, int index, int rank)
+      : hub_(std::move(hub)), rv_(std::move(rv)), index_(index), rank_(rank) {}
+
+  void wait() override;
+  bool is_completed() const override;
+  const LocalTensor& result() const override {
+    if (!done_) throw_error<Error>("Work::result: the collective has not completed; wait() first");
+    return result_;
+  }
+  LocalTensor take_result() override {
+    if (!done_) throw_error<Error>("Work::result: the collective has not completed; wait() first");
+    return std::move(result_);
+  }
+
+ private:
+  std::shared_ptr<ThreadsHub> hub_;
+  std::shared_ptr<Rendezvous> rv_;
+  int index_;
+  int rank_;
+  bool done_ = false;
+  LocalTensor result_;
+};
+
+}  // namespace
+
+struct ThreadsFamily {
+  explicit ThreadsFamily(GroupFamily f)
+      : family(std::move(f)), groups(static_cast<size_t>(family.num_groups())) {}
+
+  struct Group {
+    std::map<uint64_t, std::shared_ptr<Rendezvous>> pending;  // by sequence number
+    std::string first_site_pairing;  // the first call that paired different source lines
+  };
+  GroupFamily family;
+  std::vector<Group> groups;
+};
+
+// ---- the hub --------------------------------------------------------------------------------
+
+struct ThreadsHub::Impl {
+  struct RankState {
+    enum class Phase { Running, Waiting, Finished };
+    Phase phase = Phase::Running;
+    std::shared_ptr<Rendezvous> waiting_on;  // while Waiting
+    std::string how;                         // once Finished
+    std::string last_call;                   // "<call text> (call #2 of group ranks [0, 1])"
+  };
+  struct FamilyKey {
+    GroupFamily family;
+    CommOptions options;
+    bool operator==(const FamilyKey&) const = default;
+  };
+  struct FamilyKeyHash {
+    std::size_t operator()(const FamilyKey& key) const {
+      std::size_t seed = key.family.hash();
+      hash_combine(seed, key.options.hash());
+      return seed;
+    }
+  };
+
+  explicit Impl(int world_size) : ranks_(static_cast<size_t>(world_size)) {}
+
+  std::shared_ptr<ThreadsFamily> family(const GroupFamily& family, const CommOptions& options);
+  std::shared_ptr<Rendezvous> arrive(const std::shared_ptr<ThreadsFamily>& family, int64_t group,
+                                     int index, uint64_t sequence, Call call);
+  Tensor await(const std::shared_ptr<Rendezvous>& rv, int index, int rank);
+  bool settled(const Rendezvous& rv);
+  void finished(int rank, const std::string& how);
+  void close();
+
+ private:
+  void fail(Rendezvous& rv, Failure failure, std::string error);
+  void fail_if_doomed(Rendezvous& rv);
+  void check_deadlock();
+  template <class Fn>
+  void for_each_pending(Fn&& fn);
+  std::string rank_states() const;
+  static std::string last_call_text(const RankState& state);
+  std::string pairing_note(const Rendezvous& rv) const;
+  static void compute(Rendezvous& rv);
+
+  std::mutex mutex_;
+  std::unordered_map<FamilyKey, std::shared_ptr<ThreadsFamily>, FamilyKeyHash> families_;
+  std::vector<RankState> ranks_;
+};
+
+std::shared_ptr<ThreadsFamily> ThreadsHub::Impl::family(const GroupFamily& family,
+                                                        const CommOptions& options) {
+  std::lock_guard lock(mutex_);
+  auto& slot = families_[FamilyKey{family, options}];
+  if (!slot) {
+    slot = std::make_shared<ThreadsFamily>(family);
+  }
+  return slot;
+}
+
+std::shared_ptr<Rendezvous> ThreadsHub::Impl::arrive(const std::shared_ptr<ThreadsFamily>& family,
+                                                     int64_t group, int index, uint64_t sequence,
+                                                     Call call) {
+  std::unique_lock lock(mutex_);
+  ThreadsFamily::Group& g = family->groups[static_cast<size_t>(group)];
+  std::shared_ptr<Rendezvous>& slot = g.pending[sequence];
+  if (!slot) {
+    slot = std::make_shared<Rendezvous>();
+    slot->family = family;
+    slot->group = group;
+    slot->sequence = sequence;
+    slot->members = family->family.groups()[static_cast<size_t>(group)];
+    slot->calls.resize(slot->members.size());
+  }
+  std::shared_ptr<Rendezvous> rv = slot;
+  const int rank = call.rank;
+  ranks_[static_cast<size_t>(rank)].last_call = fmt::format("{} ({})", call.text(), rv->where());
+  SPMD_CHECK_MSG(!rv->calls[static_cast<size_t>(index)], "rank {} arrived twice at {}", rank,
+                 rv->what());
+  rv->calls[static_cast<size_t>(index)] = std::move(call);
+  ++rv->arrived;
+  const bool complete = rv->arrived == rv->members.size();
+  if (complete) g.pending.erase(sequence);
+  if (rv->status != Status::Pending) return rv;  // a late arrival at a failed rendezvous
+  if (!complete) {
+    fail_if_doomed(*rv);
+    return rv;
+  }
+  if (auto report = mismatch_report(*rv)) {
+    fail(*rv, Failure::Mismatch, *report + pairing_note(*rv));
+    return rv;
+  }
+  if (g.first_site_pairing.empty()) {
+    if (std::string pairing = site_pairing(*rv); !pairing.empty()) {
+      g.first_site_pairing = fmt::format("call #{} ({})", sequence, pairing);
+    }
+  }
+  // Computed outside the lock: other groups go on meanwhile. Nobody else touches the calls or
+  // the outputs until the status says Done.
+  rv->status = Status::Computing;
+  lock.unlock();
+  compute(*rv);
+  lock.lock();
+  for (auto& c : rv->calls) c->input = Tensor();
+  if (rv->raised) {
+    rv->status = Status::Failed;
+    rv->failure = Failure::Raised;
+  } else {
+    rv->status = Status::Done;
+  }
+  rv->settled.notify_all();
+  return rv;
+}
+
+void ThreadsHub::Impl::compute(Rendezvous& rv) {
+  try {
+    const Call& first = *rv.calls[0];
+    GroupView view{CollectiveCall{first.kind, first.dim_name, &rv.members}, {}, {}};
+    rv.outputs.resize(rv.members.size());
+    for (size_t i = 0; i < rv.members.size(); ++i) {
+      view.inputs.push_back(&rv.calls[i]->input);
+      view.outputs.push_back(&rv.outputs[i]);
+    }
+    if (first.kind == CollectiveKind::AllToAllSingle) {
+      compute_group(view, merged_splits(rv));
+    } else {
+      std::visit([&](const auto& o) { compute_group(view, o); }, first.options);
+    }
+  } catch (...) {
+    rv.raised = std::current_exception();
+  }
+}
+
+Tensor ThreadsHub::Impl::await(const std::shared_ptr<Rendezvous>& rv, int index, int rank) {
+  std::unique_lock lock(mutex_);
+  if (rv->status == Status::Pending || rv->status == Status::Computing) {
+    RankState& state = ranks_[static_cast<size_t>(rank)];
+    state.phase = RankState::Phase::Waiting;
+    state.waiting_on = rv;
+    check_deadlock();
+    rv->settled.wait(lock,
+                     [&] { return rv->status == Status::Done || rv->status == Status::Failed; });
+    state.phase = RankState::Phase::Running;
+    state.waiting_on.reset();
+  }
+  switch (rv->failure) {
+    case Failure::None:
+      return std::move(rv->outputs[static_cast<size_t>(index)]);
+    case Failure::Mismatch:
+      throw CollectiveMismatchError(rv->error);
+    case Failure::Deadlock:
+      throw DeadlockError(rv->error);
+    case Failure::Raised:
+      std::rethrow_exception(rv->raised);
+  }
+  throw_error<InternalError>("threads backend: unknown rendezvous state");
+}
+
+bool ThreadsHub::Impl::settled(const Rendezvous& rv) {
+  std::lock_guard lock(mutex_);
+  return rv.status == Status::Done || rv.status == Status::Failed;
+}
+
+void ThreadsHub::Impl::fail(Rendezvous& rv, Failure failure, std::string error) {
+  rv.status = Status::Failed;
+  rv.failure = failure;
+  rv.error = std::move(error);
+  rv.settled.notify_all();
+}
+
+template <class Fn>
+void ThreadsHub::Impl::for_each_pending(Fn&& fn) {
+  for (auto& [key, family] : families_) {
+    for (ThreadsFamily::Group& g : family->groups) {
+      for (auto& [sequence, rv] : g.pending) {
+        if (rv->status == Status::Pending) fn(*rv);
+      }
+    }
+  }
+}
+
+// Note [Threads deadlock detection], first case. Decided once every member that has not arrived
+// has finished, so the report lists every call the group will ever see.
+void ThreadsHub::Impl::fail_if_doomed(Rendezvous& rv) {
+  const std::vector<int> missing = rv.missing();
+  if (missing.empty()) return;
+  std::string why;
+  for (int member : missing) {
+    const RankState& state = ranks_[static_cast<size_t>(member)];
+    if (state.phase != RankState::Phase::Finished) return;
+    why += fmt::format("{}rank {} has finished ({}) without making it", why.empty() ? "" : "; ",
+                       member, state.how);
+  }
+  std::string report = fmt::format("{} can never complete: {}", rv.what(), why);
+  for (size_t i = 0; i < rv.members.size(); ++i) {
+    if (rv.calls[i]) {
+      report += fmt::format("\n  rank {}: {}", rv.members[i], rv.calls[i]->text());
+    } else {
+      const RankState& state = ranks_[static_cast<size_t>(rv.members[i])];
+      report += fmt::format("\n  rank {}: finished ({}); {}", rv.members[i], state.how,
+                            last_call_text(state));
+    }
+  }
+  fail(rv, Failure::Deadlock, report + pairing_note(rv));
+}
+
+// Note [Threads deadlock detection], second case.
+void ThreadsHub::Impl::check_deadlock() {
+  bool any_live = false;
+  for (const RankState& r : ranks_) {
+    if (r.phase == RankState::Phase::Finished) continue;
+    any_live = true;
+    if (r.phase != RankState::Phase::Waiting || r.waiting_on->status != Status::Pending) return;
+  }
+  if (!any_live) return;
+  std::string notes;
+  for (const RankState& r : ranks_) {
+    if (r.phase != RankState::Phase::Waiting) continue;
+    const std::string note = pairing_note(*r.waiting_on);
+    if (notes.find(note) == std::string::npos) notes += note;
+  }
+  const std::string report = fmt::format(
+      "deadlock: every rank that has not finished waits in a collective that lacks a rank, so "
+      "none can complete\n{}{}",
+      rank_states(), notes);
+  std::vector<Rendezvous*> stuck;
+  for_each_pending([&](Rendezvous& rv) { stuck.push_back(&rv); });
+  for (Rendezvous* rv : stuck) fail(*rv, Failure::Deadlock, report);
+}
+
+std::string ThreadsHub::Impl::rank_states() const {
+  std::string out = "rank states:";
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    const RankState& state = ranks_[r];
+    const std::string last = last_call_text(state);
+    switch (state.phase) {
+      case RankState::Phase::Running:
+        out += fmt::format("\n  rank {}: running; {}", r, last);
+        break;
+      case RankState::Phase::Finished:
+        out += fmt::format("\n  rank {}: finished ({}); {}", r, state.how, last);
+        break;
+      case RankState::Phase::Waiting: {
+        const Rendezvous& rv = *state.waiting_on;
+        const auto it = std::find(rv.members.begin(), rv.members.end(), static_cast<int>(r));
+        const auto& call = rv.calls[static_cast<size_t>(it - rv.members.begin())];
+        const std::vector<int> missing = rv.missing();
+        out +=
+            fmt::format("\n  rank {}: waits in {} ({})", r, call ? call->text() : "?", rv.where());
+        if (rv.status == Status::Pending && !missing.empty()) {
+          out += fmt::format(", which lacks {}", ranks_text(missing));
+        }
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+std::string ThreadsHub::Impl::last_call_text(const RankState& state) {
+  if (state.last_call.empty()) return "it made no collective call";
+  return fmt::format("its last collective: {}", state.last_call);
+}
+
+std::string ThreadsHub::Impl::pairing_note(const Rendezvous& rv) const {
+  const std::string& pairing = rv.family->groups[static_cast<size_t>(rv.group)].first_site_pairing;
+  if (pairing.empty()) return "";
+  return fmt::format(
+      "\nnote: on this group, {} matched calls from different source lines; if that was not "
+      "meant, a rank skipped or added a collective before it",
+      pairing);
+}
+
+void ThreadsHub::Impl::finished(int rank, const std::string& how) {
+  std::lock_guard lock(mutex_);
+  RankState& state = ranks_[static_cast<size_t>(rank)];
+  state.phase = RankState::Phase::Finished;
+  state.how = how;
+  std::vector<Rendezvous*> lacking;
+  for_each_pending([&](Rendezvous& rv) {
+    const auto it = std::find(rv.members.begin(), rv.members.end(), rank);
+    if (it != rv.members.end() && !rv.calls[static_cast<size_t>(it - rv.members.begin())]) {
+      lacking.push_back(&rv);
+    }
+  });
+  for (Rendezvous* rv : lacking) fail_if_doomed(*rv);
+  check_deadlock();
+}
+
+void ThreadsHub::Impl::close() {
+  std::lock_guard lock(mutex_);
+  std::vector<Rendezvous*> open;
+  for_each_pending([&](Rendezvous& rv) { open.push_back(&rv); });
+  for (Rendezvous* rv : open) {
+    fail(*rv, Failure::Deadlock,
+         fmt::format("{} was still incomplete when the run ended", rv->what()));
+  }
+  for (auto& [key, family] : families_) {
+    for (ThreadsFamily::Group& g : family->groups) g.pending.clear();
+  }
+  families_.clear();
+}
+
+ThreadsHub::ThreadsHub(int world_size) : impl_(std::make_unique<Impl>(world_size)) {}
+ThreadsHub::~ThreadsHub() = default;
+
+void ThreadsHub::rank_finished(int rank, const std::string& how) {
+  impl_->finished(rank, how);
+}
+
+void ThreadsHub::close() {
+  impl_->close();
+}
+
+// ---- work, communicators, backend -----------------------------------------------------------
+
+namespace {
+
+void ThreadsWork::wait() {
+  if (done_) return;
+  Tensor t = hub_->impl().await(rv_, index_, rank_);
+  result_ = LocalTensor(std::vector<int>{rank_}, std::vector<Tensor>{std::move(t)});
+  done_ = true;
+  rv_.reset();
+}
+
+bool ThreadsWork::is_completed() const {
+  return done_ || hub_->impl().settled(*rv_);
+}
+
+}  // namespace
+
+ThreadsCommunicator::ThreadsCommunicator(GroupFamily family, CommOptions options,
+                                         std::shared_ptr<ThreadsFamily> shared, int rank)
+    : Communicator(std::move(family), std::move(options)), shared_(std::move(shared)) {
+  if (auto where = this->family().locate(rank)) {
+    group_ = where->group;
+    index_ = static_cast<int>(where->index);
+  }
+}
+
+std::size_t ThreadsBackend::KeyHash::operator()(const Key& key) const {
+  std::size_t seed = key.family.hash();
+  hash_combine(seed, key.options.hash());
+  return seed;
+}
+
+ThreadsBackend::ThreadsBackend(std::shared_ptr<ThreadsHub> hub, int rank)
+    : hub_(std::move(hub)), rank_(rank) {}
+
+std::shared_ptr<Communicator> ThreadsBackend::make_communicator(const GroupFamily& family,
+                                                                const CommOptions& options) {
+  std::lock_guard lock(mutex_);
+  std::shared_ptr<ThreadsCommunicator>& slot = comms_[Key{family, options}];
+  if (!slot) {
+    slot = std::make_shared<ThreadsCommunicator>(family, options,
+                                                 hub_->impl().family(family, options), rank_);
+  }
+  return slot;
+}
+
+template <class Options>
+WorkPtr ThreadsBackend::issue(CollectiveKind kind, Communicator& comm, const LocalTensor& x,
+                              const Options& options, const CallSite& site) {
+  auto* c = dynamic_cast<ThreadsCommunicator*>(&comm);
+  SPMD_CHECK(c != nullptr);
+  if (c->group() < 0) {
+    throw_error<CommError>("{}: rank {} is not in the mesh of dim '{}'", kind, rank_,
+                           site.dim_name);
+  }
+  if (x.num_shards() != 1 || x.ranks()[0] != rank_) {
+    throw_error<CommError>(
+        "{} over mesh dim '{}': the threads backend runs one rank per thread; this thread holds "
+        "rank {} but the input holds ranks {}",
+        kind, site.dim_name, rank_, x.ranks());
+  }
+  const Tensor& input = x.shards()[0];
+  Call call{rank_,         kind,          site.dim_name,       input,
+            input.shape(), input.dtype(), AnyOptions(options), site.location};
+  std::shared_ptr<Rendezvous> rv =
+      hub_->impl().arrive(c->shared(), c->group(), c->index(), c->next_call(), std::move(call));
+  return std::make_shared<ThreadsWork>(hub_, std::move(rv), c->index(), rank_);
+}
+
+WorkPtr ThreadsBackend::all_reduce(Communicator& comm, const LocalTensor& x,
+                                   const AllReduceOptions& options, const CallSite& site) {
+  return issue(CollectiveKind::AllReduce, comm, x, options, site);
+}
+WorkPtr ThreadsBackend::all_gather(Communicator& comm, const LocalTensor& x,
+                                   const AllGatherOptions& options, const CallSite& site) {
+  return issue(CollectiveKind::AllGather, comm, x, options, site);
+}
+WorkPtr ThreadsBackend::reduce_scatter(Communicator& comm, const LocalTensor& x,
+                                       const ReduceScatterOptions& options, const CallSite& site) {
+  return issue(CollectiveKind::ReduceScatter, comm, x, options, site);
+}
+WorkPtr ThreadsBackend::all_to_all(Communicator& comm, const LocalTensor& x,
+                                   const AllToAllOptions& options, const CallSite& site) {
+  return issue(CollectiveKind::AllToAll, comm, x, options, site);
+}
+WorkPtr ThreadsBackend::all_to_all_single(Communicator& comm, const LocalTensor& x,
+                                          const AllToAllSingleOptions& options,
+                                          const CallSite& site) {
+  return issue(CollectiveKind::AllToAllSingle, comm, x, options, site);
+}
+WorkPtr ThreadsBackend::broadcast(Communicator& comm, const LocalTensor& x,
+                                  const BroadcastOptions& options, const CallSite& site) {
+  return issue(CollectiveKind::Broadcast, comm, x, options, site);
+}
+WorkPtr ThreadsBackend::scatter(Communicator& comm, const LocalTensor& x,
+                                const ScatterOptions& options, const CallSite& site) {
+  return issue(CollectiveKind::Scatter, comm, x, options, site);
+}
+WorkPtr ThreadsBackend::gather(Communicator& comm, const LocalTensor& x,
+                               const GatherOptions& options, const CallSite& site) {
+  return issue(CollectiveKind::Gather, comm, x, options, site);
+}
+WorkPtr ThreadsBackend::reduce(Communicator& comm, const LocalTensor& x,
+                               const ReduceOptions& options, const CallSite& site) {
+  return issue(CollectiveKind::Reduce, comm, x, options, site);
+}
+WorkPtr ThreadsBackend::permute(Communicator& comm, const LocalTensor& x,
+                                const PermuteOptions& options, const CallSite& site) {
+  return issue(CollectiveKind::Permute, comm, x, options, site);
+}
+WorkPtr ThreadsBackend::barrier(Communicator& comm, const LocalTensor& x,
+                                const BarrierOptions& options, const CallSite& site) {
+  return issue(CollectiveKind::Barrier, comm, x, options, site);
+}
+
+}  // namespace spmd

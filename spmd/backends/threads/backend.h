@@ -1,0 +1,168 @@
+// spmd/backends/threads/backend.h: the threads backend: one thread per rank, every collective a
+// rendezvous that compares the calls before it computes them.
+//
+// launch() with --spmd-backend=threads runs the program once per rank, each on its own thread
+// with a World holding that rank (runtime/launch.h run_rank_threads), so rank-dependent control
+// flow really diverges, as it does on a cluster. The rank threads of one run share a ThreadsHub;
+// each has its own ThreadsBackend. Each thread builds its own meshes (its own universe and
+// communicator cache); communicators meet in the hub by the identity of their group family
+// (rank map contents, canonical dim layout) and options, so two threads' meshes built alike
+// share one set of groups. A collective is matched across ranks by (family, group, sequence
+// number): the k-th call a rank makes on a group meets every other member's k-th call there.
+//
+// Note [Threads rendezvous]
+// Each rank deposits its call (op, mesh dim, input shape and dtype, options, source location and
+// the input itself) at the rendezvous of (family, group, sequence). The last member to arrive
+// compares every member's call: the op, the dtype, the shape (all_to_all_single: beyond dim 0),
+// the options (reduce op, root, dims, destinations) and, for all_to_all_single, that every
+// rank's out_splits agree with its peers' in_splits. Any difference fails the rendezvous with a
+// CollectiveMismatchError for every member, listing each rank's call and file:line. (Shapes and
+// dtypes too: under sim and mpi those are CommError, because there they are bad data in one
+// call; here they are usually ranks that took different paths, and the report is the same.)
+// Otherwise that thread computes the group's result once with compute_group
+// (collectives/group_math.h), exactly as sim does, so results equal sim's bit for bit, and hands
+// each member its part. Calls from different source lines that agree otherwise are legitimate
+// (a rank-specific branch may call the same collective) and are not an error, but the first such
+// pairing on a group is remembered and quoted in any later report on that group: it is usually
+// where a rank skipped or added a call.
+//
+// Note [Threads deadlock detection]
+// The hub knows every rank's state: running, waiting in a collective (Work::wait), or finished
+// (its program returned or threw). Two situations can never resolve, and both are decided from
+// that state at the moment it changes, never by a timeout:
+//  - a rendezvous whose missing members have all finished: it fails when the last of them
+//    finishes, or when the last live member arrives. Its report lists each member's call and
+//    file:line, and for each missing member how it finished and what its last collective was.
+//  - every rank that has not finished waits in a rendezvous that is still incomplete: no rank can
+//    make another call, so every incomplete rendezvous fails. The report gives every rank's
+//    state: the collective each one waits in, at which file:line, the members it still lacks,
+//    and for finished ranks how they finished and their last collective.
+// Both fail with DeadlockError in every member that arrived. A member that has not arrived but is
+// still running is waited for: it may yet arrive, and if it blocks elsewhere instead, the second
+// case applies.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <spmd/collectives/backend.h>
+#include <spmd/core/error.h>
+
+namespace spmd {
+
+// A collective that can never complete under the threads backend: a member of its group has
+// finished without making the call, or every unfinished rank waits in a collective that lacks a
+// member (Note [Threads deadlock detection]). A CollectiveMismatchError: on a cluster it is the
+// same bug, a rank that did not make the call its peers made.
+class DeadlockError : public CollectiveMismatchError {
+  using CollectiveMismatchError::CollectiveMismatchError;
+};
+
+// The state the rank threads of one run share: the rendezvous of every group and the state of
+// every rank. Thread-safe. Created by the launcher for `world_size` ranks, all running.
+class ThreadsHub {
+ public:
+  explicit ThreadsHub(int world_size);
+  ~ThreadsHub();
+  ThreadsHub(const ThreadsHub&) = delete;
+  ThreadsHub& operator=(const ThreadsHub&) = delete;
+
+  int world_size() const;
+  // Rank `rank`'s program has returned or thrown; `how` says which for reports ("returned",
+  // "threw CommError"). Fails every rendezvous that still lacks the rank. Call once per rank.
+  void rank_finished(int rank, const std::string& how);
+  // Drops every rendezvous still held (and the inputs deposited there). For the launcher, after
+  // every rank thread has been joined.
+  void close();
+
+  struct Impl;  // backends/threads/backend.cpp
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// The hub's state of one group family (backends/threads/backend.cpp): its groups' rendezvous.
+struct ThreadsFamily;
+
+// One rank's communicator of a group family: its group, its place there, and its calls so far.
+class ThreadsCommunicator final : public Communicator {
+ public:
+  ThreadsCommunicator(GroupFamily family, CommOptions options,
+                      std::shared_ptr<ThreadsFamily> shared, int rank);
+
+  // The group holding this rank (-1 when the family's rank map lacks it) and its index there.
+  int64_t group() const { return group_; }
+  int index() const { return index_; }
+  const std::shared_ptr<ThreadsFamily>& shared() const { return shared_; }
+  // The sequence number of this rank's next call on its group (0, 1, 2, ...).
+  uint64_t next_call() { return calls_++; }
+
+ private:
+  std::shared_ptr<ThreadsFamily> shared_;
+  int64_t group_ = -1;
+  int index_ = -1;
+  uint64_t calls_ = 0;
+};
+
+class ThreadsBackend final : public Backend {
+ public:
+  ThreadsBackend(std::shared_ptr<ThreadsHub> hub, int rank);
+
+  std::string name() const override { return "threads"; }
+  int rank() const { return rank_; }
+  const std::shared_ptr<ThreadsHub>& hub() const { return hub_; }
+
+  // One communicator per family identity and options for this rank, shared by every mesh
+  // universe the rank builds, so its sequence numbers count all its calls on the group.
+  std::shared_ptr<Communicator> make_communicator(const GroupFamily& family,
+                                                  const CommOptions& options) override;
+
+  WorkPtr all_reduce(Communicator& comm, const LocalTensor& x, const AllReduceOptions& options,
+                     const CallSite& site) override;
+  WorkPtr all_gather(Communicator& comm, const LocalTensor& x, const AllGatherOptions& options,
+                     const CallSite& site) override;
+  WorkPtr reduce_scatter(Communicator& comm, const LocalTensor& x,
+                         const ReduceScatterOptions& options, const CallSite& site) override;
+  WorkPtr all_to_all(Communicator& comm, const LocalTensor& x, const AllToAllOptions& options,
+                     const CallSite& site) override;
+  WorkPtr all_to_all_single(Communicator& comm, const LocalTensor& x,
+                            const AllToAllSingleOptions& options, const CallSite& site) override;
+  WorkPtr broadcast(Communicator& comm, const LocalTensor& x, const BroadcastOptions& options,
+                    const CallSite& site) override;
+  WorkPtr scatter(Communicator& comm, const LocalTensor& x, const ScatterOptions& options,
+                  const CallSite& site) override;
+  WorkPtr gather(Communicator& comm, const LocalTensor& x, const GatherOptions& options,
+                 const CallSite& site) override;
+  WorkPtr reduce(Communicator& comm, const LocalTensor& x, const ReduceOptions& options,
+                 const CallSite& site) override;
+  WorkPtr permute(Communicator& comm, const LocalTensor& x, const PermuteOptions& options,
+                  const CallSite& site) override;
+  WorkPtr barrier(Communicator& comm, const LocalTensor& x, const BarrierOptions& options,
+                  const CallSite& site) override;
+
+ private:
+  template <class Options>
+  WorkPtr issue(CollectiveKind kind, Communicator& comm, const LocalTensor& x,
+                const Options& options, const CallSite& site);
+
+  struct Key {
+    GroupFamily family;
+    CommOptions options;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    std::size_t operator()(const Key& key) const;
+  };
+
+  std::shared_ptr<ThreadsHub> hub_;
+  int rank_;
+  std::mutex mutex_;
+  std::unordered_map<Key, std::shared_ptr<ThreadsCommunicator>, KeyHash> comms_;
+};
+
+}  // namespace spmd

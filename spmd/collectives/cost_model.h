@@ -1,0 +1,69 @@
+// spmd/collectives/cost_model.h: the topology and the alpha-beta cost of each collective.
+//
+// Note [Cost model]
+// Taken from PyTorch DTensor's collective cost model (ring algorithms on Ampere/Hopper, see
+// ../shared/seeds/002): a group whose ranks all sit on one host communicates at the intra-host
+// link (87.7 GB/s, 0.6 us per hop); a group spanning hosts at the inter-host link (0.22x the
+// bandwidth, 2.7 us per hop). Ranks are placed on hosts in blocks of devices_per_host
+// (rank / devices_per_host). A collective over n ranks moving S bytes costs
+//     base_latency + hops * link_latency + S * factor / bandwidth
+// with S and the factor in nccl-tests conventions:
+//   all_reduce      S = per-rank bytes     factor 2(n-1)/n   hops 2(n-1)
+//   all_gather      S = gathered bytes     factor  (n-1)/n   hops  n-1
+//   reduce_scatter  S = per-rank input     factor  (n-1)/n   hops  n-1
+//   all_to_all(_single), scatter, gather   factor (n-1)/n    hops  n-1
+//   broadcast, reduce                      factor 1          hops  log2(n) rounded up
+//   permute (one send/recv per rank)       factor 1          hops  1
+//   barrier                                S = 0             hops  log2(n) rounded up
+// Bandwidths are in GB/s with GB = 2^30 bytes, as in the seed. A group of one rank costs 0.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <spmd/collectives/types.h>
+
+namespace spmd {
+
+class GroupFamily;
+
+struct LinkParams {
+  double bandwidth_gbps = 0.0;  // GB/s (2^30 bytes)
+  double latency_us = 0.0;      // per hop
+};
+
+class Topology {
+ public:
+  int devices_per_host = 8;
+  double intra_host_bandwidth_gbps = 87.7;
+  double intra_host_latency_us = 0.6;
+  double inter_host_bandwidth_gbps = 87.7 * 0.22;
+  double inter_host_latency_us = 2.7;
+  double base_latency_us = 6.6;
+
+  // The link a group family uses: inter-host when any group holds ranks of two hosts.
+  LinkParams link_for(const GroupFamily& family) const;
+  // As above for one group given by its ranks.
+  LinkParams link_for_ranks(const std::vector<int>& ranks) const;
+  // True when `ranks` are not all on one host.
+  bool spans_hosts(const std::vector<int>& ranks) const;
+
+  // {"devices_per_host": 8, "intra_host": {"bandwidth_gbps": 87.7, "latency_us": 0.6},
+  //  "inter_host": {...}, "base_latency_us": 6.6}; every key optional (defaults above).
+  // ConfigError naming the key for bad values or malformed JSON.
+  static Topology from_json(const std::string& text);
+  static Topology load(const std::string& path);
+  std::string to_json() const;
+  bool operator==(const Topology&) const = default;
+};
+
+// The default topology (the seed's constants, 8 devices per host).
+const Topology& default_topology();
+
+// Estimated microseconds for one collective over `group_size` ranks on `link`; `bytes` is S in
+// the table of Note [Cost model].
+double collective_cost_us(CollectiveKind kind, int64_t bytes, int64_t group_size,
+                          const LinkParams& link, const Topology& topology);
+
+}  // namespace spmd

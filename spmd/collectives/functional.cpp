@@ -1,0 +1,360 @@
+// spmd/collectives/functional.cpp: the functional collectives: resolve the mesh dim, fetch the
+// communicator, check each held rank's input, record the trace event, run the backend.
+#include <spmd/collectives/functional.h>
+
+#include <atomic>
+#include <vector>
+
+#include <spmd/collectives/cost_model.h>
+#include <spmd/collectives/trace.h>
+#include <spmd/collectives/validate.h>
+#include <spmd/core/error.h>
+#include <spmd/tensor/ops.h>
+
+namespace spmd {
+
+namespace {
+std::atomic<CollectiveObserver> g_observer{nullptr};
+}  // namespace
+
+void set_collective_observer(CollectiveObserver observer) {
+  g_observer.store(observer, std::memory_order_relaxed);
+}
+
+Async<LocalTensor>::Async(WorkPtr work, std::function<void(const LocalTensor&)> on_complete)
+    : work_(std::move(work)), on_complete_(std::move(on_complete)) {}
+
+LocalTensor Async<LocalTensor>::wait() {
+  work_->wait();
+  if (on_complete_) {
+    auto on_complete = std::move(on_complete_);
+    on_complete_ = nullptr;
+    on_complete(work_->result());
+  }
+  return work_->result();
+}
+
+bool Async<LocalTensor>::ready() const {
+  return work_->is_completed();
+}
+
+std::shared_ptr<Communicator> communicator(const DeviceMesh& mesh, MeshDim dim,
+                                           const CommOptions& options) {
+  const int d = mesh.resolve(dim);
+  return mesh.comm_cache().get_or_create(mesh.dim_layout(d), options, [&] {
+    return mesh.world().backend().make_communicator(mesh.group_family(d), options);
+  });
+}
+
+namespace {
+
+// The S of Note [Cost model] for a call whose ranks each contribute `bytes`.
+int64_t cost_bytes(CollectiveKind kind, int64_t bytes, int64_t group_size) {
+  switch (kind) {
+    case CollectiveKind::AllGather:
+    case CollectiveKind::Gather:
+      return bytes * group_size;
+    default:
+      return bytes;
+  }
+}
+
+struct Prepared {
+  Communicator* comm = nullptr;  // owned by the mesh universe's cache
+  Backend* backend = nullptr;
+  CallSite site;
+  uint64_t trace_id = UINT64_MAX;
+};
+
+// The default-options communicator of dim d: the mesh handle's slot, else the universe cache.
+Communicator& dim_communicator(const DeviceMesh& mesh, int d) {
+  if (Communicator* cached = mesh.cached_communicator(d)) return *cached;
+  std::shared_ptr<Communicator> comm = communicator(mesh, d);
+  mesh.cache_communicator(d, comm.get());
+  return *comm;
+}
+
+// Everything before the backend call: checks each participating held rank's input and records
+// the trace event (each participant with its group and that group's next sequence number).
+template <class Options>
+Prepared prepare(CollectiveKind kind, const LocalTensor& x, Communicator& comm, const World& world,
+                 std::string dim_name, const Options& options, const std::source_location& loc) {
+  if (!x.defined()) throw_error<CommError>("{}: the input LocalTensor is undefined", kind);
+  Prepared p;
+  p.comm = &comm;
+  p.backend = &world.backend();
+  p.site = CallSite{loc, std::move(dim_name)};
+  const GroupFamily& family = comm.family();
+  const auto& groups = family.groups();
+  const int64_t group_size = family.group_size();
+  const bool lockstep = p.backend->is_lockstep();
+  const size_t n = x.num_shards();
+
+  // Group of each held rank (-1: not in this mesh) and how many held ranks each group has.
+  thread_local std::vector<int64_t> group_of;
+  thread_local std::vector<int64_t> held_in_group;
+  thread_local std::vector<int64_t> sequence_of;
+  group_of.assign(n, -1);
+  held_in_group.assign(static_cast<size_t>(family.num_groups()), 0);
+  for (size_t i = 0; i < n; ++i) {
+    const int rank = x.ranks()[i];
+    auto where = family.locate(rank);
+    if (!where) {
+      if (!lockstep) {
+        throw_error<CommError>("{}: rank {} is not in the mesh of dim '{}'", kind, rank,
+                               p.site.dim_name);
+      }
+      continue;
+    }
+    group_of[i] = where->group;
+    ++held_in_group[static_cast<size_t>(where->group)];
+  }
+
+  Trace& t = trace();
+  const bool tracing = t.enabled();
+  TraceEvent event;
+  if (tracing) event.participants.reserve(n);
+  sequence_of.assign(static_cast<size_t>(family.num_groups()), -1);
+  const Tensor* first = nullptr;
+  bool uniform_shapes = true;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t g = group_of[i];
+    if (g < 0) continue;
+    if (lockstep && held_in_group[static_cast<size_t>(g)] != group_size) continue;
+    const int rank = x.ranks()[i];
+    const Tensor& shard = x.shards()[i];
+    CollectiveCall call{kind, p.site.dim_name, &groups[static_cast<size_t>(g)]};
+    check_local(call, rank, shard, group_size, options);
+    if (sequence_of[static_cast<size_t>(g)] < 0) {
+      sequence_of[static_cast<size_t>(g)] = static_cast<int64_t>(comm.next_sequence(g));
+    }
+    if (first == nullptr) {
+      first = &shard;
+    } else if (uniform_shapes && shard.shape() != first->shape()) {
+      uniform_shapes = false;
+    }
+    if (tracing) {
+      event.participants.push_back(
+          TraceParticipant{rank, g, static_cast<uint64_t>(sequence_of[static_cast<size_t>(g)])});
+    }
+  }
+  if (first == nullptr) {
+    throw_error<CommError>(
+        "{}: no group of mesh dim '{}' is fully held by the input (input ranks {}, groups of {} "
+        "ranks such as {})",
+        kind, p.site.dim_name, x.ranks(), group_size,
+        groups.empty() ? std::vector<int>{} : groups[0]);
+  }
+  if (!tracing) return p;
+
+  event.comm_id = comm.id();
+  event.kind = kind;
+  event.dim_name = p.site.dim_name;
+  event.detail = describe(options);
+  event.dtype = x.dtype();
+  event.file = loc.file_name();
+  event.function = loc.function_name();
+  event.line = loc.line();
+  event.shape = first->shape();
+  if (!uniform_shapes) {
+    for (const TraceParticipant& participant : event.participants) {
+      event.rank_shapes.push_back(x.shard(participant.rank).shape());
+    }
+  }
+  event.bytes = static_cast<int64_t>(first->nbytes());
+  const Topology& topology = world.topology();
+  event.estimate_us = collective_cost_us(kind, cost_bytes(kind, event.bytes, group_size),
+                                         group_size, comm.link(topology), topology);
+  event.family = family;
+  event.start_ns = t.now_ns();
+  p.trace_id = t.begin(std::move(event));
+  return p;
+}
+
+struct Issued {
+  WorkPtr work;
+  uint64_t trace_id;
+};
+
+template <class Options, class Issue>
+Issued issue_call(CollectiveKind kind, const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                  const Options& options, const std::source_location& loc, Issue&& issue) {
+  const int d = mesh.resolve(dim);
+  Prepared p =
+      prepare(kind, x, dim_communicator(mesh, d), mesh.world(), mesh.dim_name(d), options, loc);
+  return Issued{issue(*p.backend, *p.comm, x, options, p.site), p.trace_id};
+}
+
+template <class Options, class Issue>
+Async<LocalTensor> run_async(CollectiveKind kind, const LocalTensor& x, const DeviceMesh& mesh,
+                             MeshDim dim, const Options& options, const std::source_location& loc,
+                             Issue&& issue) {
+  Issued issued = issue_call(kind, x, mesh, dim, options, loc, issue);
+  const uint64_t id = issued.trace_id;
+  CollectiveObserver observer = g_observer.load(std::memory_order_relaxed);
+  if (observer != nullptr) [[unlikely]] {
+    return Async<LocalTensor>(std::move(issued.work), [id, observer, kind, x, world = mesh.world(),
+                                                       dim_name = mesh.dim_name(mesh.resolve(dim)),
+                                                       loc](const LocalTensor& result) {
+      if (id != UINT64_MAX) trace().finish(id);
+      observer(CollectiveEvent{kind, world, dim_name, loc, x, result});
+    });
+  }
+  if (id == UINT64_MAX) return Async<LocalTensor>(std::move(issued.work), nullptr);
+  return Async<LocalTensor>(std::move(issued.work),
+                            [id](const LocalTensor&) { trace().finish(id); });
+}
+
+// The synchronous form: waits and moves the result out of the only Work handle.
+template <class Options, class Issue>
+LocalTensor run_sync(CollectiveKind kind, const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                     const Options& options, const std::source_location& loc, Issue&& issue) {
+  Issued issued = issue_call(kind, x, mesh, dim, options, loc, issue);
+  issued.work->wait();
+  if (issued.trace_id != UINT64_MAX) trace().finish(issued.trace_id);
+  LocalTensor result = issued.work->take_result();
+  if (CollectiveObserver observer = g_observer.load(std::memory_order_relaxed)) [[unlikely]] {
+    observer(CollectiveEvent{kind, mesh.world(), mesh.dim_name(mesh.resolve(dim)), loc, x, result});
+  }
+  return result;
+}
+
+#define SPMD_ISSUE_(method)                                                                 \
+  [](Backend& b, Communicator& c, const LocalTensor& t, const auto& o, const CallSite& s) { \
+    return b.method(c, t, o, s);                                                            \
+  }
+
+}  // namespace
+
+Async<LocalTensor> all_reduce_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                    ReduceOp op, SourceLocation loc) {
+  return run_async(CollectiveKind::AllReduce, x, mesh, dim, AllReduceOptions{op}, loc,
+                   SPMD_ISSUE_(all_reduce));
+}
+Async<LocalTensor> all_gather_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                    int64_t gather_dim, SourceLocation loc) {
+  return run_async(CollectiveKind::AllGather, x, mesh, dim, AllGatherOptions{gather_dim}, loc,
+                   SPMD_ISSUE_(all_gather));
+}
+Async<LocalTensor> reduce_scatter_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                        ReduceOp op, int64_t scatter_dim, SourceLocation loc) {
+  return run_async(CollectiveKind::ReduceScatter, x, mesh, dim,
+                   ReduceScatterOptions{op, scatter_dim}, loc, SPMD_ISSUE_(reduce_scatter));
+}
+Async<LocalTensor> all_to_all_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                    int64_t split_dim, int64_t concat_dim, SourceLocation loc) {
+  return run_async(CollectiveKind::AllToAll, x, mesh, dim, AllToAllOptions{split_dim, concat_dim},
+                   loc, SPMD_ISSUE_(all_to_all));
+}
+Async<LocalTensor> all_to_all_single_async(const LocalTensor& x, const DeviceMesh& mesh,
+                                           MeshDim dim, PerRank<std::vector<int64_t>> out_splits,
+                                           PerRank<std::vector<int64_t>> in_splits,
+                                           SourceLocation loc) {
+  return run_async(CollectiveKind::AllToAllSingle, x, mesh, dim,
+                   AllToAllSingleOptions{std::move(out_splits), std::move(in_splits)}, loc,
+                   SPMD_ISSUE_(all_to_all_single));
+}
+Async<LocalTensor> broadcast_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                   int src, SourceLocation loc) {
+  return run_async(CollectiveKind::Broadcast, x, mesh, dim, BroadcastOptions{src}, loc,
+                   SPMD_ISSUE_(broadcast));
+}
+Async<LocalTensor> scatter_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int src,
+                                 int64_t scatter_dim, SourceLocation loc) {
+  return run_async(CollectiveKind::Scatter, x, mesh, dim, ScatterOptions{src, scatter_dim}, loc,
+                   SPMD_ISSUE_(scatter));
+}
+Async<LocalTensor> gather_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int dst,
+                                int64_t gather_dim, SourceLocation loc) {
+  return run_async(CollectiveKind::Gather, x, mesh, dim, GatherOptions{dst, gather_dim}, loc,
+                   SPMD_ISSUE_(gather));
+}
+Async<LocalTensor> reduce_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                ReduceOp op, int dst, SourceLocation loc) {
+  return run_async(CollectiveKind::Reduce, x, mesh, dim, ReduceOptions{op, dst}, loc,
+                   SPMD_ISSUE_(reduce));
+}
+Async<LocalTensor> permute_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                 std::vector<int> dst_of, SourceLocation loc) {
+  return run_async(CollectiveKind::Permute, x, mesh, dim, PermuteOptions{std::move(dst_of)}, loc,
+                   SPMD_ISSUE_(permute));
+}
+
+LocalTensor all_reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, ReduceOp op,
+                       SourceLocation loc) {
+  return run_sync(CollectiveKind::AllReduce, x, mesh, dim, AllReduceOptions{op}, loc,
+                  SPMD_ISSUE_(all_reduce));
+}
+LocalTensor all_reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                       const AllReduceOptions& options, SourceLocation loc) {
+  return run_sync(CollectiveKind::AllReduce, x, mesh, dim, options, loc, SPMD_ISSUE_(all_reduce));
+}
+LocalTensor all_gather(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                       int64_t gather_dim, SourceLocation loc) {
+  return run_sync(CollectiveKind::AllGather, x, mesh, dim, AllGatherOptions{gather_dim}, loc,
+                  SPMD_ISSUE_(all_gather));
+}
+LocalTensor reduce_scatter(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, ReduceOp op,
+                           int64_t scatter_dim, SourceLocation loc) {
+  return run_sync(CollectiveKind::ReduceScatter, x, mesh, dim,
+                  ReduceScatterOptions{op, scatter_dim}, loc, SPMD_ISSUE_(reduce_scatter));
+}
+LocalTensor all_to_all(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int64_t split_dim,
+                       int64_t concat_dim, SourceLocation loc) {
+  return run_sync(CollectiveKind::AllToAll, x, mesh, dim, AllToAllOptions{split_dim, concat_dim},
+                  loc, SPMD_ISSUE_(all_to_all));
+}
+LocalTensor all_to_all_single(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                              PerRank<std::vector<int64_t>> out_splits,
+                              PerRank<std::vector<int64_t>> in_splits, SourceLocation loc) {
+  return run_sync(CollectiveKind::AllToAllSingle, x, mesh, dim,
+                  AllToAllSingleOptions{std::move(out_splits), std::move(in_splits)}, loc,
+                  SPMD_ISSUE_(all_to_all_single));
+}
+LocalTensor broadcast(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int src,
+                      SourceLocation loc) {
+  return run_sync(CollectiveKind::Broadcast, x, mesh, dim, BroadcastOptions{src}, loc,
+                  SPMD_ISSUE_(broadcast));
+}
+LocalTensor scatter(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int src,
+                    int64_t scatter_dim, SourceLocation loc) {
+  return run_sync(CollectiveKind::Scatter, x, mesh, dim, ScatterOptions{src, scatter_dim}, loc,
+                  SPMD_ISSUE_(scatter));
+}
+LocalTensor gather(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int dst,
+                   int64_t gather_dim, SourceLocation loc) {
+  return run_sync(CollectiveKind::Gather, x, mesh, dim, GatherOptions{dst, gather_dim}, loc,
+                  SPMD_ISSUE_(gather));
+}
+LocalTensor reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, ReduceOp op, int dst,
+                   SourceLocation loc) {
+  return run_sync(CollectiveKind::Reduce, x, mesh, dim, ReduceOptions{op, dst}, loc,
+                  SPMD_ISSUE_(reduce));
+}
+LocalTensor permute(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                    std::vector<int> dst_of, SourceLocation loc) {
+  return run_sync(CollectiveKind::Permute, x, mesh, dim, PermuteOptions{std::move(dst_of)}, loc,
+                  SPMD_ISSUE_(permute));
+}
+
+void barrier(const DeviceMesh& mesh, SourceLocation loc) {
+  const World& world = mesh.world();
+  // Every rank of the mesh as one group: the mesh layout nested into a single mode.
+  GroupFamily family = mesh.universe()->group_family(nest(mesh.layout()), "all");
+  auto comm = mesh.comm_cache().get_or_create(family.layout(), CommOptions{}, [&] {
+    return world.backend().make_communicator(family, CommOptions{});
+  });
+  std::vector<int> held;
+  for (int r : world.held_ranks()) {
+    if (mesh.contains(r)) held.push_back(r);
+  }
+  if (held.empty()) throw_error<CommError>("barrier: no held rank is in mesh {}", mesh);
+  LocalTensor token = LocalTensor::replicate(held, zeros({0}));
+  Prepared p = prepare(CollectiveKind::Barrier, token, *comm, world, family.dim_name(),
+                       BarrierOptions{}, loc);
+  WorkPtr work = p.backend->barrier(*p.comm, token, BarrierOptions{}, p.site);
+  work->wait();
+  trace().finish(p.trace_id);
+}
+
+}  // namespace spmd

@@ -1,0 +1,42 @@
+// spmd/collectives/group_math.h: one group's collective computed from all its members' inputs.
+//
+// The semantics of every collective (collectives/types.h) as local math over one group: the
+// members' inputs in group order in, each member's result out. Shared by the in-process
+// backends: sim runs it for every group it holds, threads at each rendezvous. Results that are
+// the same for every member are one Tensor (Note [Copy-on-write replicas]); results that are an
+// existing input (broadcast, permute, identities over one rank) share that input's buffer.
+// Reductions follow Note [Reduction order]; large copies use the thread pool.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <spmd/collectives/types.h>
+#include <spmd/collectives/validate.h>
+#include <spmd/tensor/tensor.h>
+
+namespace spmd {
+
+// One group of one call: its members' inputs by group rank, and where each member's result goes.
+struct GroupView {
+  CollectiveCall call;
+  std::vector<const Tensor*> inputs;
+  std::vector<Tensor*> outputs;
+  int64_t size() const { return static_cast<int64_t>(inputs.size()); }
+};
+
+// Writes *g.outputs[k] for every member k. @pre check_group(g.call, g.inputs) and check_local on
+// every member passed (all_to_all_single's split sizes are checked here, across members).
+void compute_group(GroupView& g, const AllReduceOptions& o);
+void compute_group(GroupView& g, const AllGatherOptions& o);
+void compute_group(GroupView& g, const ReduceScatterOptions& o);
+void compute_group(GroupView& g, const AllToAllOptions& o);
+void compute_group(GroupView& g, const AllToAllSingleOptions& o);
+void compute_group(GroupView& g, const BroadcastOptions& o);
+void compute_group(GroupView& g, const ScatterOptions& o);
+void compute_group(GroupView& g, const GatherOptions& o);
+void compute_group(GroupView& g, const ReduceOptions& o);
+void compute_group(GroupView& g, const PermuteOptions& o);
+void compute_group(GroupView& g, const BarrierOptions& o);
+
+}  // namespace spmd

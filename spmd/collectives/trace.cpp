@@ -1,0 +1,159 @@
+// spmd/collectives/trace.cpp: recording of trace events and their expansion into per-rank records.
+// The exporters (Chrome JSON, summary table) live in debug/.
+#include <spmd/collectives/trace.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace spmd {
+namespace {
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+Trace::Trace() : epoch_ns_(steady_ns()) {}
+
+int64_t Trace::now_ns() const {
+  return steady_ns() - epoch_ns_;
+}
+
+TraceSummaryRow& Trace::summary_row(CollectiveKind kind, const std::string& dim_name) {
+  const std::string_view op = collective_name(kind);
+  for (TraceSummaryRow& row : summary_) {
+    if (row.op == op && row.dim_name == dim_name) return row;
+  }
+  summary_.push_back(TraceSummaryRow{std::string(op), dim_name});
+  return summary_.back();
+}
+
+uint64_t Trace::begin(TraceEvent event) {
+  std::lock_guard lock(mutex_);
+  if (!enabled_) return UINT64_MAX;
+  TraceSummaryRow& row = summary_row(event.kind, event.dim_name);
+  row.count += 1;
+  row.bytes += event.bytes * static_cast<int64_t>(event.participants.size());
+  row.estimate_us += event.estimate_us;
+  if (capacity_ == 0 || ring_.size() < capacity_) {
+    // Not wrapped yet: events are in order from index 0.
+    ring_.push_back(std::move(event));
+    return first_id_ + ring_.size() - 1;
+  }
+  ring_[head_] = std::move(event);
+  head_ = (head_ + 1) % ring_.size();
+  ++first_id_;
+  return first_id_ + ring_.size() - 1;
+}
+
+void Trace::finish(uint64_t id) {
+  const int64_t now = now_ns();
+  std::lock_guard lock(mutex_);
+  if (id < first_id_ || id >= first_id_ + ring_.size()) return;
+  TraceEvent& e = ring_[(head_ + (id - first_id_)) % ring_.size()];
+  e.end_ns = now;
+  summary_row(e.kind, e.dim_name).measured_us += static_cast<double>(now - e.start_ns) / 1e3;
+}
+
+void Trace::set_capacity(std::size_t events) {
+  std::lock_guard lock(mutex_);
+  std::vector<TraceEvent> ordered;
+  const std::size_t keep = events == 0 ? ring_.size() : std::min(events, ring_.size());
+  ordered.reserve(keep);
+  for (std::size_t i = ring_.size() - keep; i < ring_.size(); ++i) {
+    ordered.push_back(std::move(ring_[(head_ + i) % ring_.size()]));
+  }
+  first_id_ += ring_.size() - keep;
+  ring_ = std::move(ordered);
+  head_ = 0;
+  capacity_ = events;
+}
+
+std::size_t Trace::capacity() const {
+  std::lock_guard lock(mutex_);
+  return capacity_;
+}
+
+void Trace::set_enabled(bool enabled) {
+  std::lock_guard lock(mutex_);
+  enabled_ = enabled;
+}
+
+bool Trace::enabled() const {
+  std::lock_guard lock(mutex_);
+  return enabled_;
+}
+
+void Trace::clear() {
+  std::lock_guard lock(mutex_);
+  first_id_ += ring_.size();
+  ring_.clear();
+  head_ = 0;
+  summary_.clear();
+}
+
+std::vector<TraceEvent> Trace::events() const {
+  std::lock_guard lock(mutex_);
+  std::vector<TraceEvent> out;
+  out.reserve(ring_.size());
+  for (std::size_t i = 0; i < ring_.size(); ++i) out.push_back(at(i));
+  return out;
+}
+
+std::size_t Trace::num_events() const {
+  std::lock_guard lock(mutex_);
+  return ring_.size();
+}
+
+uint64_t Trace::first_event_id() const {
+  std::lock_guard lock(mutex_);
+  return first_id_;
+}
+
+std::vector<TraceSummaryRow> Trace::summary() const {
+  std::lock_guard lock(mutex_);
+  return summary_;
+}
+
+std::vector<TraceRecord> Trace::records() const {
+  std::vector<TraceEvent> snapshot = events();
+  std::vector<TraceRecord> out;
+  for (const TraceEvent& e : snapshot) {
+    for (size_t i = 0; i < e.participants.size(); ++i) {
+      const TraceParticipant& p = e.participants[i];
+      TraceRecord r;
+      r.rank = p.rank;
+      r.sequence = p.sequence;
+      r.op = std::string(collective_name(e.kind));
+      r.dim_name = e.dim_name;
+      r.detail = e.detail;
+      if (e.family && p.group >= 0 && p.group < e.family->num_groups()) {
+        r.group_ranks = e.family->groups()[static_cast<size_t>(p.group)];
+      }
+      r.shape = e.rank_shapes.empty() ? e.shape : e.rank_shapes[i];
+      r.dtype = std::string(dtype_name(e.dtype));
+      r.bytes = e.bytes;
+      r.file = e.file;
+      r.line = e.line;
+      r.function = e.function;
+      r.start_us = static_cast<double>(e.start_ns) / 1e3;
+      r.end_us = static_cast<double>(e.end_ns) / 1e3;
+      r.estimate_us = e.estimate_us;
+      out.push_back(std::move(r));
+    }
+  }
+  // Per rank, in issue order (stable: events are already in issue order).
+  std::stable_sort(out.begin(), out.end(),
+                   [](const TraceRecord& a, const TraceRecord& b) { return a.rank < b.rank; });
+  return out;
+}
+
+Trace& trace() {
+  static Trace instance;
+  return instance;
+}
+
+}  // namespace spmd

@@ -1,0 +1,176 @@
+// spmd/collectives/trace.h: the record of every collective this process issued.
+//
+// Every backend's collectives are recorded by the functional layer (collectives/functional.h):
+// one TraceEvent per call, holding each participating rank's group and per-group sequence number.
+// records() expands events into one TraceRecord per (rank, call): the schema shared by the Chrome
+// trace export, the summary table, the flight-recorder dump and `spmd trace diff` (debug/).
+// Under real backends the trace is a ring buffer of the last N events (the flight recorder).
+//
+// Note [Flight recorder]
+// Under a real backend (mpi, nccl) launch() keeps the last SPMD_FLIGHT_RECORDER_SIZE events
+// (default 2000; 0 turns the recorder off) unless --spmd-trace asks for all of them, and when
+// the program fails it dumps them: dump_flight_recorder(world, reason) writes this process's
+// records, oldest first, to SPMD_FLIGHT_RECORDER_FILE (default
+// $TMPDIR/spmd_flight_recorder.json, TMPDIR defaulting to /tmp) with the rank inserted as for
+// trace files (spmd_flight_recorder.rank3.json), and prints the last few to stderr. The NCCL
+// watchdog calls it on a timeout. The file is the Chrome trace JSON of
+// Trace::to_chrome_json (it opens in Perfetto) with the same record args, plus
+//   "state": "completed" | "pending"   per record (pending: issued, never finished: a hang shows
+//                                     up as each rank's last, pending, call)
+//   "otherData": {"producer": "spmdsim", "kind": "flight_recorder", "reason": "...",
+//                 "ranks": [3], "world_size": 8, "backend": "mpi", "capacity": 2000,
+//                 "first_event": 1234}
+// where first_event is the number of this process's events dropped before the oldest one in
+// the file (non-zero: the history is truncated). debug/trace_file.h reads such files back and
+// debug/trace_diff.h compares them with another run's trace.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <source_location>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <spmd/collectives/types.h>
+#include <spmd/mesh/group_family.h>
+#include <spmd/tensor/dtype.h>
+#include <spmd/tensor/shape.h>
+
+namespace spmd {
+
+class World;  // sim/world.h
+
+// One rank's part in one collective call.
+struct TraceParticipant {
+  int rank = 0;
+  int64_t group = 0;      // index of the rank's group in the family
+  uint64_t sequence = 0;  // per-group sequence number
+};
+
+// One call of a collective by this process.
+struct TraceEvent {
+  uint64_t comm_id = 0;
+  CollectiveKind kind = CollectiveKind::AllReduce;
+  std::string dim_name;
+  std::string detail;  // the options, e.g. "op=sum"
+  // The family (a handle: its groups are materialized once and shared, not copied per call).
+  std::optional<GroupFamily> family;
+  std::vector<TraceParticipant> participants;
+  Shape shape;                     // the participants' input shape
+  std::vector<Shape> rank_shapes;  // one per participant when their shapes differ, else empty
+  DType dtype = DType::F32;
+  int64_t bytes = 0;  // input bytes of one rank (the first participant)
+  const char* file = "";
+  const char* function = "";
+  uint32_t line = 0;
+  int64_t start_ns = 0;  // since the trace's epoch
+  int64_t end_ns = 0;    // 0 while an async call is pending
+  double estimate_us = 0.0;
+};
+
+// One rank's view of one call: the flat schema every exporter writes.
+struct TraceRecord {
+  int rank = 0;
+  uint64_t sequence = 0;
+  std::string op;        // "all_reduce"
+  std::string dim_name;  // "tp"
+  std::string detail;    // "op=sum"
+  std::vector<int> group_ranks;
+  Shape shape;
+  std::string dtype;
+  int64_t bytes = 0;
+  std::string file;
+  uint32_t line = 0;
+  std::string function;
+  double start_us = 0.0;
+  double end_us = 0.0;
+  double estimate_us = 0.0;
+
+  bool operator==(const TraceRecord&) const = default;
+};
+
+// Totals per (op, mesh dim) over every event since the last clear(), dropped ones included.
+struct TraceSummaryRow {
+  std::string op;
+  std::string dim_name;
+  int64_t count = 0;         // calls (one per process call, not per rank)
+  int64_t bytes = 0;         // sum of per-rank input bytes
+  double estimate_us = 0.0;  // sum of cost-model estimates
+  double measured_us = 0.0;  // sum of wall time of finished calls
+};
+
+class Trace {
+ public:
+  Trace();
+
+  // Appends an event and returns its id (for finish()).
+  uint64_t begin(TraceEvent event);
+  // Sets the end time of event `id` (if it is still held).
+  void finish(uint64_t id);
+  // Nanoseconds since this trace's epoch.
+  int64_t now_ns() const;
+
+  // Keeps at most `events` events, dropping the oldest (0 = unlimited). The default is
+  // kDefaultCapacity; launch() makes it unlimited when a trace file is requested.
+  static constexpr std::size_t kDefaultCapacity = 1 << 16;
+  void set_capacity(std::size_t events);
+  std::size_t capacity() const;
+  void set_enabled(bool enabled);
+  bool enabled() const;
+  void clear();
+
+  std::vector<TraceEvent> events() const;
+  std::size_t num_events() const;
+  // Events dropped (capacity) or cleared before the oldest one held: the id of that event.
+  uint64_t first_event_id() const;
+  // One record per (participating rank, call), ordered by rank, then by issue order.
+  std::vector<TraceRecord> records() const;
+  // Running totals, in first-seen order.
+  std::vector<TraceSummaryRow> summary() const;
+
+  // Writes Chrome trace JSON (one track per rank; opens in Perfetto and chrome://tracing).
+  // Defined in debug/. ConfigError when the file cannot be written.
+  void to_chrome_json(const std::string& path) const;
+  std::string to_chrome_json_string() const;
+  // Per op and mesh dim: count, bytes, estimated time on the configured topology. debug/.
+  std::string summary_table() const;
+
+ private:
+  TraceSummaryRow& summary_row(CollectiveKind kind, const std::string& dim_name);
+
+  // The event with logical index i (0 = oldest held) is ring_[(head_ + i) % ring_.size()].
+  const TraceEvent& at(std::size_t i) const { return ring_[(head_ + i) % ring_.size()]; }
+
+  mutable std::mutex mutex_;
+  std::vector<TraceEvent> ring_;  // grows to capacity_, then the oldest slot is reused
+  std::size_t head_ = 0;          // physical index of the oldest event
+  uint64_t first_id_ = 0;         // id of the oldest event
+  std::size_t capacity_ = kDefaultCapacity;
+  std::vector<TraceSummaryRow> summary_;
+  bool enabled_ = true;
+  int64_t epoch_ns_ = 0;
+};
+
+// The process's trace.
+Trace& trace();
+
+// ---- the flight recorder (Note [Flight recorder]; defined in debug/flight_recorder.cpp) ------
+
+// SPMD_FLIGHT_RECORDER_SIZE, or 2000 when unset. ConfigError for a value that is not a
+// non-negative integer.
+std::size_t flight_recorder_size();
+// The file dump_flight_recorder writes for `world`'s ranks.
+std::string flight_recorder_file(const World& world);
+// Writes the last flight_recorder_size() events of the ranks `world` holds to
+// flight_recorder_file(world) and prints the last few to stderr, each line prefixed with the
+// rank, `reason` (e.g. "timeout after 600 s in all_reduce over 'tp'") first. Returns the path
+// written, or "" when the recorder is off (size 0) or the file cannot be written (said on stderr:
+// a dump happens on a failure path and never throws). Safe to call from a watchdog thread while
+// other threads record.
+std::string dump_flight_recorder(const World& world, std::string_view reason);
+
+}  // namespace spmd

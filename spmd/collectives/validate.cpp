@@ -1,0 +1,229 @@
+// spmd/collectives/validate.cpp: the argument checks of collectives/validate.h.
+#include <spmd/collectives/validate.h>
+
+#include <numeric>
+
+#include <spmd/core/error.h>
+
+namespace spmd {
+namespace {
+
+[[noreturn]] void fail(const CollectiveCall& call, int rank, const Tensor& x,
+                       const std::string& what) {
+  throw_error<CommError>("{}: rank {} (input shape {} {}): {}", describe_call(call), rank,
+                         shape_str(x.shape()), x.dtype(), what);
+}
+
+int64_t check_dim(const CollectiveCall& call, int rank, const Tensor& x, int64_t d,
+                  const char* name) {
+  if (d < -x.dim() || d >= x.dim() || x.dim() == 0) {
+    fail(call, rank, x, fmt::format("{}={} is out of range for a {}-d tensor", name, d, x.dim()));
+  }
+  return d < 0 ? d + x.dim() : d;
+}
+
+void check_divisible(const CollectiveCall& call, int rank, const Tensor& x, int64_t d,
+                     const char* name, int64_t group_size) {
+  const int64_t dd = check_dim(call, rank, x, d, name);
+  if (x.size(dd) % group_size != 0) {
+    fail(call, rank, x,
+         fmt::format("size {} of {}={} is not divisible by the group size {} (uneven data is "
+                     "the DTensor layer's job, by padding)",
+                     x.size(dd), name, d, group_size));
+  }
+}
+
+void check_op(const CollectiveCall& call, int rank, const Tensor& x, ReduceOp op) {
+  if (is_bitwise(op) && is_floating(x.dtype())) {
+    fail(call, rank, x,
+         fmt::format("reduce op {} is defined for integer and bool dtypes only", op));
+  }
+  if (op == ReduceOp::Avg && x.dtype() == DType::Bool) {
+    fail(call, rank, x, "reduce op avg is not defined for bool");
+  }
+}
+
+void check_root(const CollectiveCall& call, int rank, const Tensor& x, int root, const char* name,
+                int64_t group_size) {
+  if (root < 0 || root >= group_size) {
+    fail(call, rank, x,
+         fmt::format("{}={} is not a group rank (the group has {} ranks: 0..{})", name, root,
+                     group_size, group_size - 1));
+  }
+}
+
+void check_splits(const CollectiveCall& call, int rank, const Tensor& x,
+                  const PerRank<std::vector<int64_t>>& splits, const char* name, int64_t group_size,
+                  bool must_sum_to_rows) {
+  if (splits.empty()) {
+    if (x.dim() == 0) fail(call, rank, x, "needs at least 1 dim");
+    if (x.size(0) % group_size != 0) {
+      fail(call, rank, x,
+           fmt::format("no {} given and {} rows do not split evenly over {} ranks", name, x.size(0),
+                       group_size));
+    }
+    return;
+  }
+  const std::vector<int64_t>& s = splits.at(rank);
+  if (static_cast<int64_t>(s.size()) != group_size) {
+    fail(
+        call, rank, x,
+        fmt::format("{} {} has {} entries, the group has {} ranks", name, s, s.size(), group_size));
+  }
+  for (int64_t v : s) {
+    if (v < 0) fail(call, rank, x, fmt::format("{} {} has a negative size", name, s));
+  }
+  if (must_sum_to_rows) {
+    if (x.dim() == 0) fail(call, rank, x, "needs at least 1 dim");
+    const int64_t total = std::accumulate(s.begin(), s.end(), int64_t{0});
+    if (total != x.size(0)) {
+      fail(call, rank, x,
+           fmt::format("{} {} add up to {} but the input has {} rows", name, s, total, x.size(0)));
+    }
+  }
+}
+
+}  // namespace
+
+std::string describe_call(const CollectiveCall& call) {
+  if (call.group) {
+    return fmt::format("{} over mesh dim '{}' (group ranks {})", call.kind, call.dim_name,
+                       *call.group);
+  }
+  return fmt::format("{} over mesh dim '{}'", call.kind, call.dim_name);
+}
+
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t,
+                 const AllReduceOptions& o) {
+  check_op(call, rank, x, o.op);
+}
+
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t,
+                 const AllGatherOptions& o) {
+  check_dim(call, rank, x, o.gather_dim, "gather_dim");
+}
+
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const ReduceScatterOptions& o) {
+  check_op(call, rank, x, o.op);
+  check_divisible(call, rank, x, o.scatter_dim, "scatter_dim", group_size);
+}
+
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const AllToAllOptions& o) {
+  check_divisible(call, rank, x, o.split_dim, "split_dim", group_size);
+  check_dim(call, rank, x, o.concat_dim, "concat_dim");
+}
+
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const AllToAllSingleOptions& o) {
+  check_splits(call, rank, x, o.in_splits, "in_splits", group_size, true);
+  check_splits(call, rank, x, o.out_splits, "out_splits", group_size, false);
+}
+
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const BroadcastOptions& o) {
+  check_root(call, rank, x, o.src, "src", group_size);
+}
+
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const ScatterOptions& o) {
+  check_root(call, rank, x, o.src, "src", group_size);
+  check_divisible(call, rank, x, o.scatter_dim, "scatter_dim", group_size);
+}
+
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const GatherOptions& o) {
+  check_root(call, rank, x, o.dst, "dst", group_size);
+  check_dim(call, rank, x, o.gather_dim, "gather_dim");
+}
+
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const ReduceOptions& o) {
+  check_op(call, rank, x, o.op);
+  check_root(call, rank, x, o.dst, "dst", group_size);
+}
+
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const PermuteOptions& o) {
+  if (static_cast<int64_t>(o.dst_of.size()) != group_size) {
+    fail(call, rank, x,
+         fmt::format("dst_of {} has {} entries, the group has {} ranks", o.dst_of, o.dst_of.size(),
+                     group_size));
+  }
+  std::vector<bool> taken(static_cast<size_t>(group_size), false);
+  for (int d : o.dst_of) {
+    if (d == -1) continue;
+    if (d < -1 || d >= group_size) {
+      fail(call, rank, x,
+           fmt::format("dst_of {} names {}, not a group rank (0..{}) or -1", o.dst_of, d,
+                       group_size - 1));
+    }
+    if (taken[static_cast<size_t>(d)]) {
+      fail(call, rank, x, fmt::format("dst_of {} sends two shards to group rank {}", o.dst_of, d));
+    }
+    taken[static_cast<size_t>(d)] = true;
+  }
+}
+
+void check_local(const CollectiveCall&, int, const Tensor&, int64_t, const BarrierOptions&) {}
+
+void check_group(const CollectiveCall& call, const std::vector<const Tensor*>& inputs) {
+  const bool rows_may_differ = call.kind == CollectiveKind::AllToAllSingle;
+  const Tensor& first = *inputs[0];
+  for (size_t i = 1; i < inputs.size(); ++i) {
+    const Tensor& other = *inputs[i];
+    bool same = other.dtype() == first.dtype() && other.dim() == first.dim();
+    for (int64_t d = rows_may_differ ? 1 : 0; same && d < first.dim(); ++d) {
+      same = other.size(d) == first.size(d);
+    }
+    if (!same) {
+      std::string shapes;
+      for (size_t k = 0; k < inputs.size(); ++k) {
+        shapes += fmt::format("{}rank {}: {} {}", k ? ", " : "", (*call.group)[k],
+                              shape_str(inputs[k]->shape()), inputs[k]->dtype());
+      }
+      throw_error<CommError>("{}: inputs differ within the group{}: {}", describe_call(call),
+                             rows_may_differ ? " (beyond dim 0)" : "", shapes);
+    }
+  }
+}
+
+void check_group_splits(const CollectiveCall& call, const std::vector<const Tensor*>& inputs,
+                        const AllToAllSingleOptions& o) {
+  const int64_t n = static_cast<int64_t>(inputs.size());
+  std::vector<std::vector<int64_t>> in(inputs.size()), out(inputs.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const int rank = (*call.group)[static_cast<size_t>(i)];
+    in[static_cast<size_t>(i)] = resolve_splits(o.in_splits, rank, inputs[i]->size(0), n);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const int rank = (*call.group)[static_cast<size_t>(j)];
+    if (o.out_splits.empty()) {
+      // Even output split: the result has the input's rows, an equal share from every peer.
+      out[static_cast<size_t>(j)].assign(static_cast<size_t>(n),
+                                         inputs[static_cast<size_t>(j)]->size(0) / n);
+    } else {
+      out[static_cast<size_t>(j)] = o.out_splits.at(rank);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t sent = in[static_cast<size_t>(i)][static_cast<size_t>(j)];
+      const int64_t expected = out[static_cast<size_t>(j)][static_cast<size_t>(i)];
+      if (sent != expected) {
+        throw_error<CommError>(
+            "{}: split sizes do not match: rank {} sends {} rows to rank {} (in_splits {}), "
+            "which expects {} (out_splits {})",
+            describe_call(call), (*call.group)[static_cast<size_t>(i)], sent, rank,
+            in[static_cast<size_t>(i)], expected, out[static_cast<size_t>(j)]);
+      }
+    }
+  }
+}
+
+std::vector<int64_t> resolve_splits(const PerRank<std::vector<int64_t>>& splits, int rank,
+                                    int64_t size, int64_t group_size) {
+  if (!splits.empty()) return splits.at(rank);
+  return std::vector<int64_t>(static_cast<size_t>(group_size), size / group_size);
+}
+
+}  // namespace spmd

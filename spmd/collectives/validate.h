@@ -1,0 +1,66 @@
+// spmd/collectives/validate.h: argument checks shared by every backend.
+//
+// check_local runs in the functional layer on each held rank's own input (every backend sees
+// it); check_group runs where several ranks' inputs are visible at once (the sim backend, the
+// threads backend's rendezvous). Both throw CommError naming the collective, the mesh dim, the
+// group's ranks and the shapes, so a user can find the call.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <spmd/collectives/types.h>
+#include <spmd/tensor/tensor.h>
+
+namespace spmd {
+
+// What one call is, for messages.
+struct CollectiveCall {
+  CollectiveKind kind;
+  std::string dim_name;                     // mesh dim name
+  const std::vector<int>* group = nullptr;  // the group's ranks, in group order
+};
+
+// "all_reduce over mesh dim 'tp' (group ranks [0, 1])".
+std::string describe_call(const CollectiveCall& call);
+
+// Checks one rank's input against options that need no other rank's data: dims in range,
+// divisibility by the group size, src/dst/destinations in range, split sizes that add up, reduce
+// ops valid for the dtype. `group_size` is the size of the rank's group.
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const AllReduceOptions& o);
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const AllGatherOptions& o);
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const ReduceScatterOptions& o);
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const AllToAllOptions& o);
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const AllToAllSingleOptions& o);
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const BroadcastOptions& o);
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const ScatterOptions& o);
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const GatherOptions& o);
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const ReduceOptions& o);
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const PermuteOptions& o);
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const BarrierOptions& o);
+
+// Checks that the inputs of one group agree: same dtype and shape (all_to_all_single: same
+// shape except dim 0, and each rank's out_splits[i] equal to rank i's in_splits[me]).
+// `inputs[i]` is group rank i's input (call.group gives the ranks).
+void check_group(const CollectiveCall& call, const std::vector<const Tensor*>& inputs);
+void check_group_splits(const CollectiveCall& call, const std::vector<const Tensor*>& inputs,
+                        const AllToAllSingleOptions& o);
+
+// The split sizes rank `rank` uses for a dim of `size` rows over `group_size` peers: the given
+// list, or an even split when it is empty.
+std::vector<int64_t> resolve_splits(const PerRank<std::vector<int64_t>>& splits, int rank,
+                                    int64_t size, int64_t group_size);
+
+}  // namespace spmd

@@ -1,0 +1,170 @@
+// spmd/core/parallel.cpp: the thread pool behind parallel_for.
+#include <spmd/core/parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <spmd/core/env.h>
+
+namespace spmd {
+namespace {
+
+thread_local bool t_inside_parallel = false;
+
+int default_thread_count() {
+  if (auto value = env_value("SPMD_NUM_THREADS")) {
+    try {
+      return std::max(1, std::stoi(*value));
+    } catch (const std::exception&) {
+      return 1;
+    }
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// One job at a time: the submitting thread holds submit_mutex_ for the job's duration. Each job
+// is its own object, so a worker that wakes late only finds its job's chunks all claimed.
+class Pool {
+ public:
+  explicit Pool(int threads) : threads_(threads) { start_workers(); }
+  ~Pool() { stop_workers(); }
+
+  int threads() const { return threads_; }
+
+  void resize(int threads) {
+    std::lock_guard submit(submit_mutex_);
+    stop_workers();
+    threads_ = std::max(1, threads);
+    start_workers();
+  }
+
+  // Returns false (running nothing) when the pool is busy with another thread's job.
+  bool try_run(int64_t n, int64_t chunks, const std::function<void(int64_t, int64_t)>& fn) {
+    std::unique_lock submit(submit_mutex_, std::try_to_lock);
+    if (!submit.owns_lock()) return false;
+    auto job = std::make_shared<Job>(&fn, n, chunks);
+    {
+      std::lock_guard lock(mutex_);
+      current_ = job;
+      ++generation_;
+    }
+    wake_.notify_all();
+    work(*job);
+    {
+      std::unique_lock lock(mutex_);
+      done_.wait(lock, [&] { return job->remaining.load() == 0; });
+      current_.reset();
+    }
+    if (job->error) std::rethrow_exception(job->error);
+    return true;
+  }
+
+ private:
+  struct Job {
+    Job(const std::function<void(int64_t, int64_t)>* f, int64_t total, int64_t count)
+        : fn(f), n(total), chunks(count), remaining(count) {}
+    const std::function<void(int64_t, int64_t)>* fn;
+    const int64_t n;
+    const int64_t chunks;
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> remaining;
+    std::exception_ptr error;  // guarded by Pool::mutex_
+  };
+
+  void start_workers() {
+    stopping_ = false;
+    for (int i = 1; i < threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
+  }
+
+  void stop_workers() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (auto& w : workers_) w.join();
+    workers_.clear();
+  }
+
+  void worker_loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+        if (stopping_) return;
+        seen = generation_;
+        job = current_;
+      }
+      if (job) work(*job);
+    }
+  }
+
+  // Claims and runs chunks of `job` until none are left.
+  void work(Job& job) {
+    t_inside_parallel = true;
+    for (;;) {
+      int64_t chunk = job.next.fetch_add(1);
+      if (chunk >= job.chunks) break;
+      int64_t begin = job.n * chunk / job.chunks;
+      int64_t end = job.n * (chunk + 1) / job.chunks;
+      try {
+        (*job.fn)(begin, end);
+      } catch (...) {
+        std::lock_guard lock(mutex_);
+        if (!job.error) job.error = std::current_exception();
+      }
+      if (job.remaining.fetch_sub(1) == 1) {
+        std::lock_guard lock(mutex_);
+        done_.notify_all();
+      }
+    }
+    t_inside_parallel = false;
+  }
+
+  int threads_;
+  std::vector<std::thread> workers_;
+  std::mutex submit_mutex_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  bool stopping_ = false;
+  uint64_t generation_ = 0;
+  std::shared_ptr<Job> current_;
+};
+
+Pool& pool() {
+  static Pool instance(default_thread_count());
+  return instance;
+}
+
+}  // namespace
+
+int num_threads() {
+  return pool().threads();
+}
+
+void set_num_threads(int n) {
+  pool().resize(n);
+}
+
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  if (t_inside_parallel || n < 2 * grain) {
+    fn(0, n);
+    return;
+  }
+  Pool& p = pool();
+  int64_t chunks = std::min<int64_t>(p.threads(), n / grain);
+  if (chunks <= 1 || !p.try_run(n, chunks, fn)) fn(0, n);
+}
+
+}  // namespace spmd

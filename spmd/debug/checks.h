@@ -1,0 +1,54 @@
+// spmd/debug/checks.h: the checks of --spmd-debug=check,replicate,nan (fingerprint lives in the
+// real backends, Note [Collective fingerprint] in collectives/fingerprint.h).
+//
+// Note [Check modes]
+// launch() turns them on from --spmd-debug / SPMD_DEBUG; a test turns them on for one world:
+//
+//   World world = World::sim(4);
+//   world.set_debug(DebugOptions{.check = true});   // World::set_debug is defined here
+//
+// While a world with any of them lives, an observer of every DTensor op (dtensor/hooks.h) is
+// installed; it reads the debug options of the op's world, so other worlds pay one atomic load.
+//   check      (sim) every DTensor op, redistribute included, is recomputed on full tensors: the
+//              inputs' and the output's global values are assembled from every rank's piece
+//              (Partial pieces reduced as Note [Reduction order] says), the op's reference runs
+//              on the inputs, and the first op whose output differs beyond check_tolerance is a
+//              DivergenceError naming the op, the placements and shapes, the largest error, its
+//              index and the ranks holding that element. No collective runs for the check, so the
+//              user's trace and the per-group sequence numbers stay as they are, and the
+//              recomputation is plain Tensor code (no DTensor op, so no recursion).
+//   replicate  (sim) for every input and the output of every DTensor op, the pieces of the ranks
+//              along each Replicate mesh dim must be identical (bitwise; NaN equals NaN): the
+//              first difference is a DivergenceError naming the op, the tensor, the mesh dim, the
+//              two ranks, the group and the first differing index.
+//   nan        the first op whose result holds NaN or Inf is a NonFiniteError naming the op, the
+//              rank and the index, and saying whether its inputs were finite: DTensor ops (this
+//              observer), collectives (set_collective_observer, collectives/functional.h) and
+//              LocalTensor arithmetic (set_local_op_observer, sim/local_ops.h). The LocalTensor
+//              hook has no world, so it is on in the whole process while a world with nan lives
+//              (the sharding and plan caches keep the worlds of past ops alive until
+//              clear_sharding_cache() and clear_redistribute_cache()).
+// check and replicate compare every rank's piece, so they need a world holding every rank (sim):
+// set_debug refuses them elsewhere with a ConfigError.
+#pragma once
+
+#include <spmd/dtensor/dtensor.h>
+#include <spmd/tensor/dtype.h>
+
+namespace spmd {
+
+// How far a sharded float result may be from the single-device one under check mode: elementwise
+// |got - expected| <= atol + rtol * |expected| (reductions and matmuls sum in another order).
+// F64: 1e-9, 1e-12; F32: 1e-4, 1e-5; BF16 and F16: 2e-2, 1e-2. Integers and bool: exact.
+struct CheckTolerance {
+  double rtol = 0.0;
+  double atol = 0.0;
+};
+CheckTolerance check_tolerance(DType dtype);
+
+// The global value of `tensor` built from the pieces this process holds, with no communication
+// (Partial mesh dims reduced in group-rank order, innermost first). Needs every rank of the mesh
+// held (sim); PlacementError otherwise.
+Tensor assemble_full_tensor(const DTensor& tensor);
+
+}  // namespace spmd

@@ -1,0 +1,178 @@
+// spmd/debug/trace_export.cpp: Trace exporters: Chrome trace JSON and the per-op summary table, for
+// the process's trace and for records read back from files (debug/trace_file.h has the format).
+//
+// Chrome trace JSON ("Trace Event Format"): one process, one track (tid) per rank, one complete
+// event ("ph": "X") per (rank, collective call) with the record's fields under "args". It opens
+// in Perfetto (ui.perfetto.dev) and chrome://tracing. Calls that never finished (end 0) are drawn
+// as instants at their start.
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+#include <spmd/collectives/fingerprint.h>
+#include <spmd/collectives/trace.h>
+#include <spmd/core/error.h>
+#include <spmd/debug/trace_file.h>
+
+namespace spmd {
+namespace {
+
+nlohmann::json record_args(const TraceRecord& r) {
+  return {{"seq", r.sequence},
+          {"dim", r.dim_name},
+          {"detail", r.detail},
+          {"group", r.group_ranks},
+          {"shape", r.shape},
+          {"dtype", r.dtype},
+          {"bytes", r.bytes},
+          {"file", r.file},
+          {"line", r.line},
+          {"function", r.function},
+          {"estimate_us", r.estimate_us},
+          {"state", r.end_us > 0.0 ? "completed" : "pending"}};
+}
+
+nlohmann::json info_json(const TraceFileInfo& info) {
+  nlohmann::json out = {{"producer", "spmdsim"}, {"kind", info.kind}};
+  if (!info.reason.empty()) out["reason"] = info.reason;
+  if (!info.ranks.empty()) out["ranks"] = info.ranks;
+  if (info.world_size > 0) out["world_size"] = info.world_size;
+  if (!info.backend.empty()) out["backend"] = info.backend;
+  if (info.capacity > 0) out["capacity"] = info.capacity;
+  out["first_event"] = info.first_event;
+  return out;
+}
+
+std::string format_summary(const std::vector<TraceSummaryRow>& rows) {
+  std::string out = fmt::format("{:<18} {:<10} {:>8} {:>14} {:>14} {:>14}\n", "collective",
+                                "mesh dim", "calls", "bytes", "estimated us", "measured us");
+  int64_t calls = 0;
+  int64_t bytes = 0;
+  double estimate = 0.0;
+  double measured = 0.0;
+  for (const TraceSummaryRow& r : rows) {
+    out += fmt::format("{:<18} {:<10} {:>8} {:>14} {:>14.1f} {:>14.1f}\n", r.op, r.dim_name,
+                       r.count, r.bytes, r.estimate_us, r.measured_us);
+    calls += r.count;
+    bytes += r.bytes;
+    estimate += r.estimate_us;
+    measured += r.measured_us;
+  }
+  out += fmt::format("{:<18} {:<10} {:>8} {:>14} {:>14.1f} {:>14.1f}\n", "total", "", calls, bytes,
+                     estimate, measured);
+  return out;
+}
+
+}  // namespace
+
+std::string chrome_trace_json(std::span<const TraceRecord> records, const TraceFileInfo& info) {
+  nlohmann::json events = nlohmann::json::array();
+  std::vector<int> ranks;
+  for (const TraceRecord& r : records) {
+    if (std::find(ranks.begin(), ranks.end(), r.rank) == ranks.end()) ranks.push_back(r.rank);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  for (int rank : ranks) {
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 0},
+                      {"tid", rank},
+                      {"args", {{"name", fmt::format("rank {}", rank)}}}});
+  }
+  for (const TraceRecord& r : records) {
+    nlohmann::json e = {{"name", r.op},  {"cat", r.dim_name}, {"pid", 0},
+                        {"tid", r.rank}, {"ts", r.start_us},  {"args", record_args(r)}};
+    if (r.end_us > 0.0) {
+      e["ph"] = "X";
+      e["dur"] = std::max(r.end_us - r.start_us, 0.001);
+    } else {
+      e["ph"] = "i";
+      e["s"] = "t";
+    }
+    events.push_back(std::move(e));
+  }
+  nlohmann::json doc = {{"traceEvents", std::move(events)},
+                        {"displayTimeUnit", "ns"},
+                        {"otherData", info_json(info)}};
+  return doc.dump();
+}
+
+void write_trace_file(const std::string& path, std::span<const TraceRecord> records,
+                      const TraceFileInfo& info) {
+  std::ofstream out(path);
+  if (!out) throw_error<ConfigError>("cannot open trace file '{}' for writing", path);
+  out << chrome_trace_json(records, info) << '\n';
+  if (!out) throw_error<ConfigError>("writing trace file '{}' failed", path);
+}
+
+std::string summary_table(std::span<const TraceRecord> records) {
+  std::vector<TraceSummaryRow> rows;
+  // One call per (op, dim, group, sequence): its estimate once, its slowest rank's time.
+  using CallKey = std::tuple<std::string, std::string, std::vector<int>, uint64_t>;
+  std::map<CallKey, double> measured;
+  for (const TraceRecord& r : records) {
+    auto row = std::find_if(rows.begin(), rows.end(), [&](const TraceSummaryRow& x) {
+      return x.op == r.op && x.dim_name == r.dim_name;
+    });
+    if (row == rows.end()) {
+      rows.push_back(TraceSummaryRow{r.op, r.dim_name});
+      row = rows.end() - 1;
+    }
+    row->bytes += r.bytes;
+    const double took = r.end_us > 0.0 ? r.end_us - r.start_us : 0.0;
+    auto [it, first] =
+        measured.try_emplace(CallKey{r.op, r.dim_name, r.group_ranks, r.sequence}, took);
+    if (first) {
+      row->count += 1;
+      row->estimate_us += r.estimate_us;
+      row->measured_us += took;
+    } else if (took > it->second) {
+      row->measured_us += took - it->second;
+      it->second = took;
+    }
+  }
+  return format_summary(rows);
+}
+
+std::string format_record(const TraceRecord& r) {
+  std::string text =
+      fmt::format("seq {} {} '{}' group {} {} {}", r.sequence, r.op, r.dim_name,
+                  shape_str(std::vector<int64_t>(r.group_ranks.begin(), r.group_ranks.end())),
+                  shape_str(r.shape), r.dtype);
+  if (!r.detail.empty()) text += " " + r.detail;
+  if (!r.file.empty()) text += " at " + call_site_text(r.file, r.line);
+  if (r.end_us > 0.0) {
+    text += fmt::format(" (completed, {:.1f} us)", r.end_us - r.start_us);
+  } else {
+    text += " (pending)";
+  }
+  return text;
+}
+
+std::string Trace::to_chrome_json_string() const {
+  const uint64_t first_event = first_event_id();
+  const std::vector<TraceRecord> records = this->records();
+  TraceFileInfo info;
+  for (const TraceRecord& r : records) {
+    if (info.ranks.empty() || info.ranks.back() != r.rank) info.ranks.push_back(r.rank);
+  }
+  info.capacity = capacity();
+  info.first_event = first_event;
+  return chrome_trace_json(records, info);
+}
+
+void Trace::to_chrome_json(const std::string& path) const {
+  std::ofstream out(path);
+  if (!out) throw_error<ConfigError>("Trace::to_chrome_json: cannot open '{}' for writing", path);
+  out << to_chrome_json_string() << '\n';
+  if (!out) throw_error<ConfigError>("Trace::to_chrome_json: writing '{}' failed", path);
+}
+
+std::string Trace::summary_table() const {
+  return format_summary(summary());
+}
+
+}  // namespace spmd

@@ -1,0 +1,298 @@
+// spmd/dtensor/dtensor.cpp: DTensor construction (distribute_tensor, from_local), full_tensor,
+// redistribute and printing.
+#include <spmd/dtensor/dtensor.h>
+
+#include <map>
+#include <ostream>
+
+#include <spmd/collectives/functional.h>
+#include <spmd/core/check.h>
+#include <spmd/core/error.h>
+#include <spmd/dtensor/dispatch.h>
+#include <spmd/dtensor/hooks.h>
+#include <spmd/sim/local_ops.h>
+#include <spmd/tensor/ops.h>
+
+namespace spmd {
+namespace {
+
+Tensor identity_reference(std::span<const Tensor> inputs, const OpArgs&) {
+  return inputs[0];
+}
+
+// The op observers see for DTensor::redistribute: the value does not change.
+const OpDef kRedistributeOp{"redistribute", nullptr, nullptr, nullptr, identity_reference};
+
+void check_has_ranks(const DTensorSpec& spec, const char* op) {
+  if (spec.rank_info().ranks.empty()) {
+    throw_error<PlacementError>(
+        "{}: no rank this process holds (held ranks {}) is in the mesh {}; ranks outside the "
+        "mesh cannot hold a DTensor on it",
+        op, ranks_str(spec.mesh().world().held_ranks()), spec.mesh().to_string());
+  }
+}
+
+}  // namespace
+
+DTensor::DTensor(LocalTensor local, SpecPtr spec)
+    : local_(std::move(local)), spec_(std::move(spec)) {
+  SPMD_CHECK(spec_ != nullptr);
+}
+
+void DTensor::check_defined(const char* op) const {
+  if (!spec_) throw_error<PlacementError>("DTensor::{}: the DTensor is undefined", op);
+}
+
+const LocalTensor& DTensor::to_local() const {
+  check_defined("to_local");
+  return local_;
+}
+const DeviceMesh& DTensor::mesh() const {
+  check_defined("mesh");
+  return spec_->mesh();
+}
+const Placements& DTensor::placements() const {
+  check_defined("placements");
+  return spec_->placements();
+}
+const Shape& DTensor::shape() const {
+  check_defined("shape");
+  return spec_->shape();
+}
+int64_t DTensor::size(int64_t d) const {
+  return shape()[static_cast<size_t>(normalize_dim(d, dim(), "DTensor::size", shape()))];
+}
+int64_t DTensor::numel() const {
+  return shape_numel(shape());
+}
+DType DTensor::dtype() const {
+  check_defined("dtype");
+  return spec_->dtype();
+}
+const DTensorSpec& DTensor::spec() const {
+  check_defined("spec");
+  return *spec_;
+}
+const SpecPtr& DTensor::spec_ptr() const {
+  check_defined("spec_ptr");
+  return spec_;
+}
+
+Tensor DTensor::full_tensor() const {
+  check_defined("full_tensor");
+  if (spec_->is_replicated()) return local_.shards().front();
+  DTensor full = redistribute(Placements(spec_->placements().size(), Replicate{}));
+  return full.local_.shards().front();
+}
+
+DTensor DTensor::redistribute(const Placements& placements) const {
+  return redistribute(placements, default_redistribute_planner());
+}
+
+DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner planner) const {
+  check_defined("redistribute");
+  if (placements == spec_->placements()) return *this;
+  DTensorSpec target = spec_->with_placements(placements);
+  if (target == *spec_) return *this;
+  auto plan = cached_redistribute_plan(*spec_, target, planner);
+  DTensor out(execute_redistribute(local_, *spec_, *plan),
+              std::make_shared<const DTensorSpec>(std::move(target)));
+  if (has_op_observers()) {
+    const DTensor* input = this;
+    static const OpArgs kNoArgs;
+    notify_op_observers(OpEvent{kRedistributeOp.name, &kRedistributeOp, kNoArgs,
+                                std::span<const DTensor* const>(&input, 1), out});
+  }
+  return out;
+}
+
+std::string DTensor::to_string() const {
+  if (!spec_) return "DTensor(undefined)";
+  return fmt::format("DTensor({}, {} {}, {})\n{}", spmd::to_string(spec_->placements()),
+                     shape_str(spec_->shape()), spec_->dtype(), spec_->mesh().to_string(),
+                     local_.to_string());
+}
+
+std::ostream& operator<<(std::ostream& os, const DTensor& tensor) {
+  return os << tensor.to_string();
+}
+
+// ---- distribute_tensor -------------------------------------------------------------------------
+
+DTensor dtensor_from_blocks(const char* op, SpecPtr spec,
+                            const std::function<Tensor(const Shape&, const Shape&)>& block) {
+  check_has_ranks(*spec, op);
+  const DTensorSpec::RankInfo& info = spec->rank_info();
+  const World& world = spec->mesh().world();
+  std::map<std::vector<int64_t>, Tensor> pieces;
+  std::vector<Tensor> shards;
+  shards.reserve(info.ranks.size());
+  for (size_t r = 0; r < info.ranks.size(); ++r) {
+    const Shape& offset = info.local_offsets[r];
+    const Shape& size = info.local_shapes[r];
+    // The block, and on Partial mesh dims whether the partition keeps the value (group rank 0).
+    std::vector<int64_t> key = offset;
+    key.insert(key.end(), size.begin(), size.end());
+    for (int i = 0; i < spec->mesh_ndim(); ++i) {
+      if (is_partial(spec->placements()[static_cast<size_t>(i)])) {
+        key.push_back(info.coordinates[r][static_cast<size_t>(i)] == 0);
+      }
+    }
+    // Each rank's piece on its device (Note [NCCL device placement]), shared by the ranks there.
+    const Device device = world.device_of(info.ranks[r]);
+    key.push_back(device.is_cpu() ? -1 : device.index);
+    auto it = pieces.find(key);
+    if (it == pieces.end()) {
+      Tensor piece = partition_local(block(offset, size).to(device), *spec, info.coordinates[r]);
+      it = pieces.emplace(std::move(key), std::move(piece)).first;
+    }
+    shards.push_back(it->second);
+  }
+  return DTensor(LocalTensor(info.ranks, std::move(shards)), std::move(spec));
+}
+
+DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh,
+                          const Placements& placements) {
+  if (!global.defined()) {
+    throw_error<PlacementError>("distribute_tensor: the tensor is undefined (placements {})",
+                                to_string(placements));
+  }
+  auto spec = std::make_shared<const DTensorSpec>(mesh, placements, global.shape(), global.dtype());
+  return dtensor_from_blocks("distribute_tensor", std::move(spec),
+                             [&](const Shape& offset, const Shape& size) {
+                               Tensor view = global;
+                               for (size_t d = 0; d < offset.size(); ++d) {
+                                 if (size[d] != global.size(static_cast<int64_t>(d))) {
+                                   view = view.narrow(static_cast<int64_t>(d), offset[d], size[d]);
+                                 }
+                               }
+                               // A copy: the DTensor must not alias the caller's tensor.
+                               return view.clone();
+                             });
+}
+
+// ---- from_local --------------------------------------------------------------------------------
+
+namespace {
+
+std::string held_shapes(const LocalTensor& local) {
+  std::string out;
+  for (size_t i = 0; i < local.num_shards(); ++i) {
+    out += fmt::format("{}rank {}: {}", i ? ", " : "", local.ranks()[i],
+                       shape_str(local.shards()[i].shape()));
+  }
+  return out;
+}
+
+// The global shape from the pieces' shapes (Note [Uneven sharding]), by collectives over the
+// mesh so that every backend sees every rank's size: inner -> outer, each mesh dim sharding a
+// tensor dim gathers the group's sizes, checks they are the torch.chunk split of their sum, and
+// replaces the size by the sum. Then every rank must have found the same shape.
+Shape infer_global_shape(const LocalTensor& local, const DeviceMesh& mesh,
+                         const Placements& placements, const std::vector<int>& ranks) {
+  const int64_t nd = local.dim();
+  const std::vector<int64_t> mesh_shape = mesh.shape();
+  LocalTensor sizes = local.map([&](int, const Tensor& t) {
+    std::vector<int64_t> s = t.shape();
+    return from_vector(s, {1, nd});
+  });
+  for (int i = mesh.ndim() - 1; i >= 0; --i) {
+    const Shard* shard = std::get_if<Shard>(&placements[static_cast<size_t>(i)]);
+    const int64_t k = mesh_shape[static_cast<size_t>(i)];
+    if (shard == nullptr || k == 1) continue;
+    const int d = shard->dim;
+    LocalTensor gathered = all_gather(sizes, mesh, i, 0);
+    GroupFamily family = mesh.group_family(i);
+    sizes = gathered.map([&](int rank, const Tensor& g) {
+      std::vector<int64_t> all = g.to_vector<int64_t>();
+      std::vector<int64_t> row(all.begin(), all.begin() + nd);
+      std::vector<int64_t> split;
+      int64_t total = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        split.push_back(all[static_cast<size_t>(c * nd + d)]);
+        total += split.back();
+      }
+      for (int64_t c = 0; c < k; ++c) {
+        if (split[static_cast<size_t>(c)] != shard_size(total, k, c)) {
+          std::vector<int64_t> expected;
+          for (int64_t e = 0; e < k; ++e) expected.push_back(shard_size(total, k, e));
+          auto where = family.locate(rank);
+          throw_error<PlacementError>(
+              "DTensor::from_local: the pieces of tensor dim {} over mesh dim {} ({}) do not "
+              "follow torch.chunk sizes: group ranks {} hold {} rows, but {} rows split over {} "
+              "ranks as {} (placements {}, mesh {}; held shapes {}). Pass pieces of those sizes, "
+              "or give the global shape",
+              d, i, mesh.dim_name(i),
+              ranks_str(where ? family.group(where->group) : std::vector<int>{}), shape_str(split),
+              total, k, shape_str(expected), spmd::to_string(placements), mesh.to_string(),
+              held_shapes(local));
+        }
+      }
+      row[static_cast<size_t>(d)] = total;
+      return from_vector(row, {1, nd});
+    });
+  }
+  // Every rank must have found the same shape: compare the mesh-wide max and min.
+  LocalTensor high = sizes;
+  LocalTensor low = sizes;
+  for (int i = 0; i < mesh.ndim(); ++i) {
+    if (mesh_shape[static_cast<size_t>(i)] == 1) continue;
+    high = all_reduce(high, mesh, i, ReduceOp::Max);
+    low = all_reduce(low, mesh, i, ReduceOp::Min);
+  }
+  const Tensor& first = high.shards().front();
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (!equal(high.shards()[r], low.shards()[r]) || !equal(high.shards()[r], first)) {
+      throw_error<PlacementError>(
+          "DTensor::from_local: the pieces do not form one global tensor: the global shape "
+          "they imply differs between ranks (between {} and {} per dim; placements {}, mesh {}; "
+          "held shapes {}). Dims that are not sharded must have the same size on every rank",
+          shape_str(low.shards()[r].to_vector<int64_t>()),
+          shape_str(high.shards()[r].to_vector<int64_t>()), spmd::to_string(placements),
+          mesh.to_string(), held_shapes(local));
+    }
+  }
+  return first.to_vector<int64_t>();
+}
+
+}  // namespace
+
+DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements placements,
+                            std::optional<Shape> global_shape) {
+  if (!local.defined()) {
+    throw_error<PlacementError>("DTensor::from_local: the LocalTensor is undefined (mesh {})",
+                                mesh.to_string());
+  }
+  // Validates the placements against the pieces' dim count before anything else.
+  DTensorSpec probe(mesh, placements, Shape(static_cast<size_t>(local.dim()), 0), local.dtype());
+  check_has_ranks(probe, "DTensor::from_local");
+  const std::vector<int>& ranks = probe.rank_info().ranks;
+  if (local.ranks() != ranks) {
+    throw_error<PlacementError>(
+        "DTensor::from_local: the LocalTensor holds ranks {} but the held ranks of mesh {} are {}",
+        ranks_str(local.ranks()), mesh.to_string(), ranks_str(ranks));
+  }
+  Shape shape =
+      global_shape ? *global_shape : infer_global_shape(local, mesh, probe.placements(), ranks);
+  if (global_shape && static_cast<int64_t>(shape.size()) != local.dim()) {
+    throw_error<PlacementError>(
+        "DTensor::from_local: global shape {} has {} dims but the pieces have {} (held shapes {})",
+        shape_str(shape), shape.size(), local.dim(), held_shapes(local));
+  }
+  auto spec = std::make_shared<const DTensorSpec>(std::move(mesh), probe.placements(),
+                                                  std::move(shape), local.dtype());
+  const DTensorSpec::RankInfo& info = spec->rank_info();
+  for (size_t r = 0; r < info.ranks.size(); ++r) {
+    if (local.shards()[r].shape() != info.local_shapes[r]) {
+      throw_error<PlacementError>(
+          "DTensor::from_local: rank {} holds a piece of shape {} but a global shape {} with "
+          "placements {} on mesh {} gives it {} (held shapes {})",
+          info.ranks[r], shape_str(local.shards()[r].shape()), shape_str(spec->shape()),
+          spmd::to_string(spec->placements()), spec->mesh().to_string(),
+          shape_str(info.local_shapes[r]), held_shapes(local));
+    }
+  }
+  return DTensor(std::move(local), std::move(spec));
+}
+
+}  // namespace spmd

@@ -1,0 +1,110 @@
+// spmd/dtensor/dtensor.h: DTensor, a global tensor laid out over a DeviceMesh: the LocalTensor of
+// the pieces the held ranks own plus the DTensorSpec (mesh, placements, global shape, dtype).
+//
+//   DeviceMesh mesh = init_device_mesh(world, {2, 4}, {"dp", "tp"});
+//   DTensor x = distribute_tensor(randn({8, 16}, 1), mesh, {Shard{0}, Replicate{}});
+//   DTensor y = x.redistribute({Replicate{}, Shard{1}});   // planned, cached, then run
+//   Tensor full = y.full_tensor();                          // the same on every rank
+//   fmt::print("{}\n", visualize_sharding(y));
+//
+// Under sim the LocalTensor holds the piece of every rank of the mesh; under threads, mpi and
+// nccl it holds the caller's rank. Everything here runs the same code on both: per-rank sizes
+// and offsets come from the spec (dtensor/spec.h), data moves only through the functional
+// collectives. Ops on DTensors (matmul, +, sum, softmax, ...) are in dtensor/ops.h.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <optional>
+#include <string>
+
+#include <spmd/dtensor/placement.h>
+#include <spmd/dtensor/redistribute.h>
+#include <spmd/dtensor/spec.h>
+#include <spmd/mesh/device_mesh.h>
+#include <spmd/sim/local_tensor.h>
+#include <spmd/tensor/tensor.h>
+
+namespace spmd {
+
+class DTensor {
+ public:
+  // An undefined DTensor; defined() is false.
+  DTensor() = default;
+  // The pieces `local` of a DTensor of `spec`, trusted as they are (from_local checks; ops and
+  // redistribute use this). `local` must hold spec.rank_info().ranks.
+  DTensor(LocalTensor local, SpecPtr spec);
+
+  // A DTensor from each rank's piece. The global shape is inferred when not given: along a
+  // sharded dim the pieces must follow torch.chunk sizes (Note [Uneven sharding]), otherwise a
+  // PlacementError names the ranks and their shapes (pytorch/pytorch#144109 silently returned
+  // wrong full tensors instead). A given global shape is checked against every held piece.
+  // Inference and the consistency checks use small all_gather/all_reduce collectives of the
+  // local sizes (so they also hold under mpi, where a process sees only its own piece).
+  static DTensor from_local(LocalTensor local, DeviceMesh mesh, Placements placements,
+                            std::optional<Shape> global_shape = {});
+
+  bool defined() const { return spec_ != nullptr; }
+  // Each held rank's piece.
+  const LocalTensor& to_local() const;
+  // The global tensor, the same on every rank: redistributes to all-Replicate and returns a held
+  // rank's copy. It may share storage with the DTensor's pieces; clone() before writing to it.
+  Tensor full_tensor() const;
+  // The same global tensor with other placements (same mesh). Plans are cached.
+  DTensor redistribute(const Placements& placements) const;
+  DTensor redistribute(const Placements& placements, RedistributePlanner planner) const;
+
+  const DeviceMesh& mesh() const;
+  const Placements& placements() const;
+  // The global shape.
+  const Shape& shape() const;
+  int64_t dim() const { return static_cast<int64_t>(shape().size()); }
+  int64_t size(int64_t d) const;
+  int64_t numel() const;
+  DType dtype() const;
+  const DTensorSpec& spec() const;
+  const SpecPtr& spec_ptr() const;
+
+  // "DTensor(S(0),R, [8, 16] f32, DeviceMesh(...))" followed by the pieces.
+  std::string to_string() const;
+
+ private:
+  void check_defined(const char* op) const;
+  LocalTensor local_;
+  SpecPtr spec_;
+};
+
+// A DTensor whose global value is `global`, on every rank (no communication: each rank takes its
+// own piece, Note [Uneven sharding]; a Partial mesh dim holds the R -> P partition of
+// Note [Redistribute steps]: sum divides by the mesh dim's size, avg/min/max keep the value).
+// Ranks whose pieces coincide share one buffer (Note [Copy-on-write replicas]).
+DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh,
+                          const Placements& placements);
+
+// A DTensor of `spec` (`op` names the caller in errors) from its global value given block by block:
+// block(offset, size) returns that block of the global tensor (a fresh tensor or a view it may
+// keep). Each held rank gets its block with the Partial partition applied; ranks with the same
+// block and partition share one buffer. distribute_tensor and the random DTensors
+// (dtensor/random.h) are built on it.
+DTensor dtensor_from_blocks(
+    const char* op, SpecPtr spec,
+    const std::function<Tensor(const Shape& offset, const Shape& size)>& block);
+
+// Which ranks hold which block, drawn as a grid for 1-D and 2-D tensors (every rank, computed
+// from the spec, not only the held ones). Defined in debug/visualize.cpp, whose header has the
+// form with options (colour, size).
+std::string visualize_sharding(const DTensor& tensor);
+
+std::ostream& operator<<(std::ostream& os, const DTensor& tensor);
+
+}  // namespace spmd
+
+template <>
+struct fmt::formatter<spmd::DTensor> {
+  constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
+  template <class Ctx>
+  auto format(const spmd::DTensor& t, Ctx& ctx) const {
+    return fmt::format_to(ctx.out(), "{}", t.to_string());
+  }
+};

@@ -1,0 +1,56 @@
+// spmd/dtensor/hooks.h: observers of every DTensor op, for debugging tools.
+//
+// Every op goes through dispatch() (dtensor/dispatch.h) and every redistribution through
+// DTensor::redistribute; both report to the registered observers after computing their output.
+// An observer sees the op's name, its static arguments, its input DTensors (as passed, before
+// any redistribution), its output DTensor, and can recompute the op on full tensors: this is
+// what --spmd-debug=check (compare with the single-device result) and NaN checks build on,
+// without dtensor/ knowing about them. With no observer registered the cost is one relaxed
+// atomic load per op.
+//
+//   int id = add_op_observer([](const OpEvent& e) {
+//     std::vector<Tensor> full;
+//     for (const DTensor* in : e.inputs) full.push_back(in->full_tensor());
+//     if (!allclose(e.output.full_tensor(), e.reference(full))) report(e.op);
+//   });
+//   ...
+//   remove_op_observer(id);
+//
+// Observers run on the thread that ran the op, in registration order; they may call DTensor
+// ops themselves (those are not observed again while an observer runs on that thread).
+#pragma once
+
+#include <functional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <spmd/dtensor/dispatch.h>
+
+namespace spmd {
+
+struct OpEvent {
+  std::string_view op;  // "add", "matmul", ..., "redistribute"
+  // The op's definition. For "redistribute" only `reference` (the identity) is set.
+  const OpDef* def;
+  const OpArgs& args;
+  std::span<const DTensor* const> inputs;
+  const DTensor& output;
+  // The op on full tensors (in inputs order): the single-device result.
+  Tensor reference(std::span<const Tensor> full_inputs) const {
+    return def->reference(full_inputs, args);
+  }
+};
+
+using OpObserver = std::function<void(const OpEvent&)>;
+
+// Registers `observer`; returns an id for remove_op_observer.
+int add_op_observer(OpObserver observer);
+// Removes the observer with this id (no-op for an unknown id).
+void remove_op_observer(int id);
+// True when any observer is registered.
+bool has_op_observers();
+// Calls every observer with `event` (dispatch and redistribute do this).
+void notify_op_observers(const OpEvent& event);
+
+}  // namespace spmd

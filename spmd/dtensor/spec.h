@@ -1,0 +1,122 @@
+// spmd/dtensor/spec.h: DTensorSpec, everything about a DTensor but its data: the mesh, one
+// placement per mesh dim, the global shape and the dtype.
+//
+// Specs key the redistribute-plan cache and the sharding-propagation cache, so the hash is
+// computed once at construction and equality checks the cheap fields first. Per-rank facts
+// (which held ranks the mesh contains, their coordinates, local shapes and offsets) are computed
+// on first use and kept with the spec; they are pure functions of the spec and the world, so no
+// communication is needed to know any rank's piece (Note [Uneven sharding]).
+//
+//   DTensorSpec spec(mesh, {Shard{0}, Replicate{}}, {5, 4}, DType::F32);   // mesh (2, 2)
+//   spec.local_shape({1, 0});    // [2, 4]: coordinate 1 of 2 holds rows [3, 5)
+//   spec.to_string();            // "DTensorSpec(S(0),R, [5, 4] f32, DeviceMesh(...))"
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <spmd/dtensor/placement.h>
+#include <spmd/mesh/device_mesh.h>
+#include <spmd/tensor/dtype.h>
+#include <spmd/tensor/shape.h>
+
+namespace spmd {
+
+// "[0, 1, 2]": rank lists in messages (fmt's range formatter draws a false GCC 12 warning).
+inline std::string ranks_str(const std::vector<int>& ranks) {
+  return shape_str(std::vector<int64_t>(ranks.begin(), ranks.end()));
+}
+
+class DTensorSpec {
+ public:
+  // Validates and normalizes (negative Shard dims count from the end). PlacementError naming the
+  // mesh, the placements and the shape when the mesh is undefined, the number of placements is
+  // not the mesh's ndim, a Shard dim is out of range, or a Partial carries a bitwise op;
+  // ShapeError for a negative size.
+  DTensorSpec(DeviceMesh mesh, Placements placements, Shape shape, DType dtype);
+  DTensorSpec(const DTensorSpec& other);
+  DTensorSpec& operator=(const DTensorSpec& other);
+
+  const DeviceMesh& mesh() const { return mesh_; }
+  const Placements& placements() const { return placements_; }
+  const Shape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
+  int64_t numel() const { return shape_numel(shape_); }
+  // mesh().shape(), kept (the mesh computes it on each call).
+  const std::vector<int64_t>& mesh_shape() const { return mesh_shape_; }
+  int mesh_ndim() const { return static_cast<int>(placements_.size()); }
+
+  std::size_t hash() const { return hash_; }
+  bool operator==(const DTensorSpec& other) const;
+
+  // Every placement is Replicate.
+  bool is_replicated() const;
+  bool has_partial() const;
+  // Product of the mesh sizes of the Shard placements.
+  int64_t num_shards() const;
+  // True when every sharded tensor dim splits evenly at every level of its nesting, so every
+  // rank's piece has the same shape.
+  bool is_even() const;
+  // The same spec with other placements (validated).
+  DTensorSpec with_placements(Placements placements) const;
+
+  // The piece of the rank at mesh `coordinate` (Note [Uneven sharding], nesting outer first).
+  Shape local_shape(const std::vector<int64_t>& coordinate) const;
+  Shape local_offset(const std::vector<int64_t>& coordinate) const;
+  // The largest local shape: each sharded dim padded to its chunk capacity, level by level.
+  Shape padded_local_shape() const;
+
+  // The held ranks of the mesh's world that the mesh contains (the ranks a DTensor of this spec
+  // holds), with each one's coordinate, local shape and offset. Computed once.
+  struct RankInfo {
+    std::vector<int> ranks;
+    std::vector<std::vector<int64_t>> coordinates;
+    std::vector<Shape> local_shapes;
+    std::vector<Shape> local_offsets;
+    bool uniform_shapes = true;  // every held rank's local shape is the same
+    // Index of `rank` in `ranks`.
+    std::size_t index_of(int rank) const;
+  };
+  const RankInfo& rank_info() const;
+
+  // "DTensorSpec(S(0),R, [5, 4] f32, DeviceMesh((2, 2), stride=(2, 1)))".
+  std::string to_string() const;
+
+ private:
+  DeviceMesh mesh_;
+  Placements placements_;
+  Shape shape_;
+  DType dtype_;
+  std::vector<int64_t> mesh_shape_;
+  std::size_t hash_ = 0;
+  // Computed on first use; copies start without it.
+  mutable std::mutex rank_info_mutex_;
+  mutable std::atomic<const RankInfo*> rank_info_{nullptr};
+  mutable std::unique_ptr<const RankInfo> rank_info_owner_;
+};
+
+using SpecPtr = std::shared_ptr<const DTensorSpec>;
+
+std::ostream& operator<<(std::ostream& os, const DTensorSpec& spec);
+
+}  // namespace spmd
+
+template <>
+struct std::hash<spmd::DTensorSpec> {
+  std::size_t operator()(const spmd::DTensorSpec& spec) const noexcept { return spec.hash(); }
+};
+
+template <>
+struct fmt::formatter<spmd::DTensorSpec> {
+  constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
+  template <class Ctx>
+  auto format(const spmd::DTensorSpec& spec, Ctx& ctx) const {
+    return fmt::format_to(ctx.out(), "{}", spec.to_string());
+  }
+};

@@ -1,0 +1,95 @@
+// spmd/runtime/digest.cpp: FNV-1a digests of tensors, gathered over the world.
+#include <spmd/runtime/digest.h>
+
+#include <bit>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include <spmd/collectives/functional.h>
+#include <spmd/mesh/device_mesh.h>
+#include <spmd/tensor/ops.h>
+
+namespace spmd {
+
+uint64_t fnv1a(const void* data, std::size_t bytes, uint64_t hash) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < bytes; ++i) {
+    hash ^= p[i];
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+uint64_t digest(const Tensor& t) {
+  const auto dtype = static_cast<uint8_t>(t.dtype());
+  uint64_t h = fnv1a(&dtype, 1);
+  const int64_t ndim = t.dim();
+  h = fnv1a(&ndim, sizeof ndim, h);
+  for (int64_t d = 0; d < ndim; ++d) {
+    const int64_t size = t.size(d);
+    h = fnv1a(&size, sizeof size, h);
+  }
+  const Tensor c = t.to(cpu()).contiguous();
+  return fnv1a(c.data_ptr(), c.nbytes(), h);
+}
+
+uint64_t combined_digest(const std::vector<Tensor>& tensors) {
+  uint64_t h = kFnvOffset;
+  for (const Tensor& t : tensors) {
+    const uint64_t d = digest(t);
+    h = fnv1a(&d, sizeof d, h);
+  }
+  return h;
+}
+
+uint64_t digest(const World& world, const std::vector<LocalTensor>& tensors) {
+  const int size = world.size();
+  const int64_t k = static_cast<int64_t>(tensors.size());
+  // Row r: rank r's shard digest of every tensor.
+  auto rank_row = [&](int r) {
+    std::vector<int64_t> row(static_cast<size_t>(k));
+    for (int64_t i = 0; i < k; ++i) {
+      const LocalTensor& t = tensors[static_cast<size_t>(i)];
+      row[static_cast<size_t>(i)] =
+          t.defined() && t.holds(r) ? std::bit_cast<int64_t>(digest(t.shard(r))) : 0;
+    }
+    return row;
+  };
+  std::vector<int64_t> table;  // [size, k]
+  if (world.held_ranks().size() == static_cast<size_t>(size)) {
+    for (int r = 0; r < size; ++r) {
+      std::vector<int64_t> row = rank_row(r);
+      table.insert(table.end(), row.begin(), row.end());
+    }
+  } else {
+    DeviceMesh mesh = init_device_mesh(world, {size}, {"digest"});
+    LocalTensor rows = LocalTensor::from_fn(world, [&](int r) {
+      return from_vector(rank_row(r), {1, k});
+    });
+    table = all_gather(rows, mesh, 0).shards().front().to_vector<int64_t>();
+  }
+  uint64_t h = kFnvOffset;
+  for (int64_t i = 0; i < k; ++i) {
+    for (int r = 0; r < size; ++r) {
+      const int64_t v = table[static_cast<size_t>(r * k + i)];
+      h = fnv1a(&v, sizeof v, h);
+    }
+  }
+  return h;
+}
+
+std::string digest_hex(uint64_t digest) {
+  return fmt::format("{:016x}", digest);
+}
+
+uint64_t print_digest(const World& world, const std::vector<LocalTensor>& tensors) {
+  const uint64_t d = digest(world, tensors);
+  if (world.is_coordinator()) {
+    fmt::print("digest: {}\n", digest_hex(d));
+    std::fflush(stdout);
+  }
+  return d;
+}
+
+}  // namespace spmd

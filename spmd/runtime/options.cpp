@@ -1,0 +1,200 @@
+// spmd/runtime/options.cpp: --spmd-* flags, SPMD_* variables and launcher detection.
+#include <spmd/runtime/options.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+
+#include <spmd/core/env.h>
+#include <spmd/core/error.h>
+
+namespace spmd {
+namespace {
+
+struct FlagSpec {
+  std::string_view flag;
+  const char* variable;
+};
+constexpr FlagSpec kFlags[] = {
+    {"--spmd-backend", "SPMD_BACKEND"},
+    {"--spmd-world-size", "SPMD_WORLD_SIZE"},
+    {"--spmd-trace", "SPMD_TRACE"},
+    {"--spmd-debug", "SPMD_DEBUG"},
+    {"--spmd-topology", "SPMD_TOPOLOGY"},
+    {"--spmd-nccl-timeout", "SPMD_NCCL_TIMEOUT"},
+    {"--spmd-gpus-per-process", "SPMD_GPUS_PER_PROCESS"},
+};
+
+std::string valid_flags() {
+  std::string out;
+  for (const FlagSpec& f : kFlags) out += fmt::format("{}{}", out.empty() ? "" : ", ", f.flag);
+  return out;
+}
+
+std::optional<int> parse_int(std::string_view text) {
+  int value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+// Applies one setting; `source` names it in messages ("--spmd-backend=foo", "SPMD_BACKEND=foo").
+void apply(LaunchOptions& o, std::string_view flag, const std::string& value,
+           const std::string& source) {
+  if (flag == "--spmd-backend") {
+    const auto& names = backend_names();
+    if (std::find(names.begin(), names.end(), value) == names.end()) {
+      throw_error<ConfigError>("unknown backend '{}' ({}); valid backends: {}", value, source,
+                               backend_list());
+    }
+    o.backend = value;
+    o.backend_source = source;
+  } else if (flag == "--spmd-world-size") {
+    const auto n = parse_int(value);
+    if (!n || *n < 1) {
+      throw_error<ConfigError>("{}: the world size must be a positive integer, got '{}'", source,
+                               value);
+    }
+    o.world_size = *n;
+    o.world_size_source = source;
+  } else if (flag == "--spmd-trace") {
+    o.trace_path = value;
+  } else if (flag == "--spmd-debug") {
+    o.debug = parse_debug_options(value, source);
+  } else if (flag == "--spmd-topology") {
+    o.topology_path = value;
+  } else if (flag == "--spmd-nccl-timeout") {
+    char* end = nullptr;
+    const double seconds = std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != '\0' || !(seconds > 0)) {
+      throw_error<ConfigError>("{}: the timeout must be a positive number of seconds, got '{}'",
+                               source, value);
+    }
+    o.nccl_timeout_s = seconds;
+  } else if (flag == "--spmd-gpus-per-process") {
+    const auto n = parse_int(value);
+    if (!n || *n < 1) {
+      throw_error<ConfigError>("{}: GPUs per process must be a positive integer, got '{}'", source,
+                               value);
+    }
+    o.gpus_per_process = *n;
+  }
+}
+
+int env_int(const char* name, int fallback) {
+  const auto value = env_value(name);
+  if (!value) return fallback;
+  const auto n = parse_int(*value);
+  if (!n) throw_error<ConfigError>("{}='{}' is not an integer", name, *value);
+  return *n;
+}
+
+}  // namespace
+
+std::string backend_list() {
+  std::string out;
+  for (const std::string& name : backend_names()) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+DebugOptions parse_debug_options(std::string_view list, std::string_view source) {
+  DebugOptions debug;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
+    if (end == std::string_view::npos) end = list.size();
+    const std::string_view item = list.substr(start, end - start);
+    if (item == "check") {
+      debug.check = true;
+    } else if (item == "replicate") {
+      debug.replicate = true;
+    } else if (item == "fingerprint") {
+      debug.fingerprint = true;
+    } else if (item == "nan") {
+      debug.nan = true;
+    } else if (!item.empty()) {
+      throw_error<ConfigError>(
+          "{}: unknown debug check '{}'; valid checks: check, replicate, fingerprint, nan", source,
+          item);
+    }
+    start = end + 1;
+  }
+  return debug;
+}
+
+LaunchOptions launch_options_from_env() {
+  LaunchOptions o;
+  for (const FlagSpec& f : kFlags) {
+    if (auto value = env_value(f.variable)) {
+      apply(o, f.flag, *value, fmt::format("{}={}", f.variable, *value));
+    }
+  }
+  return o;
+}
+
+LaunchOptions parse_launch_options(int& argc, char** argv) {
+  LaunchOptions o = launch_options_from_env();
+  int out = argc > 0 ? 1 : 0;  // argv[0] stays
+  bool done = false;
+  for (int i = out; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (done || arg.substr(0, 7) != "--spmd-") {
+      if (arg == "--") done = true;
+      argv[out++] = argv[i];
+      continue;
+    }
+    const size_t eq = arg.find('=');
+    const std::string_view flag = arg.substr(0, eq);
+    const auto* spec = std::find_if(std::begin(kFlags), std::end(kFlags),
+                                    [&](const FlagSpec& f) { return f.flag == flag; });
+    if (spec == std::end(kFlags)) {
+      throw_error<ConfigError>("unknown flag '{}'; spmdsim's flags are {}", arg, valid_flags());
+    }
+    std::string value;
+    if (eq != std::string_view::npos) {
+      value = std::string(arg.substr(eq + 1));
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      throw_error<ConfigError>("flag {} needs a value ({}=...)", flag, flag);
+    }
+    apply(o, flag, value, fmt::format("{}={}", flag, value));
+  }
+  argc = out;
+  argv[argc] = nullptr;
+  return o;
+}
+
+std::optional<LauncherInfo> detect_launcher() {
+  struct Source {
+    const char* name;
+    const char* rank;
+    const char* size;
+    const char* local_rank;
+    const char* local_size;
+  };
+  static constexpr Source kSources[] = {
+      {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+       "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+      {"spmdrun", "SPMD_RANK", "SPMD_WORLD_SIZE", "SPMD_LOCAL_RANK", "SPMD_LOCAL_WORLD_SIZE"},
+  };
+  for (const Source& s : kSources) {
+    if (!env_value(s.rank) || !env_value(s.size)) continue;
+    LauncherInfo info;
+    info.name = s.name;
+    info.rank = env_int(s.rank, 0);
+    info.size = env_int(s.size, 0);
+    info.local_rank = env_int(s.local_rank, 0);
+    info.local_size = s.local_size ? env_int(s.local_size, 0) : 0;
+    info.size_variable = s.size;
+    if (info.size < 1 || info.rank < 0 || info.rank >= info.size) {
+      throw_error<ConfigError>("{}: {}={} and {}={} do not describe a rank of the job", s.name,
+                               s.rank, info.rank, s.size, info.size);
+    }
+    return info;
+  }
+  return std::nullopt;
+}
+
+}  // namespace spmd

@@ -1,0 +1,362 @@
+// spmd/sim/local_tensor.cpp: LocalTensor construction, access, copy-on-write and printing.
+#include <spmd/sim/local_tensor.h>
+
+#include <algorithm>
+#include <ostream>
+#include <unordered_set>
+
+#include <spmd/core/error.h>
+#include <spmd/core/parallel.h>
+#include <spmd/tensor/ops.h>
+
+namespace spmd {
+namespace {
+
+std::string ranks_str(const std::vector<int>& ranks) {
+  return fmt::format("{}", ranks);
+}
+
+}  // namespace
+
+LocalTensor::LocalTensor(std::vector<int> ranks, std::vector<Tensor> shards)
+    : shards_(std::move(shards)) {
+  if (ranks.empty()) throw_error<Error>("LocalTensor: needs at least one rank");
+  if (ranks.size() != shards_.size()) {
+    throw_error<Error>("LocalTensor: {} ranks {} but {} shards", ranks.size(), ranks_str(ranks),
+                       shards_.size());
+  }
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0) throw_error<Error>("LocalTensor: negative rank {}", ranks[i]);
+    if (i > 0 && ranks[i] <= ranks[i - 1]) {
+      throw_error<Error>("LocalTensor: ranks must be ascending and unique, got {}",
+                         ranks_str(ranks));
+    }
+    if (!shards_[i].defined())
+      throw_error<Error>("LocalTensor: shard of rank {} is undefined", ranks[i]);
+    if (shards_[i].dtype() != shards_[0].dtype()) {
+      throw_error<Error>("LocalTensor: shards must share one dtype: rank {} has {}, rank {} has {}",
+                         ranks[0], shards_[0].dtype(), ranks[i], shards_[i].dtype());
+    }
+    if (shards_[i].dim() != shards_[0].dim()) {
+      throw_error<ShapeError>(
+          "LocalTensor: shards must have the same number of dims: rank {} has shape {}, rank {} "
+          "has shape {}",
+          ranks[0], shape_str(shards_[0].shape()), ranks[i], shape_str(shards_[i].shape()));
+    }
+  }
+  ranks_ = std::make_shared<const std::vector<int>>(std::move(ranks));
+  update_replicated();
+}
+
+LocalTensor::LocalTensor(const LocalTensor& like, std::vector<Tensor> shards)
+    : ranks_(like.ranks_), shards_(std::move(shards)) {
+  like.check_defined("LocalTensor");
+  if (shards_.size() != ranks_->size()) {
+    throw_error<Error>("LocalTensor: {} ranks but {} shards", ranks_->size(), shards_.size());
+  }
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    if (!shards_[i].defined()) {
+      throw_error<Error>("LocalTensor: shard of rank {} is undefined", (*ranks_)[i]);
+    }
+    if (shards_[i].dtype() != shards_[0].dtype() || shards_[i].dim() != shards_[0].dim()) {
+      throw_error<Error>(
+          "LocalTensor: shards must share dtype and dim count: rank {} has {} {}, rank {} has {} "
+          "{}",
+          (*ranks_)[0], shards_[0].dtype(), shape_str(shards_[0].shape()), (*ranks_)[i],
+          shards_[i].dtype(), shape_str(shards_[i].shape()));
+    }
+  }
+  update_replicated();
+}
+
+LocalTensor LocalTensor::replicate(const World& world, const Tensor& t) {
+  const std::vector<Device>& devices = world.state().devices;
+  if (devices.empty()) return replicate(world.held_ranks(), t);
+  if (!t.defined()) throw_error<Error>("LocalTensor::replicate: tensor is undefined");
+  // One copy per device the held ranks use (Note [NCCL device placement]).
+  std::vector<Tensor> shards;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    size_t same = 0;
+    while (same < i && devices[same] != devices[i]) ++same;
+    shards.push_back(same < i                   ? shards[same]
+                     : t.device() == devices[i] ? t.clone()
+                                                : t.to(devices[i]));
+  }
+  return LocalTensor(world.held_ranks(), std::move(shards));
+}
+
+LocalTensor LocalTensor::replicate(const std::vector<int>& ranks, const Tensor& t) {
+  if (!t.defined()) throw_error<Error>("LocalTensor::replicate: tensor is undefined");
+  Tensor copy = t.clone();
+  return LocalTensor(ranks, std::vector<Tensor>(ranks.size(), copy));
+}
+
+LocalTensor LocalTensor::from_fn(const World& world, const std::function<Tensor(int)>& fn) {
+  const std::vector<Device>& devices = world.state().devices;
+  if (devices.empty()) return from_fn(world.held_ranks(), fn);
+  const std::vector<int>& ranks = world.held_ranks();
+  std::vector<Tensor> shards;
+  shards.reserve(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    Tensor shard = fn(ranks[i]);
+    if (!shard.defined()) {
+      throw_error<Error>("LocalTensor: shard of rank {} is undefined", ranks[i]);
+    }
+    shards.push_back(shard.to(devices[i]));
+  }
+  return LocalTensor(ranks, std::move(shards));
+}
+
+LocalTensor LocalTensor::from_fn(const std::vector<int>& ranks,
+                                 const std::function<Tensor(int)>& fn) {
+  std::vector<Tensor> shards;
+  shards.reserve(ranks.size());
+  for (int r : ranks) shards.push_back(fn(r));
+  return LocalTensor(ranks, std::move(shards));
+}
+
+void LocalTensor::check_defined(const char* op) const {
+  if (!ranks_) throw_error<Error>("LocalTensor::{}: the LocalTensor is undefined", op);
+}
+
+const std::vector<int>& LocalTensor::ranks() const {
+  check_defined("ranks");
+  return *ranks_;
+}
+
+bool LocalTensor::holds(int rank) const {
+  if (!ranks_) return false;
+  return std::binary_search(ranks_->begin(), ranks_->end(), rank);
+}
+
+std::size_t LocalTensor::index_of(int rank) const {
+  check_defined("shard");
+  const std::vector<int>& r = *ranks_;
+  // Ranks are usually a contiguous range: answer without searching.
+  if (rank >= r.front() && rank <= r.back()) {
+    const size_t guess = static_cast<size_t>(rank - r.front());
+    if (guess < r.size() && r[guess] == rank) return guess;
+    auto it = std::lower_bound(r.begin(), r.end(), rank);
+    if (it != r.end() && *it == rank) return static_cast<size_t>(it - r.begin());
+  }
+  throw_error<Error>("LocalTensor: rank {} is not held (held ranks {})", rank, ranks_str(r));
+}
+
+Tensor& LocalTensor::mutable_shard(int rank) {
+  const size_t i = index_of(rank);
+  Tensor& shard = shards_[i];
+  // Note [Copy-on-write replicas]: any other handle on the buffer (another rank's shard, or a
+  // view kept elsewhere) means this rank must get its own copy before writing.
+  if (shard.storage().use_count() > 1) {
+    shard = shard.clone();
+  } else {
+    // use_count() is a relaxed load: seeing 1 does not order this rank's writes after the reads
+    // another rank thread made before dropping its handle (threads backend, shared results). A
+    // copy and release of the handle is an acquire-release decrement of the same counter, which
+    // synchronizes with that thread's release of its handle.
+    std::shared_ptr<Storage> acquire = shard.storage();
+  }
+  replicated_ = shards_.size() == 1;
+  return shard;
+}
+
+void LocalTensor::set_shard(int rank, Tensor t) {
+  const size_t i = index_of(rank);
+  if (!t.defined())
+    throw_error<Error>("LocalTensor::set_shard: tensor for rank {} is undefined", rank);
+  if (t.dtype() != dtype() || t.dim() != dim()) {
+    throw_error<Error>(
+        "LocalTensor::set_shard: rank {} gets {} {} but the LocalTensor holds {} with {} dims",
+        rank, t.dtype(), shape_str(t.shape()), dtype(), dim());
+  }
+  shards_[i] = std::move(t);
+  update_replicated();
+}
+
+void LocalTensor::update_replicated() {
+  replicated_ = true;
+  for (size_t i = 1; i < shards_.size() && replicated_; ++i) {
+    replicated_ = shards_[i].is_same(shards_[0]);
+  }
+}
+
+PerRank<Shape> LocalTensor::shape() const {
+  check_defined("shape");
+  if (replicated_) return std::move(PerRank<Shape>(shards_[0].shape())).with_ranks(*ranks_);
+  std::vector<Shape> shapes;
+  shapes.reserve(shards_.size());
+  for (const Tensor& s : shards_) shapes.push_back(s.shape());
+  return PerRank<Shape>(*ranks_, std::move(shapes));
+}
+
+DType LocalTensor::dtype() const {
+  check_defined("dtype");
+  return shards_[0].dtype();
+}
+
+int64_t LocalTensor::dim() const {
+  check_defined("dim");
+  return shards_[0].dim();
+}
+
+PerRank<int64_t> LocalTensor::size(int64_t d) const {
+  check_defined("size");
+  std::vector<int64_t> sizes;
+  sizes.reserve(shards_.size());
+  for (const Tensor& s : shards_) sizes.push_back(s.size(d));
+  return PerRank<int64_t>(*ranks_, std::move(sizes));
+}
+
+PerRank<int64_t> LocalTensor::numel() const {
+  check_defined("numel");
+  std::vector<int64_t> n;
+  n.reserve(shards_.size());
+  for (const Tensor& s : shards_) n.push_back(s.numel());
+  return PerRank<int64_t>(*ranks_, std::move(n));
+}
+
+std::size_t LocalTensor::bytes_held() const {
+  std::unordered_set<const Storage*> seen;
+  std::size_t total = 0;
+  for (const Tensor& s : shards_) {
+    if (seen.insert(s.storage().get()).second) total += s.storage()->nbytes();
+  }
+  return total;
+}
+
+namespace detail {
+
+// Below this many elements per call, waking a pool thread costs more than it saves.
+constexpr int64_t kParallelShardWork = int64_t{1} << 16;
+
+void for_each_shard(std::size_t n, int64_t work, const std::function<void(std::size_t)>& fn) {
+  if (n < 2 || work < kParallelShardWork) {
+    for (std::size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(n);
+  parallel_for(static_cast<int64_t>(n), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      try {
+        fn(static_cast<std::size_t>(i));
+      } catch (...) {
+        errors[static_cast<std::size_t>(i)] = std::current_exception();
+      }
+    }
+  });
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+int64_t total_numel(const LocalTensor& t) {
+  int64_t total = 0;
+  for (const Tensor& s : t.shards()) total += s.numel();
+  return total;
+}
+
+}  // namespace detail
+
+LocalTensor LocalTensor::map(const std::function<Tensor(int, const Tensor&)>& fn) const {
+  check_defined("map");
+  std::vector<Tensor> out(shards_.size());
+  detail::for_each_shard(shards_.size(), detail::total_numel(*this),
+                         [&](std::size_t i) { out[i] = fn((*ranks_)[i], shards_[i]); });
+  return LocalTensor(*this, std::move(out));
+}
+
+LocalTensor LocalTensor::apply(const std::function<Tensor(const Tensor&)>& fn) const {
+  check_defined("apply");
+  if (replicated_) {
+    Tensor one = fn(shards_[0]);
+    return LocalTensor(*this, std::vector<Tensor>(shards_.size(), one));
+  }
+  std::vector<Tensor> out(shards_.size());
+  detail::for_each_shard(shards_.size(), detail::total_numel(*this),
+                         [&](std::size_t i) { out[i] = fn(shards_[i]); });
+  return LocalTensor(*this, std::move(out));
+}
+
+Tensor LocalTensor::reconcile() const {
+  check_defined("reconcile");
+  const Tensor& first = shards_[0];
+  if (!replicated_) {
+    for (size_t i = 1; i < shards_.size(); ++i) {
+      const Tensor& other = shards_[i];
+      if (other.shape() != first.shape()) {
+        throw_error<DivergenceError>(
+            "LocalTensor::reconcile: shards differ: rank {} has shape {}, rank {} has shape {}",
+            (*ranks_)[0], shape_str(first.shape()), (*ranks_)[i], shape_str(other.shape()));
+      }
+      if (!equal(first, other)) {
+        std::vector<double> a = first.to_vector<double>();
+        std::vector<double> b = other.to_vector<double>();
+        size_t at = 0;
+        while (at < a.size() && (a[at] == b[at] || (a[at] != a[at] && b[at] != b[at]))) ++at;
+        throw_error<DivergenceError>(
+            "LocalTensor::reconcile: shards differ: rank {} and rank {} first differ at flat "
+            "index {} ({} vs {}), shape {}",
+            (*ranks_)[0], (*ranks_)[i], at, at < a.size() ? a[at] : 0.0,
+            at < b.size() ? b[at] : 0.0, shape_str(first.shape()));
+      }
+    }
+  }
+  return first.clone();
+}
+
+LocalTensor LocalTensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  return apply([&](const Tensor& t) { return t.narrow(d, start, length); });
+}
+LocalTensor LocalTensor::select(int64_t d, int64_t index) const {
+  return apply([&](const Tensor& t) { return t.select(d, index); });
+}
+LocalTensor LocalTensor::transpose(int64_t a, int64_t b) const {
+  return apply([&](const Tensor& t) { return t.transpose(a, b); });
+}
+LocalTensor LocalTensor::permute(const std::vector<int64_t>& dims) const {
+  return apply([&](const Tensor& t) { return t.permute(dims); });
+}
+LocalTensor LocalTensor::reshape(const Shape& shape) const {
+  return apply([&](const Tensor& t) { return t.reshape(shape); });
+}
+LocalTensor LocalTensor::unsqueeze(int64_t d) const {
+  return apply([&](const Tensor& t) { return t.unsqueeze(d); });
+}
+LocalTensor LocalTensor::squeeze(int64_t d) const {
+  return apply([&](const Tensor& t) { return t.squeeze(d); });
+}
+LocalTensor LocalTensor::contiguous() const {
+  return apply([](const Tensor& t) { return t.contiguous(); });
+}
+LocalTensor LocalTensor::clone() const {
+  return apply([](const Tensor& t) { return t.clone(); });
+}
+LocalTensor LocalTensor::to(DType dtype) const {
+  return apply([&](const Tensor& t) { return t.to(dtype); });
+}
+LocalTensor LocalTensor::to(Device device) const {
+  return apply([&](const Tensor& t) { return t.to(device); });
+}
+
+std::string LocalTensor::to_string() const {
+  if (!ranks_) return "LocalTensor(undefined)";
+  std::string out = fmt::format("LocalTensor(ranks={}, dtype={}{})", ranks_str(*ranks_), dtype(),
+                                replicated_ ? ", replicated" : "");
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    std::string text = shards_[i].to_string();
+    // Indent continuation lines of a multi-line shard under its rank label.
+    std::string indented;
+    for (char c : text) {
+      indented += c;
+      if (c == '\n') indented += "        ";
+    }
+    out += fmt::format("\n  rank {}: {}", (*ranks_)[i], indented);
+  }
+  return out;
+}
+
+std::ostream& operator<<(std::ostream& os, const LocalTensor& t) {
+  return os << t.to_string();
+}
+
+}  // namespace spmd

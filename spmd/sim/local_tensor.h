@@ -1,0 +1,136 @@
+// spmd/sim/local_tensor.h: LocalTensor, one Tensor shard per held rank.
+//
+// Under the sim backend a LocalTensor holds a shard for every rank of the world; under threads,
+// mpi and nccl it holds the caller's rank (or ranks). Shards may differ in shape (uneven
+// sharding) but share one dtype and one number of dims. Every Tensor op applies shard by shard
+// (sim/local_ops.h); collectives (collectives/functional.h) turn the shards of each group into
+// the group's result. A LocalTensor may hold a subset of the world's ranks (MPMD-style code).
+//
+//   World world = World::sim(4);
+//   LocalTensor x = LocalTensor::from_fn(world, [](int r) { return full({2}, r); });
+//   LocalTensor y = x * 2.0 + 1.0;             // shard by shard
+//   fmt::print("{}\n", y);                     // one line per rank
+//
+// Note [Copy-on-write replicas]
+// Shards known to be identical share one buffer: replicate() and the results of all_reduce,
+// broadcast and all_gather hold the same Tensor for every rank, so a replicated LocalTensor over
+// R ranks costs the memory of one shard (bytes_held() reports it). Shard-by-shard ops on a
+// replicated LocalTensor compute once and share the result. A rank's shard is copied only when
+// that rank writes to it through mutable_shard(); reading never copies. shard() hands out a
+// const reference: a Tensor handle copied out of it aliases the shared buffer, so writing
+// through such a copy would change every rank; write through mutable_shard() instead.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <spmd/core/format.h>
+
+#include <spmd/sim/per_rank.h>
+#include <spmd/sim/world.h>
+#include <spmd/tensor/tensor.h>
+
+namespace spmd {
+
+class LocalTensor {
+ public:
+  // An undefined LocalTensor (no ranks); defined() is false.
+  LocalTensor() = default;
+  // Shards for `ranks` (ascending, unique, non-empty), one per rank, all defined, with one
+  // dtype and one dim count; Error otherwise, naming the offending ranks.
+  LocalTensor(std::vector<int> ranks, std::vector<Tensor> shards);
+  // The same ranks as `like` (no rank-list copy), with new shards.
+  LocalTensor(const LocalTensor& like, std::vector<Tensor> shards);
+
+  // A copy of `t` on every held rank of `world`, stored once per device (Note [Copy-on-write
+  // replicas]); on each rank's device (World::device_of: a GPU under nccl).
+  static LocalTensor replicate(const World& world, const Tensor& t);
+  static LocalTensor replicate(const std::vector<int>& ranks, const Tensor& t);
+  // fn(rank) for every held rank of `world`, moved to the rank's device (World::device_of: a GPU
+  // under nccl, Note [NCCL device placement]). The rank-list forms leave shards where fn made them.
+  static LocalTensor from_fn(const World& world, const std::function<Tensor(int rank)>& fn);
+  static LocalTensor from_fn(const std::vector<int>& ranks,
+                             const std::function<Tensor(int rank)>& fn);
+
+  bool defined() const { return ranks_ != nullptr; }
+  const std::vector<int>& ranks() const;
+  const std::shared_ptr<const std::vector<int>>& ranks_ptr() const { return ranks_; }
+  std::size_t num_shards() const { return shards_.size(); }
+  bool holds(int rank) const;
+  // Position of `rank` in ranks(); Error naming the held ranks when not held.
+  std::size_t index_of(int rank) const;
+
+  // The shard of `rank` (read-only; see the note). Error when `rank` is not held.
+  const Tensor& shard(int rank) const { return shards_[index_of(rank)]; }
+  // Shards in ranks() order.
+  const std::vector<Tensor>& shards() const { return shards_; }
+  // The shard of `rank`, made private to that rank first if its buffer is shared.
+  Tensor& mutable_shard(int rank);
+  // Replaces the shard of `rank` (same dtype and dim count).
+  void set_shard(int rank, Tensor t);
+
+  PerRank<Shape> shape() const;
+  DType dtype() const;
+  int64_t dim() const;
+  PerRank<int64_t> size(int64_t d) const;
+  PerRank<int64_t> numel() const;
+  // True when every shard is the same view of one buffer (Note [Copy-on-write replicas]).
+  bool is_replicated() const { return replicated_; }
+  // Bytes of the distinct buffers the shards view.
+  std::size_t bytes_held() const;
+
+  // fn(rank, shard) for every held rank: the escape hatch for rank-specific (MPMD) code.
+  LocalTensor map(const std::function<Tensor(int rank, const Tensor& shard)>& fn) const;
+  // The common value of all shards; DivergenceError naming the first rank and element index
+  // that differ from the first held rank otherwise.
+  Tensor reconcile() const;
+
+  // Shard-by-shard views and copies (see Tensor for each one's meaning).
+  LocalTensor narrow(int64_t d, int64_t start, int64_t length) const;
+  LocalTensor select(int64_t d, int64_t index) const;
+  LocalTensor transpose(int64_t a, int64_t b) const;
+  LocalTensor permute(const std::vector<int64_t>& dims) const;
+  LocalTensor reshape(const Shape& shape) const;
+  LocalTensor unsqueeze(int64_t d) const;
+  LocalTensor squeeze(int64_t d) const;
+  LocalTensor contiguous() const;
+  LocalTensor clone() const;
+  LocalTensor to(DType dtype) const;
+  LocalTensor to(Device device) const;
+
+  // One line per rank: "rank 0: [[1, 2], [3, 4]] shape=[2, 2] f32".
+  std::string to_string() const;
+
+  // Applies fn to every shard, once when the shards are one replicated buffer.
+  LocalTensor apply(const std::function<Tensor(const Tensor&)>& fn) const;
+
+ private:
+  void check_defined(const char* op) const;
+  void update_replicated();
+
+  std::shared_ptr<const std::vector<int>> ranks_;
+  std::vector<Tensor> shards_;
+  bool replicated_ = false;
+};
+
+std::ostream& operator<<(std::ostream& os, const LocalTensor& t);
+
+namespace detail {
+// Calls fn(i) for every shard index i < n. Shards are independent, so when `work` (the elements
+// the call touches, summed over shards) is large they run in parallel on the thread pool (the
+// sim backend would otherwise use one core for every rank's matmul); small calls stay inline.
+// Results do not depend on the split. If shards throw, the lowest shard index's error is
+// rethrown, so error messages are the same run to run.
+void for_each_shard(std::size_t n, int64_t work, const std::function<void(std::size_t)>& fn);
+// Elements of all shards together (the `work` of a shard-by-shard op over `t`).
+int64_t total_numel(const LocalTensor& t);
+}  // namespace detail
+
+}  // namespace spmd
+
+SPMD_FORMAT_AS_TEXT(spmd::LocalTensor, value.to_string())

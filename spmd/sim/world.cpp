@@ -1,0 +1,72 @@
+// spmd/sim/world.cpp: World accessors. Factories for each backend live in runtime/.
+#include <spmd/sim/world.h>
+
+#include <algorithm>
+
+#include <spmd/core/error.h>
+
+namespace spmd {
+
+World::World(std::shared_ptr<WorldState> state) : state_(std::move(state)) {}
+
+const WorldState& World::checked(const char* op) const {
+  if (!state_) throw_error<Error>("World::{}: the world is undefined (default-constructed)", op);
+  return *state_;
+}
+
+int World::size() const {
+  return checked("size").size;
+}
+
+const std::vector<int>& World::held_ranks() const {
+  return checked("held_ranks").held_ranks;
+}
+
+bool World::holds(int rank) const {
+  const auto& held = checked("holds").held_ranks;
+  return std::binary_search(held.begin(), held.end(), rank);
+}
+
+Device World::device_of(int rank) const {
+  const auto& state = checked("device_of");
+  const auto it = std::lower_bound(state.held_ranks.begin(), state.held_ranks.end(), rank);
+  if (it == state.held_ranks.end() || *it != rank) {
+    throw_error<Error>("World::device_of: rank {} is not held by this world (it holds {} ranks)",
+                       rank, state.held_ranks.size());
+  }
+  if (state.devices.empty()) return Device{};
+  return state.devices[static_cast<size_t>(it - state.held_ranks.begin())];
+}
+
+std::string World::backend_name() const {
+  return checked("backend_name").backend_name;
+}
+
+bool World::is_coordinator() const {
+  return checked("is_coordinator").coordinator;
+}
+
+Backend& World::backend() const {
+  const auto& state = checked("backend");
+  if (!state.backend) throw_error<Error>("World::backend: world has no backend attached");
+  return *state.backend;
+}
+
+const std::shared_ptr<Backend>& World::backend_ptr() const {
+  return checked("backend").backend;
+}
+
+const DebugOptions& World::debug() const {
+  return checked("debug").debug;
+}
+
+void World::set_topology(std::shared_ptr<const Topology> topology) {
+  checked("set_topology");
+  state_->topology = std::move(topology);
+}
+
+const WorldState& World::state() const {
+  return checked("state");
+}
+
+}  // namespace spmd

@@ -1,0 +1,409 @@
+// spmd/tensor/cuda/element.h: element conversions, arithmetic and strided indexing of the CUDA
+// kernels.
+//
+// Internal to tensor/cuda. Every function here compiles for the host and for the device
+// (SPMD_HD), so the CUDA kernels run exactly the code that tests/tensor/cuda_element_test.cpp
+// checks on the CPU against the CPU kernels: conversions bit for bit convert_element
+// (tensor/dtype.h, BFloat16/Half of tensor/half.h), operators the functors of
+// tensor/kernels/elementwise.cpp. Transcendentals call the C math functions (expf, erff, ...),
+// which CUDA's device library provides with a different last-bit rounding than glibc.
+//
+// The storage types Bf16 and F16 are plain 2-byte values (same layout as spmd::BFloat16 and
+// spmd::Half) so this header depends on nothing in spmdsim and nvcc compiles it alone.
+#pragma once
+
+#include <math.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <type_traits>
+#include <vector>
+
+#if defined(__CUDACC__)
+#define SPMD_HD __host__ __device__ __forceinline__
+#else
+#define SPMD_HD inline
+#endif
+
+namespace spmd::cuda_math {
+
+struct Bf16 {
+  uint16_t bits;
+};
+struct F16 {
+  uint16_t bits;
+};
+
+template <class T>
+inline constexpr bool is_half_like = std::is_same_v<T, Bf16> || std::is_same_v<T, F16>;
+
+// ---- bits ------------------------------------------------------------------------------------
+
+SPMD_HD uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+SPMD_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+SPMD_HD uint64_t double_bits(double d) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint64_t>(__double_as_longlong(d));
+#else
+  uint64_t u;
+  std::memcpy(&u, &d, sizeof u);
+  return u;
+#endif
+}
+
+SPMD_HD double bits_double(uint64_t u) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(static_cast<long long>(u));
+#else
+  double d;
+  std::memcpy(&d, &u, sizeof d);
+  return d;
+#endif
+}
+
+// ---- 16-bit floats (the algorithms of tensor/half.h) -------------------------------------------
+
+SPMD_HD float bf16_to_float(uint16_t b) {
+  return bits_float(static_cast<uint32_t>(b) << 16);
+}
+
+// Round to nearest, ties to even; NaN stays NaN (quiet bit set).
+SPMD_HD uint16_t float_to_bf16(float value) {
+  uint32_t u = float_bits(value);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+SPMD_HD uint16_t float_to_f16(float value) {
+  const uint32_t u = float_bits(value);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (abs < 0x38800000u) {
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // rounds to zero
+    const uint32_t exponent = abs >> 23;
+    const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126u - exponent;  // 14..24
+    uint32_t half_mant = mantissa >> shift;
+    const uint32_t rest = mantissa & ((1u << shift) - 1u);
+    const uint32_t halfway = 1u << (shift - 1u);
+    if (rest > halfway || (rest == halfway && (half_mant & 1u))) ++half_mant;
+    return static_cast<uint16_t>(sign | half_mant);
+  }
+  const uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
+  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+SPMD_HD float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t u;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      u = sign;
+    } else {
+      uint32_t e = 0;
+      mantissa <<= 1;
+      while ((mantissa & 0x400u) == 0) {
+        ++e;
+        mantissa <<= 1;
+      }
+      u = sign | ((112u - e) << 23) | ((mantissa & 0x3ffu) << 13);
+    }
+  } else if (exponent == 31) {
+    u = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    u = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  }
+  return bits_float(u);
+}
+
+// ---- compute types, load and store -------------------------------------------------------------
+
+// What kernels compute in: BF16/F16 widen to float, every other type computes as itself.
+template <class T>
+using compute_t = std::conditional_t<is_half_like<T>, float, T>;
+
+template <class T>
+SPMD_HD compute_t<T> load(T v) {
+  if constexpr (std::is_same_v<T, Bf16>) {
+    return bf16_to_float(v.bits);
+  } else if constexpr (std::is_same_v<T, F16>) {
+    return f16_to_float(v.bits);
+  } else {
+    return v;
+  }
+}
+
+template <class T>
+SPMD_HD T store(compute_t<T> v) {
+  if constexpr (std::is_same_v<T, Bf16>) {
+    return Bf16{float_to_bf16(v)};
+  } else if constexpr (std::is_same_v<T, F16>) {
+    return F16{float_to_f16(v)};
+  } else {
+    return v;
+  }
+}
+
+template <class T>
+struct IntLimits;
+template <>
+struct IntLimits<int32_t> {
+  static constexpr int32_t max = 2147483647;
+  static constexpr int32_t min = -2147483647 - 1;
+};
+template <>
+struct IntLimits<int64_t> {
+  static constexpr int64_t max = 9223372036854775807LL;
+  static constexpr int64_t min = -9223372036854775807LL - 1;
+};
+
+// convert_element of tensor/dtype.h: through float for the 16-bit types; floating to integer
+// truncates toward zero and saturates, NaN giving 0.
+template <class To, class From>
+SPMD_HD To convert(From v) {
+  if constexpr (std::is_same_v<To, From>) {
+    return v;
+  } else if constexpr (is_half_like<From>) {
+    return convert<To>(load(v));
+  } else if constexpr (is_half_like<To>) {
+    return store<To>(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<To, bool>) {
+    return v != From(0);
+  } else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
+    const From limit = static_cast<From>(IntLimits<To>::max) + From(1);
+    if (!(v == v)) return To(0);
+    if (v >= limit) return IntLimits<To>::max;
+    if (v <= -limit) return IntLimits<To>::min;
+    return static_cast<To>(v);
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+// ---- operators (tensor/kernels/elementwise.cpp) ------------------------------------------------
+
+template <class C>
+using wrap_t = std::make_unsigned_t<C>;
+
+struct AddOp {
+  template <class C>
+  SPMD_HD C operator()(C a, C b) const {
+    if constexpr (std::is_integral_v<C>) {
+      return static_cast<C>(static_cast<wrap_t<C>>(a) + static_cast<wrap_t<C>>(b));
+    } else {
+      return a + b;
+    }
+  }
+};
+struct SubOp {
+  template <class C>
+  SPMD_HD C operator()(C a, C b) const {
+    if constexpr (std::is_integral_v<C>) {
+      return static_cast<C>(static_cast<wrap_t<C>>(a) - static_cast<wrap_t<C>>(b));
+    } else {
+      return a - b;
+    }
+  }
+};
+struct MulOp {
+  template <class C>
+  SPMD_HD C operator()(C a, C b) const {
+    if constexpr (std::is_integral_v<C>) {
+      return static_cast<C>(static_cast<wrap_t<C>>(a) * static_cast<wrap_t<C>>(b));
+    } else {
+      return a * b;
+    }
+  }
+};
+struct DivOp {
+  template <class C>
+  SPMD_HD C operator()(C a, C b) const {
+    return a / b;
+  }
+};
+// NaN in either operand gives NaN (torch.maximum / torch.minimum).
+struct MaximumOp {
+  template <class C>
+  SPMD_HD C operator()(C a, C b) const {
+    return (a > b || a != a) ? a : b;
+  }
+};
+struct MinimumOp {
+  template <class C>
+  SPMD_HD C operator()(C a, C b) const {
+    return (a < b || a != a) ? a : b;
+  }
+};
+
+SPMD_HD float math_exp(float x) {
+  return ::expf(x);
+}
+SPMD_HD double math_exp(double x) {
+  return ::exp(x);
+}
+SPMD_HD float math_log(float x) {
+  return ::logf(x);
+}
+SPMD_HD double math_log(double x) {
+  return ::log(x);
+}
+SPMD_HD float math_sqrt(float x) {
+  return ::sqrtf(x);
+}
+SPMD_HD double math_sqrt(double x) {
+  return ::sqrt(x);
+}
+SPMD_HD float math_tanh(float x) {
+  return ::tanhf(x);
+}
+SPMD_HD double math_tanh(double x) {
+  return ::tanh(x);
+}
+SPMD_HD float math_erf(float x) {
+  return ::erff(x);
+}
+SPMD_HD double math_erf(double x) {
+  return ::erf(x);
+}
+
+struct NegOp {
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    if constexpr (std::is_integral_v<C>) {
+      return static_cast<C>(wrap_t<C>{0} - static_cast<wrap_t<C>>(x));
+    } else {
+      return -x;
+    }
+  }
+};
+struct AbsOp {
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return x < C(0) ? NegOp{}(x) : x;
+  }
+};
+struct ExpOp {
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return math_exp(x);
+  }
+};
+struct LogOp {
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return math_log(x);
+  }
+};
+struct SqrtOp {
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return math_sqrt(x);
+  }
+};
+struct TanhOp {
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return math_tanh(x);
+  }
+};
+// NaN stays NaN.
+struct ReluOp {
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return x < C(0) ? C(0) : x;
+  }
+};
+// The exact GELU, in the CPU kernel's order of operations.
+struct GeluOp {
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    const C inv_sqrt2 = C(0.70710678118654752440);
+    return C(0.5) * x * (C(1) + math_erf(x * inv_sqrt2));
+  }
+};
+
+// Amax/Amin accumulation: `v` replaces `current` when better; NaN wins and then stays.
+template <class C>
+SPMD_HD bool extremum_better(bool is_max, C v, C current) {
+  return v != v || (current == current && (is_max ? v > current : v < current));
+}
+
+// ---- strided indexing --------------------------------------------------------------------------
+
+// The most dims an elementwise kernel walks after merging (make_indexer).
+inline constexpr int kMaxDims = 10;
+
+// Maps position i of a row-major walk over `sizes` to each of N operands' element offsets.
+template <int N>
+struct Indexer {
+  int ndim = 0;
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[N][kMaxDims] = {};
+
+  SPMD_HD void offsets(int64_t i, int64_t* out) const {
+    for (int k = 0; k < N; ++k) out[k] = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+      int64_t index = i;
+      if (d > 0) {
+        index = i % sizes[d];
+        i /= sizes[d];
+      }
+      for (int k = 0; k < N; ++k) out[k] += index * strides[k][d];
+    }
+  }
+};
+
+// The Indexer of a walk over `shape` in row-major order with each operand's element strides:
+// size-1 dims dropped and neighbouring dims merged where every operand allows it. Throws
+// std::length_error when more than kMaxDims dims remain (callers make operands contiguous first).
+template <int N>
+Indexer<N> make_indexer(const std::vector<int64_t>& shape,
+                        const std::array<const std::vector<int64_t>*, N>& strides) {
+  Indexer<N> ix;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    if (ix.ndim > 0) {
+      bool merge = true;
+      for (int k = 0; k < N && merge; ++k) {
+        merge = ix.strides[k][ix.ndim - 1] == (*strides[k])[d] * shape[d];
+      }
+      if (merge) {
+        ix.sizes[ix.ndim - 1] *= shape[d];
+        for (int k = 0; k < N; ++k) ix.strides[k][ix.ndim - 1] = (*strides[k])[d];
+        continue;
+      }
+    }
+    if (ix.ndim == kMaxDims) throw std::length_error("make_indexer: too many dims");
+    ix.sizes[ix.ndim] = shape[d];
+    for (int k = 0; k < N; ++k) ix.strides[k][ix.ndim] = (*strides[k])[d];
+    ++ix.ndim;
+  }
+  return ix;
+}
+
+}  // namespace spmd::cuda_math

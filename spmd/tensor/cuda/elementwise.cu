@@ -1,0 +1,263 @@
+// spmd/tensor/cuda/elementwise.cu: fill, copy with conversion, binary and unary elementwise kernels
+// and the comparisons (tensor/cuda/kernels.h). One thread per element, grid-stride loops; the
+// arithmetic is tensor/cuda/element.h's, shared with the host tests.
+#include <spmd/tensor/cuda/kernels.h>
+
+namespace spmd::cuda_kernels {
+namespace {
+
+using namespace spmd::cuda_math;
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+
+unsigned int blocks_for(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned int>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+__device__ __forceinline__ int64_t first_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_stride() {
+  return static_cast<int64_t>(blockDim.x) * gridDim.x;
+}
+
+// ---- fill and copy ---------------------------------------------------------------------------
+
+template <class U>
+__global__ void fill_kernel(U* dst, Indexer<1> ix, int64_t n, U value) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    int64_t off[1];
+    ix.offsets(i, off);
+    dst[off[0]] = value;
+  }
+}
+
+template <class U>
+cudaError_t launch_fill(void* dst, const Indexer<1>& ix, int64_t n, uint64_t bits,
+                        cudaStream_t stream) {
+  fill_kernel<U>
+      <<<blocks_for(n), kThreads, 0, stream>>>(static_cast<U*>(dst), ix, n, static_cast<U>(bits));
+  return cudaGetLastError();
+}
+
+template <class D, class S>
+__global__ void copy_kernel(D* dst, const S* src, Indexer<2> ix, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    int64_t off[2];
+    ix.offsets(i, off);
+    dst[off[0]] = convert<D>(src[off[1]]);
+  }
+}
+
+// ---- binary and unary ----------------------------------------------------------------------
+
+template <class T, class Op>
+__global__ void binary_kernel(T* out, const T* a, const T* b, Indexer<3> ix, int64_t n, Op op) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    int64_t off[3];
+    ix.offsets(i, off);
+    out[off[0]] = store<T>(op(load(a[off[1]]), load(b[off[2]])));
+  }
+}
+
+template <class T, class Op>
+cudaError_t launch_binary(void* out, const void* a, const void* b, const Indexer<3>& ix, int64_t n,
+                          cudaStream_t stream) {
+  binary_kernel<T, Op><<<blocks_for(n), kThreads, 0, stream>>>(
+      static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), ix, n, Op{});
+  return cudaGetLastError();
+}
+
+// spmd::BinaryOp values.
+enum BinaryCode { kAdd, kSub, kMul, kDiv, kMaximum, kMinimum };
+// spmd::UnaryOp values.
+enum UnaryCode { kNeg, kAbs, kExp, kLog, kSqrt, kTanh, kRelu, kGelu };
+
+template <class T>
+cudaError_t binary_typed(int op, void* out, const void* a, const void* b, const Indexer<3>& ix,
+                         int64_t n, cudaStream_t stream) {
+  using C = compute_t<T>;
+  switch (op) {
+    case kMaximum:
+      return launch_binary<T, MaximumOp>(out, a, b, ix, n, stream);
+    case kMinimum:
+      return launch_binary<T, MinimumOp>(out, a, b, ix, n, stream);
+    default:
+      break;
+  }
+  if constexpr (!std::is_same_v<C, bool>) {
+    switch (op) {
+      case kAdd:
+        return launch_binary<T, AddOp>(out, a, b, ix, n, stream);
+      case kSub:
+        return launch_binary<T, SubOp>(out, a, b, ix, n, stream);
+      case kMul:
+        return launch_binary<T, MulOp>(out, a, b, ix, n, stream);
+      case kDiv:
+        if constexpr (std::is_floating_point_v<C>) {
+          return launch_binary<T, DivOp>(out, a, b, ix, n, stream);
+        }
+        break;
+      default:
+        break;
+    }
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <class T, class Op>
+__global__ void unary_kernel(T* out, const T* in, Indexer<2> ix, int64_t n, Op op) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    int64_t off[2];
+    ix.offsets(i, off);
+    out[off[0]] = store<T>(op(load(in[off[1]])));
+  }
+}
+
+template <class T, class Op>
+cudaError_t launch_unary(void* out, const void* in, const Indexer<2>& ix, int64_t n,
+                         cudaStream_t stream) {
+  unary_kernel<T, Op><<<blocks_for(n), kThreads, 0, stream>>>(
+      static_cast<T*>(out), static_cast<const T*>(in), ix, n, Op{});
+  return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t unary_typed(int op, void* out, const void* in, const Indexer<2>& ix, int64_t n,
+                        cudaStream_t stream) {
+  using C = compute_t<T>;
+  if constexpr (!std::is_same_v<C, bool>) {
+    switch (op) {
+      case kNeg:
+        return launch_unary<T, NegOp>(out, in, ix, n, stream);
+      case kAbs:
+        return launch_unary<T, AbsOp>(out, in, ix, n, stream);
+      case kRelu:
+        return launch_unary<T, ReluOp>(out, in, ix, n, stream);
+      default:
+        break;
+    }
+    if constexpr (std::is_floating_point_v<C>) {
+      switch (op) {
+        case kExp:
+          return launch_unary<T, ExpOp>(out, in, ix, n, stream);
+        case kLog:
+          return launch_unary<T, LogOp>(out, in, ix, n, stream);
+        case kSqrt:
+          return launch_unary<T, SqrtOp>(out, in, ix, n, stream);
+        case kTanh:
+          return launch_unary<T, TanhOp>(out, in, ix, n, stream);
+        case kGelu:
+          return launch_unary<T, GeluOp>(out, in, ix, n, stream);
+        default:
+          break;
+      }
+    }
+  }
+  return cudaErrorInvalidValue;
+}
+
+// ---- comparisons ---------------------------------------------------------------------------
+
+template <class T>
+__global__ void compare_kernel(Compare what, const T* a, const T* b, Indexer<2> ix, int64_t n,
+                               double rtol, double atol, CompareResult* result) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    int64_t off[2];
+    ix.offsets(i, off);
+    const T x = a[off[0]];
+    switch (what) {
+      case Compare::Equal:
+        if (!(load(x) == load(b[off[1]]))) atomicOr(&result->flag, 1u);
+        break;
+      case Compare::AllClose: {
+        const double u = convert<double>(x);
+        const double v = convert<double>(b[off[1]]);
+        // Infinities are close only to themselves; NaN to nothing.
+        const bool close =
+            u == v || (isfinite(u) && isfinite(v) && fabs(u - v) <= atol + rtol * fabs(v));
+        if (!close) atomicOr(&result->flag, 1u);
+        break;
+      }
+      case Compare::MaxAbsDiff: {
+        const double u = convert<double>(x);
+        const double v = convert<double>(b[off[1]]);
+        if (u != u || v != v) {
+          atomicOr(&result->flag, 1u);
+        } else if (u != v) {
+          // Non-negative doubles order like their bit patterns.
+          atomicMax(&result->max_bits, static_cast<unsigned long long>(double_bits(fabs(u - v))));
+        }
+        break;
+      }
+      case Compare::HasNonfinite:
+        if constexpr (!std::is_integral_v<T>) {
+          if (!isfinite(convert<double>(x))) atomicOr(&result->flag, 1u);
+        }
+        break;
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t fill(int elt_size, void* dst, const Indexer<1>& ix, int64_t n, uint64_t bits,
+                 cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (elt_size) {
+    case 1:
+      return launch_fill<uint8_t>(dst, ix, n, bits, stream);
+    case 2:
+      return launch_fill<uint16_t>(dst, ix, n, bits, stream);
+    case 4:
+      return launch_fill<uint32_t>(dst, ix, n, bits, stream);
+    case 8:
+      return launch_fill<uint64_t>(dst, ix, n, bits, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t copy(Elt dst_type, void* dst, Elt src_type, const void* src, const Indexer<2>& ix,
+                 int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatch(dst_type, [&](auto dst_tag) {
+    using D = decltype(dst_tag);
+    return dispatch(src_type, [&](auto src_tag) {
+      using S = decltype(src_tag);
+      copy_kernel<D, S><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<D*>(dst),
+                                                                static_cast<const S*>(src), ix, n);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t binary(int op, Elt type, void* out, const void* a, const void* b, const Indexer<3>& ix,
+                   int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatch(
+      type, [&](auto tag) { return binary_typed<decltype(tag)>(op, out, a, b, ix, n, stream); });
+}
+
+cudaError_t unary(int op, Elt type, void* out, const void* in, const Indexer<2>& ix, int64_t n,
+                  cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatch(type,
+                  [&](auto tag) { return unary_typed<decltype(tag)>(op, out, in, ix, n, stream); });
+}
+
+cudaError_t compare(Compare what, Elt type, const void* a, const void* b, const Indexer<2>& ix,
+                    int64_t n, double rtol, double atol, CompareResult* result,
+                    cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatch(type, [&](auto tag) {
+    using T = decltype(tag);
+    compare_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
+        what, static_cast<const T*>(a), static_cast<const T*>(b), ix, n, rtol, atol, result);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace spmd::cuda_kernels

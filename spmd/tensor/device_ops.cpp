@@ -1,0 +1,141 @@
+// spmd/tensor/device_ops.cpp: the DeviceOps registry, the built-in CPU DeviceOps, and kernels_for.
+#include <spmd/tensor/device_ops.h>
+
+#include <array>
+#include <atomic>
+
+#include <spmd/tensor/kernels/cpu_kernels.h>
+
+namespace spmd {
+
+std::string_view op_name(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::Add:
+      return "add";
+    case BinaryOp::Sub:
+      return "sub";
+    case BinaryOp::Mul:
+      return "mul";
+    case BinaryOp::Div:
+      return "div";
+    case BinaryOp::Maximum:
+      return "maximum";
+    case BinaryOp::Minimum:
+      return "minimum";
+  }
+  return "?";
+}
+
+std::string_view op_name(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::Neg:
+      return "neg";
+    case UnaryOp::Abs:
+      return "abs";
+    case UnaryOp::Exp:
+      return "exp";
+    case UnaryOp::Log:
+      return "log";
+    case UnaryOp::Sqrt:
+      return "sqrt";
+    case UnaryOp::Tanh:
+      return "tanh";
+    case UnaryOp::Relu:
+      return "relu";
+    case UnaryOp::Gelu:
+      return "gelu";
+  }
+  return "?";
+}
+
+std::string_view op_name(Reduction op) {
+  switch (op) {
+    case Reduction::Sum:
+      return "sum";
+    case Reduction::Mean:
+      return "mean";
+    case Reduction::Amax:
+      return "amax";
+    case Reduction::Amin:
+      return "amin";
+  }
+  return "?";
+}
+
+namespace {
+
+class CpuOps final : public DeviceOps {
+ public:
+  void fill(const Tensor& dst, double value) override { cpu_kernels::fill(dst, value); }
+  void copy(const Tensor& dst, const Tensor& src) override { cpu_kernels::copy(dst, src); }
+  void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) override {
+    cpu_kernels::binary(op, out, a, b);
+  }
+  void unary(UnaryOp op, const Tensor& out, const Tensor& in) override {
+    cpu_kernels::unary(op, out, in);
+  }
+  void reduce(Reduction op, const Tensor& out, const Tensor& in,
+              const std::vector<int64_t>& dims) override {
+    cpu_kernels::reduce(op, out, in, dims);
+  }
+  void matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha,
+              double beta) override {
+    cpu_kernels::matmul(out, a, b, alpha, beta);
+  }
+  void softmax(const Tensor& out, const Tensor& in, int64_t d, bool log) override {
+    cpu_kernels::softmax(out, in, d, log);
+  }
+  bool equal(const Tensor& a, const Tensor& b) override { return cpu_kernels::equal(a, b); }
+  bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) override {
+    return cpu_kernels::allclose(a, b, rtol, atol);
+  }
+  double max_abs_diff(const Tensor& a, const Tensor& b) override {
+    return cpu_kernels::max_abs_diff(a, b);
+  }
+  bool has_nonfinite(const Tensor& t) override { return cpu_kernels::has_nonfinite(t); }
+};
+
+std::array<std::atomic<DeviceOps*>, 2> g_device_ops{};
+
+}  // namespace
+
+void register_device_ops(DeviceType type, DeviceOps* ops) {
+  if (type == DeviceType::CPU) {
+    throw_error<Unsupported>("register_device_ops: the CPU kernels cannot be replaced");
+  }
+  g_device_ops[static_cast<std::size_t>(type)].store(ops);
+}
+
+DeviceOps& cpu_ops() {
+  static CpuOps ops;
+  return ops;
+}
+
+DeviceOps& kernels_for(std::string_view op, Device device) {
+  if (device.is_cpu()) return cpu_ops();
+  DeviceOps* ops = g_device_ops[static_cast<std::size_t>(device.type)].load();
+  if (ops == nullptr) {
+    throw_error<Unsupported>("{}: no kernels registered for device {}", op, device);
+  }
+  return *ops;
+}
+
+DeviceOps& kernels_for(std::string_view op, std::initializer_list<const Tensor*> tensors) {
+  std::optional<Device> device;
+  int position = 0;
+  for (const Tensor* t : tensors) {
+    ++position;
+    if (!t->defined()) {
+      throw_error<Error>("{}: argument {} is an undefined tensor", op, position);
+    }
+    if (!device) {
+      device = t->device();
+    } else if (t->device() != *device) {
+      throw_error<Unsupported>("{}: tensors on different devices ({} and {})", op, *device,
+                               t->device());
+    }
+  }
+  return kernels_for(op, device.value_or(Device{}));
+}
+
+}  // namespace spmd

@@ -1,0 +1,87 @@
+// spmd/tensor/device_ops.h: the kernel seam between tensor ops and the devices that run them.
+//
+// Every op in tensor/ops.h (and Tensor's fill_, copy_, contiguous, to) validates its inputs,
+// works out the result's shape and dtype, allocates it, and then hands the arithmetic to the
+// DeviceOps of the inputs' device, chosen in one place per op by kernels_for(). The CPU kernels
+// (tensor/kernels/) are always there; another device type plugs in at run time with
+// register_device_ops (the NCCL backend will register CUDA). Kernels receive inputs already
+// checked, broadcast and converted, so a device implements arithmetic, not policy:
+//   - every tensor argument lies on the device the ops were registered for (copy excepted);
+//   - inputs may have any strides, including 0 (broadcast) strides; outputs never overlap
+//     themselves or an input;
+//   - unless stated, all tensor arguments of one call share one dtype.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string_view>
+#include <vector>
+
+#include <spmd/tensor/tensor.h>
+
+namespace spmd {
+
+enum class BinaryOp : uint8_t { Add, Sub, Mul, Div, Maximum, Minimum };
+enum class UnaryOp : uint8_t { Neg, Abs, Exp, Log, Sqrt, Tanh, Relu, Gelu };
+enum class Reduction : uint8_t { Sum, Mean, Amax, Amin };
+
+// "add", "neg", "sum", ...: the op names errors use.
+std::string_view op_name(BinaryOp op);
+std::string_view op_name(UnaryOp op);
+std::string_view op_name(Reduction op);
+
+class DeviceOps {
+ public:
+  virtual ~DeviceOps() = default;
+
+  // Every element of `dst` = `value` converted to dst's dtype.
+  virtual void fill(const Tensor& dst, double value) = 0;
+  // dst = src elementwise, converting src's dtype to dst's (the two may differ). Same shape.
+  // One of the two may be on the CPU: host <-> device copies are routed to the device's ops.
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+  // out = a op b elementwise; a and b have out's shape (broadcast already applied as 0 strides).
+  // Integer add/sub/mul wrap around; Div, Maximum, Minimum and floats follow IEEE (NaN
+  // propagates through maximum/minimum). Never called with Bool for Add/Sub/Mul.
+  virtual void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+  // out = op(in) elementwise. Exp/Log/Sqrt/Tanh/Gelu come only with floating dtypes; Neg, Abs,
+  // Relu also with I32/I64 (wrapping at the minimum value).
+  virtual void unary(UnaryOp op, const Tensor& out, const Tensor& in) = 0;
+  // out has in's shape with every dim of `dims` (sorted, unique, non-empty unless in is 0-d) of
+  // size 1. Sum: integer and Bool inputs accumulate into an I64 `out`; floating inputs into out of
+  // the input dtype, accumulating in at least F32. Mean: floating only, sum / count. Amax/Amin:
+  // same dtype, NaN propagates; never called with an empty reduction of a non-empty `out`.
+  virtual void reduce(Reduction op, const Tensor& out, const Tensor& in,
+                      const std::vector<int64_t>& dims) = 0;
+  // out[i] = alpha * a[i] @ b[i] + beta * out[i] for out [B,n,m] (contiguous), a [B,n,k],
+  // b [B,k,m]; beta == 0 ignores out's old values (NaN included). BF16/F16 accumulate in F32
+  // and round once. Not called with Bool.
+  virtual void matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha,
+                      double beta) = 0;
+  // Softmax (or log-softmax when `log`) of `in` along dim `d` into `out` (contiguous, same
+  // shape); floating dtypes only, computed stably (max subtracted first).
+  virtual void softmax(const Tensor& out, const Tensor& in, int64_t d, bool log) = 0;
+
+  // Comparisons of two tensors of one shape and dtype.
+  virtual bool equal(const Tensor& a, const Tensor& b) = 0;
+  // |a - b| <= atol + rtol * |b| everywhere; equal infinities are close, NaN is never close.
+  virtual bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) = 0;
+  // max |a - b|; 0 when empty, NaN when any element of either is NaN.
+  virtual double max_abs_diff(const Tensor& a, const Tensor& b) = 0;
+  virtual bool has_nonfinite(const Tensor& t) = 0;
+};
+
+// Installs the kernels for `type` (not CPU); nullptr uninstalls. The object must outlive its
+// use. Tensors of a device type with no kernels can be allocated (given an allocator) but no op
+// runs on them: each throws Unsupported("op: no kernels registered for device cuda:0").
+void register_device_ops(DeviceType type, DeviceOps* ops);
+
+// The built-in CPU kernels.
+DeviceOps& cpu_ops();
+
+// The kernels for `device`; Unsupported naming `op` and the device when none are registered.
+DeviceOps& kernels_for(std::string_view op, Device device);
+// The kernels for the device all `tensors` are on: Unsupported naming `op` and both devices
+// when two differ, Error naming `op` when one is undefined (default-constructed).
+DeviceOps& kernels_for(std::string_view op, std::initializer_list<const Tensor*> tensors);
+
+}  // namespace spmd

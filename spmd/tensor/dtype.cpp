@@ -1,0 +1,89 @@
+// spmd/tensor/dtype.cpp: dtype sizes, names and Note [Type promotion].
+#include <spmd/tensor/dtype.h>
+
+#include <algorithm>
+#include <cctype>
+#include <ostream>
+#include <string>
+
+namespace spmd {
+
+std::size_t itemsize(DType dtype) {
+  return dispatch_dtype(dtype, []<class T>() { return sizeof(T); });
+}
+
+std::string_view dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::F32:
+      return "f32";
+    case DType::F64:
+      return "f64";
+    case DType::BF16:
+      return "bf16";
+    case DType::F16:
+      return "f16";
+    case DType::I32:
+      return "i32";
+    case DType::I64:
+      return "i64";
+    case DType::Bool:
+      return "bool";
+  }
+  return "?";
+}
+
+std::optional<DType> parse_dtype(std::string_view name) {
+  std::string lower(name);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (DType d : kAllDTypes) {
+    if (lower == dtype_name(d)) return d;
+  }
+  struct Alias {
+    std::string_view name;
+    DType dtype;
+  };
+  static constexpr Alias kAliases[] = {
+      {"float32", DType::F32}, {"float", DType::F32},     {"float64", DType::F64},
+      {"double", DType::F64},  {"bfloat16", DType::BF16}, {"float16", DType::F16},
+      {"half", DType::F16},    {"int32", DType::I32},     {"int", DType::I32},
+      {"int64", DType::I64},   {"long", DType::I64},
+  };
+  for (const Alias& alias : kAliases) {
+    if (lower == alias.name) return alias.dtype;
+  }
+  return std::nullopt;
+}
+
+std::ostream& operator<<(std::ostream& os, DType dtype) {
+  return os << dtype_name(dtype);
+}
+
+namespace {
+
+// Width rank among floats: F16 and BF16 share the lowest rank.
+int float_rank(DType d) {
+  switch (d) {
+    case DType::F64:
+      return 2;
+    case DType::F32:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace
+
+DType promote_types(DType a, DType b) {
+  if (a == b) return a;
+  if (a == DType::Bool) return b;
+  if (b == DType::Bool) return a;
+  if (is_integral(a) && is_integral(b)) return DType::I64;
+  if (is_integral(a)) return b;
+  if (is_integral(b)) return a;
+  if (float_rank(a) == float_rank(b)) return DType::F32;  // F16 with BF16
+  return float_rank(a) > float_rank(b) ? a : b;
+}
+
+}  // namespace spmd

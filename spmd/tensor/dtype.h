@@ -1,0 +1,160 @@
+// spmd/tensor/dtype.h: element types, their sizes and names, and the promotion rule.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <iosfwd>
+#include <limits>
+#include <optional>
+#include <string_view>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include <spmd/core/format.h>
+
+#include <spmd/tensor/half.h>
+
+namespace spmd {
+
+enum class DType : uint8_t { F32, F64, BF16, F16, I32, I64, Bool };
+
+inline constexpr DType kAllDTypes[] = {DType::F32, DType::F64, DType::BF16, DType::F16,
+                                       DType::I32, DType::I64, DType::Bool};
+
+// Bytes per element.
+std::size_t itemsize(DType dtype);
+// "f32", "f64", "bf16", "f16", "i32", "i64", "bool".
+std::string_view dtype_name(DType dtype);
+// Inverse of dtype_name; also accepts "float32", "float", "double", "bfloat16", "half", "int32",
+// "int64", "int", "long". nullopt for anything else.
+std::optional<DType> parse_dtype(std::string_view name);
+// Writes dtype_name (so gtest and iostreams print names, not numbers).
+std::ostream& operator<<(std::ostream& os, DType dtype);
+
+inline bool is_floating(DType d) {
+  return d == DType::F32 || d == DType::F64 || d == DType::BF16 || d == DType::F16;
+}
+inline bool is_integral(DType d) {
+  return d == DType::I32 || d == DType::I64;
+}
+
+// Note [Type promotion]
+// The dtype of a binary op's result (torch's rule for tensors of equal standing):
+//   - same dtype -> that dtype;
+//   - Bool with anything -> the other dtype;
+//   - I32 with I64 -> I64;
+//   - an integer with a float -> the float;
+//   - F16 with BF16 -> F32 (neither holds the other);
+//   - two floats otherwise -> the wider (F16/BF16 < F32 < F64).
+// A Python-style scalar (double) operand does not change the tensor's dtype, except that an
+// integer or Bool tensor combined with a non-integral scalar gives F32. True division (/) of two
+// integer or Bool tensors gives F32. Reductions: sum of integers or Bool gives I64, mean of
+// integers is an error, BF16/F16 reduce in F32 and round once.
+DType promote_types(DType a, DType b);
+
+// The C++ element type of each dtype, and back.
+template <DType D>
+struct DTypeTraits;
+template <>
+struct DTypeTraits<DType::F32> {
+  using type = float;
+};
+template <>
+struct DTypeTraits<DType::F64> {
+  using type = double;
+};
+template <>
+struct DTypeTraits<DType::BF16> {
+  using type = BFloat16;
+};
+template <>
+struct DTypeTraits<DType::F16> {
+  using type = Half;
+};
+template <>
+struct DTypeTraits<DType::I32> {
+  using type = int32_t;
+};
+template <>
+struct DTypeTraits<DType::I64> {
+  using type = int64_t;
+};
+template <>
+struct DTypeTraits<DType::Bool> {
+  using type = bool;
+};
+template <DType D>
+using ctype_t = typename DTypeTraits<D>::type;
+
+template <class T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>)
+    return DType::F32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::F64;
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return DType::BF16;
+  else if constexpr (std::is_same_v<T, Half>)
+    return DType::F16;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return DType::I32;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return DType::I64;
+  else if constexpr (std::is_same_v<T, bool>)
+    return DType::Bool;
+  else
+    static_assert(sizeof(T) == 0, "no spmd::DType for this C++ type");
+}
+
+// Calls fn.template operator()<T>() with T the element type of `dtype`:
+//   dispatch_dtype(t.dtype(), [&]<class T>() { ... });
+template <class F>
+decltype(auto) dispatch_dtype(DType dtype, F&& fn) {
+  switch (dtype) {
+    case DType::F32:
+      return fn.template operator()<float>();
+    case DType::F64:
+      return fn.template operator()<double>();
+    case DType::BF16:
+      return fn.template operator()<BFloat16>();
+    case DType::F16:
+      return fn.template operator()<Half>();
+    case DType::I32:
+      return fn.template operator()<int32_t>();
+    case DType::I64:
+      return fn.template operator()<int64_t>();
+    case DType::Bool:
+      return fn.template operator()<bool>();
+  }
+  return fn.template operator()<float>();  // unreachable: every enumerator is handled
+}
+
+// Element conversions through the widest type that holds the value exactly. Floating to integer
+// truncates toward zero and saturates at the integer's range, NaN giving 0 (a plain cast would
+// be undefined behaviour there).
+template <class To, class From>
+inline To convert_element(From v) {
+  if constexpr (std::is_same_v<To, From>) {
+    return v;
+  } else if constexpr (std::is_same_v<From, BFloat16> || std::is_same_v<From, Half>) {
+    return convert_element<To>(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<To, BFloat16> || std::is_same_v<To, Half>) {
+    return To(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<To, bool>) {
+    return v != From(0);
+  } else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
+    // 2^(digits) is exact in every floating type; the largest To converts to it or below.
+    constexpr From kLimit = static_cast<From>(std::numeric_limits<To>::max()) + From(1);
+    if (!(v == v)) return To(0);
+    if (v >= kLimit) return std::numeric_limits<To>::max();
+    if (v <= -kLimit) return std::numeric_limits<To>::min();
+    return static_cast<To>(v);
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+}  // namespace spmd
+
+SPMD_FORMAT_AS_TEXT(spmd::DType, spmd::dtype_name(value))

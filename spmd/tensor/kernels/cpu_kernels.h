@@ -1,0 +1,29 @@
+// spmd/tensor/kernels/cpu_kernels.h: the CPU kernels behind cpu_ops() (tensor/device_ops.h).
+//
+// Internal to tensor/. Each function has the contract of the DeviceOps method of the same name;
+// the three translation units split them by weight: elementwise.cpp (fill, copy, binary,
+// unary, comparisons), reduce.cpp (reductions, softmax), matmul.cpp (Eigen).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <spmd/tensor/device_ops.h>
+
+namespace spmd::cpu_kernels {
+
+void fill(const Tensor& dst, double value);
+void copy(const Tensor& dst, const Tensor& src);
+void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b);
+void unary(UnaryOp op, const Tensor& out, const Tensor& in);
+bool equal(const Tensor& a, const Tensor& b);
+bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol);
+double max_abs_diff(const Tensor& a, const Tensor& b);
+bool has_nonfinite(const Tensor& t);
+
+void reduce(Reduction op, const Tensor& out, const Tensor& in, const std::vector<int64_t>& dims);
+void softmax(const Tensor& out, const Tensor& in, int64_t d, bool log);
+
+void matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta);
+
+}  // namespace spmd::cpu_kernels

@@ -1,0 +1,168 @@
+// spmd/tensor/storage.cpp: Storage, the CPU caching allocator and the device allocator registry.
+#include <spmd/tensor/storage.h>
+
+#include <array>
+#include <atomic>
+#include <bit>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <new>
+#include <ostream>
+#include <vector>
+
+#include <spmd/core/error.h>
+
+namespace spmd {
+
+std::string device_str(Device device) {
+  if (device.is_cpu()) return "cpu";
+  return fmt::format("cuda:{}", device.index);
+}
+
+std::ostream& operator<<(std::ostream& os, Device device) {
+  return os << device_str(device);
+}
+
+namespace {
+
+std::array<std::atomic<DeviceAllocator*>, 2> g_device_allocators{};
+
+// Note [CPU caching allocator]
+// Memory-bound ops write fresh results: a 64 MiB buffer from aligned_alloc is a new mmap, and
+// first touching its pages costs more than the op itself. So blocks of at least kMinCachedBlock
+// bytes are kept when freed, binned by size class (four classes per power of two, so a class
+// wastes at most a quarter of address space, and untouched pages cost no memory), and handed to
+// the next request of the same class. The cache holds at most kMaxCachedBytes; beyond that the
+// largest cached blocks go back to the OS first. Smaller blocks go straight to the C allocator,
+// whose own free lists serve them without page faults.
+constexpr std::size_t kAlignment = 64;
+constexpr std::size_t kMinCachedBlock = std::size_t{256} << 10;
+constexpr std::size_t kMaxCachedBytes = std::size_t{1} << 30;
+
+// The size actually allocated for a request of n bytes.
+std::size_t block_size(std::size_t n) {
+  if (n < kMinCachedBlock)
+    return (std::max<std::size_t>(n, 1) + kAlignment - 1) & ~(kAlignment - 1);
+  // Classes are 4, 5, 6, 7 times a power of two.
+  const int top = std::bit_width(n) - 1;  // n >= 2^top
+  const std::size_t quarter = std::size_t{1} << (top - 2);
+  return (n + quarter - 1) / quarter * quarter;
+}
+
+class CpuCache {
+ public:
+  ~CpuCache() { release(); }
+
+  void* allocate(std::size_t nbytes) {
+    const std::size_t size = block_size(nbytes);
+    if (size >= kMinCachedBlock) {
+      std::lock_guard lock(mutex_);
+      auto it = free_.find(size);
+      if (it != free_.end() && !it->second.empty()) {
+        void* block = it->second.back();
+        it->second.pop_back();
+        cached_bytes_ -= size;
+        return block;
+      }
+    }
+    void* block = std::aligned_alloc(kAlignment, size);
+    if (block == nullptr) throw std::bad_alloc();
+    return block;
+  }
+
+  void deallocate(void* block, std::size_t nbytes) {
+    const std::size_t size = block_size(nbytes);
+    if (size < kMinCachedBlock || size > kMaxCachedBytes) {
+      std::free(block);
+      return;
+    }
+    std::vector<void*> evicted;
+    {
+      std::lock_guard lock(mutex_);
+      while (cached_bytes_ + size > kMaxCachedBytes) {
+        auto largest = std::prev(free_.end());
+        evicted.push_back(largest->second.back());
+        largest->second.pop_back();
+        cached_bytes_ -= largest->first;
+        if (largest->second.empty()) free_.erase(largest);
+      }
+      free_[size].push_back(block);
+      cached_bytes_ += size;
+    }
+    for (void* b : evicted) std::free(b);
+  }
+
+  std::size_t cached_bytes() {
+    std::lock_guard lock(mutex_);
+    return cached_bytes_;
+  }
+
+  void release() {
+    std::map<std::size_t, std::vector<void*>> blocks;
+    {
+      std::lock_guard lock(mutex_);
+      blocks.swap(free_);
+      cached_bytes_ = 0;
+    }
+    for (auto& [size, list] : blocks) {
+      for (void* b : list) std::free(b);
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::size_t, std::vector<void*>> free_;  // block size -> free blocks of that size
+  std::size_t cached_bytes_ = 0;
+};
+
+CpuCache& cpu_cache() {
+  static CpuCache cache;
+  return cache;
+}
+
+}  // namespace
+
+void register_device_allocator(DeviceType type, DeviceAllocator* allocator) {
+  if (type == DeviceType::CPU) {
+    throw_error<Unsupported>("register_device_allocator: the CPU allocator cannot be replaced");
+  }
+  g_device_allocators[static_cast<std::size_t>(type)].store(allocator);
+}
+
+DeviceAllocator* device_allocator(DeviceType type) {
+  if (type == DeviceType::CPU) return nullptr;
+  return g_device_allocators[static_cast<std::size_t>(type)].load();
+}
+
+std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device) {
+  void* data = nullptr;
+  if (device.is_cpu()) {
+    data = cpu_cache().allocate(nbytes);
+  } else {
+    DeviceAllocator* allocator = device_allocator(device.type);
+    if (allocator == nullptr) {
+      throw_error<Unsupported>("Storage::allocate: no allocator registered for device {}", device);
+    }
+    data = allocator->allocate(nbytes, device.index);
+  }
+  return std::shared_ptr<Storage>(new Storage(data, nbytes, device));
+}
+
+Storage::~Storage() {
+  if (device_.is_cpu()) {
+    cpu_cache().deallocate(data_, nbytes_);
+  } else if (DeviceAllocator* allocator = device_allocator(device_.type)) {
+    allocator->deallocate(data_, nbytes_, device_.index);
+  }
+}
+
+std::size_t cpu_allocator_cached_bytes() {
+  return cpu_cache().cached_bytes();
+}
+
+void cpu_allocator_release_cached() {
+  cpu_cache().release();
+}
+
+}  // namespace spmd

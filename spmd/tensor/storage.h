@@ -1,0 +1,83 @@
+// spmd/tensor/storage.h: devices and the reference-counted buffers tensors view.
+//
+// A Storage owns one allocation on one device. Tensors hold it through shared_ptr, so copies of
+// a Tensor share data (torch semantics) and the buffer is freed with its last view. CPU buffers
+// are 64-byte aligned and come from a caching allocator: large buffers freed by one op are reused
+// by the next without returning pages to the OS (page faults would otherwise dominate
+// memory-bound ops on fresh 64 MiB results). Other device types plug in an allocator at run time
+// (the NCCL backend registers CUDA).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include <spmd/core/format.h>
+
+namespace spmd {
+
+enum class DeviceType : uint8_t { CPU, CUDA };
+
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int index = 0;
+
+  bool is_cpu() const { return type == DeviceType::CPU; }
+  bool operator==(const Device&) const = default;
+};
+
+inline Device cpu() {
+  return Device{};
+}
+inline Device cuda(int index) {
+  return Device{DeviceType::CUDA, index};
+}
+// "cpu" or "cuda:0".
+std::string device_str(Device device);
+std::ostream& operator<<(std::ostream& os, Device device);
+
+// Allocation service for a non-CPU device type.
+class DeviceAllocator {
+ public:
+  virtual ~DeviceAllocator() = default;
+  virtual void* allocate(std::size_t nbytes, int device_index) = 0;
+  virtual void deallocate(void* ptr, std::size_t nbytes, int device_index) = 0;
+};
+// Installs the allocator used for `type` (not CPU); the object must outlive every Storage.
+void register_device_allocator(DeviceType type, DeviceAllocator* allocator);
+// nullptr when none is registered.
+DeviceAllocator* device_allocator(DeviceType type);
+
+class Storage {
+ public:
+  // A new uninitialised buffer of `nbytes` on `device`. Throws Unsupported for a device type
+  // with no registered allocator.
+  static std::shared_ptr<Storage> allocate(std::size_t nbytes, Device device = {});
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  Storage(void* data, std::size_t nbytes, Device device)
+      : data_(data), nbytes_(nbytes), device_(device) {}
+  void* data_;
+  std::size_t nbytes_;
+  Device device_;
+};
+
+// Bytes the CPU caching allocator currently keeps for reuse (freed but not returned).
+std::size_t cpu_allocator_cached_bytes();
+// Returns every cached CPU block to the OS.
+void cpu_allocator_release_cached();
+
+}  // namespace spmd
+
+SPMD_FORMAT_AS_TEXT(spmd::Device, spmd::device_str(value))

@@ -1,0 +1,142 @@
+// spmd/tensor/tensor.h: the dense, strided, torch-like Tensor handle.
+//
+// A Tensor is a view: shared Storage + shape + element strides + element offset + dtype.
+// Copying a Tensor copies the handle, not the data (use clone()). Views (narrow, select, chunk,
+// split, transpose, permute, expand, and reshape where strides allow) share storage with their
+// source. Free functions in tensor/ops.h do the arithmetic; tensor/random.h has the RNG.
+//
+//   Tensor a = arange(6).reshape({2, 3});      // [[0, 1, 2], [3, 4, 5]], f32
+//   Tensor b = a.transpose(0, 1).contiguous(); // 3x2 copy
+//   Tensor c = matmul(a, b) + 1.0;             // 2x2
+//   fmt::print("{}\n", c);
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <spmd/core/format.h>
+
+#include <spmd/core/error.h>
+#include <spmd/tensor/dtype.h>
+#include <spmd/tensor/shape.h>
+#include <spmd/tensor/storage.h>
+
+namespace spmd {
+
+class Tensor {
+ public:
+  // An undefined tensor: defined() is false; everything but defined() and assignment throws.
+  Tensor() = default;
+  // A view of `storage`; CHECKs that every reachable element lies inside the storage.
+  Tensor(std::shared_ptr<Storage> storage, Shape shape, Strides strides, int64_t offset,
+         DType dtype);
+
+  // ---- metadata ---------------------------------------------------------------------------
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return meta_->shape; }
+  int64_t dim() const { return static_cast<int64_t>(meta_->shape.size()); }
+  int64_t numel() const { return meta_->numel; }
+  DType dtype() const { return dtype_; }
+  // Size of dim d; negative d counts from the end. ShapeError when out of range.
+  int64_t size(int64_t d) const;
+  const Strides& strides() const { return meta_->strides; }
+  int64_t stride(int64_t d) const;
+  int64_t storage_offset() const { return offset_; }
+  Device device() const;
+  std::size_t itemsize() const { return spmd::itemsize(dtype_); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(meta_->numel) * itemsize(); }
+  bool is_contiguous() const;
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+  // Same storage, offset, shape, strides and dtype: the two handles are the same view.
+  bool is_same(const Tensor& other) const;
+
+  // Address of the first element (storage data + offset). Device memory for device tensors.
+  void* data_ptr() const;
+  // Typed address of the first element; Unsupported unless T is this tensor's element type.
+  template <class T>
+  T* data() const {
+    if (dtype_of<T>() != dtype_) {
+      throw_error<Unsupported>("Tensor::data: tensor has dtype {}, requested {}", dtype_,
+                               dtype_of<T>());
+    }
+    return static_cast<T*>(data_ptr());
+  }
+
+  // ---- views (share storage) --------------------------------------------------------------
+  // Elements [start, start + length) of dim d.
+  Tensor narrow(int64_t d, int64_t start, int64_t length) const;
+  // Index `index` of dim d, removing that dim.
+  Tensor select(int64_t d, int64_t index) const;
+  // torch.chunk: each chunk has ceil(size / chunks) elements along d, the last ones may be
+  // shorter, and fewer than `chunks` chunks come back when the size runs out.
+  std::vector<Tensor> chunk(int64_t chunks, int64_t d = 0) const;
+  // Consecutive pieces of the given sizes along d; the sizes must add up to size(d).
+  std::vector<Tensor> split(const std::vector<int64_t>& sizes, int64_t d = 0) const;
+  Tensor transpose(int64_t a, int64_t b) const;
+  Tensor permute(const std::vector<int64_t>& dims) const;
+  // A view when the strides allow it, a contiguous copy otherwise; one size may be -1.
+  Tensor reshape(const Shape& shape) const;
+  // Like reshape but never copies: ShapeError when a view is impossible.
+  Tensor view(const Shape& shape) const;
+  Tensor unsqueeze(int64_t d) const;
+  Tensor squeeze(int64_t d) const;
+  // A broadcasting view (stride 0 along expanded dims); sizes -1 keep the dim.
+  Tensor expand(const Shape& shape) const;
+
+  // ---- copies -----------------------------------------------------------------------------
+  // This tensor if already contiguous, else a contiguous copy.
+  Tensor contiguous() const;
+  // A contiguous copy that shares nothing with this tensor.
+  Tensor clone() const;
+  // A copy converted to `dtype` (this tensor itself when the dtype already matches).
+  Tensor to(DType dtype) const;
+  // A copy on `device` (this tensor itself when already there).
+  Tensor to(Device device) const;
+  // The single element of a tensor with numel() == 1, converted to T; ShapeError otherwise.
+  template <class T>
+  T item() const;
+  // All elements in row-major order, converted to T.
+  template <class T>
+  std::vector<T> to_vector() const;
+
+  // ---- in place ---------------------------------------------------------------------------
+  Tensor& fill_(double value);
+  Tensor& zero_() { return fill_(0.0); }
+  // Copies `src` (broadcast to this shape, converted to this dtype) into this view.
+  Tensor& copy_(const Tensor& src);
+
+  // Multi-line text: values (truncated when large), shape and dtype.
+  std::string to_string() const;
+
+ private:
+  void check_defined(const char* op) const;
+  // Another view of this tensor's storage.
+  Tensor as_view(Shape shape, Strides strides, int64_t offset) const;
+
+  // Shape, strides and element count: immutable once built and shared by copies of the handle,
+  // so copying a Tensor costs two reference counts, not two vector allocations. An undefined
+  // tensor points at a static empty Meta (no control block).
+  struct Meta {
+    Shape shape;
+    Strides strides;
+    int64_t numel = 0;
+  };
+  static std::shared_ptr<const Meta> empty_meta();
+
+  std::shared_ptr<Storage> storage_;
+  std::shared_ptr<const Meta> meta_ = empty_meta();
+  int64_t offset_ = 0;
+  DType dtype_ = DType::F32;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+}  // namespace spmd
+
+SPMD_FORMAT_AS_TEXT(spmd::Tensor, value.to_string())
