@@ -1,4 +1,4 @@
-// spmd/collectives/types.cpp: names, hashing and descriptions of reduce ops, collectives and
+// spmd/collectives/types.cpp: names, hashing and descriptions of collectives and their
 // options.
 #include <spmd/collectives/types.h>
 
@@ -9,8 +9,6 @@
 namespace spmd {
 namespace {
 
-constexpr std::array<std::string_view, 8> kReduceOpNames = {"sum", "avg",  "product", "min",
-                                                            "max", "band", "bor",     "bxor"};
 constexpr std::array<std::string_view, kNumCollectiveKinds> kCollectiveNames = {
     "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_single",
     "broadcast",  "scatter",    "gather",         "reduce",     "permute",
@@ -22,18 +20,6 @@ std::string splits_str(const PerRank<std::vector<int64_t>>& splits) {
 }
 
 }  // namespace
-
-std::string_view reduce_op_name(ReduceOp op) {
-  return kReduceOpNames[static_cast<size_t>(op)];
-}
-
-std::optional<ReduceOp> parse_reduce_op(std::string_view name) {
-  if (name == "prod") return ReduceOp::Product;
-  for (size_t i = 0; i < kReduceOpNames.size(); ++i) {
-    if (kReduceOpNames[i] == name) return static_cast<ReduceOp>(i);
-  }
-  return std::nullopt;
-}
 
 std::string_view collective_name(CollectiveKind kind) {
   return kCollectiveNames[static_cast<size_t>(kind)];

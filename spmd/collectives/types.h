@@ -1,4 +1,4 @@
-// spmd/collectives/types.h: reduce ops, collective kinds and the options aggregates of each
+// spmd/collectives/types.h: collective kinds and the options aggregates of each
 // collective.
 //
 // Options are small values with == and hashing (STYLE.md, c10d): backends take them, the trace
@@ -17,19 +17,9 @@
 
 #include <spmd/core/format.h>
 #include <spmd/sim/per_rank.h>
+#include <spmd/tensor/reduce_op.h>
 
 namespace spmd {
-
-enum class ReduceOp { Sum, Avg, Product, Min, Max, BAnd, BOr, BXor };
-
-// "sum", "avg", "product", "min", "max", "band", "bor", "bxor".
-std::string_view reduce_op_name(ReduceOp op);
-// Inverse of reduce_op_name (also "prod"); nullopt for anything else.
-std::optional<ReduceOp> parse_reduce_op(std::string_view name);
-// BAnd, BOr, BXor: defined for integer and Bool dtypes only.
-inline bool is_bitwise(ReduceOp op) {
-  return op == ReduceOp::BAnd || op == ReduceOp::BOr || op == ReduceOp::BXor;
-}
 
 enum class CollectiveKind {
   AllReduce,
@@ -173,5 +163,4 @@ SPMD_OPTIONS_STD_HASH_(PermuteOptions)
 SPMD_OPTIONS_STD_HASH_(BarrierOptions)
 #undef SPMD_OPTIONS_STD_HASH_
 
-SPMD_FORMAT_AS_TEXT(spmd::ReduceOp, spmd::reduce_op_name(value))
 SPMD_FORMAT_AS_TEXT(spmd::CollectiveKind, spmd::collective_name(value))

@@ -1,0 +1,28 @@
+// spmd/tensor/reduce_op.h: ReduceOp, how the values of several tensors combine into one.
+//
+// The reduction of a collective (all_reduce, reduce_scatter, reduce) and of a Partial placement:
+// the elementwise combination of every rank's tensor. It lives with the tensors because both
+// collectives and placements (the op table's sharding vocabulary) use it.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include <spmd/core/format.h>
+
+namespace spmd {
+
+enum class ReduceOp { Sum, Avg, Product, Min, Max, BAnd, BOr, BXor };
+
+// "sum", "avg", "product", "min", "max", "band", "bor", "bxor".
+std::string_view reduce_op_name(ReduceOp op);
+// Inverse of reduce_op_name (also "prod"); nullopt for anything else.
+std::optional<ReduceOp> parse_reduce_op(std::string_view name);
+// BAnd, BOr, BXor: defined for integer and Bool dtypes only.
+inline bool is_bitwise(ReduceOp op) {
+  return op == ReduceOp::BAnd || op == ReduceOp::BOr || op == ReduceOp::BXor;
+}
+
+}  // namespace spmd
+
+SPMD_FORMAT_AS_TEXT(spmd::ReduceOp, spmd::reduce_op_name(value))
