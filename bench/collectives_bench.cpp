@@ -24,8 +24,8 @@
 #include <spmd/collectives/functional.h>
 #include <spmd/collectives/trace.h>
 #include <spmd/mesh/device_mesh.h>
+#include <spmd/ops/ops.h>
 #include <spmd/sim/local_ops.h>
-#include <spmd/tensor/ops.h>
 
 namespace spmd {
 namespace {

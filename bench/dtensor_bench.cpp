@@ -24,7 +24,7 @@
 #include <spmd/dtensor/ops.h>
 #include <spmd/dtensor/redistribute.h>
 #include <spmd/mesh/device_mesh.h>
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 #include <spmd/tensor/random.h>
 
 namespace spmd {

@@ -11,7 +11,7 @@
 #include <chrono>
 #include <vector>
 
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 #include <spmd/tensor/random.h>
 
 namespace {

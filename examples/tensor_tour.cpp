@@ -2,8 +2,8 @@
 // share storage, broadcasting arithmetic, reductions, matmul and counter-based random numbers.
 #include <fmt/core.h>
 
+#include <spmd/ops/ops.h>
 #include <spmd/runtime/digest.h>
-#include <spmd/tensor/ops.h>
 #include <spmd/tensor/random.h>
 
 using namespace spmd;

@@ -32,12 +32,14 @@
 #include <spmd/dtensor/dtensor.h>
 #include <spmd/dtensor/hooks.h>
 #include <spmd/dtensor/ops.h>
-#include <spmd/dtensor/placement.h>
 #include <spmd/dtensor/random.h>
 #include <spmd/dtensor/redistribute.h>
 #include <spmd/dtensor/spec.h>
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/mesh/layout.h>
+#include <spmd/ops/ops.h>
+#include <spmd/ops/placement.h>
+#include <spmd/ops/strategy.h>
 #include <spmd/runtime/digest.h>
 #include <spmd/runtime/launch.h>
 #include <spmd/runtime/options.h>
@@ -45,8 +47,9 @@
 #include <spmd/sim/local_tensor.h>
 #include <spmd/sim/per_rank.h>
 #include <spmd/sim/world.h>
+#include <spmd/tensor/compare.h>
 #include <spmd/tensor/device_ops.h>
 #include <spmd/tensor/dtype.h>
-#include <spmd/tensor/ops.h>
+#include <spmd/tensor/factory.h>
 #include <spmd/tensor/random.h>
 #include <spmd/tensor/tensor.h>

@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 
 namespace spmd {
 

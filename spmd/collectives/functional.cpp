@@ -9,7 +9,7 @@
 #include <spmd/collectives/trace.h>
 #include <spmd/collectives/validate.h>
 #include <spmd/core/error.h>
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 
 namespace spmd {
 

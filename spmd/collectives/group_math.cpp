@@ -9,7 +9,7 @@
 #include <spmd/collectives/reduce_kernels.h>
 #include <spmd/core/error.h>
 #include <spmd/core/parallel.h>
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 
 namespace spmd {
 namespace {

@@ -13,8 +13,8 @@
 #include <spmd/core/error.h>
 #include <spmd/debug/visualize.h>
 #include <spmd/dtensor/hooks.h>
+#include <spmd/ops/ops.h>
 #include <spmd/sim/local_ops.h>
-#include <spmd/tensor/ops.h>
 
 namespace spmd {
 namespace {
@@ -292,7 +292,7 @@ void check_nonfinite(const OpEvent& e) {
   }
 }
 
-void on_local_op(const char* op, std::span<const LocalTensor* const> inputs,
+void on_local_op(std::string_view op, std::span<const LocalTensor* const> inputs,
                  const LocalTensor& result) {
   for (size_t r = 0; r < result.num_shards(); ++r) {
     const Tensor& shard = result.shards()[r];

@@ -11,36 +11,16 @@
 #include <spmd/core/error.h>
 #include <spmd/core/hash.h>
 #include <spmd/dtensor/hooks.h>
-#include <spmd/tensor/ops.h>
+#include <spmd/tensor/factory.h>
 
 namespace spmd {
 
-std::size_t OpArgs::hash() const {
-  std::size_t seed = ints.size() * 131 + reals.size();
-  for (int64_t v : ints) hash_combine(seed, v);
-  for (double v : reals) hash_combine(seed, v);
-  return seed;
-}
-
-std::string OpArgs::to_string() const {
-  std::string out;
-  if (!ints.empty()) out += "ints=" + shape_str(ints);
-  if (!reals.empty()) {
-    out += out.empty() ? "reals=[" : " reals=[";
-    for (size_t i = 0; i < reals.size(); ++i) out += fmt::format("{}{}", i ? ", " : "", reals[i]);
-    out += "]";
-  }
-  return out;
-}
-
 namespace {
 
-constexpr size_t kMaxInputs = 4;
+constexpr size_t kInlineInputs = 4;
 // Cost added per redistribute step when comparing strategies, so that of two equally cheap
 // strategies the one moving less (local chunks and partitions cost 0 us) wins.
 constexpr double kStepEpsilonUs = 1e-3;
-// Strategies costed at most per cache miss; beyond it only the first ones are considered.
-constexpr size_t kMaxStrategies = 4096;
 
 // ---- the sharding cache (Note [Sharding cache]) -----------------------------------------------
 
@@ -128,17 +108,22 @@ std::shared_ptr<const OutputSharding> decide(const OpDef& op, SpecList inputs, c
     }
   }
   OpMeta meta;
+  std::vector<InputMeta> metas;
+  std::vector<const ShardingSpec*> shardings;
+  for (const DTensorSpec* spec : inputs) {
+    metas.push_back(InputMeta{&spec->shape(), spec->dtype()});
+    shardings.push_back(spec);
+  }
   try {
-    meta = op.meta(inputs, args);
+    meta = op.meta(metas, args);
   } catch (const ShapeError& e) {
     throw ShapeError(fmt::format("{} (DTensor inputs: {})", e.what(), describe_inputs(inputs)));
   } catch (const Unsupported& e) {
     throw Unsupported(fmt::format("{} (DTensor inputs: {})", e.what(), describe_inputs(inputs)));
   }
-  std::vector<OpStrategy> strategies = op.strategies(inputs, args, meta);
+  std::vector<OpStrategy> strategies = op.strategies(shardings, args, meta);
   SPMD_CHECK_MSG(!strategies.empty(), "{}: no sharding strategy for {}", op.name,
                  describe_inputs(inputs));
-  if (strategies.size() > kMaxStrategies) strategies.resize(kMaxStrategies);
   const DeviceMesh& mesh = inputs[0]->mesh();
 
   std::shared_ptr<OutputSharding> best;
@@ -220,22 +205,81 @@ std::shared_ptr<const OutputSharding> propagate_sharding(const OpDef& op, SpecLi
   return lookup(op, inputs, args, {});
 }
 
+namespace {
+
+// Inline storage for the usual 1 to 4 inputs, the heap beyond.
+template <class T>
+class SmallArray {
+ public:
+  explicit SmallArray(size_t n) : size_(n) {
+    if (n > kInlineInputs) heap_.resize(n);
+  }
+  T* data() { return size_ > kInlineInputs ? heap_.data() : inline_; }
+  T& operator[](size_t i) { return data()[i]; }
+
+ private:
+  size_t size_;
+  T inline_[kInlineInputs] = {};
+  std::vector<T> heap_;
+};
+
+// The op on every held rank's pieces (`locals`, laid out as the decision says).
+LocalTensor run_pieces(const OpDef& op, const LocalTensor* const* locals, size_t n_in,
+                       const OpArgs& args, const DTensorSpec& out) {
+  const DTensorSpec::RankInfo& info = out.rank_info();
+  const LocalTensor& like = *locals[0];
+  const size_t n = like.num_shards();
+  // One computation serves every rank when the inputs are one buffer on every rank and the op
+  // has no per-rank piece function (which may depend on the rank).
+  bool replicated = info.uniform_shapes && op.piece == nullptr;
+  int64_t work = 0;
+  for (size_t k = 0; k < n_in; ++k) {
+    replicated = replicated && locals[k]->is_replicated();
+    work += detail::total_numel(*locals[k]);
+  }
+  auto piece = [&](size_t i) {
+    const PieceContext where{info.ranks[i], info.coordinates[i], out, info.local_shapes[i]};
+    if (n_in == 1) {
+      return compute_piece(op, std::span<const Tensor>(&locals[0]->shards()[i], 1), args, where);
+    }
+    SmallArray<Tensor> pieces(n_in);
+    for (size_t k = 0; k < n_in; ++k) pieces[k] = locals[k]->shards()[i];
+    return compute_piece(op, std::span<const Tensor>(pieces.data(), n_in), args, where);
+  };
+  if (replicated) return LocalTensor(like, std::vector<Tensor>(n, piece(0)));
+  std::vector<Tensor> results(n);
+  detail::for_each_shard(n, work, [&](size_t i) { results[i] = piece(i); });
+  return LocalTensor(like, std::move(results));
+}
+
+DTensor replicated_operand(const Tensor& t, const DTensor& like, std::string_view op) {
+  if (!implicit_replication_enabled()) {
+    throw_error<PlacementError>(
+        "{}: mixing a DTensor ({} {} {} on {}) with a plain Tensor of shape {}; distribute_tensor "
+        "the Tensor first, or treat it as Replicate within an ImplicitReplication scope",
+        op, to_string(like.placements()), shape_str(like.shape()), like.dtype(),
+        like.mesh().to_string(), t.defined() ? shape_str(t.shape()) : std::string("(undefined)"));
+  }
+  return distribute_tensor(t, like.mesh(), Placements(like.mesh().ndim(), Replicate{}));
+}
+
+}  // namespace
+
 DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const OpArgs& args) {
   const size_t n = inputs.size();
-  if (n == 0 || n > kMaxInputs) {
-    throw_error<Error>("{}: dispatch takes 1 to {} DTensor inputs, got {}", op.name, kMaxInputs, n);
-  }
-  const DTensorSpec* specs[kMaxInputs];
+  if (n == 0) throw_error<Error>("{}: dispatch needs at least one DTensor input", op.name);
+  SmallArray<const DTensorSpec*> specs(n);
   for (size_t i = 0; i < n; ++i) {
     if (!inputs[i]->defined()) {
       throw_error<PlacementError>("{}: DTensor input {} is undefined", op.name, i);
     }
     specs[i] = &inputs[i]->spec();
   }
-  std::shared_ptr<const OutputSharding> decision = lookup(op, SpecList(specs, n), args, inputs);
+  std::shared_ptr<const OutputSharding> decision =
+      lookup(op, SpecList(specs.data(), n), args, inputs);
 
-  LocalTensor moved[kMaxInputs];
-  const LocalTensor* locals[kMaxInputs];
+  SmallArray<LocalTensor> moved(n);
+  SmallArray<const LocalTensor*> locals(n);
   for (size_t i = 0; i < n; ++i) {
     const RedistributePlan* plan = decision->plans[i].get();
     if (plan) {
@@ -245,14 +289,42 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
       locals[i] = &inputs[i]->to_local();
     }
   }
-  DTensor out(op.local(LocalInputs(locals, n), args, *decision->output), decision->output);
+  DTensor out(run_pieces(op, locals.data(), n, args, *decision->output), decision->output);
   if (has_op_observers()) notify_op_observers(OpEvent{op.name, &op, args, inputs, out});
   return out;
 }
 
-DTensor dispatch(const OpDef& op, std::initializer_list<const DTensor*> inputs,
-                 const OpArgs& args) {
-  return dispatch(op, std::span<const DTensor* const>(inputs.begin(), inputs.size()), args);
+DTensor dispatch(const OpDef& op, std::initializer_list<DOperand> inputs, const OpArgs& args) {
+  const DTensor* like = nullptr;
+  for (const DOperand& o : inputs) {
+    if (o.dtensor() != nullptr) {
+      if (!o.dtensor()->defined()) {
+        throw_error<PlacementError>("{}: DTensor operand is undefined", op.name);
+      }
+      like = like ? like : o.dtensor();
+    }
+  }
+  if (like == nullptr) throw_error<PlacementError>("{}: no DTensor operand", op.name);
+  const size_t n = inputs.size();
+  SmallArray<DTensor> replicated(n);
+  SmallArray<const DTensor*> operands(n);
+  for (size_t i = 0; i < n; ++i) {
+    const DOperand& o = inputs.begin()[i];
+    if (o.dtensor() != nullptr) {
+      operands[i] = o.dtensor();
+    } else {
+      replicated[i] = replicated_operand(*o.tensor(), *like, op.name);
+      operands[i] = &replicated[i];
+    }
+  }
+  return dispatch(op, std::span<const DTensor* const>(operands.data(), n), args);
+}
+
+DTensor dispatch(const OpDef& op, std::span<const DTensor> inputs, const OpArgs& args) {
+  std::vector<const DTensor*> operands;
+  operands.reserve(inputs.size());
+  for (const DTensor& t : inputs) operands.push_back(&t);
+  return dispatch(op, std::span<const DTensor* const>(operands), args);
 }
 
 CacheStats sharding_cache_stats() {
@@ -267,61 +339,6 @@ void clear_sharding_cache() {
   cache.map.clear();
   cache.hits = 0;
   cache.misses = 0;
-}
-
-// ---- strategy helpers --------------------------------------------------------------------------
-
-std::vector<OpStrategy> expand_dim_options(SpecList inputs, const std::vector<DimOption>& options) {
-  const size_t n = inputs.size();
-  const int mesh_ndim = inputs[0]->mesh_ndim();
-  auto all_replicate = [&](const DimOption& o) {
-    return is_replicate(o.output) &&
-           std::all_of(o.inputs.begin(), o.inputs.end(),
-                       [](const Placement& p) { return is_replicate(p); });
-  };
-  std::vector<std::vector<const DimOption*>> per_dim(static_cast<size_t>(mesh_ndim));
-  for (int i = 0; i < mesh_ndim; ++i) {
-    auto& kept = per_dim[static_cast<size_t>(i)];
-    for (const DimOption& o : options) {
-      bool matches = all_replicate(o);
-      for (size_t t = 0; t < n && !matches; ++t) {
-        matches = o.inputs[t] == inputs[t]->placements()[static_cast<size_t>(i)];
-      }
-      if (matches && std::find(kept.begin(), kept.end(), &o) == kept.end()) kept.push_back(&o);
-    }
-    SPMD_CHECK_MSG(!kept.empty(), "expand_dim_options: no all-Replicate option");
-  }
-  std::vector<OpStrategy> out;
-  std::vector<size_t> pick(static_cast<size_t>(mesh_ndim), 0);
-  while (out.size() < kMaxStrategies) {
-    OpStrategy s;
-    s.inputs.assign(n, Placements(static_cast<size_t>(mesh_ndim)));
-    s.output.resize(static_cast<size_t>(mesh_ndim));
-    for (int i = 0; i < mesh_ndim; ++i) {
-      const DimOption& o = *per_dim[static_cast<size_t>(i)][pick[static_cast<size_t>(i)]];
-      for (size_t t = 0; t < n; ++t) s.inputs[t][static_cast<size_t>(i)] = o.inputs[t];
-      s.output[static_cast<size_t>(i)] = o.output;
-    }
-    out.push_back(std::move(s));
-    int i = mesh_ndim - 1;
-    while (i >= 0 && ++pick[static_cast<size_t>(i)] == per_dim[static_cast<size_t>(i)].size()) {
-      pick[static_cast<size_t>(i)] = 0;
-      --i;
-    }
-    if (i < 0) break;
-  }
-  return out;
-}
-
-DType probe_dtype(const OpDef& op, SpecList inputs, const OpArgs& args) {
-  std::vector<Tensor> probes;
-  probes.reserve(inputs.size());
-  for (const DTensorSpec* s : inputs) {
-    Shape shape = s->shape();
-    for (int64_t& v : shape) v = std::min<int64_t>(v, 1);
-    probes.push_back(zeros(shape, s->dtype()));
-  }
-  return op.reference(probes, args).dtype();
 }
 
 // ---- implicit replication ----------------------------------------------------------------------

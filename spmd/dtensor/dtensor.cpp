@@ -10,8 +10,8 @@
 #include <spmd/core/error.h>
 #include <spmd/dtensor/dispatch.h>
 #include <spmd/dtensor/hooks.h>
+#include <spmd/ops/ops.h>
 #include <spmd/sim/local_ops.h>
-#include <spmd/tensor/ops.h>
 
 namespace spmd {
 namespace {
@@ -21,7 +21,7 @@ Tensor identity_reference(std::span<const Tensor> inputs, const OpArgs&) {
 }
 
 // The op observers see for DTensor::redistribute: the value does not change.
-const OpDef kRedistributeOp{"redistribute", nullptr, nullptr, nullptr, identity_reference};
+const OpDef kRedistributeOp{"redistribute", nullptr, nullptr, nullptr, nullptr, identity_reference};
 
 void check_has_ranks(const DTensorSpec& spec, const char* op) {
   if (spec.rank_info().ranks.empty()) {

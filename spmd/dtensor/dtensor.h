@@ -19,10 +19,10 @@
 #include <optional>
 #include <string>
 
-#include <spmd/dtensor/placement.h>
 #include <spmd/dtensor/redistribute.h>
 #include <spmd/dtensor/spec.h>
 #include <spmd/mesh/device_mesh.h>
+#include <spmd/ops/placement.h>
 #include <spmd/sim/local_tensor.h>
 #include <spmd/tensor/tensor.h>
 

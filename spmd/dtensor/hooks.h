@@ -31,14 +31,14 @@ namespace spmd {
 
 struct OpEvent {
   std::string_view op;  // "add", "matmul", ..., "redistribute"
-  // The op's definition. For "redistribute" only `reference` (the identity) is set.
+  // The op's entry. For "redistribute" only `reference` (the identity) is set.
   const OpDef* def;
   const OpArgs& args;
   std::span<const DTensor* const> inputs;
   const DTensor& output;
   // The op on full tensors (in inputs order): the single-device result.
   Tensor reference(std::span<const Tensor> full_inputs) const {
-    return def->reference(full_inputs, args);
+    return spmd::reference(*def, full_inputs, args);
   }
 };
 

@@ -1,16 +1,17 @@
-// spmd/dtensor/ops.h: the Tensor ops on DTensors, with sharding propagation.
+// spmd/dtensor/ops.h: every op of the op table (ops/ops.h) on DTensors, with sharding propagation.
 //
-// Each op picks, among the ways it can run on the pieces, the one whose input redistributions
-// the cost model prices lowest, redistributes, runs shard by shard, and returns a DTensor whose
-// placements say how its pieces relate to the single-device result. All go through dispatch()
-// (dtensor/dispatch.h), so decisions are cached (sharding_cache_stats()) and observable
-// (dtensor/hooks.h).
+// Each function is one call into the op's entry through dispatch() (dtensor/dispatch.h): the op
+// picks, among the ways it can run on the pieces (its entry's strategies), the one whose input
+// redistributions the cost model prices lowest, redistributes, runs on every held rank's pieces,
+// and returns a DTensor whose placements say how its pieces relate to the single-device result.
+// Decisions are cached (sharding_cache_stats()) and observable (dtensor/hooks.h).
 //
 //   DTensor y = matmul(x, w);   // x {S(0), R} @ w {R, S(1)} -> y {S(0), S(1)}, no communication
 //   DTensor s = sum(y, {1});    // the sharded dim 1 is reduced: s is {S(0), P(sum)}
 //   DTensor m = mean(x);        // even shards: {P(avg), R}; uneven ones are gathered first
 //
-// Rules (per mesh dim; R is always possible by redistributing to Replicate first):
+// Rules (per mesh dim; R is always possible by redistributing to Replicate first; each entry
+// states its own):
 //   - pointwise ops keep Shard placements, with broadcasting (a broadcast dim is not sharded);
 //   - Partial passes only where the op commutes with the reduction: add/sub of two P(sum) or two
 //     P(avg); P(avg), P(max), P(min) plus or minus a Replicate; mul/div of P(sum) or P(avg) by a
@@ -41,64 +42,227 @@
 
 #include <spmd/dtensor/dispatch.h>
 #include <spmd/dtensor/dtensor.h>
+#include <spmd/ops/ops.h>
 
 namespace spmd {
 
-#define SPMD_DTENSOR_BINARY_(name)                  \
-  DTensor name(const DTensor& a, const DTensor& b); \
-  DTensor name(const DTensor& a, const Tensor& b);  \
-  DTensor name(const Tensor& a, const DTensor& b);
-SPMD_DTENSOR_BINARY_(add)
-SPMD_DTENSOR_BINARY_(sub)
-SPMD_DTENSOR_BINARY_(mul)
-SPMD_DTENSOR_BINARY_(div)
-SPMD_DTENSOR_BINARY_(maximum)
-SPMD_DTENSOR_BINARY_(minimum)
-SPMD_DTENSOR_BINARY_(matmul)
-SPMD_DTENSOR_BINARY_(bmm)
-#undef SPMD_DTENSOR_BINARY_
+inline DTensor add(const DTensor& a, const DTensor& b) {
+  return dispatch(op::add, {a, b});
+}
+inline DTensor add(const DTensor& a, const Tensor& b) {
+  return dispatch(op::add, {a, b});
+}
+inline DTensor add(const Tensor& a, const DTensor& b) {
+  return dispatch(op::add, {a, b});
+}
+inline DTensor sub(const DTensor& a, const DTensor& b) {
+  return dispatch(op::sub, {a, b});
+}
+inline DTensor sub(const DTensor& a, const Tensor& b) {
+  return dispatch(op::sub, {a, b});
+}
+inline DTensor sub(const Tensor& a, const DTensor& b) {
+  return dispatch(op::sub, {a, b});
+}
+inline DTensor mul(const DTensor& a, const DTensor& b) {
+  return dispatch(op::mul, {a, b});
+}
+inline DTensor mul(const DTensor& a, const Tensor& b) {
+  return dispatch(op::mul, {a, b});
+}
+inline DTensor mul(const Tensor& a, const DTensor& b) {
+  return dispatch(op::mul, {a, b});
+}
+inline DTensor div(const DTensor& a, const DTensor& b) {
+  return dispatch(op::div, {a, b});
+}
+inline DTensor div(const DTensor& a, const Tensor& b) {
+  return dispatch(op::div, {a, b});
+}
+inline DTensor div(const Tensor& a, const DTensor& b) {
+  return dispatch(op::div, {a, b});
+}
+inline DTensor maximum(const DTensor& a, const DTensor& b) {
+  return dispatch(op::maximum, {a, b});
+}
+inline DTensor maximum(const DTensor& a, const Tensor& b) {
+  return dispatch(op::maximum, {a, b});
+}
+inline DTensor maximum(const Tensor& a, const DTensor& b) {
+  return dispatch(op::maximum, {a, b});
+}
+inline DTensor minimum(const DTensor& a, const DTensor& b) {
+  return dispatch(op::minimum, {a, b});
+}
+inline DTensor minimum(const DTensor& a, const Tensor& b) {
+  return dispatch(op::minimum, {a, b});
+}
+inline DTensor minimum(const Tensor& a, const DTensor& b) {
+  return dispatch(op::minimum, {a, b});
+}
+inline DTensor matmul(const DTensor& a, const DTensor& b) {
+  return dispatch(op::matmul, {a, b});
+}
+inline DTensor matmul(const DTensor& a, const Tensor& b) {
+  return dispatch(op::matmul, {a, b});
+}
+inline DTensor matmul(const Tensor& a, const DTensor& b) {
+  return dispatch(op::matmul, {a, b});
+}
+inline DTensor bmm(const DTensor& a, const DTensor& b) {
+  return dispatch(op::bmm, {a, b});
+}
+inline DTensor bmm(const DTensor& a, const Tensor& b) {
+  return dispatch(op::bmm, {a, b});
+}
+inline DTensor bmm(const Tensor& a, const DTensor& b) {
+  return dispatch(op::bmm, {a, b});
+}
 
-#define SPMD_DTENSOR_OPERATOR_(op)                         \
-  DTensor operator op(const DTensor& a, const DTensor& b); \
-  DTensor operator op(const DTensor& a, const Tensor& b);  \
-  DTensor operator op(const Tensor& a, const DTensor& b);  \
-  DTensor operator op(const DTensor& a, double b);         \
-  DTensor operator op(double a, const DTensor& b);
-SPMD_DTENSOR_OPERATOR_(+)
-SPMD_DTENSOR_OPERATOR_(-)
-SPMD_DTENSOR_OPERATOR_(*)
-SPMD_DTENSOR_OPERATOR_(/)
-#undef SPMD_DTENSOR_OPERATOR_
-DTensor operator-(const DTensor& a);
+inline DTensor operator+(const DTensor& a, const DTensor& b) {
+  return add(a, b);
+}
+inline DTensor operator+(const DTensor& a, const Tensor& b) {
+  return add(a, b);
+}
+inline DTensor operator+(const Tensor& a, const DTensor& b) {
+  return add(a, b);
+}
+inline DTensor operator+(const DTensor& a, double b) {
+  return dispatch(op::add_scalar, {a}, {{}, {b}});
+}
+inline DTensor operator+(double a, const DTensor& b) {
+  return dispatch(op::add_scalar, {b}, {{}, {a}});
+}
+inline DTensor operator-(const DTensor& a, const DTensor& b) {
+  return sub(a, b);
+}
+inline DTensor operator-(const DTensor& a, const Tensor& b) {
+  return sub(a, b);
+}
+inline DTensor operator-(const Tensor& a, const DTensor& b) {
+  return sub(a, b);
+}
+inline DTensor operator-(const DTensor& a, double b) {
+  return dispatch(op::sub_scalar, {a}, {{}, {b}});
+}
+inline DTensor operator-(double a, const DTensor& b) {
+  return dispatch(op::rsub_scalar, {b}, {{}, {a}});
+}
+inline DTensor operator*(const DTensor& a, const DTensor& b) {
+  return mul(a, b);
+}
+inline DTensor operator*(const DTensor& a, const Tensor& b) {
+  return mul(a, b);
+}
+inline DTensor operator*(const Tensor& a, const DTensor& b) {
+  return mul(a, b);
+}
+inline DTensor operator*(const DTensor& a, double b) {
+  return dispatch(op::mul_scalar, {a}, {{}, {b}});
+}
+inline DTensor operator*(double a, const DTensor& b) {
+  return dispatch(op::mul_scalar, {b}, {{}, {a}});
+}
+inline DTensor operator/(const DTensor& a, const DTensor& b) {
+  return div(a, b);
+}
+inline DTensor operator/(const DTensor& a, const Tensor& b) {
+  return div(a, b);
+}
+inline DTensor operator/(const Tensor& a, const DTensor& b) {
+  return div(a, b);
+}
+inline DTensor operator/(const DTensor& a, double b) {
+  return dispatch(op::div_scalar, {a}, {{}, {b}});
+}
+inline DTensor operator/(double a, const DTensor& b) {
+  return dispatch(op::rdiv_scalar, {b}, {{}, {a}});
+}
+inline DTensor operator-(const DTensor& a) {
+  return dispatch(op::neg, {a});
+}
 
 // beta * c + alpha * (a @ b), with a [n,k], b [k,m], c broadcastable to [n,m].
-DTensor addmm(const DTensor& c, const DTensor& a, const DTensor& b, double beta = 1.0,
-              double alpha = 1.0);
+inline DTensor addmm(const DTensor& c, const DTensor& a, const DTensor& b, double beta = 1.0,
+                     double alpha = 1.0) {
+  return dispatch(op::addmm, {c, a, b}, {{}, {beta, alpha}});
+}
 
-DTensor neg(const DTensor& t);
-DTensor abs(const DTensor& t);
-DTensor exp(const DTensor& t);
-DTensor log(const DTensor& t);
-DTensor sqrt(const DTensor& t);
-DTensor tanh(const DTensor& t);
-DTensor relu(const DTensor& t);
-DTensor gelu(const DTensor& t);
+inline DTensor neg(const DTensor& t) {
+  return dispatch(op::neg, {t});
+}
+inline DTensor abs(const DTensor& t) {
+  return dispatch(op::abs, {t});
+}
+inline DTensor exp(const DTensor& t) {
+  return dispatch(op::exp, {t});
+}
+inline DTensor log(const DTensor& t) {
+  return dispatch(op::log, {t});
+}
+inline DTensor sqrt(const DTensor& t) {
+  return dispatch(op::sqrt, {t});
+}
+inline DTensor tanh(const DTensor& t) {
+  return dispatch(op::tanh, {t});
+}
+inline DTensor relu(const DTensor& t) {
+  return dispatch(op::relu, {t});
+}
+inline DTensor gelu(const DTensor& t) {
+  return dispatch(op::gelu, {t});
+}
 
 // Over all dims, or over `dims` (each once, negative allowed; empty means all).
-DTensor sum(const DTensor& t);
-DTensor sum(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false);
-DTensor mean(const DTensor& t);
-DTensor mean(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false);
-DTensor amax(const DTensor& t);
-DTensor amax(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false);
-DTensor amin(const DTensor& t);
-DTensor amin(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false);
+inline DTensor sum(const DTensor& t) {
+  return dispatch(op::sum, {t}, reduction_args({}, false));
+}
+inline DTensor sum(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false) {
+  return dispatch(op::sum, {t}, reduction_args(dims, keepdim));
+}
+inline DTensor mean(const DTensor& t) {
+  return dispatch(op::mean, {t}, reduction_args({}, false));
+}
+inline DTensor mean(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false) {
+  return dispatch(op::mean, {t}, reduction_args(dims, keepdim));
+}
+inline DTensor amax(const DTensor& t) {
+  return dispatch(op::amax, {t}, reduction_args({}, false));
+}
+inline DTensor amax(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false) {
+  return dispatch(op::amax, {t}, reduction_args(dims, keepdim));
+}
+inline DTensor amin(const DTensor& t) {
+  return dispatch(op::amin, {t}, reduction_args({}, false));
+}
+inline DTensor amin(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false) {
+  return dispatch(op::amin, {t}, reduction_args(dims, keepdim));
+}
 
-DTensor softmax(const DTensor& t, int64_t d);
-DTensor log_softmax(const DTensor& t, int64_t d);
+inline DTensor softmax(const DTensor& t, int64_t d) {
+  return dispatch(op::softmax, {t}, {{d}, {}});
+}
+inline DTensor log_softmax(const DTensor& t, int64_t d) {
+  return dispatch(op::log_softmax, {t}, {{d}, {}});
+}
 
-DTensor transpose(const DTensor& t, int64_t a, int64_t b);
+inline DTensor transpose(const DTensor& t, int64_t a, int64_t b) {
+  return dispatch(op::transpose, {t}, {{a, b}, {}});
+}
 // One size may be -1.
-DTensor reshape(const DTensor& t, const Shape& shape);
+inline DTensor reshape(const DTensor& t, const Shape& shape) {
+  return dispatch(op::reshape, {t}, {shape, {}});
+}
+// Concatenate along d (all on one mesh); shards of the other dims and shared Partials pass.
+inline DTensor cat(const std::vector<DTensor>& tensors, int64_t d = 0) {
+  return dispatch(op::cat, tensors, {{d}, {}});
+}
+inline DTensor stack(const std::vector<DTensor>& tensors, int64_t d = 0) {
+  return dispatch(op::stack, tensors, {{d}, {}});
+}
+inline DTensor pad(const DTensor& t, int64_t d, int64_t before, int64_t after, double value = 0.0) {
+  return dispatch(op::pad, {t}, {{d, before, after}, {value}});
+}
 
 }  // namespace spmd

@@ -18,8 +18,8 @@
 #include <spmd/core/env.h>
 #include <spmd/core/error.h>
 #include <spmd/core/hash.h>
+#include <spmd/ops/ops.h>
 #include <spmd/sim/local_ops.h>
-#include <spmd/tensor/ops.h>
 
 namespace spmd {
 

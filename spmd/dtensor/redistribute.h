@@ -50,8 +50,8 @@
 #include <vector>
 
 #include <spmd/collectives/types.h>
-#include <spmd/dtensor/placement.h>
 #include <spmd/dtensor/spec.h>
+#include <spmd/ops/placement.h>
 #include <spmd/sim/local_tensor.h>
 
 namespace spmd {

@@ -10,11 +10,15 @@
 
 namespace spmd {
 
+namespace {
+std::vector<int64_t> shape_of(const DeviceMesh& mesh) {
+  return mesh.defined() ? mesh.shape() : std::vector<int64_t>{};
+}
+}  // namespace
+
 DTensorSpec::DTensorSpec(DeviceMesh mesh, Placements placements, Shape shape, DType dtype)
-    : mesh_(std::move(mesh)),
-      placements_(std::move(placements)),
-      shape_(std::move(shape)),
-      dtype_(dtype) {
+    : ShardingSpec(std::move(placements), std::move(shape), dtype, shape_of(mesh)),
+      mesh_(std::move(mesh)) {
   if (!mesh_.defined()) {
     throw_error<PlacementError>("DTensorSpec: the mesh is undefined (placements {}, shape {})",
                                 spmd::to_string(placements_), shape_str(shape_));
@@ -34,15 +38,14 @@ DTensorSpec::DTensorSpec(DeviceMesh mesh, Placements placements, Shape shape, DT
   }
   const int64_t nd = static_cast<int64_t>(shape_.size());
   for (size_t i = 0; i < placements_.size(); ++i) {
-    if (Shard* s = std::get_if<Shard>(&placements_[i])) {
-      if (s->dim < -nd || s->dim >= nd) {
+    if (const Shard* s = std::get_if<Shard>(&placements_[i])) {
+      if (s->dim < 0 || s->dim >= nd) {
         throw_error<PlacementError>(
             "DTensorSpec: placement {} on mesh dim {} ({}) shards dim {} of a {}-d tensor of "
             "shape {} (placements {}, mesh {})",
             spmd::to_string(placements_[i]), i, mesh_.dim_name(static_cast<int>(i)), s->dim, nd,
             shape_str(shape_), spmd::to_string(placements_), mesh_.to_string());
       }
-      if (s->dim < 0) s->dim += static_cast<int>(nd);
     } else if (const Partial* p = std::get_if<Partial>(&placements_[i])) {
       if (!is_partial_op(p->op)) {
         throw_error<PlacementError>(
@@ -52,7 +55,6 @@ DTensorSpec::DTensorSpec(DeviceMesh mesh, Placements placements, Shape shape, DT
       }
     }
   }
-  mesh_shape_ = mesh_.shape();
   hash_ = mesh_.hash();
   hash_combine(hash_, hash_value(placements_));
   for (int64_t s : shape_) hash_combine(hash_, s);
@@ -60,20 +62,12 @@ DTensorSpec::DTensorSpec(DeviceMesh mesh, Placements placements, Shape shape, DT
 }
 
 DTensorSpec::DTensorSpec(const DTensorSpec& other)
-    : mesh_(other.mesh_),
-      placements_(other.placements_),
-      shape_(other.shape_),
-      dtype_(other.dtype_),
-      mesh_shape_(other.mesh_shape_),
-      hash_(other.hash_) {}
+    : ShardingSpec(other), mesh_(other.mesh_), hash_(other.hash_) {}
 
 DTensorSpec& DTensorSpec::operator=(const DTensorSpec& other) {
   if (this == &other) return *this;
+  ShardingSpec::operator=(other);
   mesh_ = other.mesh_;
-  placements_ = other.placements_;
-  shape_ = other.shape_;
-  dtype_ = other.dtype_;
-  mesh_shape_ = other.mesh_shape_;
   hash_ = other.hash_;
   std::lock_guard<std::mutex> lock(rank_info_mutex_);
   rank_info_.store(nullptr, std::memory_order_release);
@@ -87,75 +81,8 @@ bool DTensorSpec::operator==(const DTensorSpec& other) const {
          placements_ == other.placements_ && mesh_ == other.mesh_;
 }
 
-bool DTensorSpec::is_replicated() const {
-  return std::all_of(placements_.begin(), placements_.end(),
-                     [](const Placement& p) { return is_replicate(p); });
-}
-
-bool DTensorSpec::has_partial() const {
-  return std::any_of(placements_.begin(), placements_.end(),
-                     [](const Placement& p) { return is_partial(p); });
-}
-
-int64_t DTensorSpec::num_shards() const {
-  int64_t n = 1;
-  for (size_t i = 0; i < placements_.size(); ++i) {
-    if (is_shard(placements_[i])) n *= mesh_shape_[i];
-  }
-  return n;
-}
-
-bool DTensorSpec::is_even() const {
-  Shape logical = shape_;
-  for (size_t i = 0; i < placements_.size(); ++i) {
-    if (const Shard* s = std::get_if<Shard>(&placements_[i])) {
-      int64_t& n = logical[static_cast<size_t>(s->dim)];
-      if (n % mesh_shape_[i] != 0) return false;
-      n /= mesh_shape_[i];
-    }
-  }
-  return true;
-}
-
 DTensorSpec DTensorSpec::with_placements(Placements placements) const {
   return DTensorSpec(mesh_, std::move(placements), shape_, dtype_);
-}
-
-Shape DTensorSpec::local_shape(const std::vector<int64_t>& coordinate) const {
-  SPMD_CHECK_EQ(coordinate.size(), placements_.size());
-  Shape local = shape_;
-  for (size_t i = 0; i < placements_.size(); ++i) {
-    if (const Shard* s = std::get_if<Shard>(&placements_[i])) {
-      int64_t& n = local[static_cast<size_t>(s->dim)];
-      n = shard_size(n, mesh_shape_[i], coordinate[i]);
-    }
-  }
-  return local;
-}
-
-Shape DTensorSpec::local_offset(const std::vector<int64_t>& coordinate) const {
-  SPMD_CHECK_EQ(coordinate.size(), placements_.size());
-  Shape logical = shape_;
-  Shape offset(shape_.size(), 0);
-  for (size_t i = 0; i < placements_.size(); ++i) {
-    if (const Shard* s = std::get_if<Shard>(&placements_[i])) {
-      const size_t d = static_cast<size_t>(s->dim);
-      offset[d] += shard_offset(logical[d], mesh_shape_[i], coordinate[i]);
-      logical[d] = shard_size(logical[d], mesh_shape_[i], coordinate[i]);
-    }
-  }
-  return offset;
-}
-
-Shape DTensorSpec::padded_local_shape() const {
-  Shape local = shape_;
-  for (size_t i = 0; i < placements_.size(); ++i) {
-    if (const Shard* s = std::get_if<Shard>(&placements_[i])) {
-      int64_t& n = local[static_cast<size_t>(s->dim)];
-      n = shard_capacity(n, mesh_shape_[i]);
-    }
-  }
-  return local;
 }
 
 std::size_t DTensorSpec::RankInfo::index_of(int rank) const {

@@ -20,8 +20,9 @@
 #include <string>
 #include <vector>
 
-#include <spmd/dtensor/placement.h>
 #include <spmd/mesh/device_mesh.h>
+#include <spmd/ops/placement.h>
+#include <spmd/ops/sharding.h>
 #include <spmd/tensor/dtype.h>
 #include <spmd/tensor/shape.h>
 
@@ -32,7 +33,7 @@ inline std::string ranks_str(const std::vector<int>& ranks) {
   return shape_str(std::vector<int64_t>(ranks.begin(), ranks.end()));
 }
 
-class DTensorSpec {
+class DTensorSpec : public ShardingSpec {
  public:
   // Validates and normalizes (negative Shard dims count from the end). PlacementError naming the
   // mesh, the placements and the shape when the mesh is undefined, the number of placements is
@@ -43,34 +44,12 @@ class DTensorSpec {
   DTensorSpec& operator=(const DTensorSpec& other);
 
   const DeviceMesh& mesh() const { return mesh_; }
-  const Placements& placements() const { return placements_; }
-  const Shape& shape() const { return shape_; }
-  DType dtype() const { return dtype_; }
-  int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
-  int64_t numel() const { return shape_numel(shape_); }
-  // mesh().shape(), kept (the mesh computes it on each call).
-  const std::vector<int64_t>& mesh_shape() const { return mesh_shape_; }
-  int mesh_ndim() const { return static_cast<int>(placements_.size()); }
 
   std::size_t hash() const { return hash_; }
   bool operator==(const DTensorSpec& other) const;
 
-  // Every placement is Replicate.
-  bool is_replicated() const;
-  bool has_partial() const;
-  // Product of the mesh sizes of the Shard placements.
-  int64_t num_shards() const;
-  // True when every sharded tensor dim splits evenly at every level of its nesting, so every
-  // rank's piece has the same shape.
-  bool is_even() const;
   // The same spec with other placements (validated).
   DTensorSpec with_placements(Placements placements) const;
-
-  // The piece of the rank at mesh `coordinate` (Note [Uneven sharding], nesting outer first).
-  Shape local_shape(const std::vector<int64_t>& coordinate) const;
-  Shape local_offset(const std::vector<int64_t>& coordinate) const;
-  // The largest local shape: each sharded dim padded to its chunk capacity, level by level.
-  Shape padded_local_shape() const;
 
   // The held ranks of the mesh's world that the mesh contains (the ranks a DTensor of this spec
   // holds), with each one's coordinate, local shape and offset. Computed once.
@@ -90,10 +69,6 @@ class DTensorSpec {
 
  private:
   DeviceMesh mesh_;
-  Placements placements_;
-  Shape shape_;
-  DType dtype_;
-  std::vector<int64_t> mesh_shape_;
   std::size_t hash_ = 0;
   // Computed on first use; copies start without it.
   mutable std::mutex rank_info_mutex_;

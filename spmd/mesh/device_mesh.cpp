@@ -15,7 +15,7 @@
 
 #include <spmd/core/error.h>
 #include <spmd/core/hash.h>
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 
 namespace spmd {
 namespace {

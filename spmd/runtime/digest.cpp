@@ -8,7 +8,7 @@
 
 #include <spmd/collectives/functional.h>
 #include <spmd/mesh/device_mesh.h>
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 
 namespace spmd {
 

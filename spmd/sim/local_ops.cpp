@@ -1,6 +1,8 @@
-// spmd/sim/local_ops.cpp: Tensor ops applied to LocalTensor shard by shard.
+// spmd/sim/local_ops.cpp: local_call, which runs an op-table entry on LocalTensor shard by shard,
+// and the LocalTensor functions that are not table ops.
 #include <spmd/sim/local_ops.h>
 
+#include <array>
 #include <atomic>
 
 #include <spmd/core/error.h>
@@ -11,16 +13,9 @@ namespace {
 
 std::atomic<LocalOpObserver> g_observer{nullptr};
 
-// `result`, after the observer (if any) has seen it.
-LocalTensor observed(const char* op, std::initializer_list<const LocalTensor*> inputs,
-                     LocalTensor result) {
-  if (LocalOpObserver observer = g_observer.load(std::memory_order_relaxed)) [[unlikely]] {
-    observer(op, std::span<const LocalTensor* const>(inputs.begin(), inputs.size()), result);
-  }
-  return result;
-}
+constexpr size_t kInlineOperands = 4;
 
-void check_same_ranks(const LocalTensor& a, const LocalTensor& b, const char* op) {
+void check_same_ranks(const LocalTensor& a, const LocalTensor& b, std::string_view op) {
   if (!a.defined() || !b.defined()) throw_error<Error>("{}: LocalTensor operand is undefined", op);
   if (a.ranks_ptr() != b.ranks_ptr() && a.ranks() != b.ranks()) {
     throw_error<Error>("{}: LocalTensor operands hold different ranks: {} vs {}", op, a.ranks(),
@@ -28,155 +23,93 @@ void check_same_ranks(const LocalTensor& a, const LocalTensor& b, const char* op
   }
 }
 
-template <class F>
-LocalTensor binary(const LocalTensor& a, const LocalTensor& b, const char* op, F&& f) {
-  check_same_ranks(a, b, op);
-  const size_t n = a.num_shards();
-  if (a.is_replicated() && b.is_replicated()) {
-    return observed(op, {&a, &b},
-                    LocalTensor(a, std::vector<Tensor>(n, f(a.shards()[0], b.shards()[0]))));
+// The operands of one call: the LocalTensors (for the rank checks and the observer) and, for a
+// shard index, every operand's tensor there.
+template <class Operands>
+LocalTensor run_shards(const OpDef& op, const Operands& operands, const OpArgs& args) {
+  const size_t n_in = operands.size();
+  const LocalTensor* first = nullptr;
+  bool replicated = true;
+  int64_t work = 0;
+  std::array<const LocalTensor*, kInlineOperands> inline_locals{};
+  std::vector<const LocalTensor*> heap_locals;
+  const LocalTensor** locals = inline_locals.data();
+  if (n_in > kInlineOperands) {
+    heap_locals.resize(n_in);
+    locals = heap_locals.data();
   }
-  std::vector<Tensor> out(n);
-  detail::for_each_shard(n, detail::total_numel(a) + detail::total_numel(b),
-                         [&](size_t i) { out[i] = f(a.shards()[i], b.shards()[i]); });
-  return observed(op, {&a, &b}, LocalTensor(a, std::move(out)));
+  size_t n_locals = 0;
+  for (size_t k = 0; k < n_in; ++k) {
+    const LocalTensor* t = operands.local(k);
+    if (t == nullptr) continue;
+    if (!t->defined())
+      throw_error<Error>("{}: LocalTensor operand {} is undefined", op.name, k + 1);
+    if (first == nullptr) {
+      first = t;
+    } else {
+      check_same_ranks(*first, *t, op.name);
+    }
+    replicated = replicated && t->is_replicated();
+    work += detail::total_numel(*t);
+    locals[n_locals++] = t;
+  }
+  if (first == nullptr) throw_error<Error>("{}: no LocalTensor operand", op.name);
+
+  // The op on shard i (a one-operand op reads the shard in place).
+  auto shard_result = [&](size_t i) {
+    if (n_in == 1) return call(op, std::span<const Tensor>(&operands.tensor(0, i), 1), args);
+    std::array<Tensor, kInlineOperands> inline_in;
+    std::vector<Tensor> heap_in;
+    Tensor* in = inline_in.data();
+    if (n_in > kInlineOperands) {
+      heap_in.resize(n_in);
+      in = heap_in.data();
+    }
+    for (size_t k = 0; k < n_in; ++k) in[k] = operands.tensor(k, i);
+    return call(op, std::span<const Tensor>(in, n_in), args);
+  };
+  const size_t n = first->num_shards();
+  LocalTensor result;
+  if (replicated) {
+    result = LocalTensor(*first, std::vector<Tensor>(n, shard_result(0)));
+  } else {
+    std::vector<Tensor> out(n);
+    detail::for_each_shard(n, work, [&](size_t i) { out[i] = shard_result(i); });
+    result = LocalTensor(*first, std::move(out));
+  }
+  if (LocalOpObserver observer = g_observer.load(std::memory_order_relaxed)) [[unlikely]] {
+    observer(op.name, std::span<const LocalTensor* const>(locals, n_locals), result);
+  }
+  return result;
 }
 
-template <class F>
-LocalTensor with_tensor(const LocalTensor& a, F&& f) {
-  return a.apply(std::forward<F>(f));
-}
+struct MixedOperands {
+  std::initializer_list<LocalOperand> list;
+  size_t size() const { return list.size(); }
+  const LocalTensor* local(size_t k) const { return list.begin()[k].local(); }
+  const Tensor& tensor(size_t k, size_t shard) const {
+    const LocalOperand& o = list.begin()[k];
+    return o.local() != nullptr ? o.local()->shards()[shard] : *o.tensor();
+  }
+};
 
-// An op that can produce NaN or Inf: its result goes to the observer.
-template <class F>
-LocalTensor arithmetic(const char* op, const LocalTensor& a, F&& f) {
-  return observed(op, {&a}, a.apply(std::forward<F>(f)));
-}
+struct LocalOperands {
+  std::span<const LocalTensor> list;
+  size_t size() const { return list.size(); }
+  const LocalTensor* local(size_t k) const { return &list[k]; }
+  const Tensor& tensor(size_t k, size_t shard) const { return list[k].shards()[shard]; }
+};
 
 }  // namespace
 
-#define SPMD_LOCAL_BINARY_IMPL_(name)                                                        \
-  LocalTensor name(const LocalTensor& a, const LocalTensor& b) {                             \
-    return binary(a, b, #name, [](const Tensor& x, const Tensor& y) { return name(x, y); }); \
-  }                                                                                          \
-  LocalTensor name(const LocalTensor& a, const Tensor& b) {                                  \
-    return arithmetic(#name, a, [&](const Tensor& x) { return name(x, b); });                \
-  }                                                                                          \
-  LocalTensor name(const Tensor& a, const LocalTensor& b) {                                  \
-    return arithmetic(#name, b, [&](const Tensor& y) { return name(a, y); });                \
-  }
-SPMD_LOCAL_BINARY_IMPL_(add)
-SPMD_LOCAL_BINARY_IMPL_(sub)
-SPMD_LOCAL_BINARY_IMPL_(mul)
-SPMD_LOCAL_BINARY_IMPL_(div)
-SPMD_LOCAL_BINARY_IMPL_(maximum)
-SPMD_LOCAL_BINARY_IMPL_(minimum)
-SPMD_LOCAL_BINARY_IMPL_(matmul)
-SPMD_LOCAL_BINARY_IMPL_(bmm)
-#undef SPMD_LOCAL_BINARY_IMPL_
-
-#define SPMD_LOCAL_OPERATOR_IMPL_(op, name)                               \
-  LocalTensor operator op(const LocalTensor& a, const LocalTensor& b) {   \
-    return name(a, b);                                                    \
-  }                                                                       \
-  LocalTensor operator op(const LocalTensor& a, const Tensor& b) {        \
-    return name(a, b);                                                    \
-  }                                                                       \
-  LocalTensor operator op(const Tensor& a, const LocalTensor& b) {        \
-    return name(a, b);                                                    \
-  }                                                                       \
-  LocalTensor operator op(const LocalTensor& a, double b) {               \
-    return arithmetic(#name, a, [&](const Tensor& x) { return x op b; }); \
-  }                                                                       \
-  LocalTensor operator op(double a, const LocalTensor& b) {               \
-    return arithmetic(#name, b, [&](const Tensor& y) { return a op y; }); \
-  }
-SPMD_LOCAL_OPERATOR_IMPL_(+, add)
-SPMD_LOCAL_OPERATOR_IMPL_(-, sub)
-SPMD_LOCAL_OPERATOR_IMPL_(*, mul)
-SPMD_LOCAL_OPERATOR_IMPL_(/, div)
-#undef SPMD_LOCAL_OPERATOR_IMPL_
-
-LocalTensor operator-(const LocalTensor& a) {
-  return neg(a);
+LocalTensor local_call(const OpDef& op, std::initializer_list<LocalOperand> inputs,
+                       const OpArgs& args) {
+  return run_shards(op, MixedOperands{inputs}, args);
 }
 
-LocalTensor addmm(const LocalTensor& c, const LocalTensor& a, const LocalTensor& b, double beta,
-                  double alpha) {
-  check_same_ranks(c, a, "addmm");
-  check_same_ranks(a, b, "addmm");
-  const size_t n = a.num_shards();
-  if (c.is_replicated() && a.is_replicated() && b.is_replicated()) {
-    Tensor one = addmm(c.shards()[0], a.shards()[0], b.shards()[0], beta, alpha);
-    return observed("addmm", {&c, &a, &b}, LocalTensor(a, std::vector<Tensor>(n, one)));
-  }
-  std::vector<Tensor> out(n);
-  detail::for_each_shard(n, detail::total_numel(a) + detail::total_numel(b), [&](size_t i) {
-    out[i] = addmm(c.shards()[i], a.shards()[i], b.shards()[i], beta, alpha);
-  });
-  return observed("addmm", {&c, &a, &b}, LocalTensor(a, std::move(out)));
-}
-
-#define SPMD_LOCAL_UNARY_IMPL_(name)                                      \
-  LocalTensor name(const LocalTensor& t) {                                \
-    return arithmetic(#name, t, [](const Tensor& x) { return name(x); }); \
-  }
-SPMD_LOCAL_UNARY_IMPL_(neg)
-SPMD_LOCAL_UNARY_IMPL_(abs)
-SPMD_LOCAL_UNARY_IMPL_(exp)
-SPMD_LOCAL_UNARY_IMPL_(log)
-SPMD_LOCAL_UNARY_IMPL_(sqrt)
-SPMD_LOCAL_UNARY_IMPL_(tanh)
-SPMD_LOCAL_UNARY_IMPL_(relu)
-SPMD_LOCAL_UNARY_IMPL_(gelu)
-#undef SPMD_LOCAL_UNARY_IMPL_
-
-#define SPMD_LOCAL_REDUCTION_IMPL_(name)                                                   \
-  LocalTensor name(const LocalTensor& t) {                                                 \
-    return arithmetic(#name, t, [](const Tensor& x) { return name(x); });                  \
-  }                                                                                        \
-  LocalTensor name(const LocalTensor& t, const std::vector<int64_t>& dims, bool keepdim) { \
-    return arithmetic(#name, t, [&](const Tensor& x) { return name(x, dims, keepdim); });  \
-  }
-SPMD_LOCAL_REDUCTION_IMPL_(sum)
-SPMD_LOCAL_REDUCTION_IMPL_(mean)
-SPMD_LOCAL_REDUCTION_IMPL_(amax)
-SPMD_LOCAL_REDUCTION_IMPL_(amin)
-#undef SPMD_LOCAL_REDUCTION_IMPL_
-
-LocalTensor softmax(const LocalTensor& t, int64_t d) {
-  return arithmetic("softmax", t, [&](const Tensor& x) { return softmax(x, d); });
-}
-LocalTensor log_softmax(const LocalTensor& t, int64_t d) {
-  return arithmetic("log_softmax", t, [&](const Tensor& x) { return log_softmax(x, d); });
-}
-
-namespace {
-template <class F>
-LocalTensor join(const std::vector<LocalTensor>& tensors, const char* op, F&& f) {
-  if (tensors.empty()) throw_error<Error>("{}: needs at least one LocalTensor", op);
-  for (const LocalTensor& t : tensors) check_same_ranks(tensors[0], t, op);
-  const size_t n = tensors[0].num_shards();
-  std::vector<Tensor> out;
-  out.reserve(n);
-  std::vector<Tensor> parts(tensors.size());
-  for (size_t i = 0; i < n; ++i) {
-    for (size_t k = 0; k < tensors.size(); ++k) parts[k] = tensors[k].shards()[i];
-    out.push_back(f(parts));
-  }
-  return LocalTensor(tensors[0], std::move(out));
-}
-}  // namespace
-
-LocalTensor cat(const std::vector<LocalTensor>& tensors, int64_t d) {
-  return join(tensors, "cat", [&](const std::vector<Tensor>& p) { return cat(p, d); });
-}
-LocalTensor stack(const std::vector<LocalTensor>& tensors, int64_t d) {
-  return join(tensors, "stack", [&](const std::vector<Tensor>& p) { return stack(p, d); });
-}
-
-LocalTensor pad(const LocalTensor& t, int64_t d, int64_t before, int64_t after, double value) {
-  return with_tensor(t, [&](const Tensor& x) { return pad(x, d, before, after, value); });
+LocalTensor local_call(const OpDef& op, std::span<const LocalTensor> inputs, const OpArgs& args) {
+  if (inputs.empty()) throw_error<Error>("{}: needs at least one LocalTensor", op.name);
+  return run_shards(op, LocalOperands{inputs}, args);
 }
 
 LocalTensor pad(const LocalTensor& t, int64_t d, const PerRank<int64_t>& before,
@@ -191,7 +124,7 @@ LocalTensor unpad(const LocalTensor& t, int64_t d, const PerRank<int64_t>& befor
   if (before.is_uniform() && after.is_uniform()) {
     const int64_t b = *before.uniform();
     const int64_t a = *after.uniform();
-    return with_tensor(t, [&](const Tensor& x) { return unpad(x, d, b, a); });
+    return t.apply([&](const Tensor& x) { return unpad(x, d, b, a); });
   }
   return t.map([&](int r, const Tensor& x) { return unpad(x, d, before.at(r), after.at(r)); });
 }

@@ -1,72 +1,262 @@
-// spmd/sim/local_ops.h: every Tensor op of tensor/ops.h, applied to LocalTensor shard by shard.
+// spmd/sim/local_ops.h: every op of the op table (ops/ops.h), applied to LocalTensor shard by
+// shard.
 //
-// Operands must hold the same ranks. A plain Tensor or double operand is the same on every rank.
-// When every LocalTensor operand is replicated (Note [Copy-on-write replicas]) the op runs once
-// and the result is replicated too.
+// Each function is one call into the op's entry: local_call() runs the entry on every held rank's
+// shard. Operands must hold the same ranks. A plain Tensor or double operand is the same on every
+// rank. When every LocalTensor operand is replicated (Note [Copy-on-write replicas]) the op runs
+// once and the result is replicated too.
 #pragma once
 
+#include <initializer_list>
 #include <span>
+#include <string_view>
 #include <vector>
 
+#include <spmd/ops/ops.h>
 #include <spmd/sim/local_tensor.h>
-#include <spmd/tensor/ops.h>
 
 namespace spmd {
 
-#define SPMD_LOCAL_BINARY_(name)                                \
-  LocalTensor name(const LocalTensor& a, const LocalTensor& b); \
-  LocalTensor name(const LocalTensor& a, const Tensor& b);      \
-  LocalTensor name(const Tensor& a, const LocalTensor& b);
-SPMD_LOCAL_BINARY_(add)
-SPMD_LOCAL_BINARY_(sub)
-SPMD_LOCAL_BINARY_(mul)
-SPMD_LOCAL_BINARY_(div)
-SPMD_LOCAL_BINARY_(maximum)
-SPMD_LOCAL_BINARY_(minimum)
-SPMD_LOCAL_BINARY_(matmul)
-SPMD_LOCAL_BINARY_(bmm)
-#undef SPMD_LOCAL_BINARY_
+// An operand of a LocalTensor op: a LocalTensor (one shard per rank) or a plain Tensor (the same
+// on every rank).
+class LocalOperand {
+ public:
+  LocalOperand(const LocalTensor& t) : local_(&t) {}  // NOLINT: implicit by design
+  LocalOperand(const Tensor& t) : tensor_(&t) {}      // NOLINT: implicit by design
+  const LocalTensor* local() const { return local_; }
+  const Tensor* tensor() const { return tensor_; }
 
-#define SPMD_LOCAL_OPERATOR_(op)                                       \
-  LocalTensor operator op(const LocalTensor& a, const LocalTensor& b); \
-  LocalTensor operator op(const LocalTensor& a, const Tensor& b);      \
-  LocalTensor operator op(const Tensor& a, const LocalTensor& b);      \
-  LocalTensor operator op(const LocalTensor& a, double b);             \
-  LocalTensor operator op(double a, const LocalTensor& b);
-SPMD_LOCAL_OPERATOR_(+)
-SPMD_LOCAL_OPERATOR_(-)
-SPMD_LOCAL_OPERATOR_(*)
-SPMD_LOCAL_OPERATOR_(/)
-#undef SPMD_LOCAL_OPERATOR_
-LocalTensor operator-(const LocalTensor& a);
+ private:
+  const LocalTensor* local_ = nullptr;
+  const Tensor* tensor_ = nullptr;
+};
 
-LocalTensor addmm(const LocalTensor& c, const LocalTensor& a, const LocalTensor& b,
-                  double beta = 1.0, double alpha = 1.0);
+// Runs `op` on every held rank's shards (at least one operand is a LocalTensor). Error naming the
+// op when an operand is undefined or the operands hold different ranks.
+LocalTensor local_call(const OpDef& op, std::initializer_list<LocalOperand> inputs,
+                       const OpArgs& args = {});
+LocalTensor local_call(const OpDef& op, std::span<const LocalTensor> inputs,
+                       const OpArgs& args = {});
 
-LocalTensor neg(const LocalTensor& t);
-LocalTensor abs(const LocalTensor& t);
-LocalTensor exp(const LocalTensor& t);
-LocalTensor log(const LocalTensor& t);
-LocalTensor sqrt(const LocalTensor& t);
-LocalTensor tanh(const LocalTensor& t);
-LocalTensor relu(const LocalTensor& t);
-LocalTensor gelu(const LocalTensor& t);
+inline LocalTensor add(const LocalTensor& a, const LocalTensor& b) {
+  return local_call(op::add, {a, b});
+}
+inline LocalTensor add(const LocalTensor& a, const Tensor& b) {
+  return local_call(op::add, {a, b});
+}
+inline LocalTensor add(const Tensor& a, const LocalTensor& b) {
+  return local_call(op::add, {a, b});
+}
+inline LocalTensor sub(const LocalTensor& a, const LocalTensor& b) {
+  return local_call(op::sub, {a, b});
+}
+inline LocalTensor sub(const LocalTensor& a, const Tensor& b) {
+  return local_call(op::sub, {a, b});
+}
+inline LocalTensor sub(const Tensor& a, const LocalTensor& b) {
+  return local_call(op::sub, {a, b});
+}
+inline LocalTensor mul(const LocalTensor& a, const LocalTensor& b) {
+  return local_call(op::mul, {a, b});
+}
+inline LocalTensor mul(const LocalTensor& a, const Tensor& b) {
+  return local_call(op::mul, {a, b});
+}
+inline LocalTensor mul(const Tensor& a, const LocalTensor& b) {
+  return local_call(op::mul, {a, b});
+}
+inline LocalTensor div(const LocalTensor& a, const LocalTensor& b) {
+  return local_call(op::div, {a, b});
+}
+inline LocalTensor div(const LocalTensor& a, const Tensor& b) {
+  return local_call(op::div, {a, b});
+}
+inline LocalTensor div(const Tensor& a, const LocalTensor& b) {
+  return local_call(op::div, {a, b});
+}
+inline LocalTensor maximum(const LocalTensor& a, const LocalTensor& b) {
+  return local_call(op::maximum, {a, b});
+}
+inline LocalTensor maximum(const LocalTensor& a, const Tensor& b) {
+  return local_call(op::maximum, {a, b});
+}
+inline LocalTensor maximum(const Tensor& a, const LocalTensor& b) {
+  return local_call(op::maximum, {a, b});
+}
+inline LocalTensor minimum(const LocalTensor& a, const LocalTensor& b) {
+  return local_call(op::minimum, {a, b});
+}
+inline LocalTensor minimum(const LocalTensor& a, const Tensor& b) {
+  return local_call(op::minimum, {a, b});
+}
+inline LocalTensor minimum(const Tensor& a, const LocalTensor& b) {
+  return local_call(op::minimum, {a, b});
+}
+inline LocalTensor matmul(const LocalTensor& a, const LocalTensor& b) {
+  return local_call(op::matmul, {a, b});
+}
+inline LocalTensor matmul(const LocalTensor& a, const Tensor& b) {
+  return local_call(op::matmul, {a, b});
+}
+inline LocalTensor matmul(const Tensor& a, const LocalTensor& b) {
+  return local_call(op::matmul, {a, b});
+}
+inline LocalTensor bmm(const LocalTensor& a, const LocalTensor& b) {
+  return local_call(op::bmm, {a, b});
+}
+inline LocalTensor bmm(const LocalTensor& a, const Tensor& b) {
+  return local_call(op::bmm, {a, b});
+}
+inline LocalTensor bmm(const Tensor& a, const LocalTensor& b) {
+  return local_call(op::bmm, {a, b});
+}
 
-LocalTensor sum(const LocalTensor& t);
-LocalTensor sum(const LocalTensor& t, const std::vector<int64_t>& dims, bool keepdim = false);
-LocalTensor mean(const LocalTensor& t);
-LocalTensor mean(const LocalTensor& t, const std::vector<int64_t>& dims, bool keepdim = false);
-LocalTensor amax(const LocalTensor& t);
-LocalTensor amax(const LocalTensor& t, const std::vector<int64_t>& dims, bool keepdim = false);
-LocalTensor amin(const LocalTensor& t);
-LocalTensor amin(const LocalTensor& t, const std::vector<int64_t>& dims, bool keepdim = false);
+inline LocalTensor operator+(const LocalTensor& a, const LocalTensor& b) {
+  return add(a, b);
+}
+inline LocalTensor operator+(const LocalTensor& a, const Tensor& b) {
+  return add(a, b);
+}
+inline LocalTensor operator+(const Tensor& a, const LocalTensor& b) {
+  return add(a, b);
+}
+inline LocalTensor operator+(const LocalTensor& a, double b) {
+  return local_call(op::add_scalar, {a}, {{}, {b}});
+}
+inline LocalTensor operator+(double a, const LocalTensor& b) {
+  return local_call(op::add_scalar, {b}, {{}, {a}});
+}
+inline LocalTensor operator-(const LocalTensor& a, const LocalTensor& b) {
+  return sub(a, b);
+}
+inline LocalTensor operator-(const LocalTensor& a, const Tensor& b) {
+  return sub(a, b);
+}
+inline LocalTensor operator-(const Tensor& a, const LocalTensor& b) {
+  return sub(a, b);
+}
+inline LocalTensor operator-(const LocalTensor& a, double b) {
+  return local_call(op::sub_scalar, {a}, {{}, {b}});
+}
+inline LocalTensor operator-(double a, const LocalTensor& b) {
+  return local_call(op::rsub_scalar, {b}, {{}, {a}});
+}
+inline LocalTensor operator*(const LocalTensor& a, const LocalTensor& b) {
+  return mul(a, b);
+}
+inline LocalTensor operator*(const LocalTensor& a, const Tensor& b) {
+  return mul(a, b);
+}
+inline LocalTensor operator*(const Tensor& a, const LocalTensor& b) {
+  return mul(a, b);
+}
+inline LocalTensor operator*(const LocalTensor& a, double b) {
+  return local_call(op::mul_scalar, {a}, {{}, {b}});
+}
+inline LocalTensor operator*(double a, const LocalTensor& b) {
+  return local_call(op::mul_scalar, {b}, {{}, {a}});
+}
+inline LocalTensor operator/(const LocalTensor& a, const LocalTensor& b) {
+  return div(a, b);
+}
+inline LocalTensor operator/(const LocalTensor& a, const Tensor& b) {
+  return div(a, b);
+}
+inline LocalTensor operator/(const Tensor& a, const LocalTensor& b) {
+  return div(a, b);
+}
+inline LocalTensor operator/(const LocalTensor& a, double b) {
+  return local_call(op::div_scalar, {a}, {{}, {b}});
+}
+inline LocalTensor operator/(double a, const LocalTensor& b) {
+  return local_call(op::rdiv_scalar, {b}, {{}, {a}});
+}
+inline LocalTensor operator-(const LocalTensor& a) {
+  return local_call(op::neg, {a});
+}
 
-LocalTensor softmax(const LocalTensor& t, int64_t d);
-LocalTensor log_softmax(const LocalTensor& t, int64_t d);
+inline LocalTensor addmm(const LocalTensor& c, const LocalTensor& a, const LocalTensor& b,
+                         double beta = 1.0, double alpha = 1.0) {
+  return local_call(op::addmm, {c, a, b}, {{}, {beta, alpha}});
+}
 
-LocalTensor cat(const std::vector<LocalTensor>& tensors, int64_t d = 0);
-LocalTensor stack(const std::vector<LocalTensor>& tensors, int64_t d = 0);
-LocalTensor pad(const LocalTensor& t, int64_t d, int64_t before, int64_t after, double value = 0.0);
+inline LocalTensor neg(const LocalTensor& t) {
+  return local_call(op::neg, {t});
+}
+inline LocalTensor abs(const LocalTensor& t) {
+  return local_call(op::abs, {t});
+}
+inline LocalTensor exp(const LocalTensor& t) {
+  return local_call(op::exp, {t});
+}
+inline LocalTensor log(const LocalTensor& t) {
+  return local_call(op::log, {t});
+}
+inline LocalTensor sqrt(const LocalTensor& t) {
+  return local_call(op::sqrt, {t});
+}
+inline LocalTensor tanh(const LocalTensor& t) {
+  return local_call(op::tanh, {t});
+}
+inline LocalTensor relu(const LocalTensor& t) {
+  return local_call(op::relu, {t});
+}
+inline LocalTensor gelu(const LocalTensor& t) {
+  return local_call(op::gelu, {t});
+}
+
+inline LocalTensor sum(const LocalTensor& t) {
+  return local_call(op::sum, {t}, reduction_args({}, false));
+}
+inline LocalTensor sum(const LocalTensor& t, const std::vector<int64_t>& dims,
+                       bool keepdim = false) {
+  return local_call(op::sum, {t}, reduction_args(dims, keepdim));
+}
+inline LocalTensor mean(const LocalTensor& t) {
+  return local_call(op::mean, {t}, reduction_args({}, false));
+}
+inline LocalTensor mean(const LocalTensor& t, const std::vector<int64_t>& dims,
+                        bool keepdim = false) {
+  return local_call(op::mean, {t}, reduction_args(dims, keepdim));
+}
+inline LocalTensor amax(const LocalTensor& t) {
+  return local_call(op::amax, {t}, reduction_args({}, false));
+}
+inline LocalTensor amax(const LocalTensor& t, const std::vector<int64_t>& dims,
+                        bool keepdim = false) {
+  return local_call(op::amax, {t}, reduction_args(dims, keepdim));
+}
+inline LocalTensor amin(const LocalTensor& t) {
+  return local_call(op::amin, {t}, reduction_args({}, false));
+}
+inline LocalTensor amin(const LocalTensor& t, const std::vector<int64_t>& dims,
+                        bool keepdim = false) {
+  return local_call(op::amin, {t}, reduction_args(dims, keepdim));
+}
+
+inline LocalTensor softmax(const LocalTensor& t, int64_t d) {
+  return local_call(op::softmax, {t}, {{d}, {}});
+}
+inline LocalTensor log_softmax(const LocalTensor& t, int64_t d) {
+  return local_call(op::log_softmax, {t}, {{d}, {}});
+}
+
+inline LocalTensor transpose(const LocalTensor& t, int64_t a, int64_t b) {
+  return local_call(op::transpose, {t}, {{a, b}, {}});
+}
+inline LocalTensor reshape(const LocalTensor& t, const Shape& shape) {
+  return local_call(op::reshape, {t}, {shape, {}});
+}
+inline LocalTensor cat(const std::vector<LocalTensor>& tensors, int64_t d = 0) {
+  return local_call(op::cat, tensors, {{d}, {}});
+}
+inline LocalTensor stack(const std::vector<LocalTensor>& tensors, int64_t d = 0) {
+  return local_call(op::stack, tensors, {{d}, {}});
+}
+inline LocalTensor pad(const LocalTensor& t, int64_t d, int64_t before, int64_t after,
+                       double value = 0.0) {
+  return local_call(op::pad, {t}, {{d, before, after}, {value}});
+}
 // Per-rank padding amounts (uneven shards pad by different amounts).
 LocalTensor pad(const LocalTensor& t, int64_t d, const PerRank<int64_t>& before,
                 const PerRank<int64_t>& after, double value = 0.0);
@@ -86,10 +276,10 @@ LocalTensor full(const World& world, const Shape& shape, double value, DType dty
 LocalTensor randn_per_rank(const World& world, const Shape& shape, uint64_t seed,
                            DType dtype = DType::F32);
 
-// Sees the name, the LocalTensor operands and the result of every arithmetic op above (the
-// binary, scalar, unary and reduction ops, addmm, softmax, log_softmax) while set, for
-// --spmd-debug=nan (debug/). Null (the default) costs one relaxed atomic load per op.
-using LocalOpObserver = void (*)(const char* op, std::span<const LocalTensor* const> inputs,
+// Sees the name, the LocalTensor operands and the result of every op above run through
+// local_call while set, for --spmd-debug=nan (debug/). Null (the default) costs one relaxed atomic
+// load per op.
+using LocalOpObserver = void (*)(std::string_view op, std::span<const LocalTensor* const> inputs,
                                  const LocalTensor& result);
 void set_local_op_observer(LocalOpObserver observer);
 

@@ -7,7 +7,7 @@
 
 #include <spmd/core/error.h>
 #include <spmd/core/parallel.h>
-#include <spmd/tensor/ops.h>
+#include <spmd/tensor/compare.h>
 
 namespace spmd {
 namespace {

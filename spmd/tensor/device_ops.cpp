@@ -8,46 +8,6 @@
 
 namespace spmd {
 
-std::string_view op_name(BinaryOp op) {
-  switch (op) {
-    case BinaryOp::Add:
-      return "add";
-    case BinaryOp::Sub:
-      return "sub";
-    case BinaryOp::Mul:
-      return "mul";
-    case BinaryOp::Div:
-      return "div";
-    case BinaryOp::Maximum:
-      return "maximum";
-    case BinaryOp::Minimum:
-      return "minimum";
-  }
-  return "?";
-}
-
-std::string_view op_name(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::Neg:
-      return "neg";
-    case UnaryOp::Abs:
-      return "abs";
-    case UnaryOp::Exp:
-      return "exp";
-    case UnaryOp::Log:
-      return "log";
-    case UnaryOp::Sqrt:
-      return "sqrt";
-    case UnaryOp::Tanh:
-      return "tanh";
-    case UnaryOp::Relu:
-      return "relu";
-    case UnaryOp::Gelu:
-      return "gelu";
-  }
-  return "?";
-}
-
 std::string_view op_name(Reduction op) {
   switch (op) {
     case Reduction::Sum:
@@ -68,10 +28,10 @@ class CpuOps final : public DeviceOps {
  public:
   void fill(const Tensor& dst, double value) override { cpu_kernels::fill(dst, value); }
   void copy(const Tensor& dst, const Tensor& src) override { cpu_kernels::copy(dst, src); }
-  void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) override {
+  void binary(int op, const Tensor& out, const Tensor& a, const Tensor& b) override {
     cpu_kernels::binary(op, out, a, b);
   }
-  void unary(UnaryOp op, const Tensor& out, const Tensor& in) override {
+  void unary(int op, const Tensor& out, const Tensor& in) override {
     cpu_kernels::unary(op, out, in);
   }
   void reduce(Reduction op, const Tensor& out, const Tensor& in,

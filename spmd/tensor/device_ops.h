@@ -21,13 +21,9 @@
 
 namespace spmd {
 
-enum class BinaryOp : uint8_t { Add, Sub, Mul, Div, Maximum, Minimum };
-enum class UnaryOp : uint8_t { Neg, Abs, Exp, Log, Sqrt, Tanh, Relu, Gelu };
 enum class Reduction : uint8_t { Sum, Mean, Amax, Amin };
 
-// "add", "neg", "sum", ...: the op names errors use.
-std::string_view op_name(BinaryOp op);
-std::string_view op_name(UnaryOp op);
+// "sum", "mean", "amax", "amin": the names errors use.
 std::string_view op_name(Reduction op);
 
 class DeviceOps {
@@ -39,13 +35,13 @@ class DeviceOps {
   // dst = src elementwise, converting src's dtype to dst's (the two may differ). Same shape.
   // One of the two may be on the CPU: host <-> device copies are routed to the device's ops.
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;
-  // out = a op b elementwise; a and b have out's shape (broadcast already applied as 0 strides).
-  // Integer add/sub/mul wrap around; Div, Maximum, Minimum and floats follow IEEE (NaN
-  // propagates through maximum/minimum). Never called with Bool for Add/Sub/Mul.
-  virtual void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) = 0;
-  // out = op(in) elementwise. Exp/Log/Sqrt/Tanh/Gelu come only with floating dtypes; Neg, Abs,
-  // Relu also with I32/I64 (wrapping at the minimum value).
-  virtual void unary(UnaryOp op, const Tensor& out, const Tensor& in) = 0;
+  // out = a op b elementwise, `op` the index of the op's functor in element::BinaryOps
+  // (tensor/element_ops.h), which is also the math: a and b have out's shape (broadcast already
+  // applied as 0 strides) and a dtype the functor's domain accepts.
+  virtual void binary(int op, const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+  // out = op(in) elementwise, `op` the index of the op's functor in element::UnaryOps; in has a
+  // dtype the functor's domain accepts.
+  virtual void unary(int op, const Tensor& out, const Tensor& in) = 0;
   // out has in's shape with every dim of `dims` (sorted, unique, non-empty unless in is 0-d) of
   // size 1. Sum: integer and Bool inputs accumulate into an I64 `out`; floating inputs into out of
   // the input dtype, accumulating in at least F32. Mean: floating only, sum / count. Amax/Amin:

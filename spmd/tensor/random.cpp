@@ -5,7 +5,7 @@
 #include <numbers>
 
 #include <spmd/core/parallel.h>
-#include <spmd/tensor/ops.h>
+#include <spmd/tensor/factory.h>
 
 namespace spmd {
 namespace {

@@ -8,7 +8,7 @@
 
 #include <spmd/core/check.h>
 #include <spmd/tensor/device_ops.h>
-#include <spmd/tensor/ops.h>
+#include <spmd/tensor/factory.h>
 
 namespace spmd {
 namespace {

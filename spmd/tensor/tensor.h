@@ -3,7 +3,8 @@
 // A Tensor is a view: shared Storage + shape + element strides + element offset + dtype.
 // Copying a Tensor copies the handle, not the data (use clone()). Views (narrow, select, chunk,
 // split, transpose, permute, expand, and reshape where strides allow) share storage with their
-// source. Free functions in tensor/ops.h do the arithmetic; tensor/random.h has the RNG.
+// source. Free functions in ops/ops.h do the arithmetic (the op table); tensor/factory.h makes
+// tensors and tensor/random.h has the RNG.
 //
 //   Tensor a = arange(6).reshape({2, 3});      // [[0, 1, 2], [3, 4, 5]], f32
 //   Tensor b = a.transpose(0, 1).contiguous(); // 3x2 copy

@@ -6,8 +6,8 @@
 #include <spmd/collectives/functional.h>
 #include <spmd/collectives/trace.h>
 #include <spmd/mesh/device_mesh.h>
+#include <spmd/ops/ops.h>
 #include <spmd/sim/local_ops.h>
-#include <spmd/tensor/ops.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {

@@ -26,8 +26,8 @@
 #include <spmd/collectives/functional.h>
 #include <spmd/core/env.h>
 #include <spmd/mesh/device_mesh.h>
+#include <spmd/ops/ops.h>
 #include <spmd/sim/local_tensor.h>
-#include <spmd/tensor/ops.h>
 #include <spmd/tensor/random.h>
 #include "tests/support/world_env.h"
 

@@ -28,12 +28,10 @@ class ForwardingOps : public DeviceOps {
  public:
   void fill(const Tensor& dst, double value) override { cpu_ops().fill(dst, value); }
   void copy(const Tensor& dst, const Tensor& src) override { cpu_ops().copy(dst, src); }
-  void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) override {
+  void binary(int op, const Tensor& out, const Tensor& a, const Tensor& b) override {
     cpu_ops().binary(op, out, a, b);
   }
-  void unary(UnaryOp op, const Tensor& out, const Tensor& in) override {
-    cpu_ops().unary(op, out, in);
-  }
+  void unary(int op, const Tensor& out, const Tensor& in) override { cpu_ops().unary(op, out, in); }
   void reduce(Reduction op, const Tensor& out, const Tensor& in,
               const std::vector<int64_t>& dims) override {
     cpu_ops().reduce(op, out, in, dims);

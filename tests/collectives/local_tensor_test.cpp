@@ -1,9 +1,9 @@
 // Tests for LocalTensor (sim/local_tensor.h) and its shard-by-shard ops (sim/local_ops.h).
 #include <gtest/gtest.h>
 
+#include <spmd/ops/ops.h>
 #include <spmd/sim/local_ops.h>
 #include <spmd/sim/local_tensor.h>
-#include <spmd/tensor/ops.h>
 #include <spmd/tensor/random.h>
 #include "tests/support/test_support.h"
 

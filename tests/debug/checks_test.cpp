@@ -11,9 +11,9 @@
 #include <spmd/dtensor/hooks.h>
 #include <spmd/dtensor/ops.h>
 #include <spmd/dtensor/redistribute.h>
+#include <spmd/ops/ops.h>
 #include <spmd/runtime/launch.h>
 #include <spmd/sim/local_ops.h>
-#include <spmd/tensor/ops.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {
@@ -35,76 +35,63 @@ World debug_world(int size, DebugOptions debug) {
 
 // ---- planted bugs ------------------------------------------------------------------------------
 
+// Shape and dtype of the input: the meta of the one-input test ops below.
+OpMeta same_meta(std::span<const InputMeta> in, const OpArgs&) {
+  return OpMeta{*in[0].shape, in[0].dtype};
+}
+
+// Keeps the input's placements: the strategy of the test ops below.
+std::vector<OpStrategy> keep_placements(ShardingInputs in, const OpArgs&, const OpMeta&) {
+  return std::vector<OpStrategy>{{{in[0]->placements()}, in[0]->placements()}};
+}
+
 // x + (global row index), written for even shards: a piece's first row is taken as coordinate *
 // its own row count, which is wrong once the trailing pieces are short.
 const OpDef kAddRowIndex{
-    "add_row_index",
-    [](SpecList in, const OpArgs&) {
-      return OpMeta{in[0]->shape(), in[0]->dtype()};
-    },
-    [](SpecList in, const OpArgs&, const OpMeta&) {
-      return std::vector<OpStrategy>{{{in[0]->placements()}, in[0]->placements()}};
-    },
-    [](LocalInputs in, const OpArgs&, const DTensorSpec& out) {
-      PerRank<int64_t> coordinate = out.mesh().local_rank(0);
-      return in[0].map([&](int rank, const Tensor& piece) {
-        const int64_t rows = piece.size(0);
-        const double first = static_cast<double>(coordinate.at(rank) * rows);
-        return piece + (arange(rows) + first).reshape({rows, 1});
-      });
-    },
-    [](std::span<const Tensor> in, const OpArgs&) {
+    "add_row_index", same_meta,
+    [](std::span<const Tensor> in, const OpArgs&, const OpMeta&) {
       const int64_t rows = in[0].size(0);
       return in[0] + arange(rows).reshape({rows, 1});
+    },
+    keep_placements,
+    [](std::span<const Tensor> pieces, const OpArgs&, const PieceContext& where) {
+      const Tensor& piece = pieces[0];
+      const int64_t rows = piece.size(0);
+      const double first = static_cast<double>(where.coordinate[0] * rows);
+      return piece + (arange(rows) + first).reshape({rows, 1});
     }};
 
 // The mean of a row-sharded vector as the mean of the local means (P(avg)): right only when every
 // piece has the same length (pytorch/pytorch#162692).
-const OpDef kNaiveMean{"naive_mean",
-                       [](SpecList in, const OpArgs&) {
-                         return OpMeta{{}, in[0]->dtype()};
-                       },
-                       [](SpecList, const OpArgs&, const OpMeta&) {
-                         return std::vector<OpStrategy>{{{{Shard{0}}}, {Partial{ReduceOp::Avg}}}};
-                       },
-                       [](LocalInputs in, const OpArgs&, const DTensorSpec&) {
-                         return in[0].map([](int, const Tensor& piece) {
-                           return piece.numel() == 0 ? zeros({}) : mean(piece);
-                         });
-                       },
-                       [](std::span<const Tensor> in, const OpArgs&) { return mean(in[0]); }};
+const OpDef kNaiveMean{
+    "naive_mean",
+    [](std::span<const InputMeta> in, const OpArgs&) {
+      return OpMeta{{}, in[0].dtype};
+    },
+    [](std::span<const Tensor> in, const OpArgs&, const OpMeta&) { return mean(in[0]); },
+    [](ShardingInputs, const OpArgs&, const OpMeta&) {
+      return std::vector<OpStrategy>{{{{Shard{0}}}, {Partial{ReduceOp::Avg}}}};
+    },
+    [](std::span<const Tensor> pieces, const OpArgs&, const PieceContext&) {
+      return pieces[0].numel() == 0 ? zeros({}) : mean(pieces[0]);
+    }};
 
 // A user op that writes the rank into a value it claims is replicated.
 const OpDef kRankStamp{
-    "rank_stamp",
-    [](SpecList in, const OpArgs&) {
-      return OpMeta{in[0]->shape(), in[0]->dtype()};
-    },
-    [](SpecList in, const OpArgs&, const OpMeta&) {
-      return std::vector<OpStrategy>{{{in[0]->placements()}, in[0]->placements()}};
-    },
-    [](LocalInputs in, const OpArgs&, const DTensorSpec&) {
-      return in[0].map([](int rank, const Tensor& piece) {
-        Tensor out = piece.clone();
-        if (rank == 3) out.narrow(0, 1, 1).fill_(7.0);
-        return out;
-      });
-    },
-    [](std::span<const Tensor> in, const OpArgs&) { return in[0]; }};
+    "rank_stamp", same_meta,
+    [](std::span<const Tensor> in, const OpArgs&, const OpMeta&) { return in[0]; }, keep_placements,
+    [](std::span<const Tensor> pieces, const OpArgs&, const PieceContext& where) {
+      Tensor out = pieces[0].clone();
+      if (where.rank == 3) out.narrow(0, 1, 1).fill_(7.0);
+      return out;
+    }};
 
-// sqrt computed through LocalTensor::map (no observed LocalTensor op), so only the DTensor
-// observer sees its NaN.
-const OpDef kMapSqrt{"map_sqrt",
-                     [](SpecList in, const OpArgs&) {
-                       return OpMeta{in[0]->shape(), in[0]->dtype()};
-                     },
-                     [](SpecList in, const OpArgs&, const OpMeta&) {
-                       return std::vector<OpStrategy>{{{in[0]->placements()}, in[0]->placements()}};
-                     },
-                     [](LocalInputs in, const OpArgs&, const DTensorSpec&) {
-                       return in[0].map([](int, const Tensor& piece) { return sqrt(piece); });
-                     },
-                     [](std::span<const Tensor> in, const OpArgs&) { return sqrt(in[0]); }};
+// sqrt computed on the pieces without a LocalTensor op, so only the DTensor observer sees its
+// NaN.
+const OpDef kMapSqrt{
+    "map_sqrt", same_meta,
+    [](std::span<const Tensor> in, const OpArgs&, const OpMeta&) { return sqrt(in[0]); },
+    keep_placements};
 
 Tensor rows_of(int64_t rows, int64_t cols) {
   return (arange(rows * cols) + 1.0).reshape({rows, cols});
@@ -130,10 +117,10 @@ TEST(CheckMode, CatchesAnOpThatAssumesEvenShards) {
   World world = debug_world(4, {.check = true});
   DeviceMesh mesh = init_device_mesh(world, {4}, {"tp"});
   DTensor even = distribute_tensor(rows_of(8, 2), mesh, {Shard{0}});
-  EXPECT_NO_THROW(dispatch(kAddRowIndex, {&even}));  // correct on even shards
+  EXPECT_NO_THROW(dispatch(kAddRowIndex, {even}));  // correct on even shards
   DTensor uneven = distribute_tensor(rows_of(5, 2), mesh, {Shard{0}});
   const std::string message = expect_throws<DivergenceError>(
-      [&] { dispatch(kAddRowIndex, {&uneven}); },
+      [&] { dispatch(kAddRowIndex, {uneven}); },
       {"--spmd-debug=check: DTensor op 'add_row_index' differs from the same op on the full "
        "tensors: max error 2 at index [4, 0] (sharded 11, single-device 13; 2 of 10 elements off, "
        "tolerance 1e-05 + 0.0001 * |expected|); that element is held by rank(s) 2",
@@ -145,9 +132,9 @@ TEST(CheckMode, CatchesAMeanOfUnevenShards) {
   World world = debug_world(4, {.check = true});
   DeviceMesh mesh = init_device_mesh(world, {4}, {"tp"});
   DTensor even = distribute_tensor(arange(8), mesh, {Shard{0}});
-  EXPECT_NO_THROW(dispatch(kNaiveMean, {&even}));
+  EXPECT_NO_THROW(dispatch(kNaiveMean, {even}));
   DTensor uneven = distribute_tensor(arange(10), mesh, {Shard{0}});  // 3, 3, 3, 1
-  expect_throws<DivergenceError>([&] { dispatch(kNaiveMean, {&uneven}); },
+  expect_throws<DivergenceError>([&] { dispatch(kNaiveMean, {uneven}); },
                                  {"DTensor op 'naive_mean'", "at index []", "single-device 4.5",
                                   "output: P(avg) [] f32", "held by rank(s) 0-3"});
 }
@@ -225,7 +212,7 @@ TEST(ReplicateMode, CatchesAnOpWhoseOutputReplicasDiffer) {
   DeviceMesh mesh = init_device_mesh(world, {4}, {"tp"});
   DTensor r = distribute_tensor(rows_of(3, 2), mesh, {Replicate{}});
   expect_throws<DivergenceError>(
-      [&] { dispatch(kRankStamp, {&r}); },
+      [&] { dispatch(kRankStamp, {r}); },
       {"the output of DTensor op 'rank_stamp' is Replicate on mesh dim 0 ('tp') but its replicas "
        "differ: rank 0 holds 3 and rank 3 holds 7 at index [1, 0] of the piece (group ranks [0, "
        "1, 2, 3]"});
@@ -246,9 +233,21 @@ TEST(NanMode, CatchesANanOnOneRankInALocalOp) {
   values.narrow(0, 5, 1).fill_(-1.0);  // row 5: rank 2's second row
   DTensor x = distribute_tensor(values, mesh, {Shard{0}});
   expect_throws<NonFiniteError>(
-      [&] { (void)log(x); },
+      [&] { (void)log(x.to_local()); },
       {"--spmd-debug=nan: LocalTensor op 'log' produced NaN on rank 2 at index [1, 0] (shape "
        "[2, 2]); its inputs were finite on rank 2"});
+}
+
+TEST(NanMode, CatchesANanOnOneRankInADTensorOp) {
+  World world = debug_world(4, {.nan = true});
+  DeviceMesh mesh = init_device_mesh(world, {4}, {"tp"});
+  Tensor values = rows_of(8, 2);
+  values.narrow(0, 5, 1).fill_(-1.0);
+  DTensor x = distribute_tensor(values, mesh, {Shard{0}});
+  expect_throws<NonFiniteError>(
+      [&] { (void)log(x); },
+      {"--spmd-debug=nan: DTensor op 'log' produced NaN on rank 2 at index [1, 0] of its piece "
+       "(global index [5, 0]); its inputs were finite on rank 2; output S(0) [8, 2] f32"});
 }
 
 TEST(NanMode, CatchesANanInAUserOpThroughTheDTensorObserver) {
@@ -258,7 +257,7 @@ TEST(NanMode, CatchesANanInAUserOpThroughTheDTensorObserver) {
   values.narrow(0, 5, 1).fill_(-1.0);
   DTensor x = distribute_tensor(values, mesh, {Shard{0}});
   expect_throws<NonFiniteError>(
-      [&] { dispatch(kMapSqrt, {&x}); },
+      [&] { dispatch(kMapSqrt, {x}); },
       {"--spmd-debug=nan: DTensor op 'map_sqrt' produced NaN on rank 2 at index [1, 0] of its "
        "piece (global index [5, 0]); its inputs were finite on rank 2; output S(0) [8, 2] f32"});
 }

@@ -132,10 +132,10 @@ TEST(DebugModesMpi, NanReportsTheRankUnderMpi) {
   CommandResult r = mpirun(4, "--probe-bug=nan --spmd-debug=nan");
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output,
-                       "NonFiniteError: --spmd-debug=nan: LocalTensor op 'log' produced "
-                       "NaN on rank "))
+                       "NonFiniteError: --spmd-debug=nan: DTensor op 'log' produced NaN on rank "))
       << r.output;
-  EXPECT_TRUE(contains(r.output, "at index [1, 0] (shape [2, 2]); its inputs were finite"))
+  EXPECT_TRUE(contains(
+      r.output, "at index [1, 0] of its piece (global index [4, 0]); its inputs were finite"))
       << r.output;
 }
 

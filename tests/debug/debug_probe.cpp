@@ -21,28 +21,22 @@ namespace {
 
 // x + (global row index), written for even shards: the row offset of a piece is taken as
 // coordinate * local rows, which is wrong when the last pieces are short.
-LocalTensor add_row_index_local(LocalInputs in, const OpArgs&, const DTensorSpec& out) {
-  const DeviceMesh& mesh = out.mesh();
-  PerRank<int64_t> coordinate = mesh.local_rank(0);
-  return in[0].map([&](int rank, const Tensor& piece) {
-    const int64_t rows = piece.size(0);
-    const int64_t first = coordinate.at(rank) * rows;
-    return piece + (arange(rows) + static_cast<double>(first)).reshape({rows, 1});
-  });
-}
-
 const OpDef kAddRowIndex{
     "add_row_index",
-    [](SpecList in, const OpArgs&) {
-      return OpMeta{in[0]->shape(), in[0]->dtype()};
+    [](std::span<const InputMeta> in, const OpArgs&) {
+      return OpMeta{*in[0].shape, in[0].dtype};
     },
-    [](SpecList in, const OpArgs&, const OpMeta&) {
-      return std::vector<OpStrategy>{{{in[0]->placements()}, in[0]->placements()}};
-    },
-    add_row_index_local,
-    [](std::span<const Tensor> in, const OpArgs&) {
+    [](std::span<const Tensor> in, const OpArgs&, const OpMeta&) {
       const int64_t rows = in[0].size(0);
       return in[0] + arange(rows).reshape({rows, 1});
+    },
+    [](ShardingInputs in, const OpArgs&, const OpMeta&) {
+      return std::vector<OpStrategy>{{{in[0]->placements()}, in[0]->placements()}};
+    },
+    [](std::span<const Tensor> pieces, const OpArgs&, const PieceContext& where) {
+      const int64_t rows = pieces[0].size(0);
+      const int64_t first = where.coordinate[0] * rows;
+      return pieces[0] + (arange(rows) + static_cast<double>(first)).reshape({rows, 1});
     }};
 
 }  // namespace
@@ -83,7 +77,7 @@ int main(int argc, char** argv) {
       r = DTensor(pieces, r.spec_ptr());
     }
     DTensor s = r * 3.0;
-    DTensor c = bug == "uneven" ? dispatch(kAddRowIndex, {&a}) : a + 1.0;
+    DTensor c = bug == "uneven" ? dispatch(kAddRowIndex, {a}) : a + 1.0;
     Tensor total = sum(c).full_tensor();
     if (bug == "throw") {
       if (world.holds(2)) throw_error<CommError>("probe: rank 2 fails on purpose");

@@ -59,9 +59,9 @@ TEST(DebugModes, NanStopsTheFirstNanWithItsRank) {
   CommandResult r = probe("--probe-bug=nan --spmd-debug=nan");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output,
-                       "[ranks 0-7] NonFiniteError: --spmd-debug=nan: LocalTensor op 'log' "
-                       "produced NaN on rank 2 at index [0, 0] (shape [1, 2]); its inputs were "
-                       "finite on rank 2"))
+                       "[ranks 0-7] NonFiniteError: --spmd-debug=nan: DTensor op 'log' produced "
+                       "NaN on rank 2 at index [0, 0] of its piece (global index [4, 0]); its "
+                       "inputs were finite on rank 2; output S(0) [5, 2] f32"))
       << r.output;
 }
 

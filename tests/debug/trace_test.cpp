@@ -13,8 +13,8 @@
 #include <spmd/debug/trace_diff.h>
 #include <spmd/debug/trace_file.h>
 #include <spmd/mesh/device_mesh.h>
+#include <spmd/ops/ops.h>
 #include <spmd/sim/local_ops.h>
-#include <spmd/tensor/ops.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {

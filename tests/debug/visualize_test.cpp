@@ -6,7 +6,7 @@
 
 #include <spmd/debug/visualize.h>
 #include <spmd/dtensor/dtensor.h>
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 
 namespace spmd {
 namespace {

@@ -17,7 +17,7 @@
 
 #include <spmd/dtensor/dtensor.h>
 #include <spmd/mesh/device_mesh.h>
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 #include <spmd/tensor/random.h>
 #include "tests/support/world_env.h"
 

@@ -3,8 +3,8 @@
 
 #include <unordered_set>
 
-#include <spmd/dtensor/placement.h>
 #include <spmd/dtensor/spec.h>
+#include <spmd/ops/placement.h>
 #include "tests/dtensor/dtensor_test_support.h"
 #include "tests/support/test_support.h"
 

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include <spmd/mesh/device_mesh.h>
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 #include "tests/mesh/mesh_test_support.h"
 
 namespace spmd {

@@ -10,7 +10,7 @@
 #include <sstream>
 #include <thread>
 
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 #include "tests/mesh/mesh_test_support.h"
 #include "tests/support/test_support.h"
 

@@ -12,10 +12,10 @@
 #include <spmd/collectives/functional.h>
 #include <spmd/collectives/trace.h>
 #include <spmd/config.h>
+#include <spmd/ops/ops.h>
 #include <spmd/runtime/digest.h>
 #include <spmd/runtime/launch.h>
 #include <spmd/runtime/options.h>
-#include <spmd/tensor/ops.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {

@@ -3,6 +3,7 @@
 // registered DeviceOps (and only it), mixing devices must fail naming both, and a device with
 // no kernels must fail with Unsupported naming the op and the device.
 #include <spmd/tensor/device_ops.h>
+#include <spmd/tensor/element_ops.h>
 
 #include <gtest/gtest.h>
 
@@ -10,7 +11,7 @@
 #include <map>
 #include <string>
 
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {
@@ -42,12 +43,12 @@ class RecordingOps : public DeviceOps {
     ++calls["copy"];
     cpu_ops().copy(dst, src);
   }
-  void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) override {
-    ++calls[std::string(op_name(op))];
+  void binary(int op, const Tensor& out, const Tensor& a, const Tensor& b) override {
+    ++calls[std::string(element::name_of<element::BinaryOps>(op))];
     cpu_ops().binary(op, out, a, b);
   }
-  void unary(UnaryOp op, const Tensor& out, const Tensor& in) override {
-    ++calls[std::string(op_name(op))];
+  void unary(int op, const Tensor& out, const Tensor& in) override {
+    ++calls[std::string(element::name_of<element::UnaryOps>(op))];
     cpu_ops().unary(op, out, in);
   }
   void reduce(Reduction op, const Tensor& out, const Tensor& in,

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 #include <spmd/tensor/random.h>
 #include "tests/support/test_support.h"
 #include "tests/tensor/reference.h"

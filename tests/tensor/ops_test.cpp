@@ -1,9 +1,9 @@
-// Tests for the elementwise, reduction, softmax, joining and comparison ops of tensor/ops.h.
+// Tests for the elementwise, reduction, softmax, joining and comparison ops of ops/ops.h.
 //
 // Every op runs on seeded random shapes (0-size dims included) with every memory layout of
 // reference.h, for every dtype (pair) it takes, against a naive loop in double; see
 // reference.h for why most comparisons are exact.
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 
 #include <gtest/gtest.h>
 

@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 #include "tests/support/test_support.h"
 #include "tests/tensor/reference.h"
 

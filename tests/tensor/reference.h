@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 
 namespace spmd::testing {
 

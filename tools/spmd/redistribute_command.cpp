@@ -21,13 +21,13 @@
 #include <spmd/collectives/trace.h>
 #include <spmd/core/error.h>
 #include <spmd/dtensor/dtensor.h>
-#include <spmd/dtensor/placement.h>
 #include <spmd/dtensor/redistribute.h>
 #include <spmd/dtensor/spec.h>
 #include <spmd/mesh/device_mesh.h>
+#include <spmd/ops/ops.h>
+#include <spmd/ops/placement.h>
 #include <spmd/sim/world.h>
 #include <spmd/tensor/dtype.h>
-#include <spmd/tensor/ops.h>
 #include "tools/spmd/cli.h"
 
 namespace spmd::cli {

@@ -15,7 +15,7 @@
 #include <spmd/collectives/validate.h>
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
-#include <spmd/tensor/ops.h>
+#include <spmd/ops/ops.h>
 
 namespace spmd {
 namespace {

@@ -23,9 +23,9 @@
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
 #include <spmd/core/hash.h>
+#include <spmd/ops/ops.h>
 #include <spmd/tensor/cuda/device.h>
 #include <spmd/tensor/cuda/kernels.h>
-#include <spmd/tensor/ops.h>
 
 namespace spmd {
 

@@ -22,7 +22,7 @@
 #include <spmd/core/error.h>
 #include <spmd/tensor/cuda/device.h>
 #include <spmd/tensor/cuda/kernels.h>
-#include <spmd/tensor/ops.h>
+#include <spmd/tensor/factory.h>
 
 namespace spmd::gpu {
 namespace {
@@ -38,8 +38,6 @@ static_assert(static_cast<int>(ck::Elt::F32) == static_cast<int>(DType::F32) &&
               static_cast<int>(ck::Elt::I64) == static_cast<int>(DType::I64) &&
               static_cast<int>(ck::Elt::Bool) == static_cast<int>(DType::Bool));
 // The kernels switch on these enums' values (tensor/cuda/elementwise.cu, reduce.cu).
-static_assert(static_cast<int>(BinaryOp::Add) == 0 && static_cast<int>(BinaryOp::Minimum) == 5);
-static_assert(static_cast<int>(UnaryOp::Neg) == 0 && static_cast<int>(UnaryOp::Gelu) == 7);
 static_assert(static_cast<int>(Reduction::Sum) == 0 && static_cast<int>(Reduction::Amin) == 3);
 
 ck::Elt elt(DType dtype) {
@@ -298,23 +296,23 @@ class CudaOps final : public DeviceOps {
     }
   }
 
-  void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) override {
+  void binary(int op, const Tensor& out, const Tensor& a, const Tensor& b) override {
     const int device = index_of(out);
     set_device(device);
     elementwise<3>({out, a, b}, [&](const Indexer<3>& ix, const std::array<Tensor, 3>& t) {
-      check_kernel(ck::binary(static_cast<int>(op), elt(out.dtype()), t[0].data_ptr(),
-                              t[1].data_ptr(), t[2].data_ptr(), ix, t[0].numel(), stream(device)),
-                   op_name(op), device);
+      check_kernel(ck::binary(op, elt(out.dtype()), t[0].data_ptr(), t[1].data_ptr(),
+                              t[2].data_ptr(), ix, t[0].numel(), stream(device)),
+                   element::name_of<element::BinaryOps>(op), device);
     });
   }
 
-  void unary(UnaryOp op, const Tensor& out, const Tensor& in) override {
+  void unary(int op, const Tensor& out, const Tensor& in) override {
     const int device = index_of(out);
     set_device(device);
     elementwise<2>({out, in}, [&](const Indexer<2>& ix, const std::array<Tensor, 2>& t) {
-      check_kernel(ck::unary(static_cast<int>(op), elt(out.dtype()), t[0].data_ptr(),
-                             t[1].data_ptr(), ix, t[0].numel(), stream(device)),
-                   op_name(op), device);
+      check_kernel(ck::unary(op, elt(out.dtype()), t[0].data_ptr(), t[1].data_ptr(), ix,
+                             t[0].numel(), stream(device)),
+                   element::name_of<element::UnaryOps>(op), device);
     });
   }
 

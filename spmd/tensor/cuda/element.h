@@ -1,15 +1,14 @@
-// spmd/tensor/cuda/element.h: element conversions, arithmetic and strided indexing of the CUDA
-// kernels.
+// spmd/tensor/cuda/element.h: element conversions and strided indexing of the CUDA kernels.
 //
 // Internal to tensor/cuda. Every function here compiles for the host and for the device
 // (SPMD_HD), so the CUDA kernels run exactly the code that tests/tensor/cuda_element_test.cpp
 // checks on the CPU against the CPU kernels: conversions bit for bit convert_element
-// (tensor/dtype.h, BFloat16/Half of tensor/half.h), operators the functors of
-// tensor/kernels/elementwise.cpp. Transcendentals call the C math functions (expf, erff, ...),
-// which CUDA's device library provides with a different last-bit rounding than glibc.
+// (tensor/dtype.h, BFloat16/Half of tensor/half.h). The per-element math of every elementwise op
+// is tensor/element_ops.h's, which the CPU kernels run too.
 //
 // The storage types Bf16 and F16 are plain 2-byte values (same layout as spmd::BFloat16 and
-// spmd::Half) so this header depends on nothing in spmdsim and nvcc compiles it alone.
+// spmd::Half) so this header depends on nothing in spmdsim but element_ops.h, and nvcc compiles
+// it alone.
 #pragma once
 
 #include <math.h>
@@ -21,13 +20,15 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__CUDACC__)
-#define SPMD_HD __host__ __device__ __forceinline__
-#else
-#define SPMD_HD inline
-#endif
+#include <spmd/tensor/element_ops.h>
 
 namespace spmd::cuda_math {
+
+using element::math_erf;
+using element::math_exp;
+using element::math_log;
+using element::math_sqrt;
+using element::math_tanh;
 
 struct Bf16 {
   uint16_t bits;
@@ -204,148 +205,6 @@ SPMD_HD To convert(From v) {
     return static_cast<To>(v);
   }
 }
-
-// ---- operators (tensor/kernels/elementwise.cpp) ------------------------------------------------
-
-template <class C>
-using wrap_t = std::make_unsigned_t<C>;
-
-struct AddOp {
-  template <class C>
-  SPMD_HD C operator()(C a, C b) const {
-    if constexpr (std::is_integral_v<C>) {
-      return static_cast<C>(static_cast<wrap_t<C>>(a) + static_cast<wrap_t<C>>(b));
-    } else {
-      return a + b;
-    }
-  }
-};
-struct SubOp {
-  template <class C>
-  SPMD_HD C operator()(C a, C b) const {
-    if constexpr (std::is_integral_v<C>) {
-      return static_cast<C>(static_cast<wrap_t<C>>(a) - static_cast<wrap_t<C>>(b));
-    } else {
-      return a - b;
-    }
-  }
-};
-struct MulOp {
-  template <class C>
-  SPMD_HD C operator()(C a, C b) const {
-    if constexpr (std::is_integral_v<C>) {
-      return static_cast<C>(static_cast<wrap_t<C>>(a) * static_cast<wrap_t<C>>(b));
-    } else {
-      return a * b;
-    }
-  }
-};
-struct DivOp {
-  template <class C>
-  SPMD_HD C operator()(C a, C b) const {
-    return a / b;
-  }
-};
-// NaN in either operand gives NaN (torch.maximum / torch.minimum).
-struct MaximumOp {
-  template <class C>
-  SPMD_HD C operator()(C a, C b) const {
-    return (a > b || a != a) ? a : b;
-  }
-};
-struct MinimumOp {
-  template <class C>
-  SPMD_HD C operator()(C a, C b) const {
-    return (a < b || a != a) ? a : b;
-  }
-};
-
-SPMD_HD float math_exp(float x) {
-  return ::expf(x);
-}
-SPMD_HD double math_exp(double x) {
-  return ::exp(x);
-}
-SPMD_HD float math_log(float x) {
-  return ::logf(x);
-}
-SPMD_HD double math_log(double x) {
-  return ::log(x);
-}
-SPMD_HD float math_sqrt(float x) {
-  return ::sqrtf(x);
-}
-SPMD_HD double math_sqrt(double x) {
-  return ::sqrt(x);
-}
-SPMD_HD float math_tanh(float x) {
-  return ::tanhf(x);
-}
-SPMD_HD double math_tanh(double x) {
-  return ::tanh(x);
-}
-SPMD_HD float math_erf(float x) {
-  return ::erff(x);
-}
-SPMD_HD double math_erf(double x) {
-  return ::erf(x);
-}
-
-struct NegOp {
-  template <class C>
-  SPMD_HD C operator()(C x) const {
-    if constexpr (std::is_integral_v<C>) {
-      return static_cast<C>(wrap_t<C>{0} - static_cast<wrap_t<C>>(x));
-    } else {
-      return -x;
-    }
-  }
-};
-struct AbsOp {
-  template <class C>
-  SPMD_HD C operator()(C x) const {
-    return x < C(0) ? NegOp{}(x) : x;
-  }
-};
-struct ExpOp {
-  template <class C>
-  SPMD_HD C operator()(C x) const {
-    return math_exp(x);
-  }
-};
-struct LogOp {
-  template <class C>
-  SPMD_HD C operator()(C x) const {
-    return math_log(x);
-  }
-};
-struct SqrtOp {
-  template <class C>
-  SPMD_HD C operator()(C x) const {
-    return math_sqrt(x);
-  }
-};
-struct TanhOp {
-  template <class C>
-  SPMD_HD C operator()(C x) const {
-    return math_tanh(x);
-  }
-};
-// NaN stays NaN.
-struct ReluOp {
-  template <class C>
-  SPMD_HD C operator()(C x) const {
-    return x < C(0) ? C(0) : x;
-  }
-};
-// The exact GELU, in the CPU kernel's order of operations.
-struct GeluOp {
-  template <class C>
-  SPMD_HD C operator()(C x) const {
-    const C inv_sqrt2 = C(0.70710678118654752440);
-    return C(0.5) * x * (C(1) + math_erf(x * inv_sqrt2));
-  }
-};
 
 // Amax/Amin accumulation: `v` replaces `current` when better; NaN wins and then stays.
 template <class C>

@@ -1,6 +1,6 @@
 // spmd/tensor/cuda/elementwise.cu: fill, copy with conversion, binary and unary elementwise kernels
 // and the comparisons (tensor/cuda/kernels.h). One thread per element, grid-stride loops; the
-// arithmetic is tensor/cuda/element.h's, shared with the host tests.
+// arithmetic is tensor/element_ops.h's, the same functors the CPU kernels run.
 #include <spmd/tensor/cuda/kernels.h>
 
 namespace spmd::cuda_kernels {
@@ -70,41 +70,16 @@ cudaError_t launch_binary(void* out, const void* a, const void* b, const Indexer
   return cudaGetLastError();
 }
 
-// spmd::BinaryOp values.
-enum BinaryCode { kAdd, kSub, kMul, kDiv, kMaximum, kMinimum };
-// spmd::UnaryOp values.
-enum UnaryCode { kNeg, kAbs, kExp, kLog, kSqrt, kTanh, kRelu, kGelu };
-
 template <class T>
 cudaError_t binary_typed(int op, void* out, const void* a, const void* b, const Indexer<3>& ix,
                          int64_t n, cudaStream_t stream) {
-  using C = compute_t<T>;
-  switch (op) {
-    case kMaximum:
-      return launch_binary<T, MaximumOp>(out, a, b, ix, n, stream);
-    case kMinimum:
-      return launch_binary<T, MinimumOp>(out, a, b, ix, n, stream);
-    default:
-      break;
-  }
-  if constexpr (!std::is_same_v<C, bool>) {
-    switch (op) {
-      case kAdd:
-        return launch_binary<T, AddOp>(out, a, b, ix, n, stream);
-      case kSub:
-        return launch_binary<T, SubOp>(out, a, b, ix, n, stream);
-      case kMul:
-        return launch_binary<T, MulOp>(out, a, b, ix, n, stream);
-      case kDiv:
-        if constexpr (std::is_floating_point_v<C>) {
-          return launch_binary<T, DivOp>(out, a, b, ix, n, stream);
-        }
-        break;
-      default:
-        break;
+  cudaError_t result = cudaErrorInvalidValue;
+  element::visit<element::BinaryOps>(op, [&]<class F>() {
+    if constexpr (element::accepts<F, compute_t<T>>) {
+      result = launch_binary<T, F>(out, a, b, ix, n, stream);
     }
-  }
-  return cudaErrorInvalidValue;
+  });
+  return result;
 }
 
 template <class T, class Op>
@@ -127,36 +102,13 @@ cudaError_t launch_unary(void* out, const void* in, const Indexer<2>& ix, int64_
 template <class T>
 cudaError_t unary_typed(int op, void* out, const void* in, const Indexer<2>& ix, int64_t n,
                         cudaStream_t stream) {
-  using C = compute_t<T>;
-  if constexpr (!std::is_same_v<C, bool>) {
-    switch (op) {
-      case kNeg:
-        return launch_unary<T, NegOp>(out, in, ix, n, stream);
-      case kAbs:
-        return launch_unary<T, AbsOp>(out, in, ix, n, stream);
-      case kRelu:
-        return launch_unary<T, ReluOp>(out, in, ix, n, stream);
-      default:
-        break;
+  cudaError_t result = cudaErrorInvalidValue;
+  element::visit<element::UnaryOps>(op, [&]<class F>() {
+    if constexpr (element::accepts<F, compute_t<T>>) {
+      result = launch_unary<T, F>(out, in, ix, n, stream);
     }
-    if constexpr (std::is_floating_point_v<C>) {
-      switch (op) {
-        case kExp:
-          return launch_unary<T, ExpOp>(out, in, ix, n, stream);
-        case kLog:
-          return launch_unary<T, LogOp>(out, in, ix, n, stream);
-        case kSqrt:
-          return launch_unary<T, SqrtOp>(out, in, ix, n, stream);
-        case kTanh:
-          return launch_unary<T, TanhOp>(out, in, ix, n, stream);
-        case kGelu:
-          return launch_unary<T, GeluOp>(out, in, ix, n, stream);
-        default:
-          break;
-      }
-    }
-  }
-  return cudaErrorInvalidValue;
+  });
+  return result;
 }
 
 // ---- comparisons ---------------------------------------------------------------------------

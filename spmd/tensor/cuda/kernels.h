@@ -51,11 +51,12 @@ cudaError_t fill(int elt_size, void* dst, const Indexer<1>& ix, int64_t n, uint6
 cudaError_t copy(Elt dst_type, void* dst, Elt src_type, const void* src, const Indexer<2>& ix,
                  int64_t n, cudaStream_t stream);
 
-// out = a op b, op a spmd::BinaryOp value; operands 0 = out, 1 = a, 2 = b.
+// out = a op b, op an index into element::BinaryOps (tensor/element_ops.h); operands 0 = out, 1 =
+// a, 2 = b.
 cudaError_t binary(int op, Elt type, void* out, const void* a, const void* b, const Indexer<3>& ix,
                    int64_t n, cudaStream_t stream);
 
-// out = op(in), op a spmd::UnaryOp value; operands 0 = out, 1 = in.
+// out = op(in), op an index into element::UnaryOps; operands 0 = out, 1 = in.
 cudaError_t unary(int op, Elt type, void* out, const void* in, const Indexer<2>& ix, int64_t n,
                   cudaStream_t stream);
 

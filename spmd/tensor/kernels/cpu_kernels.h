@@ -14,8 +14,8 @@ namespace spmd::cpu_kernels {
 
 void fill(const Tensor& dst, double value);
 void copy(const Tensor& dst, const Tensor& src);
-void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b);
-void unary(UnaryOp op, const Tensor& out, const Tensor& in);
+void binary(int op, const Tensor& out, const Tensor& a, const Tensor& b);
+void unary(int op, const Tensor& out, const Tensor& in);
 bool equal(const Tensor& a, const Tensor& b);
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol);
 double max_abs_diff(const Tensor& a, const Tensor& b);

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include <spmd/core/check.h>
+#include <spmd/tensor/element_ops.h>
 #include <spmd/tensor/kernels/cpu_kernels.h>
 #include <spmd/tensor/kernels/loops.h>
 
@@ -107,60 +108,6 @@ void copy_tiled(const Tensor& dst, const Tensor& src) {
 
 // ---- binary ---------------------------------------------------------------------------------
 
-// Integer add/sub/mul wrap around (two's complement) instead of overflowing, which is undefined.
-template <class C>
-using wrap_t = std::make_unsigned_t<C>;
-
-struct AddOp {
-  template <class C>
-  C operator()(C a, C b) const {
-    if constexpr (std::is_integral_v<C>) {
-      return static_cast<C>(static_cast<wrap_t<C>>(a) + static_cast<wrap_t<C>>(b));
-    } else {
-      return a + b;
-    }
-  }
-};
-struct SubOp {
-  template <class C>
-  C operator()(C a, C b) const {
-    if constexpr (std::is_integral_v<C>) {
-      return static_cast<C>(static_cast<wrap_t<C>>(a) - static_cast<wrap_t<C>>(b));
-    } else {
-      return a - b;
-    }
-  }
-};
-struct MulOp {
-  template <class C>
-  C operator()(C a, C b) const {
-    if constexpr (std::is_integral_v<C>) {
-      return static_cast<C>(static_cast<wrap_t<C>>(a) * static_cast<wrap_t<C>>(b));
-    } else {
-      return a * b;
-    }
-  }
-};
-struct DivOp {
-  template <class C>
-  C operator()(C a, C b) const {
-    return a / b;
-  }
-};
-// NaN in either operand gives NaN (torch.maximum / torch.minimum).
-struct MaximumOp {
-  template <class C>
-  C operator()(C a, C b) const {
-    return (a > b || a != a) ? a : b;
-  }
-};
-struct MinimumOp {
-  template <class C>
-  C operator()(C a, C b) const {
-    return (a < b || a != a) ? a : b;
-  }
-};
-
 template <class T, class Op>
 void binary_typed(const Tensor& out, const Tensor& a, const Tensor& b, Op op) {
   StridedLoop<3> loop(out.shape(), {&out.strides(), &a.strides(), &b.strides()});
@@ -188,61 +135,6 @@ void binary_typed(const Tensor& out, const Tensor& a, const Tensor& b, Op op) {
 }
 
 // ---- unary ----------------------------------------------------------------------------------
-
-struct NegOp {
-  template <class C>
-  C operator()(C x) const {
-    if constexpr (std::is_integral_v<C>) {
-      return static_cast<C>(wrap_t<C>{0} - static_cast<wrap_t<C>>(x));
-    } else {
-      return -x;
-    }
-  }
-};
-struct AbsOp {
-  template <class C>
-  C operator()(C x) const {
-    return x < C(0) ? NegOp{}(x) : x;
-  }
-};
-struct ExpOp {
-  template <class C>
-  C operator()(C x) const {
-    return std::exp(x);
-  }
-};
-struct LogOp {
-  template <class C>
-  C operator()(C x) const {
-    return std::log(x);
-  }
-};
-struct SqrtOp {
-  template <class C>
-  C operator()(C x) const {
-    return std::sqrt(x);
-  }
-};
-struct TanhOp {
-  template <class C>
-  C operator()(C x) const {
-    return std::tanh(x);
-  }
-};
-// NaN stays NaN.
-struct ReluOp {
-  template <class C>
-  C operator()(C x) const {
-    return x < C(0) ? C(0) : x;
-  }
-};
-struct GeluOp {
-  template <class C>
-  C operator()(C x) const {
-    constexpr C kInvSqrt2 = C(0.70710678118654752440);
-    return C(0.5) * x * (C(1) + std::erf(x * kInvSqrt2));
-  }
-};
 
 template <class T, class Op>
 void unary_typed(const Tensor& out, const Tensor& in, Op op) {
@@ -298,75 +190,33 @@ void copy(const Tensor& dst, const Tensor& src) {
   });
 }
 
-void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+void binary(int op, const Tensor& out, const Tensor& a, const Tensor& b) {
   SPMD_CHECK(a.dtype() == out.dtype() && b.dtype() == out.dtype());
   dispatch_dtype(out.dtype(), [&]<class T>() {
     using C = compute_t<T>;
-    switch (op) {
-      case BinaryOp::Maximum:
-        return binary_typed<T>(out, a, b, MaximumOp{});
-      case BinaryOp::Minimum:
-        return binary_typed<T>(out, a, b, MinimumOp{});
-      default:
-        break;
-    }
-    if constexpr (std::is_same_v<C, bool>) {
-      SPMD_CHECK_MSG(false, "{} on bool reached the CPU kernel", op_name(op));
-    } else {
-      switch (op) {
-        case BinaryOp::Add:
-          return binary_typed<T>(out, a, b, AddOp{});
-        case BinaryOp::Sub:
-          return binary_typed<T>(out, a, b, SubOp{});
-        case BinaryOp::Mul:
-          return binary_typed<T>(out, a, b, MulOp{});
-        case BinaryOp::Div:
-          if constexpr (std::is_floating_point_v<C>) return binary_typed<T>(out, a, b, DivOp{});
-          SPMD_CHECK_MSG(false, "integer div reached the CPU kernel");
-          return;
-        default:
-          return;
+    const bool known = element::visit<element::BinaryOps>(op, [&]<class F>() {
+      if constexpr (element::accepts<F, C>) {
+        binary_typed<T>(out, a, b, F{});
+      } else {
+        SPMD_CHECK_MSG(false, "{} on {} reached the CPU kernel", F::name, out.dtype());
       }
-    }
+    });
+    SPMD_CHECK_MSG(known, "binary elementwise op {} is not in element::BinaryOps", op);
   });
 }
 
-void unary(UnaryOp op, const Tensor& out, const Tensor& in) {
+void unary(int op, const Tensor& out, const Tensor& in) {
   SPMD_CHECK(in.dtype() == out.dtype());
   dispatch_dtype(out.dtype(), [&]<class T>() {
     using C = compute_t<T>;
-    if constexpr (std::is_same_v<C, bool>) {
-      SPMD_CHECK_MSG(false, "{} on bool reached the CPU kernel", op_name(op));
-    } else {
-      switch (op) {
-        case UnaryOp::Neg:
-          return unary_typed<T>(out, in, NegOp{});
-        case UnaryOp::Abs:
-          return unary_typed<T>(out, in, AbsOp{});
-        case UnaryOp::Relu:
-          return unary_typed<T>(out, in, ReluOp{});
-        default:
-          break;
-      }
-      if constexpr (std::is_floating_point_v<C>) {
-        switch (op) {
-          case UnaryOp::Exp:
-            return unary_typed<T>(out, in, ExpOp{});
-          case UnaryOp::Log:
-            return unary_typed<T>(out, in, LogOp{});
-          case UnaryOp::Sqrt:
-            return unary_typed<T>(out, in, SqrtOp{});
-          case UnaryOp::Tanh:
-            return unary_typed<T>(out, in, TanhOp{});
-          case UnaryOp::Gelu:
-            return unary_typed<T>(out, in, GeluOp{});
-          default:
-            return;
-        }
+    const bool known = element::visit<element::UnaryOps>(op, [&]<class F>() {
+      if constexpr (element::accepts<F, C>) {
+        unary_typed<T>(out, in, F{});
       } else {
-        SPMD_CHECK_MSG(false, "{} on an integer dtype reached the CPU kernel", op_name(op));
+        SPMD_CHECK_MSG(false, "{} on {} reached the CPU kernel", F::name, out.dtype());
       }
-    }
+    });
+    SPMD_CHECK_MSG(known, "unary elementwise op {} is not in element::UnaryOps", op);
   });
 }
 

@@ -10,9 +10,9 @@
 #include <type_traits>
 
 #include <spmd/core/check.h>
+#include <spmd/tensor/factory.h>
 #include <spmd/tensor/kernels/cpu_kernels.h>
 #include <spmd/tensor/kernels/loops.h>
-#include <spmd/tensor/ops.h>
 
 namespace spmd::cpu_kernels {
 namespace {

@@ -16,10 +16,10 @@
 #include <spmd/dtensor/dtensor.h>
 #include <spmd/dtensor/ops.h>
 #include <spmd/mesh/device_mesh.h>
+#include <spmd/ops/ops.h>
 #include <spmd/runtime/digest.h>
 #include <spmd/runtime/launch.h>
 #include <spmd/sim/local_ops.h>
-#include <spmd/tensor/ops.h>
 #include <spmd/tensor/random.h>
 
 namespace spmd {

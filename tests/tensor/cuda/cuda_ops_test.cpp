@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <spmd/ops/ops.h>
 #include <spmd/tensor/cuda/device.h>
-#include <spmd/tensor/ops.h>
 #include <spmd/tensor/random.h>
 
 namespace spmd {

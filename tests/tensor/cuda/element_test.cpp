@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
+#include <spmd/ops/ops.h>
 #include <spmd/tensor/dtype.h>
-#include <spmd/tensor/ops.h>
 
 namespace spmd {
 namespace {
@@ -184,13 +184,14 @@ TEST(CudaElement, BinaryOperatorsMatchTheCpuKernels) {
     dispatch_dtype(dtype, [&]<class T>() {
       const Tensor a = operands<T>(1, 600);
       const Tensor b = operands<T>(2, 600);
-      expect_binary<T>(maximum(a, b), a, b, MaximumOp{}, "maximum");
-      expect_binary<T>(minimum(a, b), a, b, MinimumOp{}, "minimum");
+      expect_binary<T>(maximum(a, b), a, b, element::Maximum{}, "maximum");
+      expect_binary<T>(minimum(a, b), a, b, element::Minimum{}, "minimum");
       if constexpr (!std::is_same_v<T, bool>) {
-        expect_binary<T>(add(a, b), a, b, AddOp{}, "add");
-        expect_binary<T>(sub(a, b), a, b, SubOp{}, "sub");
-        expect_binary<T>(mul(a, b), a, b, MulOp{}, "mul");
-        if constexpr (!std::is_integral_v<T>) expect_binary<T>(div(a, b), a, b, DivOp{}, "div");
+        expect_binary<T>(add(a, b), a, b, element::Add{}, "add");
+        expect_binary<T>(sub(a, b), a, b, element::Sub{}, "sub");
+        expect_binary<T>(mul(a, b), a, b, element::Mul{}, "mul");
+        if constexpr (!std::is_integral_v<T>)
+          expect_binary<T>(div(a, b), a, b, element::Div{}, "div");
       }
     });
   }
@@ -211,15 +212,15 @@ TEST(CudaElement, UnaryOperatorsMatchTheCpuKernels) {
     dispatch_dtype(dtype, [&]<class T>() {
       if constexpr (!std::is_same_v<T, bool>) {
         const Tensor a = operands<T>(3, 600);
-        expect_unary<T>(neg(a), a, NegOp{}, "neg");
-        expect_unary<T>(abs(a), a, AbsOp{}, "abs");
-        expect_unary<T>(relu(a), a, ReluOp{}, "relu");
+        expect_unary<T>(neg(a), a, element::Neg{}, "neg");
+        expect_unary<T>(abs(a), a, element::Abs{}, "abs");
+        expect_unary<T>(relu(a), a, element::Relu{}, "relu");
         if constexpr (!std::is_integral_v<T>) {
-          expect_unary<T>(exp(a), a, ExpOp{}, "exp");
-          expect_unary<T>(log(a), a, LogOp{}, "log");
-          expect_unary<T>(sqrt(a), a, SqrtOp{}, "sqrt");
-          expect_unary<T>(tanh(a), a, TanhOp{}, "tanh");
-          expect_unary<T>(gelu(a), a, GeluOp{}, "gelu");
+          expect_unary<T>(exp(a), a, element::Exp{}, "exp");
+          expect_unary<T>(log(a), a, element::Log{}, "log");
+          expect_unary<T>(sqrt(a), a, element::Sqrt{}, "sqrt");
+          expect_unary<T>(tanh(a), a, element::Tanh{}, "tanh");
+          expect_unary<T>(gelu(a), a, element::Gelu{}, "gelu");
         }
       }
     });

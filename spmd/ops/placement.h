@@ -1,4 +1,4 @@
-// spmd/dtensor/placement.h: how a DTensor is laid out along each mesh dim: Shard{dim}, Replicate{},
+// spmd/ops/placement.h: how a DTensor is laid out along each mesh dim: Shard{dim}, Replicate{},
 // Partial{op}; and the one place that says how an uneven dim is split (shard_size/shard_offset).
 //
 // A DTensor on an N-D mesh has one Placement per mesh dim. Placements are small values with ==,
@@ -44,7 +44,7 @@
 
 #include <fmt/format.h>
 
-#include <spmd/collectives/types.h>
+#include <spmd/tensor/reduce_op.h>
 
 namespace spmd {
 

@@ -1,5 +1,5 @@
-// spmd/dtensor/placement.cpp: printing, parsing and hashing of placements.
-#include <spmd/dtensor/placement.h>
+// spmd/ops/placement.cpp: printing, parsing and hashing of placements.
+#include <spmd/ops/placement.h>
 
 #include <cctype>
 #include <charconv>

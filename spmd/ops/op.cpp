@@ -1,0 +1,63 @@
+// spmd/ops/op.cpp: call() and the OpArgs helpers.
+#include <spmd/ops/op.h>
+
+#include <spmd/core/error.h>
+#include <spmd/core/hash.h>
+
+namespace spmd {
+
+std::size_t OpArgs::hash() const {
+  std::size_t seed = ints.size() * 131 + reals.size();
+  for (int64_t v : ints) hash_combine(seed, v);
+  for (double v : reals) hash_combine(seed, v);
+  return seed;
+}
+
+std::string OpArgs::to_string() const {
+  std::string out;
+  if (!ints.empty()) out += "ints=" + shape_str(ints);
+  if (!reals.empty()) {
+    out += out.empty() ? "reals=[" : " reals=[";
+    for (size_t i = 0; i < reals.size(); ++i) out += fmt::format("{}{}", i ? ", " : "", reals[i]);
+    out += "]";
+  }
+  return out;
+}
+
+namespace {
+constexpr size_t kInlineInputs = 4;
+}  // namespace
+
+OpMeta op_meta(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args) {
+  InputMeta inline_metas[kInlineInputs];
+  std::vector<InputMeta> heap_metas;
+  InputMeta* metas = inline_metas;
+  if (inputs.size() > kInlineInputs) {
+    heap_metas.resize(inputs.size());
+    metas = heap_metas.data();
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) {
+      throw_error<Error>("{}: argument {} is an undefined tensor", op.name, i + 1);
+    }
+    metas[i] = InputMeta{&inputs[i].shape(), inputs[i].dtype()};
+  }
+  return op.meta(std::span<const InputMeta>(metas, inputs.size()), args);
+}
+
+Tensor call(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args) {
+  return op.compute(inputs, args, op_meta(op, inputs, args));
+}
+
+Tensor compute_piece(const OpDef& op, std::span<const Tensor> pieces, const OpArgs& args,
+                     const PieceContext& where) {
+  if (op.piece != nullptr) return op.piece(pieces, args, where);
+  return call(op, pieces, args);
+}
+
+Tensor reference(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args) {
+  if (op.reference != nullptr) return op.reference(inputs, args);
+  return call(op, inputs, args);
+}
+
+}  // namespace spmd

@@ -1,0 +1,110 @@
+// spmd/ops/op.h: OpDef, one entry of the op table, and call(), which runs an entry on Tensors.
+//
+// Everything about an op lives in its entry, in the spirit of PyTorch's native_functions.yaml and
+// derivatives.yaml, in C++:
+//   name         "matmul", as errors, traces and debug reports print it;
+//   meta         the output's shape and dtype from the inputs' shapes and dtypes, no data: it
+//                checks the inputs (ShapeError, Unsupported naming the op and the shapes) and is
+//                all a shape-only run needs;
+//   compute      the math on Tensors, given the meta's answer; it hands the arithmetic to the
+//                DeviceOps of the inputs' device (CPU kernels, CUDA kernels: tensor/device_ops.h);
+//   strategies   the ways the op can run on the pieces of sharded inputs: which placements each
+//                input must have and which the output then has (ops/strategy.h has helpers);
+//   piece        (optional) the computation on one rank's pieces when it differs from compute on
+//                them (e.g. reshape to the rank's own output shape, an identity for empty pieces);
+//   reference    (optional) the op on full tensors when it is not compute itself;
+//   backward     the slot of the op's derivative (the autograd issue fills it).
+// The Tensor entry points (ops/ops.h), the LocalTensor ones (sim/local_ops.h) and the DTensor
+// ones (dtensor/ops.h) are one-line calls into an entry: call(), local_call(), dispatch().
+// docs/design.md, "Adding an op", lists what a new op touches.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <spmd/ops/placement.h>
+#include <spmd/ops/sharding.h>
+#include <spmd/tensor/tensor.h>
+
+namespace spmd {
+
+// The non-tensor arguments of an op that decide its result (dims, flags, scalars, shapes). They
+// key the sharding cache together with the inputs' specs.
+struct OpArgs {
+  std::vector<int64_t> ints;
+  std::vector<double> reals;
+  bool operator==(const OpArgs&) const = default;
+  std::size_t hash() const;
+  // "ints=[0, 1] reals=[2]" (empty parts left out).
+  std::string to_string() const;
+};
+
+// What meta sees of an input: its shape and dtype.
+struct InputMeta {
+  const Shape* shape;
+  DType dtype;
+};
+
+// The output's shape and dtype.
+struct OpMeta {
+  Shape shape;
+  DType dtype = DType::F32;
+};
+
+// One way to run an op on pieces: the placements each input must have, and the output's.
+struct OpStrategy {
+  std::vector<Placements> inputs;
+  Placements output;
+};
+
+using ShardingInputs = std::span<const ShardingSpec* const>;
+
+// Where one rank's pieces sit: the rank, its mesh coordinate, the output's sharding and the
+// output's local shape at that coordinate.
+struct PieceContext {
+  int rank;
+  const std::vector<int64_t>& coordinate;
+  const ShardingSpec& output;
+  const Shape& local_shape;
+};
+
+// The arguments of a backward function (defined by the autograd issue).
+struct BackwardContext;
+
+struct OpDef {
+  std::string_view name;
+  OpMeta (*meta)(std::span<const InputMeta> inputs, const OpArgs& args);
+  Tensor (*compute)(std::span<const Tensor> inputs, const OpArgs& args, const OpMeta& out);
+  // Candidate strategies for these input specs; each must be correct for the op; at least one
+  // (the all-Replicate one is always correct).
+  std::vector<OpStrategy> (*strategies)(ShardingInputs inputs, const OpArgs& args,
+                                        const OpMeta& out);
+  Tensor (*piece)(std::span<const Tensor> pieces, const OpArgs& args,
+                  const PieceContext& where) = nullptr;
+  Tensor (*reference)(std::span<const Tensor> inputs, const OpArgs& args) = nullptr;
+  void (*backward)(BackwardContext& context) = nullptr;
+};
+
+// Runs `op` on Tensors: the meta (which checks the inputs), then the computation. Error naming
+// the op and the argument when an input is undefined.
+Tensor call(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args = {});
+inline Tensor call(const OpDef& op, std::initializer_list<Tensor> inputs, const OpArgs& args = {}) {
+  return call(op, std::span<const Tensor>(inputs.begin(), inputs.size()), args);
+}
+
+// The output meta of `op` on inputs of these shapes and dtypes.
+OpMeta op_meta(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args);
+
+// `op` on one rank's pieces: its piece function when it has one, else call().
+Tensor compute_piece(const OpDef& op, std::span<const Tensor> pieces, const OpArgs& args,
+                     const PieceContext& where);
+
+// `op` on full tensors: its reference when it has one, else call().
+Tensor reference(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args);
+
+}  // namespace spmd

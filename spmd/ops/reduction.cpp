@@ -1,0 +1,203 @@
+// spmd/ops/reduction.cpp: the entries of sum, mean, amax and amin.
+//
+// args.ints = [keepdim, dims...] (dims as the user gave them; none: every dim). Sharding: a
+// reduced sharded dim becomes P(sum)/P(avg)/P(max)/P(min); mean gives P(avg) only when every
+// piece of that dim has the same size (else the dim is gathered, so the result equals the
+// single-device mean); a P(sum)/P(avg) input passes through sum and mean, P(max) through amax,
+// P(min) through amin. An empty piece of a sharded reduced dim (Note [Uneven sharding])
+// contributes the reduction's identity to amax's and amin's Partial.
+#include <algorithm>
+#include <limits>
+
+#include <spmd/core/error.h>
+#include <spmd/ops/ops.h>
+#include <spmd/ops/strategy.h>
+#include <spmd/tensor/device_ops.h>
+
+namespace spmd {
+
+OpArgs reduction_args(const std::vector<int64_t>& dims, bool keepdim) {
+  OpArgs args;
+  args.ints.reserve(dims.size() + 1);
+  args.ints.push_back(keepdim ? 1 : 0);
+  args.ints.insert(args.ints.end(), dims.begin(), dims.end());
+  return args;
+}
+
+namespace {
+
+// The reduced dims of args for a tensor of `shape`: normalized, sorted, each once. ShapeError
+// naming the op for a dim out of range or given twice.
+std::vector<int64_t> reduced_dims(std::string_view op, const OpArgs& args, const Shape& shape) {
+  const int64_t ndim = static_cast<int64_t>(shape.size());
+  std::vector<int64_t> dims;
+  if (args.ints.size() <= 1) {
+    for (int64_t d = 0; d < ndim; ++d) dims.push_back(d);
+    return dims;
+  }
+  for (size_t i = 1; i < args.ints.size(); ++i) {
+    // A 0-d tensor accepts dim 0 / -1, as in torch; there is nothing to reduce over.
+    const int64_t d = normalize_dim(args.ints[i], std::max<int64_t>(ndim, 1), op, shape);
+    if (ndim == 0) continue;
+    if (std::find(dims.begin(), dims.end(), d) != dims.end()) {
+      throw_error<ShapeError>(
+          "{}: dim {} appears more than once in dims {} (shape {})", op, args.ints[i],
+          shape_str(std::vector<int64_t>(args.ints.begin() + 1, args.ints.end())),
+          shape_str(shape));
+    }
+    dims.push_back(d);
+  }
+  std::sort(dims.begin(), dims.end());
+  return dims;
+}
+
+bool keepdim(const OpArgs& args) {
+  return !args.ints.empty() && args.ints[0] != 0;
+}
+
+Shape reduced_shape(const Shape& shape, const std::vector<int64_t>& dims, bool keep) {
+  Shape out;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    const bool reduced = std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) != dims.end();
+    if (!reduced) {
+      out.push_back(shape[d]);
+    } else if (keep) {
+      out.push_back(1);
+    }
+  }
+  return out;
+}
+
+template <Reduction r>
+OpMeta reduction_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const std::string_view name = op_name(r);
+  const Shape& shape = *in[0].shape;
+  const std::vector<int64_t> dims = reduced_dims(name, args, shape);
+  DType dtype = in[0].dtype;
+  if (r == Reduction::Sum && !is_floating(dtype)) dtype = DType::I64;
+  if (r == Reduction::Mean && !is_floating(dtype)) {
+    throw_error<Unsupported>(
+        "mean: dtype {} is not supported (shape {}); only floating dtypes have a mean, convert "
+        "with to(DType::F32)",
+        dtype, shape_str(shape));
+  }
+  if (r == Reduction::Amax || r == Reduction::Amin) {
+    int64_t count = 1;
+    for (int64_t d : dims) count *= shape[static_cast<size_t>(d)];
+    if (count == 0 && shape_numel(reduced_shape(shape, dims, true)) > 0) {
+      throw_error<ShapeError>(
+          "{}: cannot reduce over zero elements (dims {} of shape {}): there is no identity", name,
+          shape_str(dims), shape_str(shape));
+    }
+  }
+  return OpMeta{reduced_shape(shape, dims, keepdim(args)), dtype};
+}
+
+template <Reduction r>
+Tensor reduction_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+  const Tensor& t = in[0];
+  DeviceOps& kernels = kernels_for(op_name(r), {&t});
+  const std::vector<int64_t> dims = reduced_dims(op_name(r), args, t.shape());
+  Tensor result = empty(reduced_shape(t.shape(), dims, true), out.dtype, t.device());
+  kernels.reduce(r, result, t, dims);
+  return result.view(out.shape);
+}
+
+ReduceOp reduction_partial(Reduction r) {
+  switch (r) {
+    case Reduction::Sum:
+      return ReduceOp::Sum;
+    case Reduction::Mean:
+      return ReduceOp::Avg;
+    case Reduction::Amax:
+      return ReduceOp::Max;
+    case Reduction::Amin:
+      return ReduceOp::Min;
+  }
+  return ReduceOp::Sum;
+}
+
+template <Reduction r>
+std::vector<OpStrategy> reduction_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {
+  const std::vector<int64_t> dims = reduced_dims(op_name(r), args, in[0]->shape());
+  const bool keep = keepdim(args);
+  const int nd = static_cast<int>(in[0]->ndim());
+  std::vector<DimOption> options = {{{Replicate{}}, Replicate{}}};
+  int kept = 0;
+  for (int d = 0; d < nd; ++d) {
+    const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
+    if (reduced) {
+      options.push_back({{Shard{d}}, Partial{reduction_partial(r)}});
+      if (keep) ++kept;
+    } else {
+      options.push_back({{Shard{d}}, Shard{kept++}});
+    }
+  }
+  if (r == Reduction::Sum || r == Reduction::Mean) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+      options.push_back({{Partial{op}}, Partial{op}});
+    }
+  } else {
+    const ReduceOp op = reduction_partial(r);
+    options.push_back({{Partial{op}}, Partial{op}});
+  }
+  std::vector<OpStrategy> strategies = expand_dim_options(in, options);
+  if (r != Reduction::Mean) return strategies;
+  // mean gives P(avg) only when every piece of the reduced dims has the same size.
+  std::vector<OpStrategy> even;
+  for (OpStrategy& s : strategies) {
+    bool ok = true;
+    for (int64_t d : dims) {
+      int64_t n = in[0]->shape()[static_cast<size_t>(d)];
+      for (size_t i = 0; i < s.inputs[0].size(); ++i) {
+        if (!is_shard(s.inputs[0][i], static_cast<int>(d))) continue;
+        const int64_t k = in[0]->mesh_shape()[i];
+        if (n % k != 0) ok = false;
+        n /= k;
+      }
+    }
+    if (ok) even.push_back(std::move(s));
+  }
+  return even;
+}
+
+// The identity of max (lowest value) or min (highest value) for `dtype`.
+double extreme(DType dtype, bool lowest) {
+  if (is_floating(dtype)) {
+    return lowest ? -std::numeric_limits<double>::infinity()
+                  : std::numeric_limits<double>::infinity();
+  }
+  if (dtype == DType::Bool) return lowest ? 0.0 : 1.0;
+  if (dtype == DType::I32) {
+    return lowest ? std::numeric_limits<int32_t>::lowest() : std::numeric_limits<int32_t>::max();
+  }
+  return lowest ? static_cast<double>(std::numeric_limits<int64_t>::lowest())
+                : static_cast<double>(std::numeric_limits<int64_t>::max());
+}
+
+// amax/amin of one rank's piece: the identity where the piece of a reduced dim is empty.
+template <Reduction r>
+Tensor extremum_piece(std::span<const Tensor> pieces, const OpArgs& args, const PieceContext&) {
+  const Tensor& t = pieces[0];
+  const std::vector<int64_t> dims = reduced_dims(op_name(r), args, t.shape());
+  for (int64_t d : dims) {
+    if (t.size(d) == 0) {
+      return full(reduced_shape(t.shape(), dims, keepdim(args)),
+                  extreme(t.dtype(), r == Reduction::Amax), t.dtype(), t.device());
+    }
+  }
+  return call(r == Reduction::Amax ? op::amax : op::amin, pieces, args);
+}
+
+}  // namespace
+
+const OpDef op::sum{"sum", reduction_meta<Reduction::Sum>, reduction_compute<Reduction::Sum>,
+                    reduction_strategies<Reduction::Sum>};
+const OpDef op::mean{"mean", reduction_meta<Reduction::Mean>, reduction_compute<Reduction::Mean>,
+                     reduction_strategies<Reduction::Mean>};
+const OpDef op::amax{"amax", reduction_meta<Reduction::Amax>, reduction_compute<Reduction::Amax>,
+                     reduction_strategies<Reduction::Amax>, extremum_piece<Reduction::Amax>};
+const OpDef op::amin{"amin", reduction_meta<Reduction::Amin>, reduction_compute<Reduction::Amin>,
+                     reduction_strategies<Reduction::Amin>, extremum_piece<Reduction::Amin>};
+
+}  // namespace spmd

@@ -1,0 +1,373 @@
+// spmd/ops/shape.cpp: the entries of transpose, reshape, cat, stack and pad, and unpad.
+//
+// Sharding: transpose moves shards with their dims (Partial passes); reshape keeps a shard only
+// when the reshape maps every rank's piece onto the piece the output placement gives it (first
+// dim of a merged or split group, torch.chunk sizes agreeing), otherwise that mesh dim is
+// gathered first (pytorch/pytorch#179502 let such views through silently); cat and stack keep
+// shards of the other dims and Partials all inputs share; pad keeps shards of the other dims,
+// P(avg), P(max) and P(min), and P(sum) only when padding with 0.
+#include <algorithm>
+
+#include <spmd/core/check.h>
+#include <spmd/core/error.h>
+#include <spmd/ops/ops.h>
+#include <spmd/ops/strategy.h>
+#include <spmd/tensor/device_ops.h>
+
+namespace spmd {
+namespace {
+
+// ---- transpose ----------------------------------------------------------------------------------
+
+OpMeta transpose_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  Shape shape = *in[0].shape;
+  const int64_t nd = static_cast<int64_t>(shape.size());
+  const int64_t a = normalize_dim(args.ints.at(0), nd, "transpose", shape);
+  const int64_t b = normalize_dim(args.ints.at(1), nd, "transpose", shape);
+  std::swap(shape[static_cast<size_t>(a)], shape[static_cast<size_t>(b)]);
+  return OpMeta{std::move(shape), in[0].dtype};
+}
+
+std::vector<OpStrategy> transpose_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {
+  const int64_t nd = in[0]->ndim();
+  const int x = static_cast<int>(normalize_dim(args.ints[0], nd, "transpose", in[0]->shape()));
+  const int y = static_cast<int>(normalize_dim(args.ints[1], nd, "transpose", in[0]->shape()));
+  return derived_strategies(in, [x, y](const Placement& p) -> std::optional<Placement> {
+    if (is_shard(p, x)) return Shard{y};
+    if (is_shard(p, y)) return Shard{x};
+    return p;
+  });
+}
+
+// ---- reshape ------------------------------------------------------------------------------------
+
+OpMeta reshape_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const Shape& from = *in[0].shape;
+  Shape to = args.ints;
+  int64_t known = 1;
+  int infer = -1;
+  for (size_t d = 0; d < to.size(); ++d) {
+    if (to[d] == -1 && infer < 0) {
+      infer = static_cast<int>(d);
+    } else if (to[d] < 0) {
+      throw_error<ShapeError>("reshape: bad target shape {} for a tensor of shape {}",
+                              shape_str(args.ints), shape_str(from));
+    } else if (__builtin_mul_overflow(known, to[d], &known)) {
+      throw_error<ShapeError>("reshape: target shape {} has too many elements (tensor of shape {})",
+                              shape_str(args.ints), shape_str(from));
+    }
+  }
+  const int64_t numel = shape_numel(from);
+  if (infer >= 0) {
+    if (known == 0 || numel % known != 0) {
+      throw_error<ShapeError>("reshape: cannot infer -1 in {} for a tensor of shape {}",
+                              shape_str(args.ints), shape_str(from));
+    }
+    to[static_cast<size_t>(infer)] = numel / known;
+  }
+  if (known != numel && infer < 0) {
+    throw_error<ShapeError>("reshape: shape {} has {} elements, the tensor of shape {} has {}",
+                            shape_str(args.ints), known, shape_str(from), numel);
+  }
+  return OpMeta{std::move(to), in[0].dtype};
+}
+
+struct ViewGroup {
+  std::vector<int> in;
+  std::vector<int> out;
+};
+
+// The dims of `in` and `out` (size-1 dims left out) in groups of equal element count, in order:
+// [2, 3, 4] -> [6, 4] gives ({0, 1}, {0}), ({2}, {1}). @pre equal numel, not 0.
+std::vector<ViewGroup> view_groups(const Shape& in, const Shape& out) {
+  std::vector<int> a, b;
+  for (size_t d = 0; d < in.size(); ++d) {
+    if (in[d] != 1) a.push_back(static_cast<int>(d));
+  }
+  for (size_t d = 0; d < out.size(); ++d) {
+    if (out[d] != 1) b.push_back(static_cast<int>(d));
+  }
+  std::vector<ViewGroup> groups;
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    ViewGroup g{{a[i]}, {b[j]}};
+    int64_t pi = in[static_cast<size_t>(a[i++])];
+    int64_t po = out[static_cast<size_t>(b[j++])];
+    while (pi != po) {
+      if (pi < po) {
+        SPMD_CHECK_LT(i, a.size());
+        pi *= in[static_cast<size_t>(a[i])];
+        g.in.push_back(a[i++]);
+      } else {
+        SPMD_CHECK_LT(j, b.size());
+        po *= out[static_cast<size_t>(b[j])];
+        g.out.push_back(b[j++]);
+      }
+    }
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+// Whether every rank's piece of `in_spec` is, reshaped, exactly its piece of `out_spec`, for the
+// group whose first input dim is sharded (checked at every mesh coordinate).
+bool reshape_group_matches(const ShardingSpec& in_spec, const ShardingSpec& out_spec,
+                           const ViewGroup& g) {
+  int64_t inner_in = 1, inner_out = 1;
+  for (size_t k = 1; k < g.in.size(); ++k)
+    inner_in *= in_spec.shape()[static_cast<size_t>(g.in[k])];
+  for (size_t k = 1; k < g.out.size(); ++k) {
+    inner_out *= out_spec.shape()[static_cast<size_t>(g.out[k])];
+  }
+  const std::vector<int64_t>& mesh_shape = in_spec.mesh_shape();
+  std::vector<int64_t> coordinate(mesh_shape.size(), 0);
+  while (true) {
+    const size_t di = static_cast<size_t>(g.in[0]);
+    const size_t dout = static_cast<size_t>(g.out[0]);
+    const int64_t in_off = in_spec.local_offset(coordinate)[di] * inner_in;
+    const int64_t in_len = in_spec.local_shape(coordinate)[di] * inner_in;
+    const int64_t out_off = out_spec.local_offset(coordinate)[dout] * inner_out;
+    const int64_t out_len = out_spec.local_shape(coordinate)[dout] * inner_out;
+    if (in_len != out_len || (in_len != 0 && in_off != out_off)) return false;
+    int i = static_cast<int>(mesh_shape.size()) - 1;
+    while (i >= 0 && ++coordinate[static_cast<size_t>(i)] == mesh_shape[static_cast<size_t>(i)]) {
+      coordinate[static_cast<size_t>(i)] = 0;
+      --i;
+    }
+    if (i < 0) return true;
+  }
+}
+
+std::vector<OpStrategy> reshape_strategies(ShardingInputs in, const OpArgs&, const OpMeta& meta) {
+  const ShardingSpec& spec = *in[0];
+  Placements required = spec.placements();
+  if (spec.numel() == 0) return {replicate_strategy(in)};
+  const std::vector<ViewGroup> groups = view_groups(spec.shape(), meta.shape);
+  auto group_of = [&](int d) -> const ViewGroup* {
+    for (const ViewGroup& g : groups) {
+      if (std::find(g.in.begin(), g.in.end(), d) != g.in.end()) return &g;
+    }
+    return nullptr;
+  };
+  while (true) {
+    Placements output;
+    for (Placement& p : required) {
+      if (const Shard* s = std::get_if<Shard>(&p)) {
+        const ViewGroup* g = group_of(s->dim);
+        if (g == nullptr || g->in[0] != s->dim) {
+          p = Replicate{};
+          output.push_back(Replicate{});
+        } else {
+          output.push_back(Shard{g->out[0]});
+        }
+      } else {
+        output.push_back(p);
+      }
+    }
+    const ShardingSpec in_spec = spec.with_placements(required);
+    const ShardingSpec out_spec(output, meta.shape, meta.dtype, spec.mesh_shape());
+    bool changed = false;
+    for (const ViewGroup& g : groups) {
+      const bool sharded = std::any_of(required.begin(), required.end(),
+                                       [&](const Placement& p) { return is_shard(p, g.in[0]); });
+      if (!sharded || reshape_group_matches(in_spec, out_spec, g)) continue;
+      for (Placement& p : required) {
+        if (is_shard(p, g.in[0])) p = Replicate{};
+      }
+      changed = true;
+    }
+    if (!changed) {
+      OpStrategy s;
+      s.inputs.push_back(required);
+      s.output = output;
+      return {std::move(s), replicate_strategy(in)};
+    }
+  }
+}
+
+// One rank's piece reshaped to its own piece of the output (uneven pieces differ in shape).
+Tensor reshape_piece(std::span<const Tensor> pieces, const OpArgs&, const PieceContext& where) {
+  return pieces[0].reshape(where.local_shape);
+}
+
+// ---- cat and stack ------------------------------------------------------------------------------
+
+OpMeta cat_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  if (in.empty()) throw_error<ShapeError>("cat: expects at least one tensor");
+  const Shape& first = *in[0].shape;
+  DType dtype = in[0].dtype;
+  for (const InputMeta& m : in) dtype = promote_types(dtype, m.dtype);
+  if (first.empty()) {
+    throw_error<ShapeError>("cat: 0-d tensors cannot be concatenated (tensor 0 has shape [])");
+  }
+  const int64_t d =
+      normalize_dim(args.ints.at(0), static_cast<int64_t>(first.size()), "cat", first);
+  const auto ud = static_cast<size_t>(d);
+  Shape shape = first;
+  shape[ud] = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const Shape& s = *in[i].shape;
+    bool match = s.size() == shape.size();
+    for (size_t j = 0; match && j < s.size(); ++j) match = j == ud || s[j] == shape[j];
+    if (!match) {
+      throw_error<ShapeError>(
+          "cat: tensor {} has shape {} but tensor 0 has shape {} (sizes must match except along "
+          "dim {})",
+          i, shape_str(s), shape_str(first), d);
+    }
+    if (__builtin_add_overflow(shape[ud], s[ud], &shape[ud])) {
+      throw_error<ShapeError>("cat: the result's dim {} overflows (tensor {} has shape {})", d, i,
+                              shape_str(s));
+    }
+  }
+  checked_numel(shape, "cat");
+  return OpMeta{std::move(shape), dtype};
+}
+
+Tensor cat_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+  for (const Tensor& t : in) kernels_for("cat", {&in[0], &t});
+  const int64_t d = normalize_dim(args.ints[0], in[0].dim(), "cat", in[0].shape());
+  Tensor result = empty(out.shape, out.dtype, in[0].device());
+  int64_t offset = 0;
+  for (const Tensor& t : in) {
+    result.narrow(d, offset, t.size(d)).copy_(t);
+    offset += t.size(d);
+  }
+  return result;
+}
+
+OpMeta stack_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  if (in.empty()) throw_error<ShapeError>("stack: expects at least one tensor");
+  const Shape& first = *in[0].shape;
+  DType dtype = in[0].dtype;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (*in[i].shape != first) {
+      throw_error<ShapeError>("stack: tensor {} has shape {} but tensor 0 has shape {}", i,
+                              shape_str(*in[i].shape), shape_str(first));
+    }
+    dtype = promote_types(dtype, in[i].dtype);
+  }
+  const int64_t d =
+      normalize_dim(args.ints.at(0), static_cast<int64_t>(first.size()) + 1, "stack", first);
+  Shape shape = first;
+  shape.insert(shape.begin() + d, static_cast<int64_t>(in.size()));
+  checked_numel(shape, "stack");
+  return OpMeta{std::move(shape), dtype};
+}
+
+Tensor stack_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+  for (const Tensor& t : in) kernels_for("stack", {&in[0], &t});
+  const int64_t d = normalize_dim(args.ints[0], in[0].dim() + 1, "stack", in[0].shape());
+  Tensor result = empty(out.shape, out.dtype, in[0].device());
+  for (size_t i = 0; i < in.size(); ++i) result.select(d, static_cast<int64_t>(i)).copy_(in[i]);
+  return result;
+}
+
+// Every input shards the same way, never along `skip` (the joined dim); `shift` maps an input dim
+// to the output's (stack inserts a dim). Partial passes when every input has the same linear one.
+std::vector<OpStrategy> join_strategies(ShardingInputs in, int64_t skip, int64_t inserted) {
+  const size_t n = in.size();
+  const int nd = static_cast<int>(in[0]->ndim());
+  auto all = [&](Placement p) { return std::vector<Placement>(n, p); };
+  std::vector<DimOption> options = {{all(Replicate{}), Replicate{}}};
+  for (int d = 0; d < nd; ++d) {
+    if (d == skip) continue;
+    const int out = inserted >= 0 && d >= inserted ? d + 1 : d;
+    options.push_back({all(Shard{d}), Shard{out}});
+  }
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg})
+    options.push_back({all(Partial{op}), Partial{op}});
+  return expand_dim_options(in, options);
+}
+
+// ---- pad ----------------------------------------------------------------------------------------
+
+OpMeta pad_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const Shape& shape = *in[0].shape;
+  const int64_t d =
+      normalize_dim(args.ints.at(0), static_cast<int64_t>(shape.size()), "pad", shape);
+  const int64_t before = args.ints.at(1);
+  const int64_t after = args.ints.at(2);
+  if (before < 0 || after < 0) {
+    throw_error<ShapeError>("pad: before {} and after {} must be non-negative (dim {}, shape {})",
+                            before, after, d, shape_str(shape));
+  }
+  Shape out = shape;
+  int64_t& n = out[static_cast<size_t>(d)];
+  if (__builtin_add_overflow(n, before, &n) || __builtin_add_overflow(n, after, &n)) {
+    throw_error<ShapeError>("pad: dim {} of shape {} padded by {} and {} overflows", d,
+                            shape_str(shape), before, after);
+  }
+  checked_numel(out, "pad");
+  return OpMeta{std::move(out), in[0].dtype};
+}
+
+Tensor pad_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+  const Tensor& t = in[0];
+  kernels_for("pad", {&t});
+  const int64_t d = normalize_dim(args.ints[0], t.dim(), "pad", t.shape());
+  const int64_t before = args.ints[1];
+  const int64_t after = args.ints[2];
+  const double value = args.reals.at(0);
+  const int64_t size = t.size(d);
+  Tensor result = empty(out.shape, out.dtype, t.device());
+  result.narrow(d, 0, before).fill_(value);
+  result.narrow(d, before + size, after).fill_(value);
+  result.narrow(d, before, size).copy_(t);
+  return result;
+}
+
+std::vector<OpStrategy> pad_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {
+  const int d = static_cast<int>(normalize_dim(args.ints[0], in[0]->ndim(), "pad", in[0]->shape()));
+  const bool zero = args.reals.at(0) == 0.0;
+  return derived_strategies(in, [d, zero](const Placement& p) -> std::optional<Placement> {
+    if (is_shard(p, d)) return std::nullopt;
+    if (const Partial* q = std::get_if<Partial>(&p)) {
+      if (q->op == ReduceOp::Sum && !zero) return std::nullopt;
+      if (q->op == ReduceOp::Product) return std::nullopt;
+    }
+    return p;
+  });
+}
+
+}  // namespace
+
+const OpDef op::transpose{"transpose", transpose_meta,
+                          [](std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+                            return in[0].transpose(args.ints[0], args.ints[1]);
+                          },
+                          transpose_strategies};
+
+const OpDef op::reshape{"reshape", reshape_meta,
+                        [](std::span<const Tensor> in, const OpArgs&, const OpMeta& out) {
+                          return in[0].reshape(out.shape);
+                        },
+                        reshape_strategies, reshape_piece};
+
+const OpDef op::cat{"cat", cat_meta, cat_compute,
+                    [](ShardingInputs in, const OpArgs& args, const OpMeta&) {
+                      const int64_t d = normalize_dim(args.ints[0], in[0]->ndim(), "cat");
+                      return join_strategies(in, d, -1);
+                    }};
+
+const OpDef op::stack{"stack", stack_meta, stack_compute,
+                      [](ShardingInputs in, const OpArgs& args, const OpMeta&) {
+                        const int64_t d = normalize_dim(args.ints[0], in[0]->ndim() + 1, "stack");
+                        return join_strategies(in, -1, d);
+                      }};
+
+const OpDef op::pad{"pad", pad_meta, pad_compute, pad_strategies};
+
+Tensor unpad(const Tensor& t, int64_t d, int64_t before, int64_t after) {
+  kernels_for("unpad", {&t});
+  d = normalize_dim(d, t.dim(), "unpad", t.shape());
+  const int64_t size = t.size(d);
+  if (before < 0 || after < 0 || before > size - after) {
+    throw_error<ShapeError>(
+        "unpad: cannot remove {} + {} elements from dim {} of size {} (shape {})", before, after, d,
+        size, shape_str(t.shape()));
+  }
+  return t.narrow(d, before, size - before - after);
+}
+
+}  // namespace spmd

@@ -1,0 +1,293 @@
+// spmd/tensor/element_ops.h: the math of every elementwise op, once, for the CPU and CUDA kernels.
+//
+// Each elementwise op is one functor here: its name, the dtypes it computes in (ElementDomain) and
+// its per-element operator, a template over the compute type C (float, double, int32_t, int64_t,
+// bool; BF16/F16 compute in float). The CPU kernels (tensor/kernels/elementwise.cpp) and the CUDA
+// kernels (tensor/cuda/elementwise.cu) both walk their operands and call these operators, so the
+// two devices run the same code for every op. The lists at the end are the order of the ops: a
+// kernel is asked for an op by its index in its list (element_op_index).
+//
+// Adding an elementwise op: a functor below, its name in UnaryElementOps or BinaryElementOps, and
+// its op-table entry in ops/ops.h (docs/design.md, "Adding an op").
+//
+// This header depends on nothing else in spmdsim, so nvcc compiles it alone; everything in it is
+// callable on the host and the device (SPMD_HD). Transcendentals call the C math functions (expf,
+// erff, ...): glibc on the host, CUDA's device library on the GPU (whose last bit may differ).
+#pragma once
+
+#include <math.h>
+
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#if !defined(SPMD_HD)
+#if defined(__CUDACC__)
+#define SPMD_HD __host__ __device__ __forceinline__
+#else
+#define SPMD_HD inline
+#endif
+#endif
+
+namespace spmd::element {
+
+// Which dtypes an op computes in (Note [Type promotion] gives the input dtype first):
+//   Floating  a floating dtype; integer and Bool inputs compute (and give) F32;
+//   Numeric   any dtype but Bool (integer arithmetic wraps around);
+//   Any       every dtype, Bool included.
+enum class Domain { Floating, Numeric, Any };
+
+// Whether functor F computes in compute type C.
+template <class F, class C>
+inline constexpr bool accepts = F::domain == Domain::Any ||
+                                (F::domain == Domain::Numeric && !std::is_same_v<C, bool>) ||
+                                (F::domain == Domain::Floating && std::is_floating_point_v<C>);
+
+// ---- math on float and double --------------------------------------------------------------
+
+SPMD_HD float math_exp(float x) {
+  return ::expf(x);
+}
+SPMD_HD double math_exp(double x) {
+  return ::exp(x);
+}
+SPMD_HD float math_log(float x) {
+  return ::logf(x);
+}
+SPMD_HD double math_log(double x) {
+  return ::log(x);
+}
+SPMD_HD float math_sqrt(float x) {
+  return ::sqrtf(x);
+}
+SPMD_HD double math_sqrt(double x) {
+  return ::sqrt(x);
+}
+SPMD_HD float math_tanh(float x) {
+  return ::tanhf(x);
+}
+SPMD_HD double math_tanh(double x) {
+  return ::tanh(x);
+}
+SPMD_HD float math_erf(float x) {
+  return ::erff(x);
+}
+SPMD_HD double math_erf(double x) {
+  return ::erf(x);
+}
+
+// Integer add/sub/mul/neg wrap around (two's complement) instead of overflowing (undefined).
+template <class C>
+using wrap_t = std::make_unsigned_t<C>;
+
+// ---- unary ops -----------------------------------------------------------------------------
+
+struct Neg {
+  static constexpr std::string_view name = "neg";
+  static constexpr Domain domain = Domain::Numeric;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    if constexpr (std::is_integral_v<C>) {
+      return static_cast<C>(wrap_t<C>{0} - static_cast<wrap_t<C>>(x));
+    } else {
+      return -x;
+    }
+  }
+};
+
+struct Abs {
+  static constexpr std::string_view name = "abs";
+  static constexpr Domain domain = Domain::Numeric;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return x < C(0) ? Neg{}(x) : x;
+  }
+};
+
+struct Exp {
+  static constexpr std::string_view name = "exp";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return math_exp(x);
+  }
+};
+
+struct Log {
+  static constexpr std::string_view name = "log";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return math_log(x);
+  }
+};
+
+struct Sqrt {
+  static constexpr std::string_view name = "sqrt";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return math_sqrt(x);
+  }
+};
+
+struct Tanh {
+  static constexpr std::string_view name = "tanh";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return math_tanh(x);
+  }
+};
+
+// NaN stays NaN.
+struct Relu {
+  static constexpr std::string_view name = "relu";
+  static constexpr Domain domain = Domain::Numeric;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return x < C(0) ? C(0) : x;
+  }
+};
+
+// The exact GELU, x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) (torch's default).
+struct Gelu {
+  static constexpr std::string_view name = "gelu";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    const C inv_sqrt2 = C(0.70710678118654752440);
+    return C(0.5) * x * (C(1) + math_erf(x * inv_sqrt2));
+  }
+};
+
+// ---- binary ops ----------------------------------------------------------------------------
+
+struct Add {
+  static constexpr std::string_view name = "add";
+  static constexpr Domain domain = Domain::Numeric;
+  template <class C>
+  SPMD_HD C operator()(C a, C b) const {
+    if constexpr (std::is_integral_v<C>) {
+      return static_cast<C>(static_cast<wrap_t<C>>(a) + static_cast<wrap_t<C>>(b));
+    } else {
+      return a + b;
+    }
+  }
+};
+
+struct Sub {
+  static constexpr std::string_view name = "sub";
+  static constexpr Domain domain = Domain::Numeric;
+  template <class C>
+  SPMD_HD C operator()(C a, C b) const {
+    if constexpr (std::is_integral_v<C>) {
+      return static_cast<C>(static_cast<wrap_t<C>>(a) - static_cast<wrap_t<C>>(b));
+    } else {
+      return a - b;
+    }
+  }
+};
+
+struct Mul {
+  static constexpr std::string_view name = "mul";
+  static constexpr Domain domain = Domain::Numeric;
+  template <class C>
+  SPMD_HD C operator()(C a, C b) const {
+    if constexpr (std::is_integral_v<C>) {
+      return static_cast<C>(static_cast<wrap_t<C>>(a) * static_cast<wrap_t<C>>(b));
+    } else {
+      return a * b;
+    }
+  }
+};
+
+// True division: integer and Bool inputs compute in F32.
+struct Div {
+  static constexpr std::string_view name = "div";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C a, C b) const {
+    return a / b;
+  }
+};
+
+// NaN in either operand gives NaN (torch.maximum / torch.minimum).
+struct Maximum {
+  static constexpr std::string_view name = "maximum";
+  static constexpr Domain domain = Domain::Any;
+  template <class C>
+  SPMD_HD C operator()(C a, C b) const {
+    return (a > b || a != a) ? a : b;
+  }
+};
+
+struct Minimum {
+  static constexpr std::string_view name = "minimum";
+  static constexpr Domain domain = Domain::Any;
+  template <class C>
+  SPMD_HD C operator()(C a, C b) const {
+    return (a < b || a != a) ? a : b;
+  }
+};
+
+// ---- the lists -----------------------------------------------------------------------------
+
+template <class... Fs>
+struct List {
+  static constexpr int size = static_cast<int>(sizeof...(Fs));
+};
+
+using UnaryOps = List<Neg, Abs, Exp, Log, Sqrt, Tanh, Relu, Gelu>;
+using BinaryOps = List<Add, Sub, Mul, Div, Maximum, Minimum>;
+
+namespace detail {
+template <class F, class... Fs>
+constexpr int index_in() {
+  int i = 0;
+  int found = -1;
+  ((found = (found < 0 && std::is_same_v<F, Fs>) ? i : found, ++i), ...);
+  return found;
+}
+template <class F, class L>
+struct IndexOf;
+template <class F, class... Fs>
+struct IndexOf<F, List<Fs...>> {
+  static constexpr int value = index_in<F, Fs...>();
+  static_assert(value >= 0, "the functor is not in the list");
+};
+template <class L>
+struct Visit;
+template <class... Fs>
+struct Visit<List<Fs...>> {
+  template <class Fn>
+  static bool run(int index, Fn&& fn) {
+    int i = 0;
+    return ((i++ == index ? (fn.template operator()<Fs>(), true) : false) || ...);
+  }
+  static std::string_view name(int index) {
+    int i = 0;
+    std::string_view out = "?";
+    ((out = i++ == index ? Fs::name : out), ...);
+    return out;
+  }
+};
+}  // namespace detail
+
+// The index of functor F in list L (a compile-time constant).
+template <class F, class L>
+inline constexpr int index_of = detail::IndexOf<F, L>::value;
+
+// Calls fn.template operator()<F>() with the functor F at `index` of L; false when out of range.
+template <class L, class Fn>
+bool visit(int index, Fn&& fn) {
+  return detail::Visit<L>::run(index, fn);
+}
+
+// The name of the op at `index` of L ("?" when out of range).
+template <class L>
+std::string_view name_of(int index) {
+  return detail::Visit<L>::name(index);
+}
+
+}  // namespace spmd::element

@@ -1,0 +1,29 @@
+// spmd/tensor/factory.h: new tensors: empty, zeros, ones, full, arange, scalar_tensor, from_vector.
+//
+// Results are contiguous, on the CPU unless a device is given. The ops on tensors are in
+// ops/ops.h; the random factories (randn, rand) in tensor/random.h.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <spmd/tensor/tensor.h>
+
+namespace spmd {
+
+// Uninitialized elements. ShapeError naming the op and the shape for a negative size or an
+// element count (or byte size) that does not fit in int64.
+Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = {});
+Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = {});
+Tensor ones(const Shape& shape, DType dtype = DType::F32, Device device = {});
+Tensor full(const Shape& shape, double value, DType dtype = DType::F32, Device device = {});
+// [0, 1, ..., n-1].
+Tensor arange(int64_t n, DType dtype = DType::F32);
+// A 0-d tensor.
+Tensor scalar_tensor(double value, DType dtype = DType::F32);
+// A tensor of `shape` (1-D of values.size() when empty) with dtype_of<T>(); ShapeError when the
+// element count differs from the shape's.
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape = {});
+
+}  // namespace spmd
