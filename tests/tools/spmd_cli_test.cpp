@@ -141,6 +141,29 @@ TEST(SpmdMesh, OperationsApplyInCommandLineOrder) {
   EXPECT_EQ(twice["layout"], "(2,2,2):(4,2,1)");
 }
 
+// --flatten= (or --flatten before another option) joins the names, as DeviceMesh::flatten("");
+// at the end of the command line, before --json and between other operations alike.
+TEST(SpmdMesh, FlattenWithoutANameJoinsTheNames) {
+  const std::string mesh = "mesh --shape 2,2,2 --names dp,cp,tp --slice dp,cp ";
+  for (const char* flatten : {"--flatten=", "--flatten"}) {
+    const json doc = spmd_json(mesh + flatten);
+    EXPECT_EQ(doc["names"], json({"dp_cp"})) << flatten;
+    EXPECT_EQ(doc["operations"], json({"--slice dp,cp", "--flatten="})) << flatten;
+    EXPECT_EQ(doc["groups"]["dp_cp"].get<Groups>(), (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+  }
+  const CommandResult text = spmd_cli(mesh + "--flatten=");
+  EXPECT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_TRUE(contains(text.output, "dp_cp  [0, 2, 4, 6] [1, 3, 5, 7]")) << text.output;
+
+  // Named and unnamed flattens mixed, each applied in order.
+  const json mixed = spmd_json(
+      "mesh --shape 8 --names w --unflatten w:2,4:a,b --flatten= --unflatten a_b:4,2:c,d "
+      "--flatten x");
+  EXPECT_EQ(mixed["names"], json({"x"}));
+  EXPECT_EQ(mixed["operations"], json({"--unflatten w:2,4:a,b",
+                                       "--flatten=", "--unflatten a_b:4,2:c,d", "--flatten x"}));
+}
+
 TEST(SpmdMesh, BadInputNamesTheValue) {
   expect_input_error("mesh --shape 2,x,2", {"--shape", "'x'"});
   expect_input_error("mesh --shape 2,0", {"--shape", "0"});
