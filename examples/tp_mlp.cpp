@@ -102,7 +102,6 @@ int tp_mlp(World& world) {
   show(world, "W1", "column-parallel (its columns split over tp)", w1);
   show(world, "W2", "row-parallel (its rows split over tp)", w2);
 
-  trace().clear();
   section(world, "forward (DTensor ops)");
   const DTensor h = matmul(x, w1);
   const DTensor a = tanh(h);
