@@ -151,7 +151,6 @@ int expert_parallel_mesh(World& world) {
         return counts;
       });
 
-  trace().clear();
   // Receivers learn their counts first: one count to each ep rank.
   const LocalTensor counts =
       LocalTensor::from_fn(world, [&](int r) { return from_vector(send_counts.at(r), {ep}); });

@@ -82,7 +82,6 @@ int fsdp_tp_2d(World& world) {
                visualize_sharding(w2));
   }
 
-  trace().clear();
   // FSDP: gather the TP blocks over dp just before use.
   const LocalTensor w1_block = all_gather(w1.to_local(), mesh, "dp", /*gather_dim=*/0);
   const LocalTensor w2_block = all_gather(w2.to_local(), mesh, "dp", /*gather_dim=*/1);

@@ -89,7 +89,6 @@ int pipeline(World& world) {
   for (int64_t s = 0; s + 1 < stages; ++s)
     next_stage[static_cast<std::size_t>(s)] = static_cast<int>(s + 1);
 
-  trace().clear();
   LocalTensor incoming = LocalTensor::from_fn(world, [&](int) { return zeros({rows, kHidden}); });
   std::vector<LocalTensor> outputs;  // the output of every tick, for the last stage's results
   for (int64_t t = 0; t < ticks; ++t) {

@@ -71,6 +71,8 @@ std::string_view step_kind_name(StepKind kind) {
       return "local chunk";
     case StepKind::LocalPartition:
       return "local partition";
+    case StepKind::LocalZeroFill:
+      return "local zero-fill";
   }
   return "?";
 }
@@ -85,12 +87,14 @@ struct Move {
   Placement to;
 };
 
-// The kind of a direct step, or nullopt when from -> to needs two steps (S -> P, P(a) -> P(b)).
+// The kind of a direct step, or nullopt when from -> to needs two steps (S -> P other than sum,
+// P(a) -> P(b)).
 std::optional<StepKind> direct_kind(const Placement& from, const Placement& to) {
   if (from == to) return std::nullopt;
   if (is_shard(from)) {
     if (is_replicate(to)) return StepKind::AllGather;
     if (is_shard(to)) return StepKind::AllToAll;
+    if (std::get<Partial>(to).op == ReduceOp::Sum) return StepKind::LocalZeroFill;
     return std::nullopt;
   }
   if (is_replicate(from)) return is_shard(to) ? StepKind::LocalChunk : StepKind::LocalPartition;
@@ -127,7 +131,8 @@ bool step_valid(const Placements& state, const std::vector<int64_t>& mesh_shape,
   const Shard* a = std::get_if<Shard>(&from);
   const Shard* b = std::get_if<Shard>(&to);
   const Partial* reduced = std::get_if<Partial>(&from);
-  const Partial* partitioned = std::get_if<Partial>(&to);
+  // Only a partition (R -> P) can break an inner Partial; a zero-fill (S -> P) cannot.
+  const Partial* partitioned = is_replicate(from) ? std::get_if<Partial>(&to) : nullptr;
   for (size_t j = static_cast<size_t>(i) + 1; j < state.size(); ++j) {
     if (mesh_shape[j] == 1) continue;
     if (const Shard* s = std::get_if<Shard>(&state[j])) {
@@ -195,6 +200,7 @@ struct CostContext {
         break;
       case StepKind::LocalChunk:
       case StepKind::LocalPartition:
+      case StepKind::LocalZeroFill:
         return st;
     }
     st.cost_us =
@@ -218,7 +224,8 @@ void push_move(std::vector<Move>& moves, Placements& state, int i, const Placeme
 }
 
 std::vector<Move> greedy_moves(Placements state, const Placements& target,
-                               const std::vector<int64_t>& mesh_shape, bool reduce_partials_first) {
+                               const std::vector<int64_t>& mesh_shape, bool reduce_partials_first,
+                               bool zero_fill) {
   std::vector<Move> moves;
   const int n = static_cast<int>(state.size());
   if (reduce_partials_first) {
@@ -232,8 +239,13 @@ std::vector<Move> greedy_moves(Placements state, const Placements& target,
     for (int i = n - 1; i >= 0; --i) {
       Placement want = target[static_cast<size_t>(i)];
       // Partitions (R -> P) wait for the outer -> inner pass, so that each one happens while
-      // the mesh dims after it hold no Partial pieces yet.
-      if (is_partial(want) && !(want == state[static_cast<size_t>(i)])) want = Replicate{};
+      // the mesh dims after it hold no Partial pieces yet; a sharded dim goes to R now, or
+      // (zero_fill) straight to a Partial(sum) by a zero-fill.
+      const Placement& cur = state[static_cast<size_t>(i)];
+      if (is_partial(want) && !(want == cur) &&
+          !(zero_fill && direct_kind(cur, want) == StepKind::LocalZeroFill)) {
+        want = Replicate{};
+      }
       if (const Shard* s = std::get_if<Shard>(&want)) {
         for (int j = 0; j < i; ++j) {
           if (mesh_shape[static_cast<size_t>(j)] == 1) continue;  // splits nothing
@@ -260,14 +272,20 @@ bool moves_valid(Placements state, const std::vector<Move>& moves,
   return true;
 }
 
+// The first valid of: the greedy order with zero-fills, without them (an early zero-fill's
+// Partial(sum) breaks a later partition to product on an outer mesh dim), and both again with
+// every source Partial reduced first.
 std::vector<Move> greedy_plan(const DTensorSpec& from, const Placements& target) {
-  std::vector<Move> moves = greedy_moves(from.placements(), target, from.mesh_shape(), false);
-  if (moves_valid(from.placements(), moves, from.mesh_shape(), from.dtype())) return moves;
-  moves = greedy_moves(from.placements(), target, from.mesh_shape(), true);
-  SPMD_CHECK_MSG(moves_valid(from.placements(), moves, from.mesh_shape(), from.dtype()),
-                 "greedy redistribute plan {} -> {} has an invalid step",
+  for (const bool reduce_partials_first : {false, true}) {
+    for (const bool zero_fill : {true, false}) {
+      std::vector<Move> moves = greedy_moves(from.placements(), target, from.mesh_shape(),
+                                             reduce_partials_first, zero_fill);
+      if (moves_valid(from.placements(), moves, from.mesh_shape(), from.dtype())) return moves;
+    }
+  }
+  SPMD_CHECK_MSG(false, "greedy redistribute plan {} -> {} has an invalid step",
                  to_string(from.placements()), to_string(target));
-  return moves;
+  return {};
 }
 
 // ---- the min-cost planner --------------------------------------------------------------------
@@ -669,6 +687,19 @@ LocalTensor run_step(const LocalTensor& x, const DTensorSpec& spec,
       LocalTensor y = reduce_scatter(pad_after(x, d, to_k_chunks(len)), mesh, i,
                                      std::get<Partial>(step.from).op, d);
       return unpad_after(y, d, to_capacity(len));
+    }
+    case StepKind::LocalZeroFill: {
+      const int d = std::get<Shard>(step.from).dim;
+      const RankValues len = logical(d);
+      const double identity = is_floating(x.dtype()) ? -0.0 : 0.0;
+      std::vector<Tensor> out;
+      out.reserve(x.num_shards());
+      for (size_t r = 0; r < x.num_shards(); ++r) {
+        const int64_t offset = shard_offset(len[r], k, coord(r));
+        const int64_t after = len[r] - offset - shard_size(len[r], k, coord(r));
+        out.push_back(pad(x.shards()[r], d, offset, after, identity));
+      }
+      return LocalTensor(x, std::move(out));
     }
     case StepKind::LocalPartition: {
       const ReduceOp op = std::get<Partial>(step.to).op;

@@ -23,13 +23,21 @@
 //   R -> P(op)     local partition: sum divides by k (integer dtypes: group rank 0 keeps the
 //                  value, the others hold 0); product: group rank 0 keeps it, the others hold 1;
 //                  avg, min and max keep the value
-// S -> P and P(a) -> P(b) go through R. A step on mesh dim i is only valid when no mesh dim
-// after i shards a tensor dim the step touches (nested sharding splits outer mesh dims first,
-// Note [Uneven sharding]); a step reducing a Partial on mesh dim i only when every Partial
-// after i reduces compatibly (Partials reduce innermost first; an op commutes with itself and
-// sum with avg, except that an integer avg truncates and commutes with nothing); and a partition
-// only when the Partials after i keep it exact (dividing by k breaks an inner product, ones break
-// an inner sum). Steps on mesh dims of size 1 change nothing and are left out.
+//   S(d) -> P(sum) local zero-fill (no communication): this rank's chunk at its offset in a
+//                  piece of L along d whose other elements are the additive identity (-0.0 for
+//                  floating dtypes, so that x + -0.0 is x bit for bit, -0.0 included; 0 for the
+//                  others). Every element has one non-identity term, so the sum is exact.
+// S -> P(avg, product, min, max) and P(a) -> P(b) go through R. (Zero-filling towards avg would
+// need k times the chunk, which rounds or overflows; PyTorch has no direct S -> P step at all and
+// prices it as impossible.) A step on mesh dim i is only valid when no mesh dim after i shards a
+// tensor dim the step touches (nested sharding splits outer mesh dims first, Note [Uneven
+// sharding]); a step reducing a Partial on mesh dim i only when every Partial after i reduces
+// compatibly (Partials reduce innermost first; an op commutes with itself and sum with avg,
+// except that an integer avg truncates and commutes with nothing); and a partition only when the
+// Partials after i keep it exact (dividing by k breaks an inner product, ones break an inner
+// sum). A zero-fill keeps any inner Partial exact: the ranks of an inner group share the
+// coordinate along i, so they hold identities at the same elements. Steps on mesh dims of size 1
+// change nothing and are left out.
 //
 // Note [Greedy and min-cost planners]
 // The greedy planner is PyTorch's: walk mesh dims inner -> outer, sending a dim to Replicate
@@ -66,9 +74,18 @@ std::string_view planner_name(RedistributePlanner planner);
 RedistributePlanner default_redistribute_planner();
 void set_default_redistribute_planner(RedistributePlanner planner);
 
-enum class StepKind { AllGather, AllReduce, ReduceScatter, AllToAll, LocalChunk, LocalPartition };
+enum class StepKind {
+  AllGather,
+  AllReduce,
+  ReduceScatter,
+  AllToAll,
+  LocalChunk,
+  LocalPartition,
+  LocalZeroFill,
+};
 
-// "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "local chunk", "local partition".
+// "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "local chunk", "local partition",
+// "local zero-fill".
 std::string_view step_kind_name(StepKind kind);
 
 struct RedistributeStep {

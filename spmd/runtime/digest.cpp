@@ -56,19 +56,14 @@ uint64_t digest(const World& world, const std::vector<LocalTensor>& tensors) {
     }
     return row;
   };
-  std::vector<int64_t> table;  // [size, k]
-  if (world.held_ranks().size() == static_cast<size_t>(size)) {
-    for (int r = 0; r < size; ++r) {
-      std::vector<int64_t> row = rank_row(r);
-      table.insert(table.end(), row.begin(), row.end());
-    }
-  } else {
-    DeviceMesh mesh = init_device_mesh(world, {size}, {"digest"});
-    LocalTensor rows = LocalTensor::from_fn(world, [&](int r) {
-      return from_vector(rank_row(r), {1, k});
-    });
-    table = all_gather(rows, mesh, 0).shards().front().to_vector<int64_t>();
-  }
+  // All-gathered under every backend, sim included, so that the digest's collective is in every
+  // backend's trace and a sim trace agrees with a threads or cluster trace (spmd trace diff).
+  DeviceMesh mesh = init_device_mesh(world, {size}, {"digest"});
+  LocalTensor rows = LocalTensor::from_fn(world, [&](int r) {
+    return from_vector(rank_row(r), {1, k});
+  });
+  const std::vector<int64_t> table =  // [size, k]
+      all_gather(rows, mesh, 0).shards().front().to_vector<int64_t>();
   uint64_t h = kFnvOffset;
   for (int64_t i = 0; i < k; ++i) {
     for (int r = 0; r < size; ++r) {

@@ -4,10 +4,13 @@
 // from_local's checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <random>
 #include <set>
 
 #include <spmd/collectives/cost_model.h>
+#include <spmd/collectives/trace.h>
 #include <spmd/dtensor/dtensor.h>
 #include <spmd/dtensor/redistribute.h>
 #include "tests/dtensor/dtensor_test_support.h"
@@ -162,6 +165,104 @@ TEST(Redistribute, IntegerPartialsAreExact) {
   }
 }
 
+// Bit for bit: same shape, dtype and bytes (equal() calls -0.0 and 0.0 equal).
+::testing::AssertionResult same_bits(const Tensor& got, const Tensor& expected) {
+  const Tensor a = got.contiguous();
+  const Tensor b = expected.contiguous();
+  if (a.shape() == b.shape() && a.dtype() == b.dtype() &&
+      std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "got " << got << "\nexpected " << expected;
+}
+
+// Floating values whose k-th parts do not add back exactly (so a divide-by-k partition would show),
+// with -0.0 at every seventh element; small integers for the other dtypes.
+Tensor zero_fill_data(const Shape& shape, DType dtype, uint64_t seed) {
+  if (!is_floating(dtype)) return testing::int_valued(shape, seed, dtype);
+  std::vector<double> v = randn(shape, seed, DType::F64).to_vector<double>();
+  for (size_t i = 0; i < v.size(); i += 7) v[i] = -0.0;
+  return from_vector(v, shape).to(dtype);
+}
+
+// S(d) -> P(sum) places each rank's chunk at its offset in a piece of the dim's full length whose
+// other elements are the additive identity (Note [Redistribute steps]): no collective, and the sum
+// over the mesh dim is the global tensor bit for bit, for uneven and empty chunks and nested
+// sharding, under both planners. (S(0),S(0)) -> (P(sum),S(0)) does communicate: the inner chunks
+// it needs are cut from the outer piece's full length, not from the rank's own rows.
+TEST(Redistribute, ShardToPartialSumIsAnExactZeroFill) {
+  World world = testing::test_world(64);
+  struct Case {
+    std::vector<int64_t> mesh;
+    Placements from, to;
+    bool local = true;  // no collective
+  };
+  const std::vector<Case> cases = {
+      {{3}, {Shard{0}}, {Partial{}}},
+      {{4}, {Shard{1}}, {Partial{}}},
+      {{2, 3}, {Shard{0}, Shard{1}}, {Partial{}, Partial{}}},
+      {{2, 3}, {Shard{0}, Shard{0}}, {Partial{}, Partial{}}},
+      {{2, 3}, {Shard{0}, Shard{0}}, {Shard{0}, Partial{}}},
+      {{2, 3}, {Shard{0}, Shard{0}}, {Partial{}, Shard{0}}, false},
+      {{2, 3}, {Shard{1}, Replicate{}}, {Partial{}, Shard{1}}},
+      {{2, 3}, {Shard{1}, Partial{ReduceOp::Max}}, {Partial{}, Partial{ReduceOp::Max}}},
+      {{2, 2, 2}, {Shard{0}, Shard{1}, Shard{0}}, {Partial{}, Shard{1}, Partial{}}},
+  };
+  const std::vector<Shape> shapes = {{5, 3}, {7, 6}, {2, 9}, {0, 4}, {1, 1}};
+  uint64_t seed = 0;
+  for (const Case& c : cases) {
+    auto mesh = testing::try_mesh(world, c.mesh);
+    if (!mesh) continue;
+    for (const Shape& shape : shapes) {
+      for (DType dtype : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64}) {
+        for (RedistributePlanner planner :
+             {RedistributePlanner::Greedy, RedistributePlanner::MinCost}) {
+          SCOPED_TRACE(fmt::format("{} -> {} {} {} on {} ({})", to_string(c.from), to_string(c.to),
+                                   shape_str(shape), dtype, mesh->to_string(),
+                                   planner_name(planner)));
+          const Tensor global = zero_fill_data(shape, dtype, ++seed);
+          const DTensor a = testing::make_dtensor(global, *mesh, c.from, seed);
+          const RedistributePlan plan =
+              plan_redistribute(a.spec(), a.spec().with_placements(c.to), planner);
+          EXPECT_TRUE(std::any_of(plan.steps.begin(), plan.steps.end(), [](const auto& step) {
+            return step.kind == StepKind::LocalZeroFill;
+          })) << plan;
+          if (c.local) {
+            for (const RedistributeStep& step : plan.steps) {
+              EXPECT_TRUE(step.kind == StepKind::LocalZeroFill || step.kind == StepKind::LocalChunk)
+                  << plan;
+            }
+            EXPECT_EQ(plan.cost_us, 0.0) << plan;
+          }
+          const std::size_t calls = trace().num_events();
+          const DTensor b = a.redistribute(c.to, planner);
+          if (c.local) EXPECT_EQ(trace().num_events(), calls) << "a collective ran: " << plan;
+          EXPECT_TRUE(same_bits(b.full_tensor(), global));
+        }
+      }
+    }
+  }
+}
+
+// The pieces themselves on a 1-D mesh: rank r holds chunk r at its offset, -0.0 (integers: 0)
+// elsewhere; an empty chunk gives a piece of identities only.
+TEST(Redistribute, ShardToPartialSumPiecesAreChunksInIdentities) {
+  World world = testing::test_world(64);
+  auto mesh = testing::try_mesh(world, {4});
+  if (!mesh) GTEST_SKIP() << "world too small";
+  for (DType dtype : {DType::F32, DType::I32}) {
+    const Tensor global = zero_fill_data({5, 2}, dtype, 3);  // rows 2 | 2 | 1 | 0
+    const DTensor p = distribute_tensor(global, *mesh, {Shard{0}}).redistribute({Partial{}});
+    for (int r : p.to_local().ranks()) {
+      const int64_t size = shard_size(5, 4, r);
+      const int64_t offset = shard_offset(5, 4, r);
+      Tensor expected = full({5, 2}, is_floating(dtype) ? -0.0 : 0.0, dtype);
+      expected.narrow(0, offset, size).copy_(global.narrow(0, offset, size));
+      EXPECT_TRUE(same_bits(p.to_local().shard(r), expected)) << "rank " << r << " " << dtype;
+    }
+  }
+}
+
 // Sub-meshes and flattened meshes: every sibling group redistributes its own copy.
 TEST(Redistribute, SubMeshesAndFlattenedMeshes) {
   World world = testing::test_world(64);
@@ -275,6 +376,30 @@ TEST(RedistributePlan, PrintsStepsWithCollectiveBytesAndCost) {
         "all_gather", "all_to_all", "local chunk", "128 B"}) {
     EXPECT_NE(text.find(fragment), std::string::npos) << fragment << " not in\n" << text;
   }
+}
+
+// S(0) -> P(sum) is one local step (0 B, 0 us) under both planners; S(0) -> P(avg) still
+// all-gathers, since a zero-fill towards avg would need k times the chunk, which is not exact.
+TEST(RedistributePlan, ShardToPartialSumHasNoCollective) {
+  World world = testing::test_world(64);
+  if (world.size() < 8) GTEST_SKIP() << "needs 8 ranks";
+  DeviceMesh mesh = init_device_mesh(world, {2, 4}, {"dp", "tp"});
+  DTensorSpec from(mesh, {Replicate{}, Shard{0}}, {4096, 4096}, DType::F32);
+  for (RedistributePlanner planner : {RedistributePlanner::Greedy, RedistributePlanner::MinCost}) {
+    const RedistributePlan plan =
+        plan_redistribute(from, from.with_placements({Replicate{}, Partial{}}), planner);
+    ASSERT_EQ(plan.steps.size(), 1u) << plan;
+    EXPECT_EQ(plan.steps[0].mesh_dim, 1);
+    EXPECT_EQ(plan.steps[0].kind, StepKind::LocalZeroFill);
+    EXPECT_EQ(plan.steps[0].bytes, 0);
+    EXPECT_EQ(plan.cost_us, 0.0);
+    EXPECT_NE(plan.to_string().find("S(0) -> P(sum) local zero-fill"), std::string::npos) << plan;
+  }
+  const RedistributePlan avg =
+      plan_redistribute(from, from.with_placements({Replicate{}, Partial{ReduceOp::Avg}}));
+  ASSERT_EQ(avg.steps.size(), 2u) << avg;
+  EXPECT_EQ(avg.steps[0].kind, StepKind::AllGather);
+  EXPECT_EQ(avg.steps[1].kind, StepKind::LocalPartition);
 }
 
 TEST(RedistributePlan, CacheCountsHitsAndMisses) {

@@ -2,22 +2,55 @@
 # all print the same `digest: <hex>` line. Invoked by spmd_example_digest_test (tests/examples/CMakeLists.txt)
 # as `cmake -DPROGRAM=... -DNPROCS=... -DMPIEXEC=... -DNUMPROC_FLAG=... [-DARGS=a|b] -P` with the
 # OpenMPI environment already set.
+#
+# With -DSPMD_CLI=<spmd> -DTRACE_DIR=<folder> every run also writes its trace (--spmd-trace) and
+# `spmd trace diff` must find the threads and mpi traces equal to sim's, record for record: a
+# correct program issues the same collectives under every backend. -DTHREADS_TRACE=OFF leaves the
+# threads trace out of the comparison (see spmd_example_digest_test).
 string(REPLACE "|" ";" args "${ARGS}")
 
 include("${CMAKE_CURRENT_LIST_DIR}/run_digest.cmake")
 
-run_digest(sim "sim" ${PROGRAM} ${args} --spmd-backend=sim --spmd-world-size=${NPROCS})
-run_digest(threads "threads" ${PROGRAM} ${args} --spmd-backend=threads --spmd-world-size=${NPROCS})
+set(sim_trace "")
+set(threads_trace "")
+set(mpi_trace "")
+if(SPMD_CLI)
+  file(REMOVE_RECURSE "${TRACE_DIR}")
+  file(MAKE_DIRECTORY "${TRACE_DIR}")
+  set(sim_trace "--spmd-trace=${TRACE_DIR}/sim.json")
+  set(threads_trace "--spmd-trace=${TRACE_DIR}/threads.json")
+  set(mpi_trace "--spmd-trace=${TRACE_DIR}/mpi.json")  # mpi.rank0.json, mpi.rank1.json, ...
+endif()
+
+# trace_diff(LABEL PATH): `spmd trace diff` of sim's trace and PATH must report no difference.
+function(trace_diff label path)
+  execute_process(COMMAND ${SPMD_CLI} trace diff "${TRACE_DIR}/sim.json" "${path}"
+                  RESULT_VARIABLE code OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
+  if(NOT code EQUAL 0)
+    message(FATAL_ERROR "the ${label} trace differs from sim's (spmd trace diff exit ${code}):\n"
+                        "${stdout}${stderr}")
+  endif()
+endfunction()
+
+run_digest(sim "sim" ${PROGRAM} ${args} --spmd-backend=sim --spmd-world-size=${NPROCS} ${sim_trace})
+run_digest(threads "threads" ${PROGRAM} ${args} --spmd-backend=threads --spmd-world-size=${NPROCS}
+           ${threads_trace})
 if(NOT sim STREQUAL threads)
   message(FATAL_ERROR "digests differ: sim ${sim}, threads ${threads}")
+endif()
+if(SPMD_CLI AND NOT THREADS_TRACE STREQUAL "OFF")
+  trace_diff("threads" "${TRACE_DIR}/threads.json")
 endif()
 if(NOT MPIEXEC)
   message(STATUS "sim ${sim} (no MPI backend in this build)")
   return()
 endif()
 run_digest(mpi "mpirun -n ${NPROCS}" ${MPIEXEC} ${NUMPROC_FLAG} ${NPROCS} ${PROGRAM} ${args}
-           --spmd-backend=mpi)
+           --spmd-backend=mpi ${mpi_trace})
 if(NOT sim STREQUAL mpi)
   message(FATAL_ERROR "digests differ: sim ${sim}, mpirun -n ${NPROCS} ${mpi}")
+endif()
+if(SPMD_CLI)
+  trace_diff("mpirun -n ${NPROCS}" "${TRACE_DIR}/mpi.json")
 endif()
 message(STATUS "sim, threads and mpirun -n ${NPROCS} agree: ${sim}")

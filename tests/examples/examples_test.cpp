@@ -82,9 +82,27 @@ TEST(Examples, EveryExampleUnderThreadsMatchesSim) {
 }
 
 TEST(Examples, TpMlpRejectsAnOddWorld) {
-  const CommandResult r = run_example("tp_mlp", 3);
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "even world size, got 3")) << r.output;
+  for (int world_size : {1, 3, 7}) {
+    const CommandResult r = run_example("tp_mlp", world_size);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, "even world size, got " + std::to_string(world_size)))
+        << r.output;
+  }
+}
+
+// Every even world size: tp = size / 2 need not divide F = 32 (uneven column blocks; with tp > 32
+// some ranks hold none), and tp may exceed 4.
+TEST(Examples, TpMlpRunsOnEveryEvenWorld) {
+  expect_passes("tp_mlp", 6, {"DeviceMesh((dp=2, tp=3), stride=(3, 1))"});
+  expect_passes("tp_mlp", 12);
+  expect_passes("tp_mlp", 16);
+  expect_passes("tp_mlp", 64);
+  expect_passes("tp_mlp", 66, {"DeviceMesh((dp=2, tp=33), stride=(33, 1))"});
+  const CommandResult sim = run_example("tp_mlp", 6);
+  const CommandResult threads = run_example("tp_mlp", 6, "threads");
+  EXPECT_EQ(threads.exit_code, 0) << threads.output;
+  EXPECT_FALSE(digest_of(sim.output).empty()) << sim.output;
+  EXPECT_EQ(digest_of(threads.output), digest_of(sim.output)) << threads.output;
 }
 
 TEST(Examples, FsdpTp2dConcatenatesTheDpAndTpSubmeshes) {

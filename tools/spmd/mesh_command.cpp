@@ -2,11 +2,13 @@
 // a grid, its layout, and the groups of every dim.
 //
 //   spmd mesh --shape 2,2,2 --names dp,cp,tp [--ranks 7,6,5,4,3,2,1,0]
-//             [--slice dp,tp] [--flatten NAME] [--unflatten DIM:SIZES:NAMES] ... [--json]
+//             [--slice dp,tp] [--flatten NAME | --flatten=] [--unflatten DIM:SIZES:NAMES] ...
+//             [--json]
 //
 // --slice, --flatten and --unflatten may repeat and apply in the order given, each to the mesh the
-// previous one produced. The world is simulated (every rank in this process) with as many ranks as
-// the mesh needs.
+// previous one produced. --flatten without a name (`--flatten=`, or `--flatten` before another
+// option) names the flattened dim as DeviceMesh::flatten("") does: the names joined with '_'. The
+// world is simulated (every rank in this process) with as many ranks as the mesh needs.
 #include <algorithm>
 #include <charconv>
 #include <map>
@@ -178,6 +180,10 @@ Command add_mesh_command(CLI::App& parent) {
   const CLI::Option* flatten =
       app->add_option("--flatten", options->flattens,
                       "Flatten every dim into one named NAME (--flatten= joins the names with _)")
+          // CLI11 reads `--flatten=` as `--flatten` without a value and would take the next
+          // argument (or fail at the end): zero or one value per occurrence, every occurrence kept.
+          ->expected(0, 1)
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
           ->allow_extra_args(false);
   const CLI::Option* unflatten =
       app->add_option("--unflatten", options->unflattens,
