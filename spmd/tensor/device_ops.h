@@ -1,8 +1,8 @@
 // spmd/tensor/device_ops.h: the kernel seam between tensor ops and the devices that run them.
 //
-// Every op in tensor/ops.h (and Tensor's fill_, copy_, contiguous, to) validates its inputs,
-// works out the result's shape and dtype, allocates it, and then hands the arithmetic to the
-// DeviceOps of the inputs' device, chosen in one place per op by kernels_for(). The CPU kernels
+// Every op of the op table (ops/ops.h: its meta validates the inputs and works out the result's
+// shape and dtype), and Tensor's fill_, copy_, contiguous and to, allocate the result and then
+// hand the arithmetic to the DeviceOps of the inputs' device, chosen by kernels_for(). The CPU kernels
 // (tensor/kernels/) are always there; another device type plugs in at run time with
 // register_device_ops (the NCCL backend will register CUDA). Kernels receive inputs already
 // checked, broadcast and converted, so a device implements arithmetic, not policy:
