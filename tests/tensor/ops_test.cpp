@@ -1,4 +1,5 @@
-// Tests for the elementwise, reduction, softmax, joining and comparison ops of ops/ops.h.
+// Tensor ops beyond the op table's elementwise rows (tests/ops/conformance_test.cpp): broadcasting
+// runs, NaN, wrapping, scalar promotion, special values, reductions, softmax, joining, comparisons.
 //
 // Every op runs on seeded random shapes (0-size dims included) with every memory layout of
 // reference.h, for every dtype (pair) it takes, against a naive loop in double; see
@@ -26,67 +27,6 @@ using testing::layout_name;
 using testing::round_to;
 using testing::unravel;
 using testing::values;
-
-struct BinaryCase {
-  const char* name;
-  std::function<Tensor(const Tensor&, const Tensor&)> op;
-  std::function<double(double, double)> ref;
-  bool arithmetic;  // add/sub/mul: not on bool
-};
-
-const BinaryCase kBinaryCases[] = {
-    {"add", add, [](double a, double b) { return a + b; }, true},
-    {"sub", sub, [](double a, double b) { return a - b; }, true},
-    {"mul", mul, [](double a, double b) { return a * b; }, true},
-    {"div", div, [](double a, double b) { return a / b; }, false},
-    {"maximum", maximum, [](double a, double b) { return std::max(a, b); }, false},
-    {"minimum", minimum, [](double a, double b) { return std::min(a, b); }, false},
-};
-
-TEST(BinaryOps, MatchReferenceForEveryDTypePairAndLayout) {
-  Gen gen(1);
-  int checked = 0;
-  for (const BinaryCase& c : kBinaryCases) {
-    for (DType da : kAllDTypes) {
-      for (DType db : kAllDTypes) {
-        for (int trial = 0; trial < 3; ++trial) {
-          const Shape shape = gen.shape(0, 4);
-          const Shape sa = gen.broadcastable_to(shape);
-          const Shape sb = gen.broadcastable_to(shape);
-          const auto la = gen.layout();
-          const auto lb = gen.layout();
-          const Tensor a = gen.tensor(sa, da, la);
-          const Tensor b = gen.tensor(sb, db, lb);
-          const std::string context =
-              fmt::format("{}({} {} {}, {} {} {})", c.name, da, shape_str(sa), layout_name(la), db,
-                          shape_str(sb), layout_name(lb));
-          DType want_dtype = promote_types(da, db);
-          if (std::string_view(c.name) == "div" && !is_floating(want_dtype)) {
-            want_dtype = DType::F32;
-          }
-          if (c.arithmetic && want_dtype == DType::Bool) {
-            expect_throws<Unsupported>([&] { c.op(a, b); }, {c.name, "bool"});
-            continue;
-          }
-          const Tensor out = c.op(a, b);
-          const Shape out_shape = broadcast(sa, sb);
-          ASSERT_EQ(out.shape(), out_shape) << context;
-          ASSERT_EQ(out.dtype(), want_dtype) << context;
-          ASSERT_TRUE(out.is_contiguous()) << context;
-          std::vector<double> want;
-          for (int64_t i = 0; i < out.numel(); ++i) {
-            const auto index = unravel(i, out_shape);
-            want.push_back(round_to(want_dtype, c.ref(element(a, broadcast_index(index, sa)),
-                                                      element(b, broadcast_index(index, sb)))));
-          }
-          expect_values(out, want, 0, 0, context);
-          ++checked;
-        }
-      }
-    }
-  }
-  EXPECT_GT(checked, 700);
-}
 
 TEST(BinaryOps, LargeContiguousAndBroadcastRunsInParallelChunks) {
   // Big enough for parallel_for; offsets and tails of every chunk must line up.
@@ -179,58 +119,6 @@ TEST(BinaryOps, ScalarOperandsFollowPromotionNote) {
   const Tensor x = full({1}, 3, DType::BF16);
   EXPECT_EQ(values(x * 0.1)[0], round_to(DType::BF16, 3.0f * 0.1f));
   EXPECT_EQ((-from_vector<int32_t>({1, -2})).to_vector<int32_t>(), (std::vector<int32_t>{-1, 2}));
-}
-
-struct UnaryCase {
-  const char* name;
-  std::function<Tensor(const Tensor&)> op;
-  std::function<double(double)> ref;
-  bool floating_only;  // integer and bool inputs give F32
-  bool positive;       // the reference needs positive inputs
-};
-
-const UnaryCase kUnaryCases[] = {
-    {"neg", neg, [](double x) { return -x; }, false, false},
-    {"abs", abs, [](double x) { return std::abs(x); }, false, false},
-    {"relu", relu, [](double x) { return x < 0 ? 0.0 : x; }, false, false},
-    {"exp", exp, [](double x) { return std::exp(x); }, true, false},
-    {"log", log, [](double x) { return std::log(x); }, true, true},
-    {"sqrt", sqrt, [](double x) { return std::sqrt(x); }, true, true},
-    {"tanh", tanh, [](double x) { return std::tanh(x); }, true, false},
-    {"gelu", gelu, [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }, true,
-     false},
-};
-
-TEST(UnaryOps, MatchReferenceForEveryDTypeAndLayout) {
-  Gen gen(4);
-  for (const UnaryCase& c : kUnaryCases) {
-    for (DType d : kAllDTypes) {
-      for (int trial = 0; trial < 6; ++trial) {
-        const Shape shape = gen.shape(0, 4);
-        const auto layout = gen.layout();
-        const Tensor t = gen.tensor(shape, d, layout, c.positive);
-        const std::string context =
-            fmt::format("{}({} {} {})", c.name, d, shape_str(shape), layout_name(layout));
-        if (!c.floating_only && d == DType::Bool) {
-          expect_throws<Unsupported>([&] { c.op(t); }, {c.name, "bool", shape_str(shape)});
-          continue;
-        }
-        const DType want_dtype = c.floating_only && !is_floating(d) ? DType::F32 : d;
-        const Tensor out = c.op(t);
-        ASSERT_EQ(out.dtype(), want_dtype) << context;
-        ASSERT_EQ(out.shape(), shape) << context;
-        std::vector<double> want;
-        for (double x : values(t)) want.push_back(round_to(want_dtype, c.ref(x)));
-        // Transcendentals round once in float (double for F64); gelu's 1 + erf(x) cancels for
-        // negative x, hence the absolute tolerance.
-        const double rtol = c.floating_only ? testing::transcendental_rtol(want_dtype) : 0;
-        const double atol = !c.floating_only           ? 0
-                            : want_dtype == DType::F64 ? 1e-12
-                                                       : std::max(rtol, 1e-6);
-        expect_values(out, want, rtol, atol, context);
-      }
-    }
-  }
 }
 
 TEST(UnaryOps, SpecialValues) {

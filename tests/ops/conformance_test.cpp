@@ -1,0 +1,414 @@
+// The op table's conformance table: one row per op (or op variant), the op written once as a
+// generic lambda so the same row runs on Tensor, LocalTensor and DTensor.
+//   - Elementwise rows carry a per-element reference in double: the Tensor op must match it for
+//     every dtype (pair) and memory layout, with the dtype Note [Type promotion] gives.
+//   - Every row: the LocalTensor op equals the Tensor op on every rank's shard (different data
+//     per rank, and replicated inputs computed once).
+//   - Every row: the DTensor op equals the Tensor op on the full tensors, under random meshes and
+//     placements (Partial inputs from known decompositions), on F32 and on integers.
+// Adding an op adds a row here (docs/design.md, "Adding an op").
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include <spmd/dtensor/ops.h>
+#include <spmd/sim/local_ops.h>
+#include "tests/dtensor/dtensor_test_support.h"
+#include "tests/support/test_support.h"
+#include "tests/tensor/reference.h"
+
+namespace spmd {
+namespace {
+
+using testing::expect_throws;
+using testing::expect_values;
+using testing::Gen;
+using testing::layout_name;
+using testing::round_to;
+
+// What an elementwise op computes in (the functor's element::Domain).
+enum class Kind {
+  Floating,  // integer and Bool inputs give F32
+  Numeric,   // any dtype but Bool (Unsupported)
+  Any,       // every dtype
+};
+
+struct OpRow {
+  std::string name;
+  std::vector<Shape> shapes;
+  std::function<Tensor(const std::vector<Tensor>&)> on_tensor;
+  std::function<LocalTensor(const std::vector<LocalTensor>&)> on_local;
+  std::function<DTensor(const std::vector<DTensor>&)> on_dtensor;
+  bool positive = false;       // inputs must be positive (log, sqrt, divisions)
+  bool floating_only = false;  // skipped on integer data
+  // Elementwise rows: the per-element reference and the dtypes the op computes in.
+  std::function<double(double)> unary_ref;
+  std::function<double(double, double)> binary_ref;
+  Kind kind = Kind::Any;
+};
+
+// A row from one generic lambda over the inputs (a vector of Tensor, LocalTensor or DTensor).
+template <class F>
+OpRow row(std::string name, std::vector<Shape> shapes, F f) {
+  return OpRow{std::move(name), std::move(shapes), f, f, f};
+}
+
+struct Table {
+  std::vector<OpRow> rows;
+
+  OpRow& add(OpRow r) { return rows.emplace_back(std::move(r)); }
+
+  template <class F>
+  void unary(std::string name, F f, std::function<double(double)> ref, Kind kind,
+             bool positive = false) {
+    OpRow& r = add(row(std::move(name), {{5, 4}}, [f](const auto& x) { return f(x[0]); }));
+    r.unary_ref = std::move(ref);
+    r.kind = kind;
+    r.positive = positive;
+  }
+
+  template <class F>
+  void binary(std::string name, F f, std::function<double(double, double)> ref, Kind kind,
+              bool positive = false) {
+    for (const auto& shapes : std::vector<std::vector<Shape>>{
+             {{5, 4}, {5, 4}}, {{5, 4}, {4}}, {{5, 1}, {1, 4}}, {{3, 5, 4}, {5, 1}}}) {
+      OpRow& r = add(row(name, shapes, [f](const auto& x) { return f(x[0], x[1]); }));
+      r.binary_ref = ref;
+      r.kind = kind;
+      r.positive = positive;
+    }
+  }
+};
+
+Table op_table() {
+  Table t;
+  // ---- elementwise, one input ----
+  t.unary(
+      "neg", [](const auto& x) { return neg(x); }, [](double x) { return -x; }, Kind::Numeric);
+  t.unary(
+      "abs", [](const auto& x) { return abs(x); }, [](double x) { return std::abs(x); },
+      Kind::Numeric);
+  t.unary(
+      "relu", [](const auto& x) { return relu(x); }, [](double x) { return x < 0 ? 0.0 : x; },
+      Kind::Numeric);
+  t.unary(
+      "exp", [](const auto& x) { return exp(x); }, [](double x) { return std::exp(x); },
+      Kind::Floating);
+  t.unary(
+      "log", [](const auto& x) { return log(x); }, [](double x) { return std::log(x); },
+      Kind::Floating, true);
+  t.unary(
+      "sqrt", [](const auto& x) { return sqrt(x); }, [](double x) { return std::sqrt(x); },
+      Kind::Floating, true);
+  t.unary(
+      "tanh", [](const auto& x) { return tanh(x); }, [](double x) { return std::tanh(x); },
+      Kind::Floating);
+  t.unary(
+      "gelu", [](const auto& x) { return gelu(x); },
+      [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }, Kind::Floating);
+
+  // ---- elementwise, two inputs with broadcasting ----
+  t.binary(
+      "add", [](const auto& a, const auto& b) { return a + b; },
+      [](double a, double b) { return a + b; }, Kind::Numeric);
+  t.binary(
+      "sub", [](const auto& a, const auto& b) { return a - b; },
+      [](double a, double b) { return a - b; }, Kind::Numeric);
+  t.binary(
+      "mul", [](const auto& a, const auto& b) { return a * b; },
+      [](double a, double b) { return a * b; }, Kind::Numeric);
+  t.binary(
+      "div", [](const auto& a, const auto& b) { return a / b; },
+      [](double a, double b) { return a / b; }, Kind::Floating, true);
+  t.binary(
+      "maximum", [](const auto& a, const auto& b) { return maximum(a, b); },
+      [](double a, double b) { return std::max(a, b); }, Kind::Any);
+  t.binary(
+      "minimum", [](const auto& a, const auto& b) { return minimum(a, b); },
+      [](double a, double b) { return std::min(a, b); }, Kind::Any);
+
+  // ---- a tensor and a scalar ----
+  for (double c : {2.0, -3.0}) {
+    const std::string s = fmt::format("{}", c);
+    t.add(row("x+" + s, {{5, 4}}, [c](const auto& x) { return x[0] + c; }));
+    t.add(row(s + "+x", {{5, 4}}, [c](const auto& x) { return c + x[0]; }));
+    t.add(row("x-" + s, {{5, 4}}, [c](const auto& x) { return x[0] - c; }));
+    t.add(row(s + "-x", {{5, 4}}, [c](const auto& x) { return c - x[0]; }));
+    t.add(row("x*" + s, {{5, 4}}, [c](const auto& x) { return x[0] * c; }));
+    t.add(row(s + "*x", {{5, 4}}, [c](const auto& x) { return c * x[0]; }));
+    t.add(row("x/" + s, {{5, 4}}, [c](const auto& x) { return x[0] / c; }));
+    t.add(row(s + "/x", {{5, 4}}, [c](const auto& x) { return c / x[0]; })).positive = true;
+  }
+
+  // ---- linear algebra ----
+  for (const auto& shapes : std::vector<std::vector<Shape>>{{{5, 6}, {6, 3}},
+                                                            {{2, 5, 6}, {6, 3}},
+                                                            {{6}, {6, 3}},
+                                                            {{5, 6}, {6}},
+                                                            {{6}, {6}},
+                                                            {{2, 3, 4}, {2, 4, 5}},
+                                                            {{2, 1, 3, 4}, {5, 4, 2}}}) {
+    t.add(row("matmul", shapes, [](const auto& x) { return matmul(x[0], x[1]); }));
+  }
+  t.add(row("bmm", {{3, 4, 5}, {3, 5, 2}}, [](const auto& x) { return bmm(x[0], x[1]); }));
+  for (const Shape& c : std::vector<Shape>{{5, 3}, {3}, {5, 1}}) {
+    t.add(row("addmm", {c, {5, 6}, {6, 3}}, [](const auto& x) {
+       return addmm(x[0], x[1], x[2], 0.5, 2.0);
+     })).floating_only = true;
+  }
+
+  // ---- reductions ----
+  struct Red {
+    Shape shape;
+    std::vector<int64_t> dims;
+    bool keep;
+  };
+  for (const Red& r : std::vector<Red>{{{5, 6}, {}, false},
+                                       {{5, 6}, {0}, false},
+                                       {{5, 6}, {1}, true},
+                                       {{5, 6}, {-1, 0}, false},
+                                       {{3, 4, 5}, {1}, false},
+                                       {{3, 4, 5}, {0, 2}, true},
+                                       {{8, 4}, {0}, false}}) {
+    const auto dims = r.dims;
+    const bool keep = r.keep;
+    t.add(row("sum", {r.shape}, [=](const auto& x) { return sum(x[0], dims, keep); }));
+    t.add(row("mean", {r.shape}, [=](const auto& x) {
+       return mean(x[0], dims, keep);
+     })).floating_only = true;
+    t.add(row("amax", {r.shape}, [=](const auto& x) { return amax(x[0], dims, keep); }));
+    t.add(row("amin", {r.shape}, [=](const auto& x) { return amin(x[0], dims, keep); }));
+  }
+  t.add(row("sum all", {{4, 3}}, [](const auto& x) { return sum(x[0]); }));
+
+  // ---- softmax ----
+  for (int64_t d : {0, 1, -1}) {
+    t.add(row("softmax", {{5, 6}}, [d](const auto& x) { return softmax(x[0], d); })).floating_only =
+        true;
+    t.add(row("log_softmax", {{5, 6}}, [d](const auto& x) {
+       return log_softmax(x[0], d);
+     })).floating_only = true;
+  }
+
+  // ---- shapes, joining and padding ----
+  t.add(row("transpose", {{5, 6, 3}}, [](const auto& x) { return transpose(x[0], 0, 2); }));
+  t.add(row("transpose", {{5, 6}}, [](const auto& x) { return transpose(x[0], 1, -2); }));
+  for (const auto& [from, to] : std::vector<std::pair<Shape, Shape>>{{{6, 4}, {24}},
+                                                                     {{6, 4}, {2, 3, 4}},
+                                                                     {{6, 4}, {3, 8}},
+                                                                     {{6, 4}, {4, 6}},
+                                                                     {{2, 3, 4}, {6, 4}},
+                                                                     {{2, 3, 4}, {2, -1}},
+                                                                     {{8, 4}, {32}},
+                                                                     {{1, 5}, {5}},
+                                                                     {{6}, {2, 3, 1}},
+                                                                     {{5, 4}, {4, 5}}}) {
+    const Shape target = to;
+    t.add(row("reshape", {from}, [target](const auto& x) { return reshape(x[0], target); }));
+  }
+  for (int64_t d : {0, 1}) {
+    t.add(row("cat", {{5, 4}, {3, 4}, {5, 4}}, [d](const auto& x) {
+      return cat({x[0], x[2]}, d);
+    }));
+    t.add(row("stack", {{5, 4}, {5, 4}}, [d](const auto& x) { return stack({x[0], x[1]}, d); }));
+  }
+  t.add(row("cat", {{5, 4}, {3, 4}}, [](const auto& x) { return cat({x[0], x[1]}, 0); }));
+  t.add(row("stack", {{5, 4}, {5, 4}, {5, 4}}, [](const auto& x) {
+    return stack({x[0], x[1], x[2]}, 2);
+  }));
+  t.add(row("pad", {{5, 4}}, [](const auto& x) { return pad(x[0], 1, 2, 1, 0.0); }));
+  t.add(row("pad", {{5, 4}}, [](const auto& x) { return pad(x[0], 0, 1, 0, 3.0); }));
+  return t;
+}
+
+// ---- elementwise rows: the Tensor op against the per-element reference
+// ---------------------------
+
+DType expected_dtype(Kind kind, DType promoted) {
+  return kind == Kind::Floating && !is_floating(promoted) ? DType::F32 : promoted;
+}
+
+// Transcendentals round once in float (double for F64); gelu's 1 + erf(x) cancels for negative
+// x, hence an absolute tolerance too.
+std::pair<double, double> tolerance(Kind kind, DType dtype) {
+  if (kind != Kind::Floating) return {0, 0};
+  const double rtol = testing::transcendental_rtol(dtype);
+  return {rtol, dtype == DType::F64 ? 1e-12 : std::max(rtol, 1e-6)};
+}
+
+TEST(OpTable, UnaryElementwiseOpsMatchTheirReferenceForEveryDTypeAndLayout) {
+  Gen gen(4);
+  int checked = 0;
+  for (const OpRow& r : op_table().rows) {
+    if (!r.unary_ref) continue;
+    for (DType d : kAllDTypes) {
+      for (int trial = 0; trial < 6; ++trial) {
+        const Shape shape = gen.shape(0, 4);
+        const auto layout = gen.layout();
+        const Tensor t = gen.tensor(shape, d, layout, r.positive);
+        const std::string context =
+            fmt::format("{}({} {} {})", r.name, d, shape_str(shape), layout_name(layout));
+        if (r.kind == Kind::Numeric && d == DType::Bool) {
+          expect_throws<Unsupported>([&] { r.on_tensor({t}); }, {r.name, "bool", shape_str(shape)});
+          continue;
+        }
+        const DType want_dtype = expected_dtype(r.kind, d);
+        const Tensor out = r.on_tensor({t});
+        ASSERT_EQ(out.dtype(), want_dtype) << context;
+        ASSERT_EQ(out.shape(), shape) << context;
+        std::vector<double> want;
+        for (double x : testing::values(t)) want.push_back(round_to(want_dtype, r.unary_ref(x)));
+        const auto [rtol, atol] = tolerance(r.kind, want_dtype);
+        expect_values(out, want, rtol, atol, context);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 300);
+}
+
+TEST(OpTable, BinaryElementwiseOpsMatchTheirReferenceForEveryDTypePairAndLayout) {
+  Gen gen(1);
+  int checked = 0;
+  for (const OpRow& r : op_table().rows) {
+    if (!r.binary_ref || r.shapes[0] != r.shapes[1]) continue;  // one row per op
+    for (DType da : kAllDTypes) {
+      for (DType db : kAllDTypes) {
+        for (int trial = 0; trial < 3; ++trial) {
+          const Shape shape = gen.shape(0, 4);
+          const Shape sa = gen.broadcastable_to(shape);
+          const Shape sb = gen.broadcastable_to(shape);
+          const auto la = gen.layout();
+          const auto lb = gen.layout();
+          const Tensor a = gen.tensor(sa, da, la, r.positive);
+          const Tensor b = gen.tensor(sb, db, lb, r.positive);
+          const std::string context =
+              fmt::format("{}({} {} {}, {} {} {})", r.name, da, shape_str(sa), layout_name(la), db,
+                          shape_str(sb), layout_name(lb));
+          const DType want_dtype = expected_dtype(r.kind, promote_types(da, db));
+          if (r.kind == Kind::Numeric && want_dtype == DType::Bool) {
+            expect_throws<Unsupported>([&] { r.on_tensor({a, b}); }, {r.name, "bool"});
+            continue;
+          }
+          const Tensor out = r.on_tensor({a, b});
+          const Shape out_shape = testing::broadcast(sa, sb);
+          ASSERT_EQ(out.shape(), out_shape) << context;
+          ASSERT_EQ(out.dtype(), want_dtype) << context;
+          ASSERT_TRUE(out.is_contiguous()) << context;
+          std::vector<double> want;
+          for (int64_t i = 0; i < out.numel(); ++i) {
+            const auto index = testing::unravel(i, out_shape);
+            want.push_back(
+                round_to(want_dtype,
+                         r.binary_ref(testing::element(a, testing::broadcast_index(index, sa)),
+                                      testing::element(b, testing::broadcast_index(index, sb)))));
+          }
+          const auto [rtol, atol] = tolerance(r.kind, want_dtype);
+          expect_values(out, want, rtol, atol, context);
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 700);
+}
+
+// ---- every row: LocalTensor against Tensor, shard by shard --------------------------------------
+
+Tensor row_input(const OpRow& r, const Shape& shape, uint64_t seed, DType dtype) {
+  Tensor g = testing::int_valued(shape, seed, dtype);
+  return r.positive ? abs(g) + 1.0 : g;
+}
+
+TEST(OpTable, LocalTensorOpsEqualTheTensorOpOnEveryShard) {
+  World world = World::sim(3);
+  int checked = 0;
+  for (const OpRow& r : op_table().rows) {
+    SCOPED_TRACE(r.name);
+    std::vector<LocalTensor> per_rank;
+    std::vector<LocalTensor> replicated;
+    for (size_t k = 0; k < r.shapes.size(); ++k) {
+      const Shape shape = r.shapes[k];
+      per_rank.push_back(LocalTensor::from_fn(world, [&](int rank) {
+        return row_input(r, shape, 100 * k + static_cast<uint64_t>(rank), DType::F32);
+      }));
+      replicated.push_back(LocalTensor::replicate(world, row_input(r, shape, 7 + k, DType::F32)));
+    }
+    const LocalTensor got = r.on_local(per_rank);
+    ASSERT_EQ(got.ranks(), world.held_ranks());
+    for (int rank : world.held_ranks()) {
+      std::vector<Tensor> shards;
+      for (const LocalTensor& t : per_rank) shards.push_back(t.shard(rank));
+      EXPECT_TRUE(equal(got.shard(rank), r.on_tensor(shards))) << "rank " << rank;
+    }
+    const LocalTensor once = r.on_local(replicated);
+    EXPECT_TRUE(once.is_replicated());
+    std::vector<Tensor> values;
+    for (const LocalTensor& t : replicated) values.push_back(t.shard(0));
+    EXPECT_TRUE(equal(once.shard(2), r.on_tensor(values)));
+    ++checked;
+  }
+  EXPECT_GT(checked, 80);
+}
+
+// ---- every row: DTensor against Tensor on the full tensors --------------------------------------
+
+// The mesh shapes ops run on.
+const std::vector<std::vector<int64_t>> kMeshes = {{4}, {3}, {2, 2}, {2, 3}, {1, 2}, {2, 2, 2}};
+
+void check_dtensor_rows(DType dtype, uint64_t seed) {
+  World world = testing::test_world(64);
+  std::mt19937_64 rng(seed);
+  int checked = 0;
+  for (const OpRow& r : op_table().rows) {
+    if (dtype != DType::F32 && r.floating_only) continue;
+    for (const auto& mesh_shape : kMeshes) {
+      auto mesh = testing::try_mesh(world, mesh_shape);
+      if (!mesh) continue;
+      for (int trial = 0; trial < 3; ++trial) {
+        std::vector<Tensor> globals;
+        std::vector<DTensor> inputs;
+        std::string placements_text;
+        for (const Shape& shape : r.shapes) {
+          const Tensor g = row_input(r, shape, rng() % 10000, dtype);
+          const Placements kinds = testing::all_placement_kinds(static_cast<int>(shape.size()));
+          Placements p;
+          for (size_t i = 0; i < mesh_shape.size(); ++i) {
+            // Partials a third of the time, each kind otherwise equally likely.
+            const size_t n_plain = shape.size() + 1;
+            // (Integer Partial(product) pieces of a known decomposition would not be integers.)
+            const size_t n_partial = dtype == DType::F32 ? 5 : 4;
+            p.push_back(rng() % 3 == 0 ? kinds[n_plain + rng() % n_partial]
+                                       : kinds[rng() % n_plain]);
+          }
+          placements_text += " " + to_string(p);
+          globals.push_back(g);
+          inputs.push_back(testing::make_dtensor(g, *mesh, p, rng()));
+        }
+        SCOPED_TRACE(
+            fmt::format("{} {} on {} with{}", r.name, dtype, mesh->to_string(), placements_text));
+        const Tensor expected = r.on_tensor(globals);
+        const DTensor out = r.on_dtensor(inputs);
+        EXPECT_EQ(out.shape(), expected.shape());
+        EXPECT_EQ(out.dtype(), expected.dtype());
+        EXPECT_TRUE(testing::pieces_match(out, expected, 1e-4));
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 300);
+}
+
+TEST(OpTable, DTensorOpsMatchFullTensorOpsUnderRandomPlacements) {
+  check_dtensor_rows(DType::F32, 42);
+}
+
+// Integer data: exact, and an integer Partial(avg) (which truncates) is never kept by an op.
+TEST(OpTable, DTensorOpsMatchFullTensorOpsOnIntegers) {
+  check_dtensor_rows(DType::I64, 43);
+}
+
+}  // namespace
+}  // namespace spmd
