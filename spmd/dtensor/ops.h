@@ -204,6 +204,9 @@ inline DTensor log(const DTensor& t) {
 inline DTensor sqrt(const DTensor& t) {
   return dispatch(op::sqrt, {t});
 }
+inline DTensor rsqrt(const DTensor& t) {
+  return dispatch(op::rsqrt, {t});
+}
 inline DTensor tanh(const DTensor& t) {
   return dispatch(op::tanh, {t});
 }

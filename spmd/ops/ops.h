@@ -32,12 +32,13 @@ namespace spmd {
 namespace op {
 
 // Elementwise, one input (tensor/element_ops.h has the math). Integer inputs of exp, log, sqrt,
-// tanh and gelu give F32; neg, abs and relu keep integer dtypes (wrapping at the minimum).
+// rsqrt, tanh and gelu give F32; neg, abs and relu keep integer dtypes (wrapping at the minimum).
 inline constexpr OpDef neg = unary_op<element::Neg, PartialRule::Negation>();
 inline constexpr OpDef abs = unary_op<element::Abs, PartialRule::None>();
 inline constexpr OpDef exp = unary_op<element::Exp, PartialRule::NonDecreasing>();
 inline constexpr OpDef log = unary_op<element::Log, PartialRule::None>();
 inline constexpr OpDef sqrt = unary_op<element::Sqrt, PartialRule::None>();
+inline constexpr OpDef rsqrt = unary_op<element::Rsqrt, PartialRule::None>();
 inline constexpr OpDef tanh = unary_op<element::Tanh, PartialRule::NonDecreasing>();
 inline constexpr OpDef relu = unary_op<element::Relu, PartialRule::NonDecreasing>();
 inline constexpr OpDef gelu = unary_op<element::Gelu, PartialRule::None>();
@@ -150,7 +151,7 @@ inline Tensor operator-(const Tensor& a) {
   return call(op::neg, {a});
 }
 
-// ---- unary (floating results; integer inputs of exp/log/sqrt/tanh/gelu give F32) ----------------
+// ---- unary (floating results; integer inputs of exp/log/sqrt/rsqrt/tanh/gelu give F32) ----------
 
 inline Tensor neg(const Tensor& t) {
   return call(op::neg, {t});
@@ -166,6 +167,10 @@ inline Tensor log(const Tensor& t) {
 }
 inline Tensor sqrt(const Tensor& t) {
   return call(op::sqrt, {t});
+}
+// 1 / sqrt(x).
+inline Tensor rsqrt(const Tensor& t) {
+  return call(op::rsqrt, {t});
 }
 inline Tensor tanh(const Tensor& t) {
   return call(op::tanh, {t});

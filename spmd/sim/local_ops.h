@@ -195,6 +195,9 @@ inline LocalTensor log(const LocalTensor& t) {
 inline LocalTensor sqrt(const LocalTensor& t) {
   return local_call(op::sqrt, {t});
 }
+inline LocalTensor rsqrt(const LocalTensor& t) {
+  return local_call(op::rsqrt, {t});
+}
 inline LocalTensor tanh(const LocalTensor& t) {
   return local_call(op::tanh, {t});
 }

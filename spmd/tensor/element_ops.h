@@ -140,6 +140,16 @@ struct Tanh {
   }
 };
 
+// 1 / sqrt(x).
+struct Rsqrt {
+  static constexpr std::string_view name = "rsqrt";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return C(1) / math_sqrt(x);
+  }
+};
+
 // NaN stays NaN.
 struct Relu {
   static constexpr std::string_view name = "relu";
@@ -238,7 +248,7 @@ struct List {
   static constexpr int size = static_cast<int>(sizeof...(Fs));
 };
 
-using UnaryOps = List<Neg, Abs, Exp, Log, Sqrt, Tanh, Relu, Gelu>;
+using UnaryOps = List<Neg, Abs, Exp, Log, Sqrt, Rsqrt, Tanh, Relu, Gelu>;
 using BinaryOps = List<Add, Sub, Mul, Div, Maximum, Minimum>;
 
 namespace detail {

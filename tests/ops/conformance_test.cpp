@@ -103,6 +103,9 @@ Table op_table() {
       "sqrt", [](const auto& x) { return sqrt(x); }, [](double x) { return std::sqrt(x); },
       Kind::Floating, true);
   t.unary(
+      "rsqrt", [](const auto& x) { return rsqrt(x); }, [](double x) { return 1 / std::sqrt(x); },
+      Kind::Floating, true);
+  t.unary(
       "tanh", [](const auto& x) { return tanh(x); }, [](double x) { return std::tanh(x); },
       Kind::Floating);
   t.unary(
