@@ -119,6 +119,16 @@ inline DTensor bmm(const Tensor& a, const DTensor& b) {
   return dispatch(op::bmm, {a, b});
 }
 
+inline DTensor pow(const DTensor& a, const DTensor& b) {
+  return dispatch(op::pow, {a, b});
+}
+inline DTensor pow(const DTensor& a, const Tensor& b) {
+  return dispatch(op::pow, {a, b});
+}
+inline DTensor pow(const Tensor& a, const DTensor& b) {
+  return dispatch(op::pow, {a, b});
+}
+
 inline DTensor operator+(const DTensor& a, const DTensor& b) {
   return add(a, b);
 }

@@ -51,6 +51,7 @@ inline constexpr OpDef mul = binary_op<element::Mul, PartialRule::Multiplicative
 inline constexpr OpDef div = binary_op<element::Div, PartialRule::Divisive>();
 inline constexpr OpDef maximum = binary_op<element::Maximum, PartialRule::Max>();
 inline constexpr OpDef minimum = binary_op<element::Minimum, PartialRule::Min>();
+inline constexpr OpDef pow = binary_op<element::Pow, PartialRule::None>();
 
 // A tensor and a scalar c = args.reals[0] (ops/pointwise.cpp): x + c, x - c, c - x, x * c, x / c,
 // c / x.
@@ -109,6 +110,10 @@ inline Tensor maximum(const Tensor& a, const Tensor& b) {
 }
 inline Tensor minimum(const Tensor& a, const Tensor& b) {
   return call(op::minimum, {a, b});
+}
+// a to the power b, elementwise (integer and Bool inputs give F32).
+inline Tensor pow(const Tensor& a, const Tensor& b) {
+  return call(op::pow, {a, b});
 }
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) {

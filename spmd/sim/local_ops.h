@@ -111,6 +111,16 @@ inline LocalTensor bmm(const Tensor& a, const LocalTensor& b) {
   return local_call(op::bmm, {a, b});
 }
 
+inline LocalTensor pow(const LocalTensor& a, const LocalTensor& b) {
+  return local_call(op::pow, {a, b});
+}
+inline LocalTensor pow(const LocalTensor& a, const Tensor& b) {
+  return local_call(op::pow, {a, b});
+}
+inline LocalTensor pow(const Tensor& a, const LocalTensor& b) {
+  return local_call(op::pow, {a, b});
+}
+
 inline LocalTensor operator+(const LocalTensor& a, const LocalTensor& b) {
   return add(a, b);
 }

@@ -75,6 +75,12 @@ SPMD_HD float math_erf(float x) {
 SPMD_HD double math_erf(double x) {
   return ::erf(x);
 }
+SPMD_HD float math_pow(float x, float y) {
+  return ::powf(x, y);
+}
+SPMD_HD double math_pow(double x, double y) {
+  return ::pow(x, y);
+}
 
 // Integer add/sub/mul/neg wrap around (two's complement) instead of overflowing (undefined).
 template <class C>
@@ -241,6 +247,16 @@ struct Minimum {
   }
 };
 
+// a to the power b (integer and Bool inputs compute in F32).
+struct Pow {
+  static constexpr std::string_view name = "pow";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C a, C b) const {
+    return math_pow(a, b);
+  }
+};
+
 // ---- the lists -----------------------------------------------------------------------------
 
 template <class... Fs>
@@ -249,7 +265,7 @@ struct List {
 };
 
 using UnaryOps = List<Neg, Abs, Exp, Log, Sqrt, Rsqrt, Tanh, Relu, Gelu>;
-using BinaryOps = List<Add, Sub, Mul, Div, Maximum, Minimum>;
+using BinaryOps = List<Add, Sub, Mul, Div, Maximum, Minimum, Pow>;
 
 namespace detail {
 template <class F, class... Fs>

@@ -131,6 +131,9 @@ Table op_table() {
   t.binary(
       "minimum", [](const auto& a, const auto& b) { return minimum(a, b); },
       [](double a, double b) { return std::min(a, b); }, Kind::Any);
+  t.binary(
+      "pow", [](const auto& a, const auto& b) { return pow(a, b); },
+      [](double a, double b) { return std::pow(a, b); }, Kind::Floating, true);
 
   // ---- a tensor and a scalar ----
   for (double c : {2.0, -3.0}) {
