@@ -70,16 +70,32 @@ cudaError_t launch_binary(void* out, const void* a, const void* b, const Indexer
   return cudaGetLastError();
 }
 
+// Launches the kernel of functor F (element::visit calls it with the op's functor); a dtype the
+// functor does not compute in leaves cudaErrorInvalidValue. (nvcc compiles C++17 here: no template
+// lambdas.)
 template <class T>
-cudaError_t binary_typed(int op, void* out, const void* a, const void* b, const Indexer<3>& ix,
-                         int64_t n, cudaStream_t stream) {
+struct BinaryLaunch {
+  void* out;
+  const void* a;
+  const void* b;
+  const Indexer<3>& ix;
+  int64_t n;
+  cudaStream_t stream;
   cudaError_t result = cudaErrorInvalidValue;
-  element::visit<element::BinaryOps>(op, [&]<class F>() {
+  template <class F>
+  void operator()() {
     if constexpr (element::accepts<F, compute_t<T>>) {
       result = launch_binary<T, F>(out, a, b, ix, n, stream);
     }
-  });
-  return result;
+  }
+};
+
+template <class T>
+cudaError_t binary_typed(int op, void* out, const void* a, const void* b, const Indexer<3>& ix,
+                         int64_t n, cudaStream_t stream) {
+  BinaryLaunch<T> launch{out, a, b, ix, n, stream};
+  element::visit<element::BinaryOps>(op, launch);
+  return launch.result;
 }
 
 template <class T, class Op>
@@ -100,15 +116,27 @@ cudaError_t launch_unary(void* out, const void* in, const Indexer<2>& ix, int64_
 }
 
 template <class T>
-cudaError_t unary_typed(int op, void* out, const void* in, const Indexer<2>& ix, int64_t n,
-                        cudaStream_t stream) {
+struct UnaryLaunch {
+  void* out;
+  const void* in;
+  const Indexer<2>& ix;
+  int64_t n;
+  cudaStream_t stream;
   cudaError_t result = cudaErrorInvalidValue;
-  element::visit<element::UnaryOps>(op, [&]<class F>() {
+  template <class F>
+  void operator()() {
     if constexpr (element::accepts<F, compute_t<T>>) {
       result = launch_unary<T, F>(out, in, ix, n, stream);
     }
-  });
-  return result;
+  }
+};
+
+template <class T>
+cudaError_t unary_typed(int op, void* out, const void* in, const Indexer<2>& ix, int64_t n,
+                        cudaStream_t stream) {
+  UnaryLaunch<T> launch{out, in, ix, n, stream};
+  element::visit<element::UnaryOps>(op, launch);
+  return launch.result;
 }
 
 // ---- comparisons ---------------------------------------------------------------------------
