@@ -48,8 +48,9 @@ def main():
         if index[dep] > index[user]:
             return f"{dep} is above {user} in cmake/SpmdModules.cmake"
         if by_name[dep]["backend"] and dep not in by_name[user]["uses"]:
+            target = f"spmd::{dep}" if by_name[dep]["separate"] else "spmd::spmd"
             return (f"{dep} is a backend: only the modules naming it in USES may use it "
-                    f"(programs get it through spmd::spmd or spmd::{dep})")
+                    f"(a program gets it by linking {target})")
         return None
 
     order = ", ".join(m["name"] for m in modules)
@@ -100,8 +101,12 @@ def main():
     # ---- links ----
     links = 0
     for m in modules:
+        seen = set()
         for item in m["links"]:
             for dep in LINKED.findall(item):
+                if dep in seen:
+                    continue  # the same link as a LINK_LIBRARIES and an INTERFACE_ item
+                seen.add(dep)
                 links += 1
                 if dep == "spmd":
                     violations.append(f"spmd_{m['name']} -> spmd (the umbrella): a module links "
@@ -111,8 +116,7 @@ def main():
                     continue  # not a module target (none of the modules links one today)
                 reason = why_not(m["name"], dep)
                 if reason:
-                    violations.append(f"spmd_{m['name']} -> spmd_{dep} (link item '{item}'): "
-                                      f"{reason}")
+                    violations.append(f"spmd_{m['name']} -> spmd_{dep}: {reason}")
     for item in layering["umbrella"]["links"]:
         for dep in LINKED.findall(item):
             if dep in by_name and by_name[dep]["separate"]:
