@@ -8,6 +8,7 @@
 #include <set>
 
 #include <spmd/collectives/cost_model.h>
+#include <spmd/debug/visualize.h>
 #include <spmd/dtensor/dtensor.h>
 #include <spmd/dtensor/redistribute.h>
 #include "tests/dtensor/dtensor_test_support.h"
