@@ -142,8 +142,9 @@ function(spmd_install_module_headers)
 endfunction()
 
 # spmd_write_layering_file(FILE): the module list, folders and rules, and each module target's
-# link libraries as configured, for tests/layering/check_layering.py. Called at the end of the
-# top-level CMakeLists.txt, after every folder could have added links.
+# link libraries as configured, for tests/layering/check_layering.py; beside it
+# <FILE stem>_libraries.txt, each built module's library file. Called at the end of the top-level
+# CMakeLists.txt, after every folder could have added links.
 function(spmd_write_layering_file file)
   set(json "{\n  \"modules\": [")
   set(sep "")
@@ -205,4 +206,12 @@ function(spmd_write_layering_file file)
   endforeach()
   string(APPEND json "]}\n}\n")
   file(WRITE "${file}" "${json}")
+  # The built library of each module, for the symbol check (known only at generate time).
+  set(libraries "")
+  foreach(m IN LISTS SPMD_BUILT_MODULES)
+    string(APPEND libraries "${m}=$<TARGET_FILE:spmd_${m}>\n")
+  endforeach()
+  get_filename_component(dir "${file}" DIRECTORY)
+  get_filename_component(stem "${file}" NAME_WE)
+  file(GENERATE OUTPUT "${dir}/${stem}_libraries.txt" CONTENT "${libraries}")
 endfunction()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tests/layering/check_layering.py: the module layering of cmake/SpmdModules.cmake holds.
 
-Usage: check_layering.py SOURCE_DIR LAYERING_JSON
+Usage: check_layering.py SOURCE_DIR LAYERING_JSON [LIBRARIES_TXT NM]
 
 LAYERING_JSON is written by CMake at configure time (spmd_write_layering_file): the modules,
 lowest first, with their folders, backend/separate flags, USES lists and, for built modules, the
@@ -11,12 +11,18 @@ link libraries their targets were given. The rule, from that one list:
   naming it in USES may use; nothing in spmd/ includes the umbrella <spmd/spmd.h>, and the
   umbrella spmd::spmd does not link a SEPARATE module.
 
-Every violation is printed as `file:line: ...` (includes) or `target -> target: ...` (links);
-the exit code is 1 when there is any.
+With LIBRARIES_TXT (`module=path` of each built module library) and an nm program, also the
+symbols: a module library may use (leave undefined) only symbols that it or a module it may use
+defines. That catches a function declared in a low module and defined in a higher one whenever a
+low module calls it, however the headers look.
+
+Every violation is printed as `file:line: ...` (includes), `target -> target: ...` (links) or
+`target uses symbol ... of target` (symbols); the exit code is 1 when there is any.
 """
 import json
 import os
 import re
+import subprocess
 import sys
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
@@ -123,13 +129,48 @@ def main():
                 violations.append(f"spmd -> spmd_{dep}: {dep} is SEPARATE; a program links "
                                   f"spmd::{dep} itself when it wants it")
 
+    # ---- symbols ----
+    symbols = 0  # defined by the module libraries
+    if len(sys.argv) > 4:
+        libraries = {}
+        with open(sys.argv[3]) as f:
+            for line in f:
+                name, _, path = line.strip().partition("=")
+                if name in index and os.path.exists(path):
+                    libraries[name] = path
+        nm = sys.argv[4]
+
+        def nm_symbols(path, *flags):
+            out = subprocess.run([nm, "-g", *flags, path], check=True, capture_output=True,
+                                 text=True).stdout
+            return {line.split()[-1] for line in out.splitlines()
+                    if line.strip() and not line.endswith(":") and len(line.split()) >= 2}
+
+        defined = {m: nm_symbols(p, "--defined-only") for m, p in libraries.items()}
+        for user, path in libraries.items():
+            allowed = set(defined[user])
+            for m in libraries:
+                if why_not(user, m) is None:
+                    allowed |= defined[m]
+            for symbol in sorted(nm_symbols(path, "--undefined-only") - allowed):
+                owners = [m for m in libraries if symbol in defined[m]]
+                if not owners:
+                    continue  # a system or third-party library's
+                name = subprocess.run(["c++filt", symbol], capture_output=True,
+                                      text=True).stdout.strip() or symbol
+                owner = owners[0]
+                violations.append(f"spmd_{user} uses symbol {name} of spmd_{owner}: "
+                                  f"{why_not(user, owner)}")
+        symbols = sum(len(d) for d in defined.values())
+
     if violations:
         print(f"layering violations ({len(violations)}); the modules, lowest first: {order}")
         for v in violations:
             print(f"  {v}")
         return 1
     print(f"layering ok: {len(modules)} modules ({order}); {files} files, {includes} includes "
-          f"of <spmd/...>, {links} links between module targets")
+          f"of <spmd/...>, {links} links between module targets, {symbols} symbols defined by "
+          f"the module libraries")
     return 0
 
 
