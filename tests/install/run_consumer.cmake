@@ -21,6 +21,7 @@ function(gpu_libraries program out)
     message(FATAL_ERROR "ldd ${program} failed (${rc})")
   endif()
   string(REGEX MATCHALL "lib(cudart|cublas|nccl)[.]so[^ \t]*" found "${text}")
+  list(REMOVE_DUPLICATES found)
   set(${out} "${found}" PARENT_SCOPE)
 endfunction()
 
