@@ -263,8 +263,8 @@ void report_error(const std::exception_ptr& error, const World& world) {
 }
 
 void abort_job(int code) {
-  // In reverse catalog order, so a backend built on another one's library (nccl bootstraps over
-  // MPI) ends its own resources first.
+  // In reverse catalog order, so a backend that bootstraps over another one's library ends its
+  // own resources before that library ends the job.
   const std::vector<const BackendDriver*> drivers = backend_drivers();
   for (auto it = drivers.rbegin(); it != drivers.rend(); ++it) {
     if ((*it)->abort_job) (*it)->abort_job(code);
