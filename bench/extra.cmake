@@ -16,5 +16,5 @@ endif()
 # without a GPU. Built with the NCCL backend only.
 if(SPMD_HAVE_NCCL)
   add_executable(nccl_bench "${CMAKE_CURRENT_SOURCE_DIR}/nccl.cpp")
-  target_link_libraries(nccl_bench PRIVATE spmd::spmd)
+  target_link_libraries(nccl_bench PRIVATE spmd::spmd spmd::nccl)
 endif()

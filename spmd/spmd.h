@@ -21,6 +21,7 @@
 #include <spmd/collectives/cost_model.h>
 #include <spmd/collectives/functional.h>
 #include <spmd/collectives/trace.h>
+#include <spmd/collectives/trace_export.h>
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
 #include <spmd/core/parallel.h>
@@ -43,9 +44,12 @@
 #include <spmd/runtime/digest.h>
 #include <spmd/runtime/launch.h>
 #include <spmd/runtime/options.h>
+#include <spmd/sim/backend_driver.h>
+#include <spmd/sim/launcher.h>
 #include <spmd/sim/local_ops.h>
 #include <spmd/sim/local_tensor.h>
 #include <spmd/sim/per_rank.h>
+#include <spmd/sim/topology.h>
 #include <spmd/sim/world.h>
 #include <spmd/tensor/compare.h>
 #include <spmd/tensor/device_ops.h>

@@ -1,4 +1,5 @@
-// spmd/collectives/cost_model.h: the topology and the alpha-beta cost of each collective.
+// spmd/collectives/cost_model.h: the alpha-beta cost of each collective on a topology
+// (sim/topology.h).
 //
 // Note [Cost model]
 // Taken from PyTorch DTensor's collective cost model (ring algorithms on Ampere/Hopper, see
@@ -23,43 +24,9 @@
 #include <vector>
 
 #include <spmd/collectives/types.h>
+#include <spmd/sim/topology.h>
 
 namespace spmd {
-
-class GroupFamily;
-
-struct LinkParams {
-  double bandwidth_gbps = 0.0;  // GB/s (2^30 bytes)
-  double latency_us = 0.0;      // per hop
-};
-
-class Topology {
- public:
-  int devices_per_host = 8;
-  double intra_host_bandwidth_gbps = 87.7;
-  double intra_host_latency_us = 0.6;
-  double inter_host_bandwidth_gbps = 87.7 * 0.22;
-  double inter_host_latency_us = 2.7;
-  double base_latency_us = 6.6;
-
-  // The link a group family uses: inter-host when any group holds ranks of two hosts.
-  LinkParams link_for(const GroupFamily& family) const;
-  // As above for one group given by its ranks.
-  LinkParams link_for_ranks(const std::vector<int>& ranks) const;
-  // True when `ranks` are not all on one host.
-  bool spans_hosts(const std::vector<int>& ranks) const;
-
-  // {"devices_per_host": 8, "intra_host": {"bandwidth_gbps": 87.7, "latency_us": 0.6},
-  //  "inter_host": {...}, "base_latency_us": 6.6}; every key optional (defaults above).
-  // ConfigError naming the key for bad values or malformed JSON.
-  static Topology from_json(const std::string& text);
-  static Topology load(const std::string& path);
-  std::string to_json() const;
-  bool operator==(const Topology&) const = default;
-};
-
-// The default topology (the seed's constants, 8 devices per host).
-const Topology& default_topology();
 
 // Estimated microseconds for one collective over `group_size` ranks on `link`; `bytes` is S in
 // the table of Note [Cost model].

@@ -1,5 +1,5 @@
 // spmd/collectives/trace.cpp: recording of trace events and their expansion into per-rank records.
-// The exporters (Chrome JSON, summary table) live in debug/.
+// The exporters (Chrome JSON, summary table) are collectives/trace_export.cpp.
 #include <spmd/collectives/trace.h>
 
 #include <algorithm>

@@ -132,11 +132,11 @@ class Trace {
   // Running totals, in first-seen order.
   std::vector<TraceSummaryRow> summary() const;
 
-  // Writes Chrome trace JSON (one track per rank; opens in Perfetto and chrome://tracing).
-  // Defined in debug/. ConfigError when the file cannot be written.
+  // Writes Chrome trace JSON (one track per rank; opens in Perfetto and chrome://tracing;
+  // collectives/trace_export.h). ConfigError when the file cannot be written.
   void to_chrome_json(const std::string& path) const;
   std::string to_chrome_json_string() const;
-  // Per op and mesh dim: count, bytes, estimated time on the configured topology. debug/.
+  // Per op and mesh dim: count, bytes, estimated time on the configured topology.
   std::string summary_table() const;
 
  private:
@@ -158,7 +158,7 @@ class Trace {
 // The process's trace.
 Trace& trace();
 
-// ---- the flight recorder (Note [Flight recorder]; defined in debug/flight_recorder.cpp) ------
+// ---- the flight recorder (Note [Flight recorder]; collectives/flight_recorder.cpp) ----------
 
 // SPMD_FLIGHT_RECORDER_SIZE, or 2000 when unset. ConfigError for a value that is not a
 // non-negative integer.

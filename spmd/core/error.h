@@ -11,6 +11,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace spmd {
@@ -19,52 +20,85 @@ namespace spmd {
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& message) : std::runtime_error(message) {}
+  // The most specific class's name, as reports print it: "[rank 3] CommError: all_reduce ...".
+  // Every subclass overrides it.
+  virtual std::string_view type_name() const noexcept { return "Error"; }
 };
 
 // Shapes that do not fit: broadcasting, out-of-range dims or ranges, item() of a non-scalar.
 class ShapeError : public Error {
+ public:
   using Error::Error;
+  std::string_view type_name() const noexcept override { return "ShapeError"; }
 };
 // DeviceMesh and Layout misuse: unknown or clashing dim names, bad slices, overlapping layouts.
 class MeshError : public Error {
+ public:
   using Error::Error;
+  std::string_view type_name() const noexcept override { return "MeshError"; }
 };
 // DTensor placements that are invalid for the tensor or mesh, or cannot be converted.
 class PlacementError : public Error {
+ public:
   using Error::Error;
+  std::string_view type_name() const noexcept override { return "PlacementError"; }
 };
 // A collective called with bad arguments (shapes or dtypes differing within a group, invalid
 // src/dst, split sizes that do not add up), or a failure reported by MPI/NCCL.
 class CommError : public Error {
+ public:
   using Error::Error;
+  std::string_view type_name() const noexcept override { return "CommError"; }
 };
 // Per-rank values whose answer differs between ranks where one answer is needed (a PerRank
 // comparison, reconcile() of shards that differ, a replica that diverged), or a sharded op whose
 // result differs from the same op on the full tensors (--spmd-debug=check).
 class DivergenceError : public Error {
+ public:
   using Error::Error;
+  std::string_view type_name() const noexcept override { return "DivergenceError"; }
 };
 // An op or collective produced NaN or Inf (--spmd-debug=nan); the message names the op, the
 // rank and the index.
 class NonFiniteError : public Error {
+ public:
   using Error::Error;
+  std::string_view type_name() const noexcept override { return "NonFiniteError"; }
 };
 // Ranks of one group issued different collectives (op, shape, dtype, root, ...), or a rank never
 // arrived; the message lists each rank's call and source location.
 class CollectiveMismatchError : public Error {
+ public:
   using Error::Error;
+  std::string_view type_name() const noexcept override { return "CollectiveMismatchError"; }
+};
+// A collective that can never complete under the threads backend: a member of its group has
+// finished without making the call, or every unfinished rank waits in a collective that lacks a
+// member (Note [Threads deadlock detection] in backends/threads/backend.h). A
+// CollectiveMismatchError: on a cluster it is the same bug, a rank that did not make the call its
+// peers made.
+class DeadlockError : public CollectiveMismatchError {
+ public:
+  using CollectiveMismatchError::CollectiveMismatchError;
+  std::string_view type_name() const noexcept override { return "DeadlockError"; }
 };
 // Valid input that this build, backend or dtype does not support.
 class Unsupported : public Error {
+ public:
   using Error::Error;
+  std::string_view type_name() const noexcept override { return "Unsupported"; }
 };
 // A bad value for an option, flag or environment variable (launch(), the CLI, topology files).
 class ConfigError : public Error {
+ public:
   using Error::Error;
+  std::string_view type_name() const noexcept override { return "ConfigError"; }
 };
 // A CHECK that failed: a bug in spmdsim, never the user's fault.
 class InternalError : public Error {
+ public:
   using Error::Error;
+  std::string_view type_name() const noexcept override { return "InternalError"; }
 };
 
 // Throws E with a fmt-formatted message: throw_error<ShapeError>("add: {} vs {}", a, b).

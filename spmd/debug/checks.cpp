@@ -1,5 +1,5 @@
 // spmd/debug/checks.cpp: the check, replicate and nan modes of --spmd-debug (Note [Check modes])
-// and World::set_debug, which installs their observers.
+// and set_debug, which installs their observers.
 #include <spmd/debug/checks.h>
 
 #include <cmath>
@@ -440,8 +440,10 @@ Tensor assemble_full_tensor(const DTensor& tensor) {
   return out;
 }
 
-void World::set_debug(const DebugOptions& debug) {
-  const WorldState& state = checked("set_debug");
+void set_debug(World& world, const DebugOptions& debug) {
+  if (!world.defined())
+    throw_error<Error>("set_debug: the world is undefined (default-constructed)");
+  const WorldState& state = world.state();
   if ((debug.check || debug.replicate) &&
       state.held_ranks.size() != static_cast<size_t>(state.size)) {
     throw_error<ConfigError>(
@@ -450,12 +452,10 @@ void World::set_debug(const DebugOptions& debug) {
         "backends use --spmd-debug=fingerprint,nan",
         debug.check ? "check" : "replicate", state.backend_name, rank_ranges(state.held_ranks));
   }
-  state_->debug = debug;
-  if (debug.check || debug.replicate || debug.nan) {
-    state_->debug_hooks = std::make_shared<const HookToken>(debug.nan);
-  } else {
-    state_->debug_hooks = nullptr;
-  }
+  std::shared_ptr<const void> hooks;
+  if (debug.check || debug.replicate || debug.nan)
+    hooks = std::make_shared<const HookToken>(debug.nan);
+  world.store_debug(debug, std::move(hooks));
 }
 
 }  // namespace spmd

@@ -5,7 +5,7 @@
 // launch() turns them on from --spmd-debug / SPMD_DEBUG; a test turns them on for one world:
 //
 //   World world = World::sim(4);
-//   world.set_debug(DebugOptions{.check = true});   // World::set_debug is defined here
+//   set_debug(world, DebugOptions{.check = true});
 //
 // While a world with any of them lives, an observer of every DTensor op (dtensor/hooks.h) is
 // installed; it reads the debug options of the op's world, so other worlds pay one atomic load.
@@ -29,13 +29,20 @@
 //              (the sharding and plan caches keep the worlds of past ops alive until
 //              clear_sharding_cache() and clear_redistribute_cache()).
 // check and replicate compare every rank's piece, so they need a world holding every rank (sim):
-// set_debug refuses them elsewhere with a ConfigError.
+// set_debug refuses them elsewhere with a ConfigError. fingerprint is read by a real backend when
+// it is created (its driver gets the debug options in WorldRequest), not by set_debug.
 #pragma once
 
 #include <spmd/dtensor/dtensor.h>
 #include <spmd/tensor/dtype.h>
 
 namespace spmd {
+
+// Turns the checks of --spmd-debug on or off for `world` (and every copy of its handle): stores the
+// options in the world and, while any of check, replicate or nan is on, keeps their observers
+// installed. launch() calls it with the parsed --spmd-debug. ConfigError for check or replicate on
+// a world that does not hold every rank.
+void set_debug(World& world, const DebugOptions& debug);
 
 // How far a sharded float result may be from the single-device one under check mode: elementwise
 // |got - expected| <= atol + rtol * |expected| (reductions and matmuls sum in another order).

@@ -1,7 +1,8 @@
 // spmd/debug/trace_file.h: trace files on disk: Chrome trace JSON written by --spmd-trace
 // (Trace::to_chrome_json) and flight-recorder dumps (Note [Flight recorder] in
 // collectives/trace.h), read back into the TraceRecords they were written from. The `spmd trace`
-// subcommands (summary, convert, diff) are built on these.
+// subcommands (summary, convert, diff) are built on these; the writing half
+// (chrome_trace_json, write_trace_file, summary_table) is collectives/trace_export.h.
 //
 //   TraceFile t = read_trace_file("trace.json");        // or trace.rank*.json, or a folder
 //   fmt::print("{}", summary_table(t.records));
@@ -24,19 +25,9 @@
 #include <vector>
 
 #include <spmd/collectives/trace.h>
+#include <spmd/collectives/trace_export.h>
 
 namespace spmd {
-
-// What a file says about itself ("otherData").
-struct TraceFileInfo {
-  std::string kind = "trace";  // "trace" or "flight_recorder"
-  std::string reason;          // why a flight recorder was dumped
-  std::vector<int> ranks;      // the ranks whose records the file holds
-  int world_size = 0;          // 0: not recorded
-  std::string backend;         // "sim", "mpi", ...; empty: not recorded
-  uint64_t capacity = 0;       // the ring's capacity in events (0: unlimited or not recorded)
-  uint64_t first_event = 0;    // events dropped before the first one in the file
-};
 
 // One or more files read as one trace.
 struct TraceFile {
@@ -61,20 +52,5 @@ struct TraceFile {
 TraceFile read_trace_file(const std::string& path);
 // The same from the text of one file (`source` names it in errors).
 TraceFile parse_trace_json(std::string_view text, const std::string& source = "<text>");
-
-// The Chrome trace JSON of `records` (Trace::to_chrome_json writes this for its records).
-std::string chrome_trace_json(std::span<const TraceRecord> records, const TraceFileInfo& info);
-// Writes it; ConfigError when the file cannot be written.
-void write_trace_file(const std::string& path, std::span<const TraceRecord> records,
-                      const TraceFileInfo& info);
-
-// Per op and mesh dim, in first-seen order: calls (one per group and sequence number), bytes
-// (every rank's input), the cost model's estimate (once per call) and the measured time (the
-// slowest rank of each finished call), and a total. The columns of Trace::summary_table.
-std::string summary_table(std::span<const TraceRecord> records);
-
-// One line: "seq 3 all_reduce 'tp' group [0, 1] [4, 8] f32 op=sum at train.cpp:42 (completed,
-// 12.5 us)".
-std::string format_record(const TraceRecord& record);
 
 }  // namespace spmd

@@ -46,7 +46,10 @@ struct VisualizeOptions {
 // the debug reports print rank sets.
 std::string rank_ranges(const std::vector<int>& ranks);
 
-// visualize_sharding(tensor) of dtensor/dtensor.h is this with the default options.
+// Which ranks hold which block, drawn as a grid for 1-D and 2-D tensors (every rank, computed from
+// the spec, not only the held ones).
 std::string visualize_sharding(const DTensor& tensor, const VisualizeOptions& options);
+// The same with the default options.
+std::string visualize_sharding(const DTensor& tensor);
 
 }  // namespace spmd

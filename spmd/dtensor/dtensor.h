@@ -5,7 +5,7 @@
 //   DTensor x = distribute_tensor(randn({8, 16}, 1), mesh, {Shard{0}, Replicate{}});
 //   DTensor y = x.redistribute({Replicate{}, Shard{1}});   // planned, cached, then run
 //   Tensor full = y.full_tensor();                          // the same on every rank
-//   fmt::print("{}\n", visualize_sharding(y));
+//   fmt::print("{}\n", visualize_sharding(y));              // debug/visualize.h
 //
 // Under sim the LocalTensor holds the piece of every rank of the mesh; under threads, mpi and
 // nccl it holds the caller's rank. Everything here runs the same code on both: per-rank sizes
@@ -90,11 +90,6 @@ DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh,
 DTensor dtensor_from_blocks(
     const char* op, SpecPtr spec,
     const std::function<Tensor(const Shape& offset, const Shape& size)>& block);
-
-// Which ranks hold which block, drawn as a grid for 1-D and 2-D tensors (every rank, computed
-// from the spec, not only the held ones). Defined in debug/visualize.cpp, whose header has the
-// form with options (colour, size).
-std::string visualize_sharding(const DTensor& tensor);
 
 std::ostream& operator<<(std::ostream& os, const DTensor& tensor);
 

@@ -78,10 +78,6 @@ void validate_shape(const std::vector<int64_t>& shape, std::string_view op) {
   }
 }
 
-std::string default_device_type(const World& world) {
-  return world.backend_name() == "nccl" ? "cuda" : "cpu";
-}
-
 // The smallest and largest stride of the modes of size > 1, if any.
 std::optional<std::pair<int64_t, int64_t>> stride_range(const Layout& layout) {
   std::optional<std::pair<int64_t, int64_t>> out;
@@ -200,8 +196,8 @@ DeviceMesh DeviceMesh::from_ranks(const World& world, const std::vector<int64_t>
                            ranks.size());
   }
   auto rank_map = RankMap::make(std::move(ranks), world.size(), op);
-  auto universe = std::make_shared<MeshUniverse>(world, default_device_type(world),
-                                                 std::move(rank_map), shape, dim_names);
+  auto universe = std::make_shared<MeshUniverse>(world, world.device_type(), std::move(rank_map),
+                                                 shape, dim_names);
   DeviceMesh mesh;
   mesh.dims_ = universe->root_dims();
   mesh.names_ = std::move(dim_names);

@@ -1,32 +1,21 @@
-// spmd/runtime/launch.cpp: launch(), the backend switch and the error report.
+// spmd/runtime/launch.cpp: launch(), running the worlds a backend driver starts, and the error
+// report.
 #include <spmd/runtime/launch.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <thread>
 
 #include <fmt/ranges.h>
 
-#include <spmd/backends/threads/backend.h>
-#include <spmd/collectives/cost_model.h>
 #include <spmd/collectives/trace.h>
-#include <spmd/config.h>
-#include <spmd/core/env.h>
+#include <spmd/collectives/trace_export.h>
 #include <spmd/core/error.h>
-#include <spmd/core/parallel.h>
-
-#if SPMD_HAVE_MPI
-#include <spmd/backends/mpi/backend.h>
-#endif
-#if SPMD_HAVE_NCCL
-#include <spmd/backends/nccl/backend.h>
-#include <spmd/backends/nccl/bootstrap.h>
-#include <spmd/backends/nccl/unique_id.h>
-#include <spmd/tensor/cuda/device.h>
-#endif
+#include <spmd/debug/checks.h>
+#include <spmd/sim/backend_driver.h>
+#include <spmd/sim/topology.h>
 
 namespace spmd {
 namespace {
@@ -38,166 +27,59 @@ constexpr int kLaunchErrorCode = 2;
 // Exit code of a program that threw.
 constexpr int kProgramErrorCode = 1;
 
-// The world size of a real backend: the launcher's, which --spmd-world-size may only repeat.
-// (Unused in builds without a real backend.)
-[[maybe_unused]] void check_world_size(const LaunchOptions& options, const LauncherInfo& launcher) {
-  if (options.world_size && *options.world_size != launcher.size) {
-    throw_error<ConfigError>("{} disagrees with the launcher: {} started {} processes ({}={})",
-                             options.world_size_source, launcher.name, launcher.size,
-                             launcher.size_variable, launcher.size);
-  }
-}
-
-// Under a real backend each process is one rank: its thread pool gets its share of the cores
-// unless SPMD_NUM_THREADS says otherwise.
-[[maybe_unused]] void share_cores(const LauncherInfo& launcher) {
-  if (env_value("SPMD_NUM_THREADS") || launcher.local_size < 1) return;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  set_num_threads(std::max(1, cores / launcher.local_size));
-}
-
-World make_sim_world(const LaunchOptions& options) {
-  return World::sim(options.world_size.value_or(8));
-}
-
-World make_mpi_world(const LaunchOptions& options) {
-#if !SPMD_HAVE_MPI
-  (void)options;
-  throw_error<Unsupported>("this build has no MPI backend; configure with -DSPMD_WITH_MPI=ON");
-#else
-  const auto launcher = detect_launcher();
-  if (!launcher) {
-    throw_error<ConfigError>("--spmd-backend=mpi needs a launcher: run it with mpirun -n N ...");
-  }
-  if (launcher->name == "spmdrun") {
-    throw_error<ConfigError>(
-        "--spmd-backend=mpi cannot run under spmdrun, whose processes share no MPI job: run it "
-        "with mpirun -n N ... (or srun)");
-  }
-  check_world_size(options, *launcher);
-  share_cores(*launcher);
-  mpi_initialize();
-  if (mpi_world_size() != launcher->size || mpi_world_rank() != launcher->rank) {
-    throw_error<ConfigError>(
-        "--spmd-backend=mpi: MPI_COMM_WORLD has this process as rank {} of {}, but {} said rank "
-        "{} of {} (was the program started by a different MPI's launcher?)",
-        mpi_world_rank(), mpi_world_size(), launcher->name, launcher->rank, launcher->size);
-  }
-  auto state = std::make_shared<WorldState>();
-  state->size = mpi_world_size();
-  state->held_ranks = {mpi_world_rank()};
-  state->coordinator = mpi_world_rank() == 0;
-  state->backend_name = "mpi";
-  state->backend = std::make_shared<MpiBackend>(options.debug.fingerprint);
-  return World(std::move(state));
-#endif
-}
-
-// Note [NCCL bootstrap] (backends/nccl/bootstrap.h) lists the steps, in this order.
-World make_nccl_world(const LaunchOptions& options) {
-#if !SPMD_HAVE_NCCL
-  (void)options;
-  throw_error<Unsupported>("this build has no NCCL backend; configure with -DSPMD_WITH_NCCL=ON");
-#else
-  const auto launcher = detect_launcher();
-  const int processes = launcher ? launcher->size : 1;
-  const int process_rank = launcher ? launcher->rank : 0;
-  const int per_process = options.gpus_per_process;
-  const int world_size = processes * per_process;
-  // SPMD_WORLD_SIZE set by spmdrun counts processes; any other world size must be the ranks'.
-  const bool launchers_count = launcher && options.world_size == launcher->size &&
-                               options.world_size_source.starts_with(launcher->size_variable);
-  if (options.world_size && *options.world_size != world_size && !launchers_count) {
-    throw_error<ConfigError>(
-        "{} disagrees with the launch: {} process(es) ({}) with {} GPU(s) each make {} ranks",
-        options.world_size_source, processes, launcher ? launcher->name : "no launcher",
-        per_process, world_size);
-  }
-  if (launcher) share_cores(*launcher);
-
-  const CudaDevices gpus = probe_cuda_devices();
-  if (gpus.count == 0) {
-    throw_error<Unsupported>("--spmd-backend=nccl needs a CUDA GPU, and process {} has none: {}",
-                             process_rank, gpus.error);
-  }
-  const bool share_gpu = env_value("SPMD_NCCL_SHARE_GPU").value_or("0") == "1";
-  const std::vector<int> devices =
-      rank_devices(launcher ? launcher->local_rank : 0, launcher ? launcher->local_size : 1,
-                   per_process, gpus.count, share_gpu);
-  const int version = nccl_runtime_version();
-  if (share_gpu) apply_shared_gpu_env(version, process_rank);
-
-  const UniqueIdSource source = choose_unique_id_source(
-      env_value(kUniqueIdVariable), env_value("NCCL_COMM_ID"),
-      launcher ? std::string_view(launcher->name) : std::string_view(), processes, SPMD_HAVE_MPI);
-  NcclConfig config;
-  config.id = obtain_unique_id(source, process_rank);
-#if SPMD_HAVE_MPI
-  if (source == UniqueIdSource::MpiBroadcast &&
-      (mpi_world_size() != processes || mpi_world_rank() != process_rank)) {
-    throw_error<ConfigError>(
-        "--spmd-backend=nccl: MPI_COMM_WORLD has this process as rank {} of {}, but {} said rank "
-        "{} of {}",
-        mpi_world_rank(), mpi_world_size(), launcher->name, process_rank, processes);
-  }
-#endif
-  config.world_size = world_size;
-  for (int i = 0; i < per_process; ++i) config.ranks.push_back(process_rank * per_process + i);
-  config.devices = devices;
-  config.timeout_s = options.nccl_timeout_s.value_or(300.0);
-  config.fingerprint = options.debug.fingerprint;
-  config.native_alltoall_gather_scatter = use_native_alltoall_gather_scatter(
-      version, env_value("SPMD_NCCL_P2P_COLLECTIVES").value_or("0") == "1");
-
-  auto state = std::make_shared<WorldState>();
-  state->size = world_size;
-  state->held_ranks = config.ranks;
-  for (int device : devices) state->devices.push_back(cuda(device));
-  state->coordinator = process_rank == 0;
-  state->backend_name = "nccl";
-  state->backend = std::make_shared<NcclBackend>(config);
-  return World(std::move(state));
-#endif
-}
-
 // The World of the calling rank thread while run_rank_threads() runs its program, else null.
 thread_local const World* t_rank_world = nullptr;
 
-// Real backends keep a flight recorder (Note [Flight recorder]); sim holds every rank's trace.
-bool has_flight_recorder(const World& world) {
-  return world.backend_name() == "mpi" || world.backend_name() == "nccl";
+const BackendDriver& driver_of(const LaunchOptions& options) {
+  return backend_driver(options.backend, options.backend_source);
 }
 
-// A world of a single process (sim, mpi, nccl) with the options every backend shares applied.
-World configure(World world, const LaunchOptions& options) {
-  if (options.debug.any()) world.set_debug(options.debug);
+WorldRequest world_request(const LaunchOptions& options) {
+  WorldRequest request;
+  request.world_size = options.world_size;
+  request.world_size_source = options.world_size_source;
+  request.debug = options.debug;
+  request.timeout_s = options.nccl_timeout_s;
+  request.gpus_per_process = options.gpus_per_process;
+  request.launcher = detect_launcher();
+  return request;
+}
+
+// Whether launch() keeps a flight recorder for `world` (Note [Flight recorder]).
+bool has_flight_recorder(const World& world) {
+  const BackendDriver* driver = find_backend_driver(world.backend_name());
+  return driver != nullptr && driver->flight_recorder;
+}
+
+// The worlds the driver starts for `options`, with what every backend shares applied: the
+// observers of the debug checks, the topology file and the trace settings. Each world's trace
+// path is set when the session has one world; a session of several (threads) writes one trace
+// for all of them (run_threads).
+std::vector<World> start_worlds(const BackendDriver& driver, const LaunchOptions& options) {
+  std::vector<World> worlds = driver.start(world_request(options));
+  std::shared_ptr<const Topology> topology;
   if (!options.topology_path.empty()) {
-    world.set_topology(std::make_shared<Topology>(Topology::load(options.topology_path)));
+    topology = std::make_shared<Topology>(Topology::load(options.topology_path));
+  }
+  for (World& world : worlds) {
+    if (options.debug.any()) set_debug(world, options.debug);
+    if (topology) world.set_topology(topology);
+    if (!options.trace_path.empty() && worlds.size() == 1) {
+      auto state = std::make_shared<WorldState>(world.state());
+      state->trace_path = options.trace_path;
+      world = World(std::move(state));
+    }
   }
   if (!options.trace_path.empty()) {
     trace().set_capacity(0);
-    auto state = std::make_shared<WorldState>(world.state());
-    state->trace_path = options.trace_path;
-    world = World(std::move(state));
-  } else if (has_flight_recorder(world) && flight_recorder_size() > 0) {
+  } else if (driver.flight_recorder && flight_recorder_size() > 0) {
     trace().set_capacity(flight_recorder_size());
   }
-  return world;
+  return worlds;
 }
 
 std::string_view error_type(const std::exception& e) {
-  if (dynamic_cast<const ShapeError*>(&e)) return "ShapeError";
-  if (dynamic_cast<const MeshError*>(&e)) return "MeshError";
-  if (dynamic_cast<const PlacementError*>(&e)) return "PlacementError";
-  if (dynamic_cast<const CommError*>(&e)) return "CommError";
-  if (dynamic_cast<const DivergenceError*>(&e)) return "DivergenceError";
-  if (dynamic_cast<const DeadlockError*>(&e)) return "DeadlockError";
-  if (dynamic_cast<const CollectiveMismatchError*>(&e)) return "CollectiveMismatchError";
-  if (dynamic_cast<const NonFiniteError*>(&e)) return "NonFiniteError";
-  if (dynamic_cast<const Unsupported*>(&e)) return "Unsupported";
-  if (dynamic_cast<const ConfigError*>(&e)) return "ConfigError";
-  if (dynamic_cast<const InternalError*>(&e)) return "InternalError";
-  if (dynamic_cast<const Error*>(&e)) return "Error";
+  if (const auto* error = dynamic_cast<const Error*>(&e)) return error->type_name();
   return "error";
 }
 
@@ -240,7 +122,6 @@ std::string rank_prefix(const World& world) {
 // launch() under threads: runs the rank threads, prints each failure once (ranks with the same
 // error together, in the order they failed), writes the trace, returns the exit code.
 int run_threads(const LaunchOptions& options, const Program& program) {
-  if (!options.trace_path.empty()) trace().set_capacity(0);
   const std::vector<RankOutcome> outcomes = run_rank_threads(options, program);
   std::vector<const RankOutcome*> failed;
   for (const RankOutcome& o : outcomes) {
@@ -285,109 +166,79 @@ int run_threads(const LaunchOptions& options, const Program& program) {
 }  // namespace
 
 World make_world(const LaunchOptions& options) {
-  // The backend switch: one branch per backend.
-  if (options.backend == "threads") {
+  const BackendDriver& driver = driver_of(options);
+  if (driver.thread_per_world) {
     if (t_rank_world == nullptr) {
       throw_error<ConfigError>(
-          "--spmd-backend=threads: threads worlds exist only on the rank threads that launch() "
-          "(or run_rank_threads()) starts, one per rank");
+          "--spmd-backend={}: its worlds exist only on the rank threads that launch() (or "
+          "run_rank_threads()) starts, one per world",
+          driver.name);
     }
     return *t_rank_world;
   }
-  World world;
-  if (options.backend == "sim") {
-    world = make_sim_world(options);
-  } else if (options.backend == "mpi") {
-    world = make_mpi_world(options);
-  } else if (options.backend == "nccl") {
-    world = make_nccl_world(options);
-  } else {
-    throw_error<ConfigError>("unknown backend '{}'; valid backends: {}", options.backend,
-                             backend_list());
+  std::vector<World> worlds = start_worlds(driver, options);
+  if (worlds.size() != 1) {
+    throw_error<InternalError>("make_world: the {} driver started {} worlds, expected one",
+                               driver.name, worlds.size());
   }
-  return configure(std::move(world), options);
-}
-
-std::string trace_file_for(const World& world, const std::string& path) {
-  if (world.held_ranks().size() == static_cast<size_t>(world.size())) return path;
-  const std::string tag = world.held_ranks().size() == 1
-                              ? fmt::format("rank{}", world.held_ranks()[0])
-                              : fmt::format("ranks{}", fmt::join(world.held_ranks(), "_"));
-  const size_t slash = path.find_last_of('/');
-  const size_t dot = path.find_last_of('.');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) ||
-      dot == (slash == std::string::npos ? 0 : slash + 1)) {
-    return fmt::format("{}.{}", path, tag);
-  }
-  return fmt::format("{}.{}{}", path.substr(0, dot), tag, path.substr(dot));
+  return worlds.front();
 }
 
 void finish_world(const World& world) {
   if (!world.defined()) return;
   const std::string& path = world.state().trace_path;
   if (!path.empty()) trace().to_chrome_json(trace_file_for(world, path));
-#if SPMD_HAVE_NCCL
-  if (world.backend_name() == "nccl") dynamic_cast<NcclBackend&>(world.backend()).shutdown();
-#endif
-#if SPMD_HAVE_MPI
-  // The nccl backend initializes MPI too when mpirun started it (the unique id's MPI_Bcast).
-  if (world.backend_name() == "mpi" || world.backend_name() == "nccl") mpi_finalize();
-#endif
+  if (world.state().session) world.state().session->finish();
 }
 
 std::vector<RankOutcome> run_rank_threads(const LaunchOptions& options,
                                           const std::function<int(World&)>& program) {
-  const int size = options.world_size.value_or(8);
-  std::shared_ptr<const Topology> topology;
-  if (!options.topology_path.empty()) {
-    topology = std::make_shared<Topology>(Topology::load(options.topology_path));
-  }
-  auto hub = std::make_shared<ThreadsHub>(size);
-  std::vector<RankOutcome> outcomes(static_cast<size_t>(size));
-  for (int rank = 0; rank < size; ++rank) outcomes[static_cast<size_t>(rank)].rank = rank;
+  std::vector<World> worlds = start_worlds(driver_of(options), options);
+  const std::shared_ptr<BackendSession> session = worlds.front().state().session;
+  std::vector<RankOutcome> outcomes(worlds.size());
+  for (size_t i = 0; i < worlds.size(); ++i) outcomes[i].rank = worlds[i].held_ranks().front();
   std::atomic<uint64_t> failures{0};
-  auto run_rank = [&](int rank) {
-    RankOutcome& outcome = outcomes[static_cast<size_t>(rank)];
+  // Each thread owns its world and drops it before reporting the rank finished.
+  auto finished = [&](const std::vector<int>& ranks, const std::string& how) {
+    if (!session) return;
+    for (int rank : ranks) session->rank_finished(rank, how);
+  };
+  auto run_world = [&](size_t index, World world) {
+    RankOutcome& outcome = outcomes[index];
+    const std::vector<int> ranks = world.held_ranks();
     std::string how = "returned";
-    {
-      auto state = std::make_shared<WorldState>();
-      state->size = size;
-      state->held_ranks = {rank};
-      state->coordinator = rank == 0;
-      state->backend_name = "threads";
-      state->backend = std::make_shared<ThreadsBackend>(hub, rank);
-      state->topology = topology;
-      state->debug = options.debug;
-      World world(std::move(state));
-      t_rank_world = &world;
-      try {
-        outcome.code = program(world);
-      } catch (...) {
-        outcome.error = std::current_exception();
-        outcome.failure_order = failures++;
-        how = fmt::format("threw {}", error_type(outcome.error));
-      }
-      t_rank_world = nullptr;
+    t_rank_world = &world;
+    try {
+      outcome.code = program(world);
+    } catch (...) {
+      outcome.error = std::current_exception();
+      outcome.failure_order = failures++;
+      how = fmt::format("threw {}", error_type(outcome.error));
     }
-    hub->rank_finished(rank, how);
+    t_rank_world = nullptr;
+    world = World();
+    finished(ranks, how);
   };
   std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(size));
-  for (int rank = 0; rank < size; ++rank) {
+  threads.reserve(worlds.size());
+  for (size_t i = 0; i < worlds.size(); ++i) {
     try {
-      threads.emplace_back(run_rank, rank);
+      threads.emplace_back(run_world, i, std::move(worlds[i]));
     } catch (...) {
-      // The ranks without a thread count as finished, so the started ones do not wait for them.
-      for (int r = rank; r < size; ++r) {
-        outcomes[static_cast<size_t>(r)].error = std::current_exception();
-        outcomes[static_cast<size_t>(r)].failure_order = failures++;
-        hub->rank_finished(r, "never started: its thread could not be created");
+      // The worlds without a thread count as finished, so the started ones do not wait for them.
+      for (size_t j = i; j < worlds.size(); ++j) {
+        outcomes[j].error = std::current_exception();
+        outcomes[j].failure_order = failures++;
+        const std::vector<int> ranks =
+            worlds[j].defined() ? worlds[j].held_ranks() : std::vector<int>{outcomes[j].rank};
+        worlds[j] = World();
+        finished(ranks, "never started: its thread could not be created");
       }
       break;
     }
   }
   for (std::thread& t : threads) t.join();
-  hub->close();
+  if (session) session->finish();
   return outcomes;
 }
 
@@ -412,22 +263,12 @@ void report_error(const std::exception_ptr& error, const World& world) {
 }
 
 void abort_job(int code) {
-#if SPMD_HAVE_NCCL
-  // Peers blocked in a collective with this process see aborted communicators, not silence.
-  const bool nccl = nccl_abort_communicators();
-#endif
-#if SPMD_HAVE_MPI
-  mpi_abort(code);
-#endif
-#if SPMD_HAVE_NCCL
-  if (nccl) {
-    // NCCL's threads and communicators are in no state for an orderly exit: end here, so the
-    // launcher sees the code and stops the other ranks.
-    std::fflush(nullptr);
-    std::_Exit(code);
+  // In reverse catalog order, so a backend that bootstraps over another one's library ends its
+  // own resources before that library ends the job.
+  const std::vector<const BackendDriver*> drivers = backend_drivers();
+  for (auto it = drivers.rbegin(); it != drivers.rend(); ++it) {
+    if ((*it)->abort_job) (*it)->abort_job(code);
   }
-#endif
-  (void)code;
 }
 
 namespace detail {
@@ -437,7 +278,7 @@ int launch_program(int& argc, char** argv, const std::function<int(World&)>& pro
   int failure_code = kLaunchErrorCode;
   try {
     const LaunchOptions options = parse_launch_options(argc, argv);
-    if (options.backend == "threads") return run_threads(options, program);
+    if (driver_of(options).thread_per_world) return run_threads(options, program);
     world = make_world(options);
     failure_code = kProgramErrorCode;
     const int code = program(world);

@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include <spmd/collectives/trace_export.h>
 #include <spmd/runtime/options.h>
 #include <spmd/sim/world.h>
 
@@ -71,13 +72,15 @@ int launch(int& argc, char** argv, Program&& program) {
   });
 }
 
-// The world `options` describe, for this process, without running a program (tests, tools):
-// sim holds every rank; mpi holds the rank mpirun/srun gave this process and initializes MPI;
-// nccl holds this process's rank(s) and creates their world communicators (Note [NCCL bootstrap]).
-// Applies the debug options, the topology file and the trace settings. Pair it with
-// finish_world(). ConfigError/Unsupported as for launch(). Under threads a world exists only on
-// a rank thread of run_rank_threads(): there this returns that thread's world, elsewhere it
-// throws ConfigError.
+// The world `options` describe, for this process, without running a program (tests, tools), made
+// by the backend's driver (Note [Backend drivers] in sim/backend_driver.h): sim holds every rank;
+// mpi holds the rank mpirun/srun gave this process and initializes MPI; nccl holds this process's
+// rank(s) and creates their world communicators (Note [NCCL bootstrap]). Applies the debug
+// options (set_debug), the topology file and the trace settings. Pair it with finish_world().
+// ConfigError/Unsupported as for launch(); ConfigError naming the library to link when the
+// program does not link the backend. Under a backend with one world per rank thread (threads) a
+// world exists only on a rank thread of run_rank_threads(): there this returns that thread's
+// world, elsewhere it throws ConfigError.
 World make_world(const LaunchOptions& options);
 
 // How one rank thread's program ended.
@@ -88,22 +91,21 @@ struct RankOutcome {
   uint64_t failure_order = 0;  // among the ranks that threw: 0 for the first, 1 for the next, ...
 };
 
-// The threads backend's run: `program` once per rank on options.world_size threads (default 8),
-// each with its own World holding its rank (rank 0 is the coordinator) and a ThreadsBackend
-// sharing one hub (backends/threads/backend.h), with the debug options and topology applied.
-// Returns when every thread has ended, one outcome per rank, by rank. Prints nothing and writes
-// no trace file (launch() does both). A rank's failure reaches its peers as a DeadlockError
-// in whatever collective still waits for it, so no thread is left waiting.
+// The threads backend's run: `program` once per world that options.backend's driver starts, each on
+// its own thread. Under threads that is options.world_size worlds (default 8), each holding its
+// rank (rank 0 is the coordinator) with a ThreadsBackend sharing one hub
+// (backends/threads/backend.h), with the debug options and topology applied. Returns when every
+// thread has ended, one outcome per world, by rank. Prints nothing and writes no trace file
+// (launch() does both). A rank's failure reaches its peers (BackendSession::rank_finished) as a
+// DeadlockError in whatever collective still waits for it, so no thread is left waiting.
 std::vector<RankOutcome> run_rank_threads(const LaunchOptions& options,
                                           const std::function<int(World&)>& program);
 
-// The end of a world from make_world(): writes its trace file (Note [Trace files]) and shuts the
-// backend's library down (MPI_Finalize; no other world of that backend may be used afterwards).
+// The end of a world from make_world(): writes its trace file (Note [Trace files];
+// trace_file_for in collectives/trace_export.h names it) and shuts the backend's library down
+// (BackendSession::finish: MPI_Finalize; no other world of that backend may be used afterwards).
 // Calling it again does nothing more.
 void finish_world(const World& world);
-
-// The trace file of this process under `world` (Note [Trace files]).
-std::string trace_file_for(const World& world, const std::string& path);
 
 // "CommError: message": the spmd::Error subclass's name (other exceptions: "error") and the
 // message.
@@ -114,9 +116,10 @@ void report_error(const std::exception_ptr& error, const World& world);
 // The same for an explicit rank list: "[rank 3] ", "[ranks 0-7] ", "[ranks 0-2,5] ".
 void report_error(const std::exception_ptr& error, const std::vector<int>& ranks);
 
-// Ends every process of the job with `code` when a real backend's library is running: MPI_Abort
-// under mpi; under nccl this process's communicators are aborted (its peers' collectives fail)
-// and it exits with `code` (spmdrun then stops the others). Returns otherwise.
+// Ends every process of the job with `code` when a real backend's library is running (each linked
+// driver's abort_job): MPI_Abort under mpi; under nccl this process's communicators are aborted
+// (its peers' collectives fail) and it exits with `code` (spmdrun then stops the others). Returns
+// otherwise.
 void abort_job(int code);
 
 }  // namespace spmd

@@ -1,4 +1,4 @@
-// spmd/runtime/options.cpp: --spmd-* flags, SPMD_* variables and launcher detection.
+// spmd/runtime/options.cpp: --spmd-* flags and SPMD_* variables.
 #include <spmd/runtime/options.h>
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 
 #include <spmd/core/env.h>
 #include <spmd/core/error.h>
+#include <spmd/sim/backend_driver.h>
 
 namespace spmd {
 namespace {
@@ -81,20 +82,19 @@ void apply(LaunchOptions& o, std::string_view flag, const std::string& value,
   }
 }
 
-int env_int(const char* name, int fallback) {
-  const auto value = env_value(name);
-  if (!value) return fallback;
-  const auto n = parse_int(*value);
-  if (!n) throw_error<ConfigError>("{}='{}' is not an integer", name, *value);
-  return *n;
-}
-
 }  // namespace
 
+const std::vector<std::string>& backend_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const KnownBackend& k : known_backends()) out.emplace_back(k.name);
+    return out;
+  }();
+  return names;
+}
+
 std::string backend_list() {
-  std::string out;
-  for (const std::string& name : backend_names()) out += (out.empty() ? "" : ", ") + name;
-  return out;
+  return known_backend_list();
 }
 
 DebugOptions parse_debug_options(std::string_view list, std::string_view source) {
@@ -163,38 +163,6 @@ LaunchOptions parse_launch_options(int& argc, char** argv) {
   argc = out;
   argv[argc] = nullptr;
   return o;
-}
-
-std::optional<LauncherInfo> detect_launcher() {
-  struct Source {
-    const char* name;
-    const char* rank;
-    const char* size;
-    const char* local_rank;
-    const char* local_size;
-  };
-  static constexpr Source kSources[] = {
-      {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-       "OMPI_COMM_WORLD_LOCAL_SIZE"},
-      {"srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
-      {"spmdrun", "SPMD_RANK", "SPMD_WORLD_SIZE", "SPMD_LOCAL_RANK", "SPMD_LOCAL_WORLD_SIZE"},
-  };
-  for (const Source& s : kSources) {
-    if (!env_value(s.rank) || !env_value(s.size)) continue;
-    LauncherInfo info;
-    info.name = s.name;
-    info.rank = env_int(s.rank, 0);
-    info.size = env_int(s.size, 0);
-    info.local_rank = env_int(s.local_rank, 0);
-    info.local_size = s.local_size ? env_int(s.local_size, 0) : 0;
-    info.size_variable = s.size;
-    if (info.size < 1 || info.rank < 0 || info.rank >= info.size) {
-      throw_error<ConfigError>("{}: {}={} and {}={} do not describe a rank of the job", s.name,
-                               s.rank, info.rank, s.size, info.size);
-    }
-    return info;
-  }
-  return std::nullopt;
 }
 
 }  // namespace spmd

@@ -1,5 +1,5 @@
-// spmd/runtime/options.h: what launch() reads from the command line and the environment, and which
-// launcher (mpirun, srun, spmdrun) started this process.
+// spmd/runtime/options.h: what launch() reads from the command line and the environment. Which
+// launcher (mpirun, srun, spmdrun) started this process is sim/launcher.h.
 //
 // Every flag has an environment variable; a flag wins over its variable:
 //   --spmd-backend=sim|threads|mpi|nccl   SPMD_BACKEND     (default sim)
@@ -23,15 +23,15 @@
 #include <string_view>
 #include <vector>
 
+#include <spmd/sim/launcher.h>
 #include <spmd/sim/world.h>
 
 namespace spmd {
 
-// The backends launch() knows, in the order error messages list them.
-inline const std::vector<std::string>& backend_names() {
-  static const std::vector<std::string> names = {"sim", "threads", "mpi", "nccl"};
-  return names;
-}
+// The backends launch() knows, built into this installation or not, in the order error messages
+// list them (known_backends() in sim/backend_driver.h). Whether a program can run one depends on
+// the libraries it links: spmd::spmd (sim, threads, mpi) or spmd::nccl.
+const std::vector<std::string>& backend_names();
 
 // "sim, threads, mpi, nccl".
 std::string backend_list();
@@ -54,26 +54,12 @@ struct LaunchOptions {
 LaunchOptions launch_options_from_env();
 // The environment's options overridden by the --spmd-* flags of argv. The flags are removed from
 // argv and argc is updated (argv[argc] stays nullptr). ConfigError for an unknown --spmd-* flag,
-// a flag without its value, an unknown backend or debug check, or a world size that is not a
-// positive integer.
+// a flag without its value, a backend name spmdsim does not have, an unknown debug check, or a
+// world size that is not a positive integer. (A backend this build or program lacks is reported
+// when the world is made: make_world, launch().)
 LaunchOptions parse_launch_options(int& argc, char** argv);
 // "check,nan" -> DebugOptions{.check = true, .nan = true}; empty items are skipped. ConfigError
 // naming `source` and the valid checks for anything else.
 DebugOptions parse_debug_options(std::string_view list, std::string_view source = "--spmd-debug");
-
-// The process launcher that started this process, from its environment.
-struct LauncherInfo {
-  std::string name;           // "mpirun", "srun" or "spmdrun"
-  int rank = 0;               // this process's rank in the job
-  int size = 0;               // processes in the job
-  int local_rank = 0;         // rank among the processes on this host
-  int local_size = 0;         // processes on this host; 0 when the launcher does not say
-  std::string size_variable;  // the variable the size came from, e.g. "OMPI_COMM_WORLD_SIZE"
-};
-// mpirun (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE), srun (SLURM_PROCID, SLURM_NTASKS,
-// SLURM_LOCALID) or spmdrun (SPMD_RANK, SPMD_WORLD_SIZE, SPMD_LOCAL_RANK, SPMD_LOCAL_WORLD_SIZE),
-// checked in that order; nullopt when none is set. ConfigError when a variable is not a number or
-// the rank is outside 0..size-1.
-std::optional<LauncherInfo> detect_launcher();
 
 }  // namespace spmd

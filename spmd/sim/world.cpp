@@ -1,13 +1,26 @@
-// spmd/sim/world.cpp: World accessors. Factories for each backend live in runtime/.
+// spmd/sim/world.cpp: World accessors, and World::sim through the sim backend's driver.
 #include <spmd/sim/world.h>
 
 #include <algorithm>
 
 #include <spmd/core/error.h>
+#include <spmd/sim/backend_driver.h>
+#include <spmd/sim/topology.h>
 
 namespace spmd {
 
 World::World(std::shared_ptr<WorldState> state) : state_(std::move(state)) {}
+
+World World::sim(int world_size) {
+  if (world_size < 1) {
+    throw_error<ConfigError>("World::sim: world size must be at least 1, got {}", world_size);
+  }
+  const std::string source = fmt::format("World::sim({})", world_size);
+  WorldRequest request;
+  request.world_size = world_size;
+  request.world_size_source = source;
+  return backend_driver("sim", source).start(request).front();
+}
 
 const WorldState& World::checked(const char* op) const {
   if (!state_) throw_error<Error>("World::{}: the world is undefined (default-constructed)", op);
@@ -42,6 +55,10 @@ std::string World::backend_name() const {
   return checked("backend_name").backend_name;
 }
 
+const std::string& World::device_type() const {
+  return checked("device_type").device_type;
+}
+
 bool World::is_coordinator() const {
   return checked("is_coordinator").coordinator;
 }
@@ -58,6 +75,17 @@ const std::shared_ptr<Backend>& World::backend_ptr() const {
 
 const DebugOptions& World::debug() const {
   return checked("debug").debug;
+}
+
+void World::store_debug(const DebugOptions& debug, std::shared_ptr<const void> hooks) {
+  checked("store_debug");
+  state_->debug = debug;
+  state_->debug_hooks = std::move(hooks);
+}
+
+const Topology& World::topology() const {
+  const auto& state = checked("topology");
+  return state.topology ? *state.topology : default_topology();
 }
 
 void World::set_topology(std::shared_ptr<const Topology> topology) {

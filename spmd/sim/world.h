@@ -5,7 +5,8 @@
 // `threads` each rank thread gets its own World holding its rank; under `mpi` and `nccl` each
 // process holds its rank (or, for a process driving several GPUs, its ranks). Meshes, local
 // tensors and collectives take their rank set and backend from it. World is a cheap handle;
-// copies share one WorldState. runtime/ builds worlds for each backend (World::sim, launch()).
+// copies share one WorldState. Each backend's driver builds its worlds (sim/backend_driver.h);
+// World::sim and launch() (runtime/) ask it.
 #pragma once
 
 #include <memory>
@@ -16,10 +17,12 @@
 
 namespace spmd {
 
-class Backend;   // collectives/backend.h
-class Topology;  // collectives/cost_model.h
+class Backend;         // collectives/backend.h
+class BackendSession;  // sim/backend_driver.h
+class Topology;        // sim/topology.h
 
-// The checks --spmd-debug turns on (debug/ implements them).
+// The checks --spmd-debug turns on (debug/ implements them; set_debug in debug/checks.h turns
+// them on for a world).
 struct DebugOptions {
   bool check = false;        // every DTensor op also runs on full tensors and is compared (sim)
   bool replicate = false;    // Replicate-placed shards must stay identical in their group (sim)
@@ -29,14 +32,18 @@ struct DebugOptions {
   bool any() const { return check || replicate || fingerprint || nan; }
 };
 
-// The state World handles share. Filled in by runtime/ when a world is created.
+// The state World handles share. Filled in by the backend's driver when a world is created.
 struct WorldState {
   int size = 0;
   std::vector<int> held_ranks;  // ascending
   std::vector<Device> devices;  // the device of each held rank, in held_ranks order; empty: CPU
   bool coordinator = false;     // true in exactly one process / rank thread
   std::string backend_name;
+  std::string device_type = "cpu";  // where the ranks' tensors live: "cpu" or "cuda"
   std::shared_ptr<Backend> backend;
+  // What the worlds of one driver start() share (sim/backend_driver.h); null for a world built by
+  // hand.
+  std::shared_ptr<BackendSession> session;
   std::shared_ptr<const Topology> topology;  // null: the default topology
   DebugOptions debug;
   // Keeps debug/'s observers of ops and collectives installed while a world with checks lives.
@@ -50,7 +57,8 @@ class World {
   World() = default;
   explicit World(std::shared_ptr<WorldState> state);
 
-  // A lockstep simulated world holding ranks 0..world_size-1 (defined in runtime/).
+  // A lockstep simulated world holding ranks 0..world_size-1, from the sim backend's driver.
+  // ConfigError when world_size < 1, or when the program does not link the sim backend.
   static World sim(int world_size);
 
   bool defined() const { return state_ != nullptr; }
@@ -62,6 +70,9 @@ class World {
   // the CPU everywhere else. Error when `rank` is not held.
   Device device_of(int rank) const;
   std::string backend_name() const;
+  // "cpu", or "cuda" when the backend puts the ranks' tensors on GPUs (nccl): the device type of
+  // the meshes built on this world.
+  const std::string& device_type() const;
   bool is_coordinator() const;
 
   Backend& backend() const;
@@ -70,11 +81,9 @@ class World {
   const Topology& topology() const;
   void set_topology(std::shared_ptr<const Topology> topology);
   const DebugOptions& debug() const;
-  // Turns the checks of --spmd-debug on or off for this world (defined in debug/checks.cpp).
-  // ConfigError for check or replicate on a world that does not hold every rank (they compare
-  // every rank's piece: sim only). fingerprint is read by a real backend when it is created
-  // (launch(), make_world()), not here.
-  void set_debug(const DebugOptions& debug);
+  // Stores `debug` and keeps `hooks` (debug/'s observers) alive as long as the world. Call
+  // set_debug (debug/checks.h) instead: it checks the options and installs the observers.
+  void store_debug(const DebugOptions& debug, std::shared_ptr<const void> hooks);
   const WorldState& state() const;
 
   bool operator==(const World& other) const { return state_ == other.state_; }

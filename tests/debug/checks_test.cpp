@@ -29,7 +29,7 @@ void drop_cached_worlds() {
 
 World debug_world(int size, DebugOptions debug) {
   World world = World::sim(size);
-  world.set_debug(debug);
+  set_debug(world, debug);
   return world;
 }
 
@@ -172,9 +172,9 @@ TEST(CheckMode, RefusedWhereTheProcessDoesNotHoldEveryRank) {
   state->held_ranks = {1};
   state->backend_name = "mpi";
   World world(state);
-  expect_throws<ConfigError>([&] { world.set_debug({.check = true}); },
+  expect_throws<ConfigError>([&] { set_debug(world, {.check = true}); },
                              {"--spmd-debug=check", "the sim backend", "holds rank(s) 1"});
-  EXPECT_NO_THROW(world.set_debug({.fingerprint = true, .nan = true}));
+  EXPECT_NO_THROW(set_debug(world, {.fingerprint = true, .nan = true}));
 }
 
 TEST(CheckMode, ObserversLeaveWithTheLastWorld) {
@@ -185,7 +185,7 @@ TEST(CheckMode, ObserversLeaveWithTheLastWorld) {
   }
   EXPECT_FALSE(has_op_observers());
   World world = debug_world(2, {.nan = true});
-  world.set_debug({});
+  set_debug(world, {});
   EXPECT_FALSE(has_op_observers());
 }
 

@@ -11,6 +11,7 @@
 
 #include <spmd/collectives/cost_model.h>
 #include <spmd/collectives/trace.h>
+#include <spmd/debug/visualize.h>
 #include <spmd/dtensor/dtensor.h>
 #include <spmd/dtensor/redistribute.h>
 #include "tests/dtensor/dtensor_test_support.h"

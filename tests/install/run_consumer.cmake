@@ -1,5 +1,8 @@
 # Installs the build tree into a fresh prefix, then configures, builds and runs the consumer
-# project against it. Invoked by CTest with -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=...
+# project against it, and checks what its programs link (ldd): `consumer` (spmd::spmd) no CUDA,
+# cuBLAS or NCCL; in builds with NCCL, `consumer_nccl` (spmd::nccl too) all three, and its nccl
+# driver registered. Invoked by CTest with -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=...
+# -DHAVE_NCCL=0|1.
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 function(step)
@@ -8,9 +11,48 @@ function(step)
     message(FATAL_ERROR "step failed (${rc}): ${ARGN}\n${out}\n${err}")
   endif()
   message(STATUS "${out}")
+  set(step_output "${out}" PARENT_SCOPE)
 endfunction()
+
+# The libraries of CUDA, cuBLAS and NCCL that `program` needs at run time, per ldd.
+function(gpu_libraries program out)
+  execute_process(COMMAND ldd "${program}" RESULT_VARIABLE rc OUTPUT_VARIABLE text)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "ldd ${program} failed (${rc})")
+  endif()
+  string(REGEX MATCHALL "lib(cudart|cublas|nccl)[.]so[^ \t]*" found "${text}")
+  list(REMOVE_DUPLICATES found)
+  set(${out} "${found}" PARENT_SCOPE)
+endfunction()
+
 step("${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${WORK_DIR}/prefix")
 step("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/install/consumer" -B "${WORK_DIR}/build"
      "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix" -DCMAKE_BUILD_TYPE=Release)
 step("${CMAKE_COMMAND}" --build "${WORK_DIR}/build")
+
 step("${WORK_DIR}/build/consumer")
+if(step_output MATCHES "nccl")
+  message(FATAL_ERROR "consumer links only spmd::spmd, yet its backends include nccl:\n${step_output}")
+endif()
+gpu_libraries("${WORK_DIR}/build/consumer" found)
+if(found)
+  message(FATAL_ERROR "consumer links only spmd::spmd, yet needs ${found} (ldd)")
+endif()
+message(STATUS "consumer (spmd::spmd): no libcudart, libcublas or libnccl (ldd)")
+
+if(HAVE_NCCL)
+  if(NOT EXISTS "${WORK_DIR}/build/consumer_nccl")
+    message(FATAL_ERROR "the build has NCCL, but the installed package gave the consumer no spmd::nccl")
+  endif()
+  step("${WORK_DIR}/build/consumer_nccl")
+  if(NOT step_output MATCHES "backends linked: [^\n]*nccl")
+    message(FATAL_ERROR "consumer_nccl links spmd::nccl, yet its nccl driver is missing:\n${step_output}")
+  endif()
+  gpu_libraries("${WORK_DIR}/build/consumer_nccl" found)
+  foreach(lib cudart cublas nccl)
+    if(NOT found MATCHES "lib${lib}")
+      message(FATAL_ERROR "consumer_nccl links spmd::nccl, yet does not need lib${lib} (ldd: ${found})")
+    endif()
+  endforeach()
+  message(STATUS "consumer_nccl (spmd::nccl): ${found} (ldd)")
+endif()

@@ -260,7 +260,10 @@ TEST(MakeWorld, BackendsThisBuildCannotMake) {
   LaunchOptions o;
   o.backend = "nccl";
 #if SPMD_HAVE_NCCL
-  expect_throws<Unsupported>([&] { make_world(o); }, {"nccl"});
+  // This test links spmd::spmd only.
+  expect_throws<ConfigError>(
+      [&] { make_world(o); },
+      {"the nccl backend is not linked into this program: link it with spmd::nccl"});
 #else
   expect_throws<Unsupported>(
       [&] { make_world(o); },

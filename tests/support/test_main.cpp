@@ -12,15 +12,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
-#include <spmd/config.h>
 #include <spmd/core/env.h>
 #include <spmd/runtime/launch.h>
+#include <spmd/sim/backend_driver.h>
 #include "tests/support/world_env.h"
-#if SPMD_HAVE_NCCL
-#include <spmd/tensor/cuda/device.h>
-#endif
 
 namespace {
 
@@ -59,16 +57,15 @@ int main(int argc, char** argv) {
   // threads runs in this process like sim: the rank threads report through GoogleTest.
   const std::string backend = spmd::env_value("SPMD_BACKEND").value_or("sim");
   const bool real_backend = backend != "sim" && backend != "threads";
-#if SPMD_HAVE_NCCL
-  // Without a usable GPU the nccl runs are skipped (CTest's SKIP_RETURN_CODE 77), in every rank.
-  if (backend == "nccl" && !GTEST_FLAG_GET(list_tests)) {
-    const spmd::CudaDevices gpus = spmd::probe_cuda_devices();
-    if (gpus.count == 0) {
-      std::printf("[  SKIPPED ] no usable GPU for the nccl backend: %s\n", gpus.error.c_str());
+  // A backend that cannot start on this machine (nccl without a usable GPU) skips the run
+  // (CTest's SKIP_RETURN_CODE 77), in every rank.
+  const spmd::BackendDriver* driver = spmd::find_backend_driver(backend);
+  if (driver && driver->unavailable && !GTEST_FLAG_GET(list_tests)) {
+    if (const std::optional<std::string> why = driver->unavailable()) {
+      std::printf("[  SKIPPED ] %s\n", why->c_str());
       return 77;
     }
   }
-#endif
   spmd::World world;
   try {
     if (real_backend && !GTEST_FLAG_GET(list_tests)) {

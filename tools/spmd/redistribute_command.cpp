@@ -20,6 +20,7 @@
 #include <spmd/collectives/cost_model.h>
 #include <spmd/collectives/trace.h>
 #include <spmd/core/error.h>
+#include <spmd/debug/visualize.h>
 #include <spmd/dtensor/dtensor.h>
 #include <spmd/dtensor/redistribute.h>
 #include <spmd/dtensor/spec.h>

@@ -41,7 +41,7 @@ TraceFile read_all(const std::vector<std::string>& files) {
   return all;
 }
 
-// The rows of summary_table (debug/trace_export.cpp) as values for --json: per (op, dim) in
+// The rows of summary_table (collectives/trace_export.cpp) as values for --json: per (op, dim) in
 // first-seen order, one call per (group, sequence number) with its estimate once and its slowest
 // rank's time, and every rank's input bytes.
 std::vector<TraceSummaryRow> summary_rows(const std::vector<TraceRecord>& records) {

@@ -7,17 +7,19 @@
 #include <fmt/format.h>
 
 #include <spmd/config.h>
+#include <spmd/sim/backend_driver.h>
 #include "tools/spmd/cli.h"
 
 namespace spmd::cli {
 namespace {
 
-// The backends compiled into this build, in the order runtime/options.h lists them. sim and threads
-// are always built (backends/CMakeLists.txt).
+// The backends compiled into this build, in the catalog's order (sim/backend_driver.h); a program
+// gets nccl only by linking spmd::nccl.
 std::vector<std::string> built_backends() {
-  std::vector<std::string> out = {"sim", "threads"};
-  if (SPMD_HAVE_MPI) out.emplace_back("mpi");
-  if (SPMD_HAVE_NCCL) out.emplace_back("nccl");
+  std::vector<std::string> out;
+  for (const KnownBackend& k : known_backends()) {
+    if (k.built) out.emplace_back(k.name);
+  }
   return out;
 }
 

@@ -54,14 +54,6 @@
 
 namespace spmd {
 
-// A collective that can never complete under the threads backend: a member of its group has
-// finished without making the call, or every unfinished rank waits in a collective that lacks a
-// member (Note [Threads deadlock detection]). A CollectiveMismatchError: on a cluster it is the
-// same bug, a rank that did not make the call its peers made.
-class DeadlockError : public CollectiveMismatchError {
-  using CollectiveMismatchError::CollectiveMismatchError;
-};
-
 // The state the rank threads of one run share: the rendezvous of every group and the state of
 // every rank. Thread-safe. Created by the launcher for `world_size` ranks, all running.
 class ThreadsHub {

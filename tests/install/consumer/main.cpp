@@ -1,17 +1,36 @@
-// A minimal program against the installed spmdsim: the umbrella header, a tensor op, a mesh and
-// a collective under the sim backend. Prints "consumer ok" on success.
+// A minimal program against the installed spmdsim: the umbrella header beside the consumer's own
+// core/error.h and tensor/tensor.h, then launch() running a tensor op, a mesh and a collective
+// under the sim backend. Prints the backends the program links and "consumer ok" on success.
 #include <spmd/spmd.h>
 
 #include <cstdio>
+#include <string>
 
-int main() {
-  using namespace spmd;
-  World world = World::sim(4);
-  DeviceMesh mesh = init_device_mesh(world, {2, 2}, {"dp", "tp"});
-  LocalTensor x = LocalTensor::from_fn(world, [](int r) { return full({2}, r); });
-  Tensor total = all_reduce(x, mesh, "tp").shard(3);
-  // Ranks 2 and 3 form the tp group of rank 3: 2 + 3 = 5.
-  if (total.to_vector<float>() != std::vector<float>{5, 5}) return 1;
-  std::printf("consumer ok (spmdsim %s)\n", SPMD_VERSION_STRING);
-  return 0;
+#define CONSUMER_OWN_HEADERS
+#include "core/error.h"
+#include "tensor/tensor.h"
+#undef CONSUMER_OWN_HEADERS
+
+int main(int argc, char** argv) {
+  const consumer::Error mine("the consumer's own Error");
+  const consumer::Tensor own{4};
+  std::string linked;
+  for (const spmd::BackendDriver* driver : spmd::backend_drivers()) {
+    linked += (linked.empty() ? "" : ", ") + driver->name;
+  }
+  std::printf("backends linked: %s\n", linked.c_str());
+  return spmd::launch(argc, argv, [&](spmd::World& world) {
+    using namespace spmd;
+    DeviceMesh mesh = init_device_mesh(world, {world.size() / 2, 2}, {"dp", "tp"});
+    LocalTensor x = LocalTensor::from_fn(world, [](int r) { return full({2}, r); });
+    Tensor total = all_reduce(x, mesh, "tp").shard(3);
+    // Ranks 2 and 3 form the tp group of rank 3: 2 + 3 = 5.
+    if (total.to_vector<float>() != std::vector<float>{5, 5} || own.elements != 4 ||
+        mine.what().empty()) {
+      return 1;
+    }
+    std::printf("consumer ok (spmdsim %s, %s backend, %d ranks)\n", SPMD_VERSION_STRING,
+                world.backend_name().c_str(), world.size());
+    return 0;
+  });
 }

@@ -1,14 +1,14 @@
-// spmd/debug/flight_recorder.cpp: the flight recorder's dump (Note [Flight recorder] in
+// spmd/collectives/flight_recorder.cpp: the flight recorder's dump (Note [Flight recorder] in
 // collectives/trace.h).
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
 
 #include <spmd/collectives/trace.h>
+#include <spmd/collectives/trace_export.h>
 #include <spmd/core/env.h>
 #include <spmd/core/error.h>
-#include <spmd/debug/trace_file.h>
-#include <spmd/runtime/launch.h>
+#include <spmd/sim/world.h>
 
 namespace spmd {
 namespace {

@@ -1,21 +1,24 @@
-// spmd/debug/trace_export.cpp: Trace exporters: Chrome trace JSON and the per-op summary table, for
-// the process's trace and for records read back from files (debug/trace_file.h has the format).
+// spmd/collectives/trace_export.cpp: Trace exporters: Chrome trace JSON and the per-op summary
+// table, for the process's trace and for records read back from files (debug/trace_file.h has the
+// format).
 //
 // Chrome trace JSON ("Trace Event Format"): one process, one track (tid) per rank, one complete
 // event ("ph": "X") per (rank, collective call) with the record's fields under "args". It opens
 // in Perfetto (ui.perfetto.dev) and chrome://tracing. Calls that never finished (end 0) are drawn
 // as instants at their start.
+#include <spmd/collectives/trace_export.h>
+
 #include <algorithm>
 #include <fstream>
 #include <map>
 #include <tuple>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <spmd/collectives/fingerprint.h>
-#include <spmd/collectives/trace.h>
 #include <spmd/core/error.h>
-#include <spmd/debug/trace_file.h>
+#include <spmd/sim/world.h>
 
 namespace spmd {
 namespace {
@@ -150,6 +153,20 @@ std::string format_record(const TraceRecord& r) {
     text += " (pending)";
   }
   return text;
+}
+
+std::string trace_file_for(const World& world, const std::string& path) {
+  if (world.held_ranks().size() == static_cast<size_t>(world.size())) return path;
+  const std::string tag = world.held_ranks().size() == 1
+                              ? fmt::format("rank{}", world.held_ranks()[0])
+                              : fmt::format("ranks{}", fmt::join(world.held_ranks(), "_"));
+  const size_t slash = path.find_last_of('/');
+  const size_t dot = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) ||
+      dot == (slash == std::string::npos ? 0 : slash + 1)) {
+    return fmt::format("{}.{}", path, tag);
+  }
+  return fmt::format("{}.{}{}", path.substr(0, dot), tag, path.substr(dot));
 }
 
 std::string Trace::to_chrome_json_string() const {

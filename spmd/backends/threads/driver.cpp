@@ -1,0 +1,62 @@
+// spmd/backends/threads/driver.cpp: the threads backend's driver (Note [Backend drivers] in
+// sim/backend_driver.h): one world per rank, each run by launch() on its own thread, their
+// ThreadsBackends sharing one ThreadsHub.
+#include <memory>
+
+#include <spmd/backends/threads/backend.h>
+#include <spmd/core/error.h>
+#include <spmd/sim/backend_driver.h>
+
+namespace spmd {
+namespace {
+
+constexpr int kDefaultWorldSize = 8;
+
+// The hub is the session: a finished rank fails the rendezvous waiting for it (Note [Threads
+// deadlock detection]); finish() drops the rendezvous still held once every thread has ended.
+class ThreadsSession final : public BackendSession {
+ public:
+  explicit ThreadsSession(std::shared_ptr<ThreadsHub> hub) : hub_(std::move(hub)) {}
+  void rank_finished(int rank, const std::string& how) override { hub_->rank_finished(rank, how); }
+  void finish() override { hub_->close(); }
+
+ private:
+  std::shared_ptr<ThreadsHub> hub_;
+};
+
+std::vector<World> start_threads(const WorldRequest& request) {
+  const int size = request.world_size.value_or(kDefaultWorldSize);
+  if (size < 1) {
+    throw_error<ConfigError>("{}: the threads backend needs a world size of at least 1, got {}",
+                             request.world_size_source, size);
+  }
+  auto hub = std::make_shared<ThreadsHub>(size);
+  auto session = std::make_shared<ThreadsSession>(hub);
+  std::vector<World> worlds;
+  worlds.reserve(static_cast<size_t>(size));
+  for (int rank = 0; rank < size; ++rank) {
+    auto state = std::make_shared<WorldState>();
+    state->size = size;
+    state->held_ranks = {rank};
+    state->coordinator = rank == 0;
+    state->backend_name = "threads";
+    state->backend = std::make_shared<ThreadsBackend>(hub, rank);
+    state->session = session;
+    state->debug = request.debug;
+    worlds.emplace_back(std::move(state));
+  }
+  return worlds;
+}
+
+BackendDriver threads_driver() {
+  BackendDriver d;
+  d.name = "threads";
+  d.thread_per_world = true;
+  d.start = start_threads;
+  return d;
+}
+
+}  // namespace
+}  // namespace spmd
+
+SPMD_REGISTER_BACKEND_DRIVER(threads, spmd::threads_driver)
