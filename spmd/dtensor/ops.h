@@ -278,4 +278,48 @@ inline DTensor pad(const DTensor& t, int64_t d, int64_t before, int64_t after, d
   return dispatch(op::pad, {t}, {{d, before, after}, {value}});
 }
 
+inline DTensor narrow(const DTensor& t, int64_t d, int64_t start, int64_t length) {
+  return dispatch(op::narrow, {t}, {{d, start, length}, {}});
+}
+inline DTensor select(const DTensor& t, int64_t d, int64_t index) {
+  return dispatch(op::select, {t}, {{d, index}, {}});
+}
+inline DTensor permute(const DTensor& t, const std::vector<int64_t>& dims) {
+  return dispatch(op::permute, {t}, {dims, {}});
+}
+inline DTensor unsqueeze(const DTensor& t, int64_t d) {
+  return dispatch(op::unsqueeze, {t}, {{d}, {}});
+}
+inline DTensor squeeze(const DTensor& t, int64_t d) {
+  return dispatch(op::squeeze, {t}, {{d}, {}});
+}
+inline DTensor expand(const DTensor& t, const Shape& shape) {
+  return dispatch(op::expand, {t}, {shape, {}});
+}
+inline DTensor clone(const DTensor& t) {
+  return dispatch(op::clone, {t});
+}
+// The same DTensor in another dtype.
+inline DTensor to(const DTensor& t, DType dtype) {
+  return dispatch(op::to_dtype, {t}, {{static_cast<int64_t>(dtype)}, {}});
+}
+// Elementwise comparisons with broadcasting; Bool results.
+inline DTensor eq(const DTensor& a, const DTensor& b) {
+  return dispatch(op::eq, {a, b});
+}
+inline DTensor ne(const DTensor& a, const DTensor& b) {
+  return dispatch(op::ne, {a, b});
+}
+inline DTensor lt(const DTensor& a, const DTensor& b) {
+  return dispatch(op::lt, {a, b});
+}
+inline DTensor le(const DTensor& a, const DTensor& b) {
+  return dispatch(op::le, {a, b});
+}
+inline DTensor gt(const DTensor& a, const DTensor& b) {
+  return dispatch(op::gt, {a, b});
+}
+inline DTensor ge(const DTensor& a, const DTensor& b) {
+  return dispatch(op::ge, {a, b});
+}
 }  // namespace spmd

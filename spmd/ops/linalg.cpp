@@ -8,6 +8,7 @@
 #include <optional>
 
 #include <spmd/core/error.h>
+#include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
 #include <spmd/ops/strategy.h>
 #include <spmd/tensor/device_ops.h>
@@ -147,6 +148,54 @@ std::vector<DimOption> matmul_options(const Labels& l, const std::vector<int>* c
   return options;
 }
 
+// ---- backward -----------------------------------------------------------------------------------
+
+Var transpose_last(const Var& v) {
+  return apply(op::transpose, {v}, {{-1, -2}, {}});
+}
+
+// torch.matmul's gradients: a 1-d a is a row and a 1-d b a column (put back after), batch dims
+// broadcast (summed back down to each operand's shape).
+void matmul_backward(BackwardContext& c) {
+  const Var& a = c.input(0);
+  const Var& b = c.input(1);
+  const Shape& sa = var_shape(a);
+  const Shape& sb = var_shape(b);
+  if (sa.size() == 1 && sb.size() == 1) {
+    if (c.needs_grad(0)) c.set_grad(0, apply(op::mul, {c.grad(), b}));
+    if (c.needs_grad(1)) c.set_grad(1, apply(op::mul, {c.grad(), a}));
+    return;
+  }
+  const Var a2 = sa.size() == 1 ? apply(op::unsqueeze, {a}, {{0}, {}}) : a;
+  const Var b2 = sb.size() == 1 ? apply(op::unsqueeze, {b}, {{1}, {}}) : b;
+  Var g = c.grad();
+  if (sa.size() == 1) g = apply(op::unsqueeze, {g}, {{-2}, {}});
+  if (sb.size() == 1) g = apply(op::unsqueeze, {g}, {{-1}, {}});
+  if (c.needs_grad(0)) {
+    const Var ga = sum_to(apply(op::matmul, {g, transpose_last(b2)}), var_shape(a2));
+    c.set_grad(0, sa.size() == 1 ? apply(op::reshape, {ga}, {sa, {}}) : ga);
+  }
+  if (c.needs_grad(1)) {
+    const Var gb = sum_to(apply(op::matmul, {transpose_last(a2), g}), var_shape(b2));
+    c.set_grad(1, sb.size() == 1 ? apply(op::reshape, {gb}, {sb, {}}) : gb);
+  }
+}
+
+void bmm_backward(BackwardContext& c) {
+  if (c.needs_grad(0)) c.set_grad(0, apply(op::bmm, {c.grad(), transpose_last(c.input(1))}));
+  if (c.needs_grad(1)) c.set_grad(1, apply(op::bmm, {transpose_last(c.input(0)), c.grad()}));
+}
+
+// beta * c + alpha * (a @ b).
+void addmm_backward(BackwardContext& c) {
+  const double beta = c.args().reals[0];
+  const double alpha = c.args().reals[1];
+  const Var& g = c.grad();
+  if (c.needs_grad(0)) c.set_grad(0, sum_to(g * beta, var_shape(c.input(0))));
+  if (c.needs_grad(1)) c.set_grad(1, apply(op::matmul, {g, transpose_last(c.input(2))}) * alpha);
+  if (c.needs_grad(2)) c.set_grad(2, apply(op::matmul, {transpose_last(c.input(1)), g}) * alpha);
+}
+
 }  // namespace
 
 const OpDef op::matmul{
@@ -159,7 +208,10 @@ const OpDef op::matmul{
       auto labels = matmul_labels(in[0]->shape(), in[1]->shape());
       if (!labels) return std::vector<OpStrategy>{replicate_strategy(in)};
       return expand_dim_options(in, matmul_options(*labels, nullptr));
-    }};
+    },
+    nullptr,
+    nullptr,
+    matmul_backward};
 
 const OpDef op::bmm{
     "bmm",
@@ -183,7 +235,10 @@ const OpDef op::bmm{
     [](ShardingInputs in, const OpArgs&, const OpMeta&) {
       return expand_dim_options(
           in, matmul_options(*matmul_labels(in[0]->shape(), in[1]->shape()), nullptr));
-    }};
+    },
+    nullptr,
+    nullptr,
+    bmm_backward};
 
 const OpDef op::addmm{
     "addmm",
@@ -225,6 +280,9 @@ const OpDef op::addmm{
       for (int o = 0; o < 2; ++o) c_dims.push_back(aligned_dim(in[0]->shape(), meta.shape, o));
       const auto labels = matmul_labels(in[1]->shape(), in[2]->shape());
       return expand_dim_options(in, matmul_options(*labels, &c_dims));
-    }};
+    },
+    nullptr,
+    nullptr,
+    addmm_backward};
 
 }  // namespace spmd

@@ -1,8 +1,11 @@
 // spmd/ops/op.cpp: call() and the OpArgs helpers.
 #include <spmd/ops/op.h>
 
+#include <algorithm>
+
 #include <spmd/core/error.h>
 #include <spmd/core/hash.h>
+#include <spmd/ops/autograd.h>
 
 namespace spmd {
 
@@ -46,7 +49,21 @@ OpMeta op_meta(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& ar
 }
 
 Tensor call(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args) {
-  return op.compute(inputs, args, op_meta(op, inputs, args));
+  const OpMeta meta = op_meta(op, inputs, args);
+  if (!grad_enabled() || !is_floating(meta.dtype) ||
+      std::none_of(inputs.begin(), inputs.end(),
+                   [](const Tensor& t) { return t.requires_grad(); })) {
+    return op.compute(inputs, args, meta);
+  }
+  // Note [Autograd]: the computation itself records nothing (its inner ops and Tensor methods run
+  // with grad mode off); the op is one node.
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = op.compute(inputs, args, meta);
+  }
+  const std::vector<Var> vars(inputs.begin(), inputs.end());
+  return record(op.name, &op, vars, args, out).tensor();
 }
 
 Tensor compute_piece(const OpDef& op, std::span<const Tensor> pieces, const OpArgs& args,

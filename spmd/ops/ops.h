@@ -52,6 +52,13 @@ inline constexpr OpDef div = binary_op<element::Div, PartialRule::Divisive>();
 inline constexpr OpDef maximum = binary_op<element::Maximum, PartialRule::Max>();
 inline constexpr OpDef minimum = binary_op<element::Minimum, PartialRule::Min>();
 inline constexpr OpDef pow = binary_op<element::Pow, PartialRule::None>();
+// Comparisons, elementwise with broadcasting: Bool results, no gradient.
+inline constexpr OpDef eq = binary_op<element::Eq, PartialRule::None>();
+inline constexpr OpDef ne = binary_op<element::Ne, PartialRule::None>();
+inline constexpr OpDef lt = binary_op<element::Lt, PartialRule::None>();
+inline constexpr OpDef le = binary_op<element::Le, PartialRule::None>();
+inline constexpr OpDef gt = binary_op<element::Gt, PartialRule::None>();
+inline constexpr OpDef ge = binary_op<element::Ge, PartialRule::None>();
 
 // A tensor and a scalar c = args.reals[0] (ops/pointwise.cpp): x + c, x - c, c - x, x * c, x / c,
 // c / x.
@@ -77,13 +84,22 @@ extern const OpDef amin;
 extern const OpDef softmax;
 extern const OpDef log_softmax;
 
-// Shapes (ops/shape.cpp). transpose: args.ints = [a, b]; reshape: args.ints = the shape;
-// cat and stack: args.ints = [d]; pad: args.ints = [d, before, after], args.reals = [value].
+// Shapes (ops/shape.cpp). transpose: args.ints = [a, b]; reshape and expand: the shape; cat,
+// stack, unsqueeze, squeeze: [d]; pad: [d, before, after], args.reals = [value]; narrow: [d,
+// start, length]; select: [d, index]; permute: the dims; to_dtype: [DType as an integer].
 extern const OpDef transpose;
 extern const OpDef reshape;
 extern const OpDef cat;
 extern const OpDef stack;
 extern const OpDef pad;
+extern const OpDef narrow;
+extern const OpDef select;
+extern const OpDef permute;
+extern const OpDef unsqueeze;
+extern const OpDef squeeze;
+extern const OpDef expand;
+extern const OpDef clone;
+extern const OpDef to_dtype;
 
 }  // namespace op
 
@@ -114,6 +130,25 @@ inline Tensor minimum(const Tensor& a, const Tensor& b) {
 // a to the power b, elementwise (integer and Bool inputs give F32).
 inline Tensor pow(const Tensor& a, const Tensor& b) {
   return call(op::pow, {a, b});
+}
+// Elementwise comparisons with broadcasting; Bool results (NaN compares unequal).
+inline Tensor eq(const Tensor& a, const Tensor& b) {
+  return call(op::eq, {a, b});
+}
+inline Tensor ne(const Tensor& a, const Tensor& b) {
+  return call(op::ne, {a, b});
+}
+inline Tensor lt(const Tensor& a, const Tensor& b) {
+  return call(op::lt, {a, b});
+}
+inline Tensor le(const Tensor& a, const Tensor& b) {
+  return call(op::le, {a, b});
+}
+inline Tensor gt(const Tensor& a, const Tensor& b) {
+  return call(op::gt, {a, b});
+}
+inline Tensor ge(const Tensor& a, const Tensor& b) {
+  return call(op::ge, {a, b});
 }
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) {
@@ -265,6 +300,29 @@ inline Tensor stack(const std::vector<Tensor>& tensors, int64_t d = 0) {
 // Constant padding of `before` and `after` elements along dim d.
 inline Tensor pad(const Tensor& t, int64_t d, int64_t before, int64_t after, double value = 0.0) {
   return call(op::pad, {t}, {{d, before, after}, {value}});
+}
+// The free-function forms of the Tensor methods of the same names (recorded by autograd either
+// way), which also exist for LocalTensor and DTensor.
+inline Tensor narrow(const Tensor& t, int64_t d, int64_t start, int64_t length) {
+  return call(op::narrow, {t}, {{d, start, length}, {}});
+}
+inline Tensor select(const Tensor& t, int64_t d, int64_t index) {
+  return call(op::select, {t}, {{d, index}, {}});
+}
+inline Tensor permute(const Tensor& t, const std::vector<int64_t>& dims) {
+  return call(op::permute, {t}, {dims, {}});
+}
+inline Tensor unsqueeze(const Tensor& t, int64_t d) {
+  return call(op::unsqueeze, {t}, {{d}, {}});
+}
+inline Tensor squeeze(const Tensor& t, int64_t d) {
+  return call(op::squeeze, {t}, {{d}, {}});
+}
+inline Tensor expand(const Tensor& t, const Shape& shape) {
+  return call(op::expand, {t}, {shape, {}});
+}
+inline Tensor clone(const Tensor& t) {
+  return call(op::clone, {t});
 }
 // Inverse of pad: a view without the first `before` and last `after` elements along d.
 Tensor unpad(const Tensor& t, int64_t d, int64_t before, int64_t after);

@@ -45,20 +45,47 @@ Tensor unary_compute(std::string_view name, int index, const Tensor& in, const O
   return result;
 }
 
-OpMeta binary_meta(std::string_view name, element::Domain domain, const InputMeta& a,
-                   const InputMeta& b) {
+OpMeta binary_meta(std::string_view name, element::Domain domain, bool predicate,
+                   const InputMeta& a, const InputMeta& b) {
   Shape shape = broadcast_shapes(*a.shape, *b.shape, name);
   checked_numel(shape, name);
-  return OpMeta{std::move(shape),
-                compute_dtype(name, domain, promote_types(a.dtype, b.dtype), *a.shape, b.shape)};
+  const DType dtype =
+      compute_dtype(name, domain, promote_types(a.dtype, b.dtype), *a.shape, b.shape);
+  return OpMeta{std::move(shape), predicate ? DType::Bool : dtype};
 }
 
-Tensor binary_compute(std::string_view name, int index, const Tensor& a, const Tensor& b,
-                      const OpMeta& out) {
+Tensor binary_compute(std::string_view name, int index, bool predicate, const Tensor& a,
+                      const Tensor& b, const OpMeta& out) {
   DeviceOps& kernels = kernels_for(name, {&a, &b});
+  const DType dtype = predicate ? promote_types(a.dtype(), b.dtype()) : out.dtype;
   Tensor result = empty(out.shape, out.dtype, a.device());
-  kernels.binary(index, result, as_operand(a, out.dtype, out.shape),
-                 as_operand(b, out.dtype, out.shape));
+  kernels.binary(index, result, as_operand(a, dtype, out.shape), as_operand(b, dtype, out.shape));
+  return result;
+}
+
+OpMeta derivative_meta(std::span<const InputMeta> in, const OpArgs&) {
+  return OpMeta{*in[0].shape, in[0].dtype};
+}
+
+std::vector<OpStrategy> derivative_strategies(ShardingInputs in, const OpArgs&, const OpMeta& out) {
+  return linear_pointwise_strategies(in, out);
+}
+
+Tensor unary_derivative(std::string_view name, int index, std::span<const Tensor> in,
+                        const OpMeta& out) {
+  DeviceOps& kernels = kernels_for(name, {&in[0], &in[1], &in[2]});
+  Tensor result = empty(out.shape, out.dtype, in[0].device());
+  kernels.unary_backward(index, result, in[0], as_operand(in[1], out.dtype, out.shape),
+                         as_operand(in[2], out.dtype, out.shape));
+  return result;
+}
+
+Tensor binary_derivative(std::string_view name, int index, int wrt, std::span<const Tensor> in,
+                         const OpMeta& out) {
+  DeviceOps& kernels = kernels_for(name, {&in[0], &in[1], &in[2]});
+  Tensor result = empty(out.shape, out.dtype, in[0].device());
+  kernels.binary_backward(index, wrt, result, in[0], as_operand(in[1], out.dtype, out.shape),
+                          as_operand(in[2], out.dtype, out.shape));
   return result;
 }
 
@@ -172,9 +199,37 @@ std::vector<OpStrategy> scalar_strategies(ShardingInputs in, const OpArgs& args,
   });
 }
 
+// d/dx of x + c, x - c, c - x, x * c, x / c and c / x.
+template <ScalarOp op>
+void scalar_backward(BackwardContext& c) {
+  if (!c.needs_grad(0)) return;
+  const double k = c.args().reals[0];
+  const Var& g = c.grad();
+  switch (op) {
+    case ScalarOp::Add:
+    case ScalarOp::Sub:
+      c.set_grad(0, g);
+      break;
+    case ScalarOp::RSub:
+      c.set_grad(0, -g);
+      break;
+    case ScalarOp::Mul:
+      c.set_grad(0, g * k);
+      break;
+    case ScalarOp::Div:
+      c.set_grad(0, apply(op::div_scalar, {g}, {{}, {k}}));
+      break;
+    case ScalarOp::RDiv:
+      // d(k / x)/dx = -k / x^2 = -y / x.
+      c.set_grad(0, -(g * c.output() / c.input(0)));
+      break;
+  }
+}
+
 template <ScalarOp op>
 constexpr OpDef scalar_op() {
-  return OpDef{scalar_name(op), &scalar_meta<op>, &scalar_compute<op>, &scalar_strategies<op>};
+  return OpDef{scalar_name(op), &scalar_meta<op>, &scalar_compute<op>, &scalar_strategies<op>,
+               nullptr,         nullptr,          &scalar_backward<op>};
 }
 
 }  // namespace

@@ -7,8 +7,11 @@
 // placements as `rule` says (ops/strategy.h). ops/ops.h declares one line per op with them.
 #pragma once
 
+#include <array>
 #include <span>
+#include <string_view>
 
+#include <spmd/ops/autograd.h>
 #include <spmd/ops/op.h>
 #include <spmd/ops/strategy.h>
 #include <spmd/tensor/element_ops.h>
@@ -18,10 +21,11 @@ namespace pointwise {
 
 OpMeta unary_meta(std::string_view name, element::Domain domain, const InputMeta& in);
 Tensor unary_compute(std::string_view name, int index, const Tensor& in, const OpMeta& out);
-OpMeta binary_meta(std::string_view name, element::Domain domain, const InputMeta& a,
-                   const InputMeta& b);
-Tensor binary_compute(std::string_view name, int index, const Tensor& a, const Tensor& b,
-                      const OpMeta& out);
+// A comparison (`predicate`) gives Bool; its inputs compute in their promoted dtype.
+OpMeta binary_meta(std::string_view name, element::Domain domain, bool predicate,
+                   const InputMeta& a, const InputMeta& b);
+Tensor binary_compute(std::string_view name, int index, bool predicate, const Tensor& a,
+                      const Tensor& b, const OpMeta& out);
 
 template <class F>
 OpMeta unary_meta_of(std::span<const InputMeta> in, const OpArgs&) {
@@ -38,15 +42,90 @@ std::vector<OpStrategy> unary_strategies_of(ShardingInputs in, const OpArgs&, co
 
 template <class F>
 OpMeta binary_meta_of(std::span<const InputMeta> in, const OpArgs&) {
-  return binary_meta(F::name, F::domain, in[0], in[1]);
+  return binary_meta(F::name, F::domain, element::is_predicate<F>, in[0], in[1]);
 }
 template <class F>
 Tensor binary_compute_of(std::span<const Tensor> in, const OpArgs&, const OpMeta& out) {
-  return binary_compute(F::name, element::index_of<F, element::BinaryOps>, in[0], in[1], out);
+  return binary_compute(F::name, element::index_of<F, element::BinaryOps>, element::is_predicate<F>,
+                        in[0], in[1], out);
 }
 template <PartialRule rule>
 std::vector<OpStrategy> binary_strategies_of(ShardingInputs in, const OpArgs&, const OpMeta& out) {
   return binary_pointwise_strategies(in, out, rule);
+}
+
+// ---- derivatives --------------------------------------------------------------------------------
+// The backward of an elementwise op is itself an elementwise op (so it runs on every kind of value
+// and device): grad * F::df(x, y) for a unary op, F::da / F::db (grad, a, b) for a binary one,
+// computed by the DeviceOps' derivative kernels. It is linear in the gradient.
+
+// F::name followed by Suffix::value, as a constant.
+template <class F, class Suffix>
+struct JoinedName {
+  static constexpr std::array<char, F::name.size() + Suffix::value.size()> chars = [] {
+    std::array<char, F::name.size() + Suffix::value.size()> out{};
+    size_t i = 0;
+    for (char c : F::name) out[i++] = c;
+    for (char c : Suffix::value) out[i++] = c;
+    return out;
+  }();
+  static constexpr std::string_view value{chars.data(), chars.size()};
+};
+struct BackwardSuffix {
+  static constexpr std::string_view value = "_backward";
+};
+struct BackwardASuffix {
+  static constexpr std::string_view value = "_backward_a";
+};
+struct BackwardBSuffix {
+  static constexpr std::string_view value = "_backward_b";
+};
+
+// Inputs (grad, ...) broadcast to grad's shape; the output has grad's shape and dtype.
+OpMeta derivative_meta(std::span<const InputMeta> in, const OpArgs&);
+std::vector<OpStrategy> derivative_strategies(ShardingInputs in, const OpArgs&, const OpMeta& out);
+Tensor unary_derivative(std::string_view name, int index, std::span<const Tensor> in,
+                        const OpMeta& out);
+Tensor binary_derivative(std::string_view name, int index, int wrt, std::span<const Tensor> in,
+                         const OpMeta& out);
+
+template <class F>
+Tensor unary_derivative_of(std::span<const Tensor> in, const OpArgs&, const OpMeta& out) {
+  return unary_derivative(JoinedName<F, BackwardSuffix>::value,
+                          element::index_of<F, element::UnaryOps>, in, out);
+}
+template <class F, int wrt>
+Tensor binary_derivative_of(std::span<const Tensor> in, const OpArgs&, const OpMeta& out) {
+  using Name = JoinedName<F, std::conditional_t<wrt == 0, BackwardASuffix, BackwardBSuffix>>;
+  return binary_derivative(Name::value, element::index_of<F, element::BinaryOps>, wrt, in, out);
+}
+
+// "exp_backward": (grad, x, y) -> grad * exp'(x).
+template <class F>
+inline constexpr OpDef kUnaryDerivative{JoinedName<F, BackwardSuffix>::value, &derivative_meta,
+                                        &unary_derivative_of<F>, &derivative_strategies};
+// "mul_backward_a" / "mul_backward_b": (grad, a, b) -> the gradient of a / b before it is summed
+// down to a's / b's shape.
+template <class F, int wrt>
+inline constexpr OpDef kBinaryDerivative{
+    JoinedName<F, std::conditional_t<wrt == 0, BackwardASuffix, BackwardBSuffix>>::value,
+    &derivative_meta, &binary_derivative_of<F, wrt>, &derivative_strategies};
+
+template <class F>
+void unary_backward_of(BackwardContext& c) {
+  if (c.needs_grad(0))
+    c.set_grad(0, apply(kUnaryDerivative<F>, {c.grad(), c.input(0), c.output()}));
+}
+template <class F>
+void binary_backward_of(BackwardContext& c) {
+  const Var& a = c.input(0);
+  const Var& b = c.input(1);
+  if (c.needs_grad(0)) {
+    c.set_grad(0, sum_to(apply(kBinaryDerivative<F, 0>, {c.grad(), a, b}), var_shape(a)));
+  }
+  if (c.needs_grad(1)) {
+    c.set_grad(1, sum_to(apply(kBinaryDerivative<F, 1>, {c.grad(), a, b}), var_shape(b)));
+  }
 }
 
 }  // namespace pointwise
@@ -54,16 +133,28 @@ std::vector<OpStrategy> binary_strategies_of(ShardingInputs in, const OpArgs&, c
 // The entry of the unary elementwise op whose math is functor F (in element::UnaryOps).
 template <class F, PartialRule rule>
 constexpr OpDef unary_op() {
-  return OpDef{F::name, &pointwise::unary_meta_of<F>, &pointwise::unary_compute_of<F>,
-               &pointwise::unary_strategies_of<rule>};
+  return OpDef{F::name,
+               &pointwise::unary_meta_of<F>,
+               &pointwise::unary_compute_of<F>,
+               &pointwise::unary_strategies_of<rule>,
+               nullptr,
+               nullptr,
+               &pointwise::unary_backward_of<F>};
 }
 
 // The entry of the binary elementwise op (with broadcasting) whose math is functor F (in
-// element::BinaryOps).
+// element::BinaryOps). Comparisons (Bool results) have no backward.
 template <class F, PartialRule rule>
 constexpr OpDef binary_op() {
-  return OpDef{F::name, &pointwise::binary_meta_of<F>, &pointwise::binary_compute_of<F>,
-               &pointwise::binary_strategies_of<rule>};
+  BackwardFn backward = nullptr;
+  if constexpr (!element::is_predicate<F>) backward = &pointwise::binary_backward_of<F>;
+  return OpDef{F::name,
+               &pointwise::binary_meta_of<F>,
+               &pointwise::binary_compute_of<F>,
+               &pointwise::binary_strategies_of<rule>,
+               nullptr,
+               nullptr,
+               backward};
 }
 
 }  // namespace spmd

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include <spmd/core/error.h>
+#include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
 #include <spmd/ops/strategy.h>
 #include <spmd/tensor/device_ops.h>
@@ -189,15 +190,70 @@ Tensor extremum_piece(std::span<const Tensor> pieces, const OpArgs& args, const 
   return call(r == Reduction::Amax ? op::amax : op::amin, pieces, args);
 }
 
+// ---- backward -----------------------------------------------------------------------------------
+
+// `v` (a reduction's output or gradient) with the reduced dims put back as size 1, then expanded
+// to the input's shape.
+Var expand_back(const Var& v, const std::vector<int64_t>& dims, bool keep, const Shape& shape) {
+  Var out = v;
+  if (!keep) {
+    for (int64_t d : dims) out = apply(op::unsqueeze, {out}, {{d}, {}});
+  }
+  return apply(op::expand, {out}, {shape, {}});
+}
+
+template <Reduction r>
+void reduction_backward(BackwardContext& c) {
+  if (!c.needs_grad(0)) return;
+  const Var& x = c.input(0);
+  const Shape& shape = var_shape(x);
+  const std::vector<int64_t> dims = reduced_dims(op_name(r), c.args(), shape);
+  const bool keep = keepdim(c.args());
+  Var g = expand_back(c.grad(), dims, keep, shape);
+  if constexpr (r == Reduction::Mean) {
+    int64_t count = 1;
+    for (int64_t d : dims) count *= shape[static_cast<size_t>(d)];
+    g = apply(op::div_scalar, {g}, {{}, {static_cast<double>(count)}});
+  } else if constexpr (r == Reduction::Amax || r == Reduction::Amin) {
+    // Ties share the gradient equally (torch.amax's rule).
+    const Var hit =
+        apply(op::to_dtype, {apply(op::eq, {x, expand_back(c.output(), dims, keep, shape)})},
+              {{static_cast<int64_t>(var_dtype(x))}, {}});
+    const Var ties = apply(op::sum, {hit}, reduction_args(dims, true));
+    g = g * hit / apply(op::expand, {ties}, {shape, {}});
+  }
+  c.set_grad(0, g);
+}
+
 }  // namespace
 
-const OpDef op::sum{"sum", reduction_meta<Reduction::Sum>, reduction_compute<Reduction::Sum>,
-                    reduction_strategies<Reduction::Sum>};
-const OpDef op::mean{"mean", reduction_meta<Reduction::Mean>, reduction_compute<Reduction::Mean>,
-                     reduction_strategies<Reduction::Mean>};
-const OpDef op::amax{"amax", reduction_meta<Reduction::Amax>, reduction_compute<Reduction::Amax>,
-                     reduction_strategies<Reduction::Amax>, extremum_piece<Reduction::Amax>};
-const OpDef op::amin{"amin", reduction_meta<Reduction::Amin>, reduction_compute<Reduction::Amin>,
-                     reduction_strategies<Reduction::Amin>, extremum_piece<Reduction::Amin>};
+const OpDef op::sum{"sum",
+                    reduction_meta<Reduction::Sum>,
+                    reduction_compute<Reduction::Sum>,
+                    reduction_strategies<Reduction::Sum>,
+                    nullptr,
+                    nullptr,
+                    reduction_backward<Reduction::Sum>};
+const OpDef op::mean{"mean",
+                     reduction_meta<Reduction::Mean>,
+                     reduction_compute<Reduction::Mean>,
+                     reduction_strategies<Reduction::Mean>,
+                     nullptr,
+                     nullptr,
+                     reduction_backward<Reduction::Mean>};
+const OpDef op::amax{"amax",
+                     reduction_meta<Reduction::Amax>,
+                     reduction_compute<Reduction::Amax>,
+                     reduction_strategies<Reduction::Amax>,
+                     extremum_piece<Reduction::Amax>,
+                     nullptr,
+                     reduction_backward<Reduction::Amax>};
+const OpDef op::amin{"amin",
+                     reduction_meta<Reduction::Amin>,
+                     reduction_compute<Reduction::Amin>,
+                     reduction_strategies<Reduction::Amin>,
+                     extremum_piece<Reduction::Amin>,
+                     nullptr,
+                     reduction_backward<Reduction::Amin>};
 
 }  // namespace spmd

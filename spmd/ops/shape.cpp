@@ -7,9 +7,11 @@
 // shards of the other dims and Partials all inputs share; pad keeps shards of the other dims,
 // P(avg), P(max) and P(min), and P(sum) only when padding with 0.
 #include <algorithm>
+#include <iterator>
 
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
+#include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
 #include <spmd/ops/strategy.h>
 #include <spmd/tensor/device_ops.h>
@@ -330,33 +332,428 @@ std::vector<OpStrategy> pad_strategies(ShardingInputs in, const OpArgs& args, co
   });
 }
 
+// ---- narrow, select
+// ------------------------------------------------------------------------------
+
+int64_t dim_arg(const OpArgs& args, size_t i, int64_t ndim, std::string_view op,
+                const Shape& shape) {
+  return normalize_dim(args.ints.at(i), ndim, op, shape);
+}
+
+OpMeta narrow_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const Shape& shape = *in[0].shape;
+  const int64_t d = dim_arg(args, 0, static_cast<int64_t>(shape.size()), "narrow", shape);
+  const int64_t start = args.ints.at(1);
+  const int64_t length = args.ints.at(2);
+  const int64_t size = shape[static_cast<size_t>(d)];
+  if (start < 0 || length < 0 || start > size - length) {
+    throw_error<ShapeError>(
+        "narrow: range [{}, {}) is out of bounds for dim {} of size {} (shape {})", start,
+        start + length, d, size, shape_str(shape));
+  }
+  Shape out = shape;
+  out[static_cast<size_t>(d)] = length;
+  return OpMeta{std::move(out), in[0].dtype};
+}
+
+OpMeta select_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const Shape& shape = *in[0].shape;
+  const int64_t d = dim_arg(args, 0, static_cast<int64_t>(shape.size()), "select", shape);
+  const int64_t size = shape[static_cast<size_t>(d)];
+  const int64_t index = args.ints.at(1);
+  if (index < -size || index >= size) {
+    throw_error<ShapeError>("select: index {} is out of range for dim {} of size {} (shape {})",
+                            index, d, size, shape_str(shape));
+  }
+  Shape out = shape;
+  out.erase(out.begin() + d);
+  return OpMeta{std::move(out), in[0].dtype};
+}
+
+// Keeps every placement but a Shard of dim d (gathered first); Partials pass (taking elements
+// commutes with every elementwise reduction). `removed`: dim d disappears (select).
+std::vector<OpStrategy> take_strategies(ShardingInputs in, int d, bool removed) {
+  return derived_strategies(in, [d, removed](const Placement& p) -> std::optional<Placement> {
+    if (const Shard* s = std::get_if<Shard>(&p)) {
+      if (s->dim == d) return std::nullopt;
+      if (removed && s->dim > d) return Shard{s->dim - 1};
+    }
+    return p;
+  });
+}
+
+// ---- permute, unsqueeze, squeeze, expand --------------------------------------------------------
+
+std::vector<int64_t> permutation(const OpArgs& args, const Shape& shape) {
+  const int64_t n = static_cast<int64_t>(shape.size());
+  std::vector<int64_t> dims;
+  std::vector<bool> seen(shape.size(), false);
+  bool ok = static_cast<int64_t>(args.ints.size()) == n;
+  for (size_t i = 0; ok && i < args.ints.size(); ++i) {
+    const int64_t d = args.ints[i] < 0 ? args.ints[i] + n : args.ints[i];
+    ok = d >= 0 && d < n && !seen[static_cast<size_t>(d)];
+    if (ok) {
+      seen[static_cast<size_t>(d)] = true;
+      dims.push_back(d);
+    }
+  }
+  if (!ok) {
+    throw_error<ShapeError>("permute: dims {} are not a permutation of the {} dims of shape {}",
+                            shape_str(args.ints), n, shape_str(shape));
+  }
+  return dims;
+}
+
+OpMeta permute_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const Shape& shape = *in[0].shape;
+  Shape out;
+  for (int64_t d : permutation(args, shape)) out.push_back(shape[static_cast<size_t>(d)]);
+  return OpMeta{std::move(out), in[0].dtype};
+}
+
+OpMeta unsqueeze_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  Shape out = *in[0].shape;
+  const int64_t d = dim_arg(args, 0, static_cast<int64_t>(out.size()) + 1, "unsqueeze", out);
+  out.insert(out.begin() + d, 1);
+  return OpMeta{std::move(out), in[0].dtype};
+}
+
+OpMeta squeeze_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  Shape out = *in[0].shape;
+  const int64_t d =
+      dim_arg(args, 0, std::max<int64_t>(static_cast<int64_t>(out.size()), 1), "squeeze", out);
+  if (!out.empty() && out[static_cast<size_t>(d)] == 1) out.erase(out.begin() + d);
+  return OpMeta{std::move(out), in[0].dtype};
+}
+
+OpMeta expand_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const Shape& shape = *in[0].shape;
+  const Shape& want = args.ints;
+  if (want.size() < shape.size()) {
+    throw_error<ShapeError>("expand: target shape {} has fewer dims than the input's shape {}",
+                            shape_str(want), shape_str(shape));
+  }
+  const size_t lead = want.size() - shape.size();
+  Shape out(want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const int64_t have = i < lead ? 1 : shape[i - lead];
+    if (i >= lead && (want[i] == -1 || want[i] == have)) {
+      out[i] = have;
+    } else if (have == 1 && want[i] >= 0) {
+      out[i] = want[i];
+    } else {
+      throw_error<ShapeError>("expand: cannot expand shape {} to {} (dim {}: size {} to {})",
+                              shape_str(shape), shape_str(want), i, have, want[i]);
+    }
+  }
+  checked_numel(out, "expand");
+  return OpMeta{std::move(out), in[0].dtype};
+}
+
+std::vector<OpStrategy> permute_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {
+  const std::vector<int64_t> dims = permutation(args, in[0]->shape());
+  return derived_strategies(in, [&dims](const Placement& p) -> std::optional<Placement> {
+    if (const Shard* s = std::get_if<Shard>(&p)) {
+      const auto it = std::find(dims.begin(), dims.end(), s->dim);
+      return Shard{static_cast<int>(it - dims.begin())};
+    }
+    return p;
+  });
+}
+
+std::vector<OpStrategy> unsqueeze_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {
+  const int64_t d = dim_arg(args, 0, in[0]->ndim() + 1, "unsqueeze", in[0]->shape());
+  return derived_strategies(in, [d](const Placement& p) -> std::optional<Placement> {
+    if (const Shard* s = std::get_if<Shard>(&p); s != nullptr && s->dim >= d) {
+      return Shard{s->dim + 1};
+    }
+    return p;
+  });
+}
+
+std::vector<OpStrategy> squeeze_strategies(ShardingInputs in, const OpArgs&, const OpMeta& out) {
+  const Shape& shape = in[0]->shape();
+  if (out.shape.size() == shape.size())
+    return derived_strategies(in, [](const Placement& p) { return std::optional<Placement>(p); });
+  // The squeezed dim: the first size-1 dim the output lacks.
+  int64_t d = 0;
+  while (d < static_cast<int64_t>(out.shape.size()) &&
+         out.shape[static_cast<size_t>(d)] == shape[static_cast<size_t>(d)]) {
+    ++d;
+  }
+  return take_strategies(in, static_cast<int>(d), true);
+}
+
+std::vector<OpStrategy> expand_strategies(ShardingInputs in, const OpArgs&, const OpMeta& out) {
+  const Shape& shape = in[0]->shape();
+  const int lead = static_cast<int>(out.shape.size() - shape.size());
+  return derived_strategies(in, [&](const Placement& p) -> std::optional<Placement> {
+    if (const Shard* s = std::get_if<Shard>(&p)) {
+      // A dim that grows from size 1 cannot stay sharded.
+      if (shape[static_cast<size_t>(s->dim)] != out.shape[static_cast<size_t>(s->dim + lead)]) {
+        return std::nullopt;
+      }
+      return Shard{s->dim + lead};
+    }
+    return p;
+  });
+}
+
+// ---- clone, to_dtype
+// ------------------------------------------------------------------------------
+
+std::vector<OpStrategy> keep_placements(ShardingInputs in, const OpArgs&, const OpMeta&) {
+  return derived_strategies(in, [](const Placement& p) { return std::optional<Placement>(p); });
+}
+
+OpMeta to_dtype_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const int64_t code = args.ints.at(0);
+  if (code < 0 || code >= static_cast<int64_t>(std::size(kAllDTypes))) {
+    throw_error<Unsupported>("to: {} is not a dtype (shape {})", code, shape_str(*in[0].shape));
+  }
+  return OpMeta{*in[0].shape, static_cast<DType>(code)};
+}
+
+// A cast keeps a Partial when it is exact per element: a widening float cast, or max/min
+// (monotone); a sum or average reduced in the narrower dtype would round differently.
+std::vector<OpStrategy> to_dtype_strategies(ShardingInputs in, const OpArgs&, const OpMeta& out) {
+  const DType from = in[0]->dtype();
+  const bool widening =
+      is_floating(from) && is_floating(out.dtype) && promote_types(from, out.dtype) == out.dtype;
+  return derived_strategies(in, [widening](const Placement& p) -> std::optional<Placement> {
+    if (const Partial* q = std::get_if<Partial>(&p)) {
+      if (!widening && !is_min_max(q->op)) return std::nullopt;
+    }
+    return p;
+  });
+}
+
+// ---- backward
+// --------------------------------------------------------------------------------------
+
+Var unsqueeze_var(const Var& v, int64_t d) {
+  return apply(op::unsqueeze, {v}, {{d}, {}});
+}
+
+// The gradient of a piece [start, start + length) of dim d: zeros around it.
+Var pad_var(const Var& g, int64_t d, int64_t before, int64_t after) {
+  return apply(op::pad, {g}, {{d, before, after}, {0.0}});
+}
+
+void transpose_backward(BackwardContext& c) {
+  c.set_grad(0, apply(op::transpose, {c.grad()}, c.args()));
+}
+
+void reshape_backward(BackwardContext& c) {
+  c.set_grad(0, apply(op::reshape, {c.grad()}, {var_shape(c.input(0)), {}}));
+}
+
+void narrow_backward(BackwardContext& c) {
+  const Shape& shape = var_shape(c.input(0));
+  const int64_t d = dim_arg(c.args(), 0, static_cast<int64_t>(shape.size()), "narrow", shape);
+  const int64_t start = c.args().ints[1];
+  const int64_t length = c.args().ints[2];
+  c.set_grad(0, pad_var(c.grad(), d, start, shape[static_cast<size_t>(d)] - start - length));
+}
+
+void select_backward(BackwardContext& c) {
+  const Shape& shape = var_shape(c.input(0));
+  const int64_t d = dim_arg(c.args(), 0, static_cast<int64_t>(shape.size()), "select", shape);
+  const int64_t size = shape[static_cast<size_t>(d)];
+  int64_t index = c.args().ints[1];
+  if (index < 0) index += size;
+  c.set_grad(0, pad_var(unsqueeze_var(c.grad(), d), d, index, size - index - 1));
+}
+
+void permute_backward(BackwardContext& c) {
+  const std::vector<int64_t> dims = permutation(c.args(), var_shape(c.input(0)));
+  std::vector<int64_t> inverse(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i)
+    inverse[static_cast<size_t>(dims[i])] = static_cast<int64_t>(i);
+  c.set_grad(0, apply(op::permute, {c.grad()}, {inverse, {}}));
+}
+
+void unsqueeze_backward(BackwardContext& c) {
+  c.set_grad(0, apply(op::reshape, {c.grad()}, {var_shape(c.input(0)), {}}));
+}
+
+void expand_backward(BackwardContext& c) {
+  c.set_grad(0, sum_to(c.grad(), var_shape(c.input(0))));
+}
+
+void identity_backward(BackwardContext& c) {
+  c.set_grad(0, c.grad());
+}
+
+void to_dtype_backward(BackwardContext& c) {
+  c.set_grad(0,
+             apply(op::to_dtype, {c.grad()}, {{static_cast<int64_t>(var_dtype(c.input(0)))}, {}}));
+}
+
+void cat_backward(BackwardContext& c) {
+  const Shape& first = var_shape(c.input(0));
+  const int64_t d = dim_arg(c.args(), 0, static_cast<int64_t>(first.size()), "cat", first);
+  int64_t offset = 0;
+  for (size_t i = 0; i < c.num_inputs(); ++i) {
+    const int64_t size = var_shape(c.input(i))[static_cast<size_t>(d)];
+    if (c.needs_grad(i)) c.set_grad(i, apply(op::narrow, {c.grad()}, {{d, offset, size}, {}}));
+    offset += size;
+  }
+}
+
+void stack_backward(BackwardContext& c) {
+  const Shape& first = var_shape(c.input(0));
+  const int64_t d = dim_arg(c.args(), 0, static_cast<int64_t>(first.size()) + 1, "stack", first);
+  for (size_t i = 0; i < c.num_inputs(); ++i) {
+    if (c.needs_grad(i)) {
+      c.set_grad(i, apply(op::select, {c.grad()}, {{d, static_cast<int64_t>(i)}, {}}));
+    }
+  }
+}
+
+void pad_backward(BackwardContext& c) {
+  const Shape& shape = var_shape(c.input(0));
+  const int64_t d = dim_arg(c.args(), 0, static_cast<int64_t>(shape.size()), "pad", shape);
+  c.set_grad(
+      0, apply(op::narrow, {c.grad()}, {{d, c.args().ints[1], shape[static_cast<size_t>(d)]}, {}}));
+}
+
 }  // namespace
 
-const OpDef op::transpose{"transpose", transpose_meta,
+const OpDef op::transpose{"transpose",
+                          transpose_meta,
                           [](std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
                             return in[0].transpose(args.ints[0], args.ints[1]);
                           },
-                          transpose_strategies};
+                          transpose_strategies,
+                          nullptr,
+                          nullptr,
+                          transpose_backward};
 
-const OpDef op::reshape{"reshape", reshape_meta,
+const OpDef op::reshape{"reshape",
+                        reshape_meta,
                         [](std::span<const Tensor> in, const OpArgs&, const OpMeta& out) {
                           return in[0].reshape(out.shape);
                         },
-                        reshape_strategies, reshape_piece};
+                        reshape_strategies,
+                        reshape_piece,
+                        nullptr,
+                        reshape_backward};
 
-const OpDef op::cat{"cat", cat_meta, cat_compute,
+const OpDef op::cat{"cat",
+                    cat_meta,
+                    cat_compute,
                     [](ShardingInputs in, const OpArgs& args, const OpMeta&) {
                       const int64_t d = normalize_dim(args.ints[0], in[0]->ndim(), "cat");
                       return join_strategies(in, d, -1);
-                    }};
+                    },
+                    nullptr,
+                    nullptr,
+                    cat_backward};
 
-const OpDef op::stack{"stack", stack_meta, stack_compute,
+const OpDef op::stack{"stack",
+                      stack_meta,
+                      stack_compute,
                       [](ShardingInputs in, const OpArgs& args, const OpMeta&) {
                         const int64_t d = normalize_dim(args.ints[0], in[0]->ndim() + 1, "stack");
                         return join_strategies(in, -1, d);
-                      }};
+                      },
+                      nullptr,
+                      nullptr,
+                      stack_backward};
 
-const OpDef op::pad{"pad", pad_meta, pad_compute, pad_strategies};
+const OpDef op::pad{"pad", pad_meta, pad_compute, pad_strategies, nullptr, nullptr, pad_backward};
+
+const OpDef op::narrow{
+    "narrow",
+    narrow_meta,
+    [](std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+      return in[0].narrow(args.ints[0], args.ints[1], args.ints[2]);
+    },
+    [](ShardingInputs in, const OpArgs& args, const OpMeta&) {
+      return take_strategies(
+          in, static_cast<int>(dim_arg(args, 0, in[0]->ndim(), "narrow", in[0]->shape())), false);
+    },
+    nullptr,
+    nullptr,
+    narrow_backward};
+
+const OpDef op::select{
+    "select",
+    select_meta,
+    [](std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+      return in[0].select(args.ints[0], args.ints[1]);
+    },
+    [](ShardingInputs in, const OpArgs& args, const OpMeta&) {
+      return take_strategies(
+          in, static_cast<int>(dim_arg(args, 0, in[0]->ndim(), "select", in[0]->shape())), true);
+    },
+    nullptr,
+    nullptr,
+    select_backward};
+
+const OpDef op::permute{"permute",
+                        permute_meta,
+                        [](std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+                          return in[0].permute(args.ints);
+                        },
+                        permute_strategies,
+                        nullptr,
+                        nullptr,
+                        permute_backward};
+
+const OpDef op::unsqueeze{"unsqueeze",
+                          unsqueeze_meta,
+                          [](std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+                            return in[0].unsqueeze(args.ints[0]);
+                          },
+                          unsqueeze_strategies,
+                          nullptr,
+                          nullptr,
+                          unsqueeze_backward};
+
+const OpDef op::squeeze{"squeeze",
+                        squeeze_meta,
+                        [](std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+                          return in[0].squeeze(args.ints[0]);
+                        },
+                        squeeze_strategies,
+                        nullptr,
+                        nullptr,
+                        unsqueeze_backward};
+
+const OpDef op::expand{
+    "expand", expand_meta,
+    [](std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+      return in[0].expand(args.ints);
+    },
+    expand_strategies,
+    // A piece expands to its own piece of the output (sharded dims are local).
+    [](std::span<const Tensor> pieces, const OpArgs&, const PieceContext& where) {
+      return pieces[0].expand(where.local_shape);
+    },
+    nullptr, expand_backward};
+
+const OpDef op::clone{
+    "clone",
+    [](std::span<const InputMeta> in, const OpArgs&) {
+      return OpMeta{*in[0].shape, in[0].dtype};
+    },
+    [](std::span<const Tensor> in, const OpArgs&, const OpMeta&) { return in[0].clone(); },
+    keep_placements,
+    nullptr,
+    nullptr,
+    identity_backward};
+
+const OpDef op::to_dtype{"to",
+                         to_dtype_meta,
+                         [](std::span<const Tensor> in, const OpArgs&, const OpMeta& out) {
+                           return in[0].to(out.dtype);
+                         },
+                         to_dtype_strategies,
+                         nullptr,
+                         nullptr,
+                         to_dtype_backward};
 
 Tensor unpad(const Tensor& t, int64_t d, int64_t before, int64_t after) {
   kernels_for("unpad", {&t});

@@ -3,6 +3,7 @@
 // Computed stably (max subtracted first); integer inputs give F32. Sharding: the softmax dim must
 // be whole on every rank (never sharded, never Partial); other dims keep their shards.
 #include <spmd/core/error.h>
+#include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
 #include <spmd/ops/strategy.h>
 #include <spmd/tensor/device_ops.h>
@@ -44,10 +45,27 @@ std::vector<OpStrategy> softmax_strategies(ShardingInputs in, const OpArgs& args
   });
 }
 
+// softmax: dx = y * (g - sum(g * y, d)); log_softmax: dx = g - exp(y) * sum(g, d).
+template <bool log>
+void softmax_backward(BackwardContext& c) {
+  if (!c.needs_grad(0)) return;
+  const Var& y = c.output();
+  const Var& g = c.grad();
+  const OpArgs dim = reduction_args({c.args().ints[0]}, true);
+  if constexpr (log) {
+    c.set_grad(0, g - apply(op::exp, {y}) * apply(op::sum, {g}, dim));
+  } else {
+    c.set_grad(0, y * (g - apply(op::sum, {g * y}, dim)));
+  }
+}
+
 }  // namespace
 
-const OpDef op::softmax{"softmax", softmax_meta<false>, softmax_compute<false>, softmax_strategies};
-const OpDef op::log_softmax{"log_softmax", softmax_meta<true>, softmax_compute<true>,
-                            softmax_strategies};
+const OpDef op::softmax{
+    "softmax", softmax_meta<false>,    softmax_compute<false>, softmax_strategies, nullptr,
+    nullptr,   softmax_backward<false>};
+const OpDef op::log_softmax{
+    "log_softmax", softmax_meta<true>,    softmax_compute<true>, softmax_strategies, nullptr,
+    nullptr,       softmax_backward<true>};
 
 }  // namespace spmd

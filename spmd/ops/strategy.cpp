@@ -164,4 +164,25 @@ std::vector<OpStrategy> binary_pointwise_strategies(ShardingInputs in, const OpM
   return expand_dim_options(in, options);
 }
 
+std::vector<OpStrategy> linear_pointwise_strategies(ShardingInputs in, const OpMeta& meta) {
+  const size_t n = in.size();
+  std::vector<DimOption> options = {{std::vector<Placement>(n, Replicate{}), Replicate{}}};
+  for (int o = 0; o < static_cast<int>(meta.shape.size()); ++o) {
+    DimOption option{{}, Shard{o}};
+    bool any = false;
+    for (size_t t = 0; t < n; ++t) {
+      const int d = aligned_dim(in[t]->shape(), meta.shape, o);
+      any = any || d >= 0;
+      option.inputs.push_back(d >= 0 ? Placement{Shard{d}} : Placement{Replicate{}});
+    }
+    if (any) options.push_back(std::move(option));
+  }
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+    DimOption option{std::vector<Placement>(n, Replicate{}), Partial{op}};
+    option.inputs[0] = Partial{op};
+    options.push_back(std::move(option));
+  }
+  return expand_dim_options(in, options);
+}
+
 }  // namespace spmd

@@ -69,5 +69,9 @@ enum class PartialRule {
 std::vector<OpStrategy> unary_pointwise_strategies(ShardingInputs inputs, PartialRule rule);
 std::vector<OpStrategy> binary_pointwise_strategies(ShardingInputs inputs, const OpMeta& out,
                                                     PartialRule rule);
+// An elementwise op of any number of inputs (broadcast to out's shape) that is linear in its
+// first input, as derivatives are (grad * f'(x)): shards pass as for binary ops, and a P(sum) or
+// P(avg) first input passes when every other input is Replicate.
+std::vector<OpStrategy> linear_pointwise_strategies(ShardingInputs inputs, const OpMeta& out);
 
 }  // namespace spmd

@@ -270,6 +270,63 @@ inline LocalTensor pad(const LocalTensor& t, int64_t d, int64_t before, int64_t 
                        double value = 0.0) {
   return local_call(op::pad, {t}, {{d, before, after}, {value}});
 }
+inline LocalTensor narrow(const LocalTensor& t, int64_t d, int64_t start, int64_t length) {
+  return local_call(op::narrow, {t}, {{d, start, length}, {}});
+}
+inline LocalTensor select(const LocalTensor& t, int64_t d, int64_t index) {
+  return local_call(op::select, {t}, {{d, index}, {}});
+}
+inline LocalTensor permute(const LocalTensor& t, const std::vector<int64_t>& dims) {
+  return local_call(op::permute, {t}, {dims, {}});
+}
+inline LocalTensor unsqueeze(const LocalTensor& t, int64_t d) {
+  return local_call(op::unsqueeze, {t}, {{d}, {}});
+}
+inline LocalTensor squeeze(const LocalTensor& t, int64_t d) {
+  return local_call(op::squeeze, {t}, {{d}, {}});
+}
+inline LocalTensor expand(const LocalTensor& t, const Shape& shape) {
+  return local_call(op::expand, {t}, {shape, {}});
+}
+inline LocalTensor clone(const LocalTensor& t) {
+  return local_call(op::clone, {t});
+}
+inline LocalTensor eq(const LocalTensor& a, const LocalTensor& b) {
+  return local_call(op::eq, {a, b});
+}
+inline LocalTensor eq(const LocalTensor& a, const Tensor& b) {
+  return local_call(op::eq, {a, b});
+}
+inline LocalTensor ne(const LocalTensor& a, const LocalTensor& b) {
+  return local_call(op::ne, {a, b});
+}
+inline LocalTensor ne(const LocalTensor& a, const Tensor& b) {
+  return local_call(op::ne, {a, b});
+}
+inline LocalTensor lt(const LocalTensor& a, const LocalTensor& b) {
+  return local_call(op::lt, {a, b});
+}
+inline LocalTensor lt(const LocalTensor& a, const Tensor& b) {
+  return local_call(op::lt, {a, b});
+}
+inline LocalTensor le(const LocalTensor& a, const LocalTensor& b) {
+  return local_call(op::le, {a, b});
+}
+inline LocalTensor le(const LocalTensor& a, const Tensor& b) {
+  return local_call(op::le, {a, b});
+}
+inline LocalTensor gt(const LocalTensor& a, const LocalTensor& b) {
+  return local_call(op::gt, {a, b});
+}
+inline LocalTensor gt(const LocalTensor& a, const Tensor& b) {
+  return local_call(op::gt, {a, b});
+}
+inline LocalTensor ge(const LocalTensor& a, const LocalTensor& b) {
+  return local_call(op::ge, {a, b});
+}
+inline LocalTensor ge(const LocalTensor& a, const Tensor& b) {
+  return local_call(op::ge, {a, b});
+}
 // Per-rank padding amounts (uneven shards pad by different amounts).
 LocalTensor pad(const LocalTensor& t, int64_t d, const PerRank<int64_t>& before,
                 const PerRank<int64_t>& after, double value = 0.0);

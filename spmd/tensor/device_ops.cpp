@@ -34,6 +34,14 @@ class CpuOps final : public DeviceOps {
   void unary(int op, const Tensor& out, const Tensor& in) override {
     cpu_kernels::unary(op, out, in);
   }
+  void unary_backward(int op, const Tensor& out, const Tensor& grad, const Tensor& in,
+                      const Tensor& result) override {
+    cpu_kernels::unary_backward(op, out, grad, in, result);
+  }
+  void binary_backward(int op, int wrt, const Tensor& out, const Tensor& grad, const Tensor& a,
+                       const Tensor& b) override {
+    cpu_kernels::binary_backward(op, wrt, out, grad, a, b);
+  }
   void reduce(Reduction op, const Tensor& out, const Tensor& in,
               const std::vector<int64_t>& dims) override {
     cpu_kernels::reduce(op, out, in, dims);

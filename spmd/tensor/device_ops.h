@@ -2,8 +2,8 @@
 //
 // Every op of the op table (ops/ops.h: its meta validates the inputs and works out the result's
 // shape and dtype), and Tensor's fill_, copy_, contiguous and to, allocate the result and then
-// hand the arithmetic to the DeviceOps of the inputs' device, chosen by kernels_for(). The CPU kernels
-// (tensor/kernels/) are always there; another device type plugs in at run time with
+// hand the arithmetic to the DeviceOps of the inputs' device, chosen by kernels_for(). The CPU
+// kernels (tensor/kernels/) are always there; another device type plugs in at run time with
 // register_device_ops (the NCCL backend will register CUDA). Kernels receive inputs already
 // checked, broadcast and converted, so a device implements arithmetic, not policy:
 //   - every tensor argument lies on the device the ops were registered for (copy excepted);
@@ -37,11 +37,20 @@ class DeviceOps {
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;
   // out = a op b elementwise, `op` the index of the op's functor in element::BinaryOps
   // (tensor/element_ops.h), which is also the math: a and b have out's shape (broadcast already
-  // applied as 0 strides) and a dtype the functor's domain accepts.
+  // applied as 0 strides) and one dtype the functor's domain accepts; out has that dtype too, or
+  // Bool for a comparison (element::is_predicate).
   virtual void binary(int op, const Tensor& out, const Tensor& a, const Tensor& b) = 0;
   // out = op(in) elementwise, `op` the index of the op's functor in element::UnaryOps; in has a
   // dtype the functor's domain accepts.
   virtual void unary(int op, const Tensor& out, const Tensor& in) = 0;
+  // out = grad * df(in, result) for the op at index `op` of element::UnaryOps (its derivative);
+  // every operand has out's shape and a floating dtype, out's.
+  virtual void unary_backward(int op, const Tensor& out, const Tensor& grad, const Tensor& in,
+                              const Tensor& result) = 0;
+  // out = da(grad, a, b) (wrt 0) or db(grad, a, b) (wrt 1) for the op at index `op` of
+  // element::BinaryOps; every operand has out's shape (broadcast as 0 strides) and floating dtype.
+  virtual void binary_backward(int op, int wrt, const Tensor& out, const Tensor& grad,
+                               const Tensor& a, const Tensor& b) = 0;
   // out has in's shape with every dim of `dims` (sorted, unique, non-empty unless in is 0-d) of
   // size 1. Sum: integer and Bool inputs accumulate into an I64 `out`; floating inputs into out of
   // the input dtype, accumulating in at least F32. Mean: floating only, sum / count. Amax/Amin:

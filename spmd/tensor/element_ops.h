@@ -1,11 +1,13 @@
 // spmd/tensor/element_ops.h: the math of every elementwise op, once, for the CPU and CUDA kernels.
 //
-// Each elementwise op is one functor here: its name, the dtypes it computes in (ElementDomain) and
-// its per-element operator, a template over the compute type C (float, double, int32_t, int64_t,
-// bool; BF16/F16 compute in float). The CPU kernels (tensor/kernels/elementwise.cpp) and the CUDA
-// kernels (tensor/cuda/elementwise.cu) both walk their operands and call these operators, so the
-// two devices run the same code for every op. The lists at the end are the order of the ops: a
-// kernel is asked for an op by its index in its list (element_op_index).
+// Each elementwise op is one functor here: its name, the dtypes it computes in (Domain), its
+// per-element operator, a template over the compute type C (float, double, int32_t, int64_t,
+// bool; BF16/F16 compute in float), and its derivatives for backward (floating C only): a unary
+// op's df(x, y) = dy/dx at input x with output y, a binary op's da(g, a, b) and db(g, a, b), the
+// gradient g of the output carried to a and to b. The CPU kernels (tensor/kernels/elementwise.cpp)
+// and the CUDA kernels (tensor/cuda/elementwise.cu) both walk their operands and call these
+// operators, so the two devices run the same code for every op. The lists at the end are the order
+// of the ops: a kernel is asked for an op by its index in its list (element_op_index).
 //
 // Adding an elementwise op: a functor below, its name in UnaryElementOps or BinaryElementOps, and
 // its op-table entry in ops/ops.h (docs/design.md, "Adding an op").
@@ -36,6 +38,19 @@ namespace spmd::element {
 //   Numeric   any dtype but Bool (integer arithmetic wraps around);
 //   Any       every dtype, Bool included.
 enum class Domain { Floating, Numeric, Any };
+
+// Whether functor F's result is Bool (a comparison) rather than the dtype it computes in. A
+// functor says so with `static constexpr bool predicate = true`.
+template <class F, class = void>
+struct IsPredicate {
+  static constexpr bool value = false;
+};
+template <class F>
+struct IsPredicate<F, std::void_t<decltype(F::predicate)>> {
+  static constexpr bool value = F::predicate;
+};
+template <class F>
+inline constexpr bool is_predicate = IsPredicate<F>::value;
 
 // Whether functor F computes in compute type C.
 template <class F, class C>
@@ -99,6 +114,10 @@ struct Neg {
       return -x;
     }
   }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    return C(-1);
+  }
 };
 
 struct Abs {
@@ -107,6 +126,10 @@ struct Abs {
   template <class C>
   SPMD_HD C operator()(C x) const {
     return x < C(0) ? Neg{}(x) : x;
+  }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    return x > C(0) ? C(1) : (x < C(0) ? C(-1) : C(0));
   }
 };
 
@@ -117,6 +140,10 @@ struct Exp {
   SPMD_HD C operator()(C x) const {
     return math_exp(x);
   }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    return y;
+  }
 };
 
 struct Log {
@@ -125,6 +152,10 @@ struct Log {
   template <class C>
   SPMD_HD C operator()(C x) const {
     return math_log(x);
+  }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    return C(1) / x;
   }
 };
 
@@ -135,6 +166,10 @@ struct Sqrt {
   SPMD_HD C operator()(C x) const {
     return math_sqrt(x);
   }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    return C(0.5) / y;
+  }
 };
 
 struct Tanh {
@@ -143,6 +178,10 @@ struct Tanh {
   template <class C>
   SPMD_HD C operator()(C x) const {
     return math_tanh(x);
+  }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    return C(1) - y * y;
   }
 };
 
@@ -154,6 +193,10 @@ struct Rsqrt {
   SPMD_HD C operator()(C x) const {
     return C(1) / math_sqrt(x);
   }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    return C(-0.5) * y * y * y;
+  }
 };
 
 // NaN stays NaN.
@@ -163,6 +206,10 @@ struct Relu {
   template <class C>
   SPMD_HD C operator()(C x) const {
     return x < C(0) ? C(0) : x;
+  }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    return x > C(0) ? C(1) : C(0);
   }
 };
 
@@ -174,6 +221,12 @@ struct Gelu {
   SPMD_HD C operator()(C x) const {
     const C inv_sqrt2 = C(0.70710678118654752440);
     return C(0.5) * x * (C(1) + math_erf(x * inv_sqrt2));
+  }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    const C inv_sqrt2 = C(0.70710678118654752440);
+    const C inv_sqrt_2pi = C(0.39894228040143267794);
+    return C(0.5) * (C(1) + math_erf(x * inv_sqrt2)) + x * inv_sqrt_2pi * math_exp(C(-0.5) * x * x);
   }
 };
 
@@ -190,6 +243,14 @@ struct Add {
       return a + b;
     }
   }
+  template <class C>
+  SPMD_HD static C da(C g, C a, C b) {
+    return g;
+  }
+  template <class C>
+  SPMD_HD static C db(C g, C a, C b) {
+    return g;
+  }
 };
 
 struct Sub {
@@ -202,6 +263,14 @@ struct Sub {
     } else {
       return a - b;
     }
+  }
+  template <class C>
+  SPMD_HD static C da(C g, C a, C b) {
+    return g;
+  }
+  template <class C>
+  SPMD_HD static C db(C g, C a, C b) {
+    return -g;
   }
 };
 
@@ -216,6 +285,14 @@ struct Mul {
       return a * b;
     }
   }
+  template <class C>
+  SPMD_HD static C da(C g, C a, C b) {
+    return g * b;
+  }
+  template <class C>
+  SPMD_HD static C db(C g, C a, C b) {
+    return g * a;
+  }
 };
 
 // True division: integer and Bool inputs compute in F32.
@@ -225,6 +302,14 @@ struct Div {
   template <class C>
   SPMD_HD C operator()(C a, C b) const {
     return a / b;
+  }
+  template <class C>
+  SPMD_HD static C da(C g, C a, C b) {
+    return g / b;
+  }
+  template <class C>
+  SPMD_HD static C db(C g, C a, C b) {
+    return -g * a / (b * b);
   }
 };
 
@@ -236,6 +321,14 @@ struct Maximum {
   SPMD_HD C operator()(C a, C b) const {
     return (a > b || a != a) ? a : b;
   }
+  template <class C>
+  SPMD_HD static C da(C g, C a, C b) {
+    return (a > b || a != a) ? g : (a == b ? C(0.5) * g : C(0));
+  }
+  template <class C>
+  SPMD_HD static C db(C g, C a, C b) {
+    return (b > a || b != b) && a == a ? g : (a == b ? C(0.5) * g : C(0));
+  }
 };
 
 struct Minimum {
@@ -244,6 +337,14 @@ struct Minimum {
   template <class C>
   SPMD_HD C operator()(C a, C b) const {
     return (a < b || a != a) ? a : b;
+  }
+  template <class C>
+  SPMD_HD static C da(C g, C a, C b) {
+    return (a < b || a != a) ? g : (a == b ? C(0.5) * g : C(0));
+  }
+  template <class C>
+  SPMD_HD static C db(C g, C a, C b) {
+    return (b < a || b != b) && a == a ? g : (a == b ? C(0.5) * g : C(0));
   }
 };
 
@@ -255,6 +356,82 @@ struct Pow {
   SPMD_HD C operator()(C a, C b) const {
     return math_pow(a, b);
   }
+  template <class C>
+  SPMD_HD static C da(C g, C a, C b) {
+    return g * b * math_pow(a, b - C(1));
+  }
+  template <class C>
+  SPMD_HD static C db(C g, C a, C b) {
+    return a == C(0) && b >= C(0) ? C(0) : g * math_pow(a, b) * math_log(a);
+  }
+};
+
+// ---- comparisons (Bool results; no derivatives) ---------------------------------------------
+
+// a == b, a Bool result (NaN compares unequal to everything).
+struct Eq {
+  static constexpr std::string_view name = "eq";
+  static constexpr Domain domain = Domain::Any;
+  static constexpr bool predicate = true;
+  template <class C>
+  SPMD_HD bool operator()(C a, C b) const {
+    return a == b;
+  }
+};
+
+// a != b, a Bool result (NaN compares unequal to everything).
+struct Ne {
+  static constexpr std::string_view name = "ne";
+  static constexpr Domain domain = Domain::Any;
+  static constexpr bool predicate = true;
+  template <class C>
+  SPMD_HD bool operator()(C a, C b) const {
+    return a != b;
+  }
+};
+
+// a < b, a Bool result (NaN compares unequal to everything).
+struct Lt {
+  static constexpr std::string_view name = "lt";
+  static constexpr Domain domain = Domain::Any;
+  static constexpr bool predicate = true;
+  template <class C>
+  SPMD_HD bool operator()(C a, C b) const {
+    return a < b;
+  }
+};
+
+// a <= b, a Bool result (NaN compares unequal to everything).
+struct Le {
+  static constexpr std::string_view name = "le";
+  static constexpr Domain domain = Domain::Any;
+  static constexpr bool predicate = true;
+  template <class C>
+  SPMD_HD bool operator()(C a, C b) const {
+    return a <= b;
+  }
+};
+
+// a > b, a Bool result (NaN compares unequal to everything).
+struct Gt {
+  static constexpr std::string_view name = "gt";
+  static constexpr Domain domain = Domain::Any;
+  static constexpr bool predicate = true;
+  template <class C>
+  SPMD_HD bool operator()(C a, C b) const {
+    return a > b;
+  }
+};
+
+// a >= b, a Bool result (NaN compares unequal to everything).
+struct Ge {
+  static constexpr std::string_view name = "ge";
+  static constexpr Domain domain = Domain::Any;
+  static constexpr bool predicate = true;
+  template <class C>
+  SPMD_HD bool operator()(C a, C b) const {
+    return a >= b;
+  }
 };
 
 // ---- the lists -----------------------------------------------------------------------------
@@ -265,7 +442,7 @@ struct List {
 };
 
 using UnaryOps = List<Neg, Abs, Exp, Log, Sqrt, Rsqrt, Tanh, Relu, Gelu>;
-using BinaryOps = List<Add, Sub, Mul, Div, Maximum, Minimum, Pow>;
+using BinaryOps = List<Add, Sub, Mul, Div, Maximum, Minimum, Pow, Eq, Ne, Lt, Le, Gt, Ge>;
 
 namespace detail {
 template <class F, class... Fs>

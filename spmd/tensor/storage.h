@@ -8,6 +8,8 @@
 // (the NCCL backend registers CUDA).
 #pragma once
 
+#include <atomic>
+
 #include <cstddef>
 #include <cstdint>
 #include <iosfwd>
@@ -65,12 +67,18 @@ class Storage {
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
 
+  // In-place writes through Tensor::fill_ and copy_ so far: autograd checks that the values it
+  // saved for backward were not overwritten since (writes through data pointers are not counted).
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+
  private:
   Storage(void* data, std::size_t nbytes, Device device)
       : data_(data), nbytes_(nbytes), device_(device) {}
   void* data_;
   std::size_t nbytes_;
   Device device_;
+  std::atomic<uint64_t> version_{0};
 };
 
 // Bytes the CPU caching allocator currently keeps for reuse (freed but not returned).

@@ -7,6 +7,7 @@
 #include <ostream>
 
 #include <spmd/core/check.h>
+#include <spmd/tensor/autograd_meta.h>
 #include <spmd/tensor/device_ops.h>
 #include <spmd/tensor/factory.h>
 
@@ -144,6 +145,61 @@ Tensor Tensor::as_view(Shape shape, Strides strides, int64_t offset) const {
   return Tensor(storage_, std::move(shape), std::move(strides), offset, dtype_);
 }
 
+Tensor Tensor::tracked(TensorMethod method, std::initializer_list<int64_t> ints,
+                       Tensor result) const {
+  if (autograd_ == nullptr) return result;
+  return detail::record_method(method, *this, std::span<const int64_t>(ints.begin(), ints.size()),
+                               result);
+}
+
+void Tensor::check_in_place(const char* op) const {
+  if (autograd_ != nullptr && grad_enabled() && (autograd_->requires_grad || autograd_->grad_fn)) {
+    throw_error<Unsupported>(
+        "{}: an in-place write to a tensor that takes part in autograd (shape {}): autograd "
+        "records no in-place ops; write a new tensor, or do it under NoGradGuard (as an "
+        "optimizer update does)",
+        op, shape_str(meta_->shape));
+  }
+  storage_->bump_version();
+}
+
+// ---- autograd -------------------------------------------------------------------------------
+
+Tensor& Tensor::requires_grad_(bool requires_grad) {
+  check_defined("requires_grad_");
+  if (requires_grad && !is_floating(dtype_)) {
+    throw_error<Unsupported>(
+        "requires_grad_: only floating tensors can require gradients, this one is {} (shape {})",
+        dtype_, shape_str(meta_->shape));
+  }
+  if (autograd_ != nullptr && autograd_->grad_fn != nullptr) {
+    throw_error<Error>(
+        "requires_grad_: this tensor (shape {}) was made by recorded ops, so its gradient flows "
+        "to their inputs; only leaves can be marked (call detach() for a new leaf)",
+        shape_str(meta_->shape));
+  }
+  if (autograd_ == nullptr) {
+    if (!requires_grad) return *this;
+    autograd_ = std::make_shared<AutogradMeta>();
+  }
+  autograd_->requires_grad = requires_grad;
+  return *this;
+}
+
+bool Tensor::requires_grad() const {
+  return autograd_ != nullptr && (autograd_->requires_grad || autograd_->grad_fn != nullptr);
+}
+
+Tensor Tensor::grad() const {
+  return autograd_ != nullptr ? autograd_->grad : Tensor();
+}
+
+Tensor Tensor::detach() const {
+  Tensor out = *this;
+  out.autograd_ = nullptr;
+  return out;
+}
+
 // ---- metadata -------------------------------------------------------------------------------
 
 int64_t Tensor::size(int64_t d) const {
@@ -198,8 +254,9 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   }
   Shape shape = meta_->shape;
   shape[ud] = length;
-  return as_view(std::move(shape), meta_->strides,
-                 length == 0 ? offset_ : offset_ + start * meta_->strides[ud]);
+  return tracked(TensorMethod::Narrow, {static_cast<int64_t>(ud), start, length},
+                 as_view(std::move(shape), meta_->strides,
+                         length == 0 ? offset_ : offset_ + start * meta_->strides[ud]));
 }
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
@@ -215,7 +272,9 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   Strides strides = meta_->strides;
   shape.erase(shape.begin() + static_cast<std::ptrdiff_t>(ud));
   strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(ud));
-  return as_view(std::move(shape), std::move(strides), offset_ + index * meta_->strides[ud]);
+  return tracked(
+      TensorMethod::Select, {static_cast<int64_t>(ud), index},
+      as_view(std::move(shape), std::move(strides), offset_ + index * meta_->strides[ud]));
 }
 
 std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
@@ -273,7 +332,8 @@ Tensor Tensor::transpose(int64_t a, int64_t b) const {
   Strides strides = meta_->strides;
   std::swap(shape[static_cast<std::size_t>(a)], shape[static_cast<std::size_t>(b)]);
   std::swap(strides[static_cast<std::size_t>(a)], strides[static_cast<std::size_t>(b)]);
-  return as_view(std::move(shape), std::move(strides), offset_);
+  return tracked(TensorMethod::Transpose, {a, b},
+                 as_view(std::move(shape), std::move(strides), offset_));
 }
 
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
@@ -295,17 +355,24 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
     throw_error<ShapeError>("permute: dims {} are not a permutation of the {} dims of shape {}",
                             shape_str(dims), n, shape_str(meta_->shape));
   }
-  return as_view(std::move(shape), std::move(strides), offset_);
+  Tensor result = as_view(std::move(shape), std::move(strides), offset_);
+  if (autograd_ == nullptr) return result;
+  return detail::record_method(TensorMethod::Permute, *this, dims, result);
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
   check_defined("reshape");
   Shape target = infer_shape("reshape", shape, meta_->numel, meta_->shape);
+  Tensor result;
   if (std::optional<Strides> strides = view_strides(meta_->shape, meta_->strides, target)) {
-    return as_view(std::move(target), std::move(*strides), offset_);
+    result = as_view(target, std::move(*strides), offset_);
+  } else {
+    Tensor copy = empty(meta_->shape, dtype_, device());
+    copy.copy_(*this);
+    result = copy.as_view(target, contiguous_strides(target), copy.offset_);
   }
-  Tensor copy = clone();
-  return copy.as_view(target, contiguous_strides(target), copy.offset_);
+  if (autograd_ == nullptr) return result;
+  return detail::record_method(TensorMethod::Reshape, *this, target, result);
 }
 
 Tensor Tensor::view(const Shape& shape) const {
@@ -318,7 +385,9 @@ Tensor Tensor::view(const Shape& shape) const {
         "reshape, which copies)",
         shape_str(target), shape_str(meta_->shape), shape_str(meta_->strides));
   }
-  return as_view(std::move(target), std::move(*strides), offset_);
+  Tensor result = as_view(target, std::move(*strides), offset_);
+  if (autograd_ == nullptr) return result;
+  return detail::record_method(TensorMethod::Reshape, *this, target, result);
 }
 
 Tensor Tensor::unsqueeze(int64_t d) const {
@@ -329,7 +398,8 @@ Tensor Tensor::unsqueeze(int64_t d) const {
   const int64_t stride = ud < meta_->shape.size() ? meta_->shape[ud] * meta_->strides[ud] : 1;
   shape.insert(shape.begin() + static_cast<std::ptrdiff_t>(ud), 1);
   strides.insert(strides.begin() + static_cast<std::ptrdiff_t>(ud), stride);
-  return as_view(std::move(shape), std::move(strides), offset_);
+  return tracked(TensorMethod::Unsqueeze, {static_cast<int64_t>(ud)},
+                 as_view(std::move(shape), std::move(strides), offset_));
 }
 
 Tensor Tensor::squeeze(int64_t d) const {
@@ -341,7 +411,8 @@ Tensor Tensor::squeeze(int64_t d) const {
   Strides strides = meta_->strides;
   shape.erase(shape.begin() + static_cast<std::ptrdiff_t>(ud));
   strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(ud));
-  return as_view(std::move(shape), std::move(strides), offset_);
+  return tracked(TensorMethod::Squeeze, {static_cast<int64_t>(ud)},
+                 as_view(std::move(shape), std::move(strides), offset_));
 }
 
 Tensor Tensor::expand(const Shape& shape) const {
@@ -377,7 +448,9 @@ Tensor Tensor::expand(const Shape& shape) const {
     }
   }
   checked_numel(out, "expand");
-  return as_view(std::move(out), std::move(strides), offset_);
+  Tensor result = as_view(out, std::move(strides), offset_);
+  if (autograd_ == nullptr) return result;
+  return detail::record_method(TensorMethod::Expand, *this, out, result);
 }
 
 // ---- copies ---------------------------------------------------------------------------------
@@ -391,7 +464,7 @@ Tensor Tensor::clone() const {
   check_defined("clone");
   Tensor out = empty(meta_->shape, dtype_, device());
   out.copy_(*this);
-  return out;
+  return tracked(TensorMethod::Clone, {}, std::move(out));
 }
 
 Tensor Tensor::to(DType dtype) const {
@@ -399,7 +472,7 @@ Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) return *this;
   Tensor out = empty(meta_->shape, dtype, device());
   out.copy_(*this);
-  return out;
+  return tracked(TensorMethod::Cast, {static_cast<int64_t>(dtype)}, std::move(out));
 }
 
 Tensor Tensor::to(Device device) const {
@@ -445,6 +518,7 @@ SPMD_INSTANTIATE_ELEMENT_ACCESS(bool)
 
 Tensor& Tensor::fill_(double value) {
   DeviceOps& kernels = kernels_for("fill_", {this});
+  check_in_place("fill_");
   if (has_broadcast_dim(meta_->shape, meta_->strides)) {
     throw_error<ShapeError>(
         "fill_: the destination (shape {}, strides {}) is an expanded view whose elements share "
@@ -458,6 +532,7 @@ Tensor& Tensor::fill_(double value) {
 Tensor& Tensor::copy_(const Tensor& src) {
   check_defined("copy_");
   if (!src.defined()) throw_error<Error>("copy_: the source is an undefined tensor");
+  check_in_place("copy_");
   if (broadcast_shapes(src.meta_->shape, meta_->shape, "copy_") != meta_->shape) {
     throw_error<ShapeError>("copy_: source shape {} does not broadcast to destination shape {}",
                             shape_str(src.meta_->shape), shape_str(meta_->shape));

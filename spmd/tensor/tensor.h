@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -29,6 +30,9 @@
 #include <spmd/tensor/storage.h>
 
 namespace spmd {
+
+struct AutogradMeta;                // tensor/autograd_meta.h
+enum class TensorMethod : uint8_t;  // tensor/autograd_meta.h
 
 class Tensor {
  public:
@@ -112,6 +116,20 @@ class Tensor {
   // Copies `src` (broadcast to this shape, converted to this dtype) into this view.
   Tensor& copy_(const Tensor& src);
 
+  // ---- autograd (Note [Autograd] in ops/autograd.h) -----------------------------------------
+  // Makes this tensor a leaf whose gradient backward() accumulates (or stops that); floating
+  // dtypes only. Error for a tensor made by recorded ops (use detach() first). Returns *this.
+  Tensor& requires_grad_(bool requires_grad = true);
+  // True for a leaf that requires grad and for a tensor recorded ops made from one.
+  bool requires_grad() const;
+  // The gradient backward() accumulated into this leaf; undefined when there is none.
+  Tensor grad() const;
+  // The same values and storage without autograd state: backward stops here.
+  Tensor detach() const;
+  // The autograd state the copies of this handle share (null when it never took part).
+  const std::shared_ptr<AutogradMeta>& autograd() const { return autograd_; }
+  void set_autograd(std::shared_ptr<AutogradMeta> meta) { autograd_ = std::move(meta); }
+
   // Multi-line text: values (truncated when large), shape and dtype.
   std::string to_string() const;
 
@@ -119,6 +137,12 @@ class Tensor {
   void check_defined(const char* op) const;
   // Another view of this tensor's storage.
   Tensor as_view(Shape shape, Strides strides, int64_t offset) const;
+  // `result` of `method` on this tensor, recorded on the tape when this tensor takes part in
+  // autograd and grad mode is on.
+  Tensor tracked(TensorMethod method, std::initializer_list<int64_t> ints, Tensor result) const;
+  // An in-place write: Unsupported when this tensor takes part in autograd and grad mode is on;
+  // counts the write on the storage's version.
+  void check_in_place(const char* op) const;
 
   // Shape, strides and element count: immutable once built and shared by copies of the handle,
   // so copying a Tensor costs two reference counts, not two vector allocations. An undefined
@@ -132,6 +156,7 @@ class Tensor {
 
   std::shared_ptr<Storage> storage_;
   std::shared_ptr<const Meta> meta_ = empty_meta();
+  std::shared_ptr<AutogradMeta> autograd_;
   int64_t offset_ = 0;
   DType dtype_ = DType::F32;
 };

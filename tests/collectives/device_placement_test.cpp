@@ -32,6 +32,14 @@ class ForwardingOps : public DeviceOps {
     cpu_ops().binary(op, out, a, b);
   }
   void unary(int op, const Tensor& out, const Tensor& in) override { cpu_ops().unary(op, out, in); }
+  void unary_backward(int op, const Tensor& out, const Tensor& grad, const Tensor& in,
+                      const Tensor& result) override {
+    cpu_ops().unary_backward(op, out, grad, in, result);
+  }
+  void binary_backward(int op, int wrt, const Tensor& out, const Tensor& grad, const Tensor& a,
+                       const Tensor& b) override {
+    cpu_ops().binary_backward(op, wrt, out, grad, a, b);
+  }
   void reduce(Reduction op, const Tensor& out, const Tensor& in,
               const std::vector<int64_t>& dims) override {
     cpu_ops().reduce(op, out, in, dims);

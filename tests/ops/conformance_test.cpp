@@ -14,6 +14,7 @@
 #include <random>
 
 #include <spmd/dtensor/ops.h>
+#include <spmd/ops/autograd.h>
 #include <spmd/sim/local_ops.h>
 #include "tests/dtensor/dtensor_test_support.h"
 #include "tests/support/test_support.h"
@@ -224,6 +225,15 @@ Table op_table() {
   t.add(row("stack", {{5, 4}, {5, 4}, {5, 4}}, [](const auto& x) {
     return stack({x[0], x[1], x[2]}, 2);
   }));
+  t.add(row("narrow", {{5, 4}}, [](const auto& x) { return narrow(x[0], 0, 1, 3); }));
+  t.add(row("narrow", {{5, 4}}, [](const auto& x) { return narrow(x[0], -1, 2, 2); }));
+  t.add(row("select", {{5, 4}}, [](const auto& x) { return select(x[0], 1, 2); }));
+  t.add(row("select", {{5, 4, 3}}, [](const auto& x) { return select(x[0], 0, -1); }));
+  t.add(row("permute", {{5, 4, 3}}, [](const auto& x) { return permute(x[0], {2, 0, 1}); }));
+  t.add(row("unsqueeze", {{5, 4}}, [](const auto& x) { return unsqueeze(x[0], 1); }));
+  t.add(row("squeeze", {{5, 1, 4}}, [](const auto& x) { return squeeze(x[0], 1); }));
+  t.add(row("expand", {{5, 1}}, [](const auto& x) { return expand(x[0], {2, 5, 4}); }));
+  t.add(row("clone", {{5, 4}}, [](const auto& x) { return clone(x[0]); }));
   t.add(row("pad", {{5, 4}}, [](const auto& x) { return pad(x[0], 1, 2, 1, 0.0); }));
   t.add(row("pad", {{5, 4}}, [](const auto& x) { return pad(x[0], 0, 1, 0, 3.0); }));
   return t;
@@ -414,6 +424,123 @@ TEST(OpTable, DTensorOpsMatchFullTensorOpsUnderRandomPlacements) {
 // Integer data: exact, and an integer Partial(avg) (which truncates) is never kept by an op.
 TEST(OpTable, DTensorOpsMatchFullTensorOpsOnIntegers) {
   check_dtensor_rows(DType::I64, 43);
+}
+
+// ---- gradients: every row's Tensor backward against central finite differences (F64) ------------
+
+// Random non-integer data (no ties or kinks: relu, abs, maximum and amax are smooth there).
+Tensor smooth_input(const OpRow& r, const Shape& shape, uint64_t seed) {
+  Tensor g = randn(shape, seed, DType::F64);
+  return r.positive ? abs(g) + 0.5 : g;
+}
+
+// sum(out * w): a scalar whose gradient is w pushed back through the op.
+Tensor weighted_loss(const Tensor& out, const Tensor& w) {
+  return sum(out * w);
+}
+
+TEST(OpTable, TensorGradientsMatchFiniteDifferences) {
+  int checked = 0;
+  for (const OpRow& r : op_table().rows) {
+    SCOPED_TRACE(r.name);
+    std::vector<Tensor> inputs;
+    for (size_t k = 0; k < r.shapes.size(); ++k) {
+      inputs.push_back(smooth_input(r, r.shapes[k], 50 + k).requires_grad_());
+    }
+    const Tensor out = r.on_tensor(inputs);
+    if (!is_floating(out.dtype())) continue;
+    const Tensor w = randn(out.shape(), 99, DType::F64);
+    backward(weighted_loss(out, w));
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      // An input the op does not use gets no gradient: zeros.
+      const Tensor grad =
+          inputs[k].grad().defined() ? inputs[k].grad() : zeros(inputs[k].shape(), DType::F64);
+      ASSERT_EQ(grad.shape(), inputs[k].shape()) << "input " << k;
+      const std::vector<double> got = testing::values(grad);
+      const double h = 1e-6;
+      for (int64_t i = 0; i < inputs[k].numel(); ++i) {
+        auto loss_at = [&](double delta) {
+          NoGradGuard no_grad;
+          std::vector<Tensor> shifted;
+          for (size_t j = 0; j < inputs.size(); ++j) shifted.push_back(inputs[j].detach().clone());
+          Tensor flat = shifted[k].reshape({-1});
+          flat.narrow(0, i, 1).fill_(testing::values(inputs[k])[static_cast<size_t>(i)] + delta);
+          return weighted_loss(r.on_tensor(shifted), w).item<double>();
+        };
+        const double numeric = (loss_at(h) - loss_at(-h)) / (2 * h);
+        EXPECT_NEAR(got[static_cast<size_t>(i)], numeric, 1e-5 * (1 + std::abs(numeric)))
+            << "input " << k << " element " << i;
+      }
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 80);
+}
+
+// The Tensor methods that make new tensors are recorded too (their free-function rows above check
+// the formulas): each gradient against the one the free function gives.
+TEST(OpTable, TensorMethodsAreRecorded) {
+  const Tensor x = randn({4, 6}, 3, DType::F64).requires_grad_();
+  const Tensor w = randn({3, 8}, 4, DType::F64);
+  Tensor y = x.narrow(0, 1, 3).transpose(0, 1).reshape({2, 9}).unsqueeze(0).squeeze(0);
+  y = y.view({3, 6}).permute({1, 0}).expand({2, 6, 3}).contiguous().clone().to(DType::F32);
+  y = y.select(0, 1).to(DType::F64);
+  backward(sum(matmul(y, w)));
+  ASSERT_TRUE(x.grad().defined());
+  const Tensor x2 = x.detach().clone().requires_grad_();
+  Tensor z = transpose(narrow(x2, 0, 1, 3), 0, 1);
+  z = permute(reshape(z, {3, 6}), {1, 0});
+  backward(sum(matmul(z, w)));
+  EXPECT_TRUE(allclose(x.grad(), x2.grad(), 1e-6, 1e-6)) << x.grad() << x2.grad();
+}
+
+TEST(OpTable, AutogradErrors) {
+  const Tensor x = randn({3}, 1).requires_grad_();
+  const Tensor y = exp(x);
+  backward(sum(y));
+  {
+    SCOPED_TRACE("backward twice");
+    expect_throws<Error>([&] { backward(sum(y)); }, {"already differentiated"});
+  }
+  {
+    SCOPED_TRACE("no grad");
+    expect_throws<Error>([&] { backward(sum(randn({3}, 2))); }, {"does not require grad"});
+  }
+  {
+    SCOPED_TRACE("integer leaf");
+    expect_throws<Unsupported>([&] { arange(3, DType::I64).requires_grad_(); }, {"only floating"});
+  }
+  {
+    SCOPED_TRACE("non-leaf");
+    expect_throws<Error>([&] { exp(x).requires_grad_(); }, {"only leaves"});
+  }
+  {
+    SCOPED_TRACE("in place");
+    expect_throws<Unsupported>([&] { x.clone().fill_(1.0); }, {"fill_", "autograd"});
+  }
+  {
+    SCOPED_TRACE("saved value written");
+    const Tensor v = randn({3}, 3).requires_grad_();
+    Tensor saved = randn({3}, 4);
+    const Tensor p = v * saved;
+    {
+      NoGradGuard no_grad;
+      saved.fill_(0.0);
+    }
+    expect_throws<Error>([&] { backward(sum(p)); }, {"written in place", "'mul'"});
+    expect_throws<ShapeError>([&] { backward(exp(v)); }, {"one element"});
+  }
+}
+
+TEST(OpTable, NoGradGuardRecordsNothingAndGradientsAccumulate) {
+  const Tensor x = randn({3}, 1).requires_grad_();
+  {
+    NoGradGuard no_grad;
+    EXPECT_FALSE(exp(x).requires_grad());
+  }
+  backward(sum(x * 2.0));
+  backward(sum(x * 3.0));
+  EXPECT_TRUE(allclose(x.grad(), full({3}, 5.0)));
 }
 
 }  // namespace

@@ -300,8 +300,8 @@ class CudaOps final : public DeviceOps {
     const int device = index_of(out);
     set_device(device);
     elementwise<3>({out, a, b}, [&](const Indexer<3>& ix, const std::array<Tensor, 3>& t) {
-      check_kernel(ck::binary(op, elt(out.dtype()), t[0].data_ptr(), t[1].data_ptr(),
-                              t[2].data_ptr(), ix, t[0].numel(), stream(device)),
+      check_kernel(ck::binary(op, elt(a.dtype()), t[0].data_ptr(), t[1].data_ptr(), t[2].data_ptr(),
+                              ix, t[0].numel(), stream(device)),
                    element::name_of<element::BinaryOps>(op), device);
     });
   }
@@ -313,6 +313,31 @@ class CudaOps final : public DeviceOps {
       check_kernel(ck::unary(op, elt(out.dtype()), t[0].data_ptr(), t[1].data_ptr(), ix,
                              t[0].numel(), stream(device)),
                    element::name_of<element::UnaryOps>(op), device);
+    });
+  }
+
+  void unary_backward(int op, const Tensor& out, const Tensor& grad, const Tensor& in,
+                      const Tensor& result) override {
+    const int device = index_of(out);
+    set_device(device);
+    elementwise<4>(
+        {out, grad, in, result}, [&](const Indexer<4>& ix, const std::array<Tensor, 4>& t) {
+          check_kernel(ck::unary_backward(op, elt(out.dtype()), t[0].data_ptr(), t[1].data_ptr(),
+                                          t[2].data_ptr(), t[3].data_ptr(), ix, t[0].numel(),
+                                          stream(device)),
+                       element::name_of<element::UnaryOps>(op), device);
+        });
+  }
+
+  void binary_backward(int op, int wrt, const Tensor& out, const Tensor& grad, const Tensor& a,
+                       const Tensor& b) override {
+    const int device = index_of(out);
+    set_device(device);
+    elementwise<4>({out, grad, a, b}, [&](const Indexer<4>& ix, const std::array<Tensor, 4>& t) {
+      check_kernel(
+          ck::binary_backward(op, wrt, elt(out.dtype()), t[0].data_ptr(), t[1].data_ptr(),
+                              t[2].data_ptr(), t[3].data_ptr(), ix, t[0].numel(), stream(device)),
+          element::name_of<element::BinaryOps>(op), device);
     });
   }
 

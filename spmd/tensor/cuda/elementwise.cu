@@ -54,11 +54,19 @@ __global__ void copy_kernel(D* dst, const S* src, Indexer<2> ix, int64_t n) {
 // ---- binary and unary ----------------------------------------------------------------------
 
 template <class T, class Op>
-__global__ void binary_kernel(T* out, const T* a, const T* b, Indexer<3> ix, int64_t n, Op op) {
+using binary_out_t = std::conditional_t<element::is_predicate<Op>, bool, T>;
+
+template <class T, class Op>
+__global__ void binary_kernel(binary_out_t<T, Op>* out, const T* a, const T* b, Indexer<3> ix,
+                              int64_t n, Op op) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     int64_t off[3];
     ix.offsets(i, off);
-    out[off[0]] = store<T>(op(load(a[off[1]]), load(b[off[2]])));
+    if constexpr (element::is_predicate<Op>) {
+      out[off[0]] = op(load(a[off[1]]), load(b[off[2]]));
+    } else {
+      out[off[0]] = store<T>(op(load(a[off[1]]), load(b[off[2]])));
+    }
   }
 }
 
@@ -66,7 +74,8 @@ template <class T, class Op>
 cudaError_t launch_binary(void* out, const void* a, const void* b, const Indexer<3>& ix, int64_t n,
                           cudaStream_t stream) {
   binary_kernel<T, Op><<<blocks_for(n), kThreads, 0, stream>>>(
-      static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), ix, n, Op{});
+      static_cast<binary_out_t<T, Op>*>(out), static_cast<const T*>(a), static_cast<const T*>(b),
+      ix, n, Op{});
   return cudaGetLastError();
 }
 
@@ -138,6 +147,62 @@ cudaError_t unary_typed(int op, void* out, const void* in, const Indexer<2>& ix,
   element::visit<element::UnaryOps>(op, launch);
   return launch.result;
 }
+
+// ---- derivatives -----------------------------------------------------------------------------
+
+template <class T, class Fn>
+__global__ void ternary_kernel(T* out, const T* x0, const T* x1, const T* x2, Indexer<4> ix,
+                               int64_t n, Fn fn) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    int64_t off[4];
+    ix.offsets(i, off);
+    out[off[0]] = store<T>(fn(load(x0[off[1]]), load(x1[off[2]]), load(x2[off[3]])));
+  }
+}
+
+template <class F>
+struct UnaryDerivative {
+  template <class C>
+  SPMD_HD C operator()(C g, C x, C y) const {
+    return g * F::df(x, y);
+  }
+};
+
+template <class F, int wrt>
+struct BinaryDerivative {
+  template <class C>
+  SPMD_HD C operator()(C g, C a, C b) const {
+    if (wrt == 0) return F::da(g, a, b);
+    return F::db(g, a, b);
+  }
+};
+
+// Launches the derivative kernel of functor F (float and double compute types only).
+template <class T, template <class> class Derivative>
+struct DerivativeLaunch {
+  void* out;
+  const void* x0;
+  const void* x1;
+  const void* x2;
+  const Indexer<4>& ix;
+  int64_t n;
+  cudaStream_t stream;
+  cudaError_t result = cudaErrorInvalidValue;
+  template <class F>
+  void operator()() {
+    if constexpr (std::is_floating_point_v<compute_t<T>> && !element::is_predicate<F>) {
+      ternary_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
+          static_cast<T*>(out), static_cast<const T*>(x0), static_cast<const T*>(x1),
+          static_cast<const T*>(x2), ix, n, Derivative<F>{});
+      result = cudaGetLastError();
+    }
+  }
+};
+
+template <class F>
+using DerivativeA = BinaryDerivative<F, 0>;
+template <class F>
+using DerivativeB = BinaryDerivative<F, 1>;
 
 // ---- comparisons ---------------------------------------------------------------------------
 
@@ -226,6 +291,33 @@ cudaError_t unary(int op, Elt type, void* out, const void* in, const Indexer<2>&
   if (n == 0) return cudaSuccess;
   return dispatch(type,
                   [&](auto tag) { return unary_typed<decltype(tag)>(op, out, in, ix, n, stream); });
+}
+
+cudaError_t unary_backward(int op, Elt type, void* out, const void* grad, const void* in,
+                           const void* result, const Indexer<4>& ix, int64_t n,
+                           cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatch(type, [&](auto tag) {
+    DerivativeLaunch<decltype(tag), UnaryDerivative> launch{out, grad, in, result, ix, n, stream};
+    element::visit<element::UnaryOps>(op, launch);
+    return launch.result;
+  });
+}
+
+cudaError_t binary_backward(int op, int wrt, Elt type, void* out, const void* grad, const void* a,
+                            const void* b, const Indexer<4>& ix, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatch(type, [&](auto tag) {
+    using T = decltype(tag);
+    if (wrt == 0) {
+      DerivativeLaunch<T, DerivativeA> launch{out, grad, a, b, ix, n, stream};
+      element::visit<element::BinaryOps>(op, launch);
+      return launch.result;
+    }
+    DerivativeLaunch<T, DerivativeB> launch{out, grad, a, b, ix, n, stream};
+    element::visit<element::BinaryOps>(op, launch);
+    return launch.result;
+  });
 }
 
 cudaError_t compare(Compare what, Elt type, const void* a, const void* b, const Indexer<2>& ix,

@@ -60,6 +60,17 @@ cudaError_t binary(int op, Elt type, void* out, const void* a, const void* b, co
 cudaError_t unary(int op, Elt type, void* out, const void* in, const Indexer<2>& ix, int64_t n,
                   cudaStream_t stream);
 
+// out = grad * df(in, result) for the op at index `op` of element::UnaryOps; operands 0 = out,
+// 1 = grad, 2 = in, 3 = result; floating types.
+cudaError_t unary_backward(int op, Elt type, void* out, const void* grad, const void* in,
+                           const void* result, const Indexer<4>& ix, int64_t n,
+                           cudaStream_t stream);
+
+// out = da(grad, a, b) (wrt 0) or db(grad, a, b) (wrt 1) for the op at index `op` of
+// element::BinaryOps; operands 0 = out, 1 = grad, 2 = a, 3 = b; floating types.
+cudaError_t binary_backward(int op, int wrt, Elt type, void* out, const void* grad, const void* a,
+                            const void* b, const Indexer<4>& ix, int64_t n, cudaStream_t stream);
+
 // What compare() computes over element pairs (operands 0 = a, 1 = b).
 enum class Compare : uint8_t { Equal, AllClose, MaxAbsDiff, HasNonfinite };
 // Device-side result of compare(): zero it before the launch.

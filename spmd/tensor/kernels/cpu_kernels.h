@@ -16,6 +16,10 @@ void fill(const Tensor& dst, double value);
 void copy(const Tensor& dst, const Tensor& src);
 void binary(int op, const Tensor& out, const Tensor& a, const Tensor& b);
 void unary(int op, const Tensor& out, const Tensor& in);
+void unary_backward(int op, const Tensor& out, const Tensor& grad, const Tensor& in,
+                    const Tensor& result);
+void binary_backward(int op, int wrt, const Tensor& out, const Tensor& grad, const Tensor& a,
+                     const Tensor& b);
 bool equal(const Tensor& a, const Tensor& b);
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol);
 double max_abs_diff(const Tensor& a, const Tensor& b);

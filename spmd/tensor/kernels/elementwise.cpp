@@ -108,27 +108,38 @@ void copy_tiled(const Tensor& dst, const Tensor& src) {
 
 // ---- binary ---------------------------------------------------------------------------------
 
+// The element a binary op stores: its own dtype's value, or a comparison's bool.
+template <class T, class Op, class R>
+inline auto emit(R r) {
+  if constexpr (element::is_predicate<Op>) {
+    return static_cast<bool>(r);
+  } else {
+    return store<T>(r);
+  }
+}
+
 template <class T, class Op>
 void binary_typed(const Tensor& out, const Tensor& a, const Tensor& b, Op op) {
+  using Out = std::conditional_t<element::is_predicate<Op>, bool, T>;
   StridedLoop<3> loop(out.shape(), {&out.strides(), &a.strides(), &b.strides()});
-  T* po = at<T>(out);
+  Out* po = at<Out>(out);
   const T* pa = at<T>(a);
   const T* pb = at<T>(b);
   loop.parallel_runs(kElementwiseGrain, [&](const auto& off, const auto& st, int64_t n) {
-    T* __restrict o = po + off[0];
+    Out* __restrict o = po + off[0];
     const T* __restrict x = pa + off[1];
     const T* __restrict y = pb + off[2];
     if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
-      for (int64_t i = 0; i < n; ++i) o[i] = store<T>(op(load(x[i]), load(y[i])));
+      for (int64_t i = 0; i < n; ++i) o[i] = emit<T, Op>(op(load(x[i]), load(y[i])));
     } else if (st[0] == 1 && st[1] == 1 && st[2] == 0) {
       const auto yv = load(*y);
-      for (int64_t i = 0; i < n; ++i) o[i] = store<T>(op(load(x[i]), yv));
+      for (int64_t i = 0; i < n; ++i) o[i] = emit<T, Op>(op(load(x[i]), yv));
     } else if (st[0] == 1 && st[1] == 0 && st[2] == 1) {
       const auto xv = load(*x);
-      for (int64_t i = 0; i < n; ++i) o[i] = store<T>(op(xv, load(y[i])));
+      for (int64_t i = 0; i < n; ++i) o[i] = emit<T, Op>(op(xv, load(y[i])));
     } else {
       for (int64_t i = 0; i < n; ++i) {
-        o[i * st[0]] = store<T>(op(load(x[i * st[1]]), load(y[i * st[2]])));
+        o[i * st[0]] = emit<T, Op>(op(load(x[i * st[1]]), load(y[i * st[2]])));
       }
     }
   });
@@ -148,6 +159,27 @@ void unary_typed(const Tensor& out, const Tensor& in, Op op) {
       for (int64_t i = 0; i < n; ++i) o[i] = store<T>(op(load(x[i])));
     } else {
       for (int64_t i = 0; i < n; ++i) o[i * st[0]] = store<T>(op(load(x[i * st[1]])));
+    }
+  });
+}
+
+// ---- derivatives ----------------------------------------------------------------------------
+
+// out = fn(o0, o1, o2) elementwise for three operands of out's shape (any strides).
+template <class T, class Fn>
+void ternary_typed(const Tensor& out, const Tensor& x0, const Tensor& x1, const Tensor& x2, Fn fn) {
+  StridedLoop<4> loop(out.shape(), {&out.strides(), &x0.strides(), &x1.strides(), &x2.strides()});
+  T* po = at<T>(out);
+  const T* p0 = at<T>(x0);
+  const T* p1 = at<T>(x1);
+  const T* p2 = at<T>(x2);
+  loop.parallel_runs(kElementwiseGrain, [&](const auto& off, const auto& st, int64_t n) {
+    T* o = po + off[0];
+    const T* a = p0 + off[1];
+    const T* b = p1 + off[2];
+    const T* c = p2 + off[3];
+    for (int64_t i = 0; i < n; ++i) {
+      o[i * st[0]] = store<T>(fn(load(a[i * st[1]]), load(b[i * st[2]]), load(c[i * st[3]])));
     }
   });
 }
@@ -191,10 +223,11 @@ void copy(const Tensor& dst, const Tensor& src) {
 }
 
 void binary(int op, const Tensor& out, const Tensor& a, const Tensor& b) {
-  SPMD_CHECK(a.dtype() == out.dtype() && b.dtype() == out.dtype());
-  dispatch_dtype(out.dtype(), [&]<class T>() {
+  SPMD_CHECK(a.dtype() == b.dtype());
+  dispatch_dtype(a.dtype(), [&]<class T>() {
     using C = compute_t<T>;
     const bool known = element::visit<element::BinaryOps>(op, [&]<class F>() {
+      SPMD_CHECK(out.dtype() == (element::is_predicate<F> ? DType::Bool : a.dtype()));
       if constexpr (element::accepts<F, C>) {
         binary_typed<T>(out, a, b, F{});
       } else {
@@ -217,6 +250,40 @@ void unary(int op, const Tensor& out, const Tensor& in) {
       }
     });
     SPMD_CHECK_MSG(known, "unary elementwise op {} is not in element::UnaryOps", op);
+  });
+}
+
+void unary_backward(int op, const Tensor& out, const Tensor& grad, const Tensor& in,
+                    const Tensor& result) {
+  SPMD_CHECK(is_floating(out.dtype()));
+  dispatch_dtype(out.dtype(), [&]<class T>() {
+    using C = compute_t<T>;
+    if constexpr (std::is_floating_point_v<C>) {
+      const bool known = element::visit<element::UnaryOps>(op, [&]<class F>() {
+        ternary_typed<T>(out, grad, in, result, [](C g, C x, C y) { return g * F::df(x, y); });
+      });
+      SPMD_CHECK_MSG(known, "unary elementwise op {} is not in element::UnaryOps", op);
+    }
+  });
+}
+
+void binary_backward(int op, int wrt, const Tensor& out, const Tensor& grad, const Tensor& a,
+                     const Tensor& b) {
+  SPMD_CHECK(is_floating(out.dtype()));
+  dispatch_dtype(out.dtype(), [&]<class T>() {
+    using C = compute_t<T>;
+    if constexpr (std::is_floating_point_v<C>) {
+      const bool known = element::visit<element::BinaryOps>(op, [&]<class F>() {
+        if constexpr (element::is_predicate<F>) {
+          SPMD_CHECK_MSG(false, "{} has no derivative", F::name);
+        } else if (wrt == 0) {
+          ternary_typed<T>(out, grad, a, b, [](C g, C x, C y) { return F::da(g, x, y); });
+        } else {
+          ternary_typed<T>(out, grad, a, b, [](C g, C x, C y) { return F::db(g, x, y); });
+        }
+      });
+      SPMD_CHECK_MSG(known, "binary elementwise op {} is not in element::BinaryOps", op);
+    }
   });
 }
 

@@ -1,0 +1,361 @@
+// spmd/ops/autograd.cpp: Var, the tape, the backward engine (Note [Autograd]), the Tensor kind,
+// and the recorder the Tensor methods reach the tape through.
+#include <spmd/ops/autograd.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+#include <spmd/core/error.h>
+#include <spmd/ops/ops.h>
+
+namespace spmd {
+
+// ---- Var
+// ------------------------------------------------------------------------------------------
+
+Var::Var(const Tensor& t) : kind_(t.defined() ? &tensor_kind() : nullptr), tensor_(t) {}
+
+Var::Var(const VarKind* kind, std::shared_ptr<const void> object)
+    : kind_(kind), object_(std::move(object)) {}
+
+const VarKind& Var::kind() const {
+  if (kind_ == nullptr) throw_error<Error>("autograd: an undefined value was used");
+  return *kind_;
+}
+
+const Tensor& Var::tensor() const {
+  if (kind_ != &tensor_kind()) {
+    throw_error<Error>("autograd: a {} value was used as a Tensor", kind().name);
+  }
+  return tensor_;
+}
+
+Var Var::detach() const {
+  if (kind_ == nullptr) return {};
+  return kind_->with_meta(*this, nullptr);
+}
+
+// ---- the Tensor kind
+// ------------------------------------------------------------------------------
+
+namespace {
+
+std::vector<Tensor> tensors_of(std::span<const Var> vars) {
+  std::vector<Tensor> out;
+  out.reserve(vars.size());
+  for (const Var& v : vars) out.push_back(v.tensor());
+  return out;
+}
+
+const VarKind kTensorKind{
+    "Tensor",
+    [](const OpDef& op, std::span<const Var> inputs, const OpArgs& args) -> Var {
+      return call(op, tensors_of(inputs), args);
+    },
+    [](const Var& v) { return v.tensor().autograd(); },
+    [](const Var& v, std::shared_ptr<AutogradMeta> meta) -> Var {
+      Tensor t = v.tensor();
+      t.set_autograd(std::move(meta));
+      return t;
+    },
+    [](const Var& leaf, const Var& grad) {
+      AutogradMeta& meta = *leaf.tensor().autograd();
+      const Tensor g = grad.tensor().to(leaf.tensor().dtype());
+      meta.grad = meta.grad.defined() ? meta.grad + g : g.detach();
+    },
+    [](const Var& v) -> uint64_t { return v.tensor().storage()->version(); },
+    [](const Var& v) -> const Shape& { return v.tensor().shape(); },
+    [](const Var& v) { return v.tensor().dtype(); },
+    [](const Var& v) {
+      return fmt::format("{} {}", shape_str(v.tensor().shape()), v.tensor().dtype());
+    }};
+
+}  // namespace
+
+const VarKind& tensor_kind() {
+  return kTensorKind;
+}
+
+// ---- recording
+// ------------------------------------------------------------------------------------
+
+bool any_requires_grad(std::span<const Var> inputs) {
+  for (const Var& v : inputs) {
+    if (!v.defined()) continue;
+    const std::shared_ptr<AutogradMeta> meta = v.meta();
+    if (meta != nullptr && (meta->requires_grad || meta->grad_fn != nullptr)) return true;
+  }
+  return false;
+}
+
+Var record(std::string_view name, const OpDef* op, std::span<const Var> inputs, const OpArgs& args,
+           const Var& output, BackwardFn backward, std::shared_ptr<const void> payload) {
+  auto node = std::make_shared<Node>();
+  node->name = name;
+  node->op = op;
+  node->backward = backward;
+  node->args = args;
+  node->payload = std::move(payload);
+  node->inputs.reserve(inputs.size());
+  node->edges.reserve(inputs.size());
+  node->versions.reserve(inputs.size() + 1);
+  for (const Var& in : inputs) {
+    Edge edge;
+    if (in.defined()) {
+      const std::shared_ptr<AutogradMeta> meta = in.meta();
+      if (meta != nullptr && meta->grad_fn != nullptr) {
+        edge.node = meta->grad_fn;
+      } else if (meta != nullptr && meta->requires_grad) {
+        edge.leaf = in;
+      }
+      node->versions.push_back(in.kind().version(in));
+    } else {
+      node->versions.push_back(0);
+    }
+    node->inputs.push_back(in.detach());
+    node->edges.push_back(std::move(edge));
+  }
+  node->output = output.detach();
+  node->versions.push_back(output.kind().version(output));
+  auto meta = std::make_shared<AutogradMeta>();
+  meta->grad_fn = std::move(node);
+  return output.kind().with_meta(output, std::move(meta));
+}
+
+// ---- BackwardContext
+// ------------------------------------------------------------------------------
+
+BackwardContext::BackwardContext(const Node& node, const Var& grad)
+    : node_(node), grad_(grad), grads_(node.inputs.size()) {}
+
+bool BackwardContext::needs_grad(size_t i) const {
+  const Edge& e = node_.edges[i];
+  return e.node != nullptr || e.leaf.defined();
+}
+
+void BackwardContext::set_grad(size_t i, Var grad) {
+  grads_[i] = std::move(grad);
+}
+
+// ---- the engine
+// -----------------------------------------------------------------------------------
+
+namespace {
+
+void check_versions(const Node& node) {
+  for (size_t i = 0; i <= node.inputs.size(); ++i) {
+    const Var& v = i < node.inputs.size() ? node.inputs[i] : node.output;
+    if (!v.defined()) continue;
+    if (v.kind().version(v) != node.versions[i]) {
+      throw_error<Error>(
+          "backward: {} {} of op '{}' ({}) was written in place (fill_ or copy_) after the op "
+          "ran; its backward needs the value it saw",
+          i < node.inputs.size() ? "input" : "the output",
+          i < node.inputs.size() ? std::to_string(i) : std::string(), node.name,
+          v.kind().describe(v));
+    }
+  }
+}
+
+// `grad` cast to the dtype of `like` when they differ (a gradient has its value's dtype).
+Var in_dtype_of(const Var& grad, const Var& like) {
+  const DType want = var_dtype(like);
+  if (var_dtype(grad) == want) return grad;
+  return apply(op::to_dtype, {grad}, {{static_cast<int64_t>(want)}, {}});
+}
+
+}  // namespace
+
+void run_backward(const Var& output, const Var& grad) {
+  if (!output.defined()) throw_error<Error>("backward: the output is undefined");
+  const std::shared_ptr<AutogradMeta> meta = output.meta();
+  if (meta == nullptr || (!meta->requires_grad && meta->grad_fn == nullptr)) {
+    throw_error<Error>(
+        "backward: the output ({} {}) does not require grad: no recorded op links it to a value "
+        "marked requires_grad_() (recorded ops run with grad mode on)",
+        output.kind().name, output.kind().describe(output));
+  }
+  if (!grad.defined() || &grad.kind() != &output.kind() || var_shape(grad) != var_shape(output)) {
+    throw_error<ShapeError>(
+        "backward: the output gradient ({}) must be a {} of the output's shape {}",
+        grad.defined() ? grad.kind().describe(grad) : "undefined", output.kind().name,
+        shape_str(var_shape(output)));
+  }
+  NoGradGuard no_grad;
+  if (meta->grad_fn == nullptr) {
+    output.kind().accumulate(output, grad);
+    return;
+  }
+  // Consumers of each node among the nodes reachable from the root.
+  Node* root = meta->grad_fn.get();
+  std::unordered_map<Node*, int> pending;
+  std::vector<Node*> stack{root};
+  pending.emplace(root, 0);
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    if (n->released) {
+      throw_error<Error>(
+          "backward: op '{}' was already differentiated by an earlier backward(), which freed the "
+          "values it saved; run the forward again for another backward",
+          n->name);
+    }
+    for (const Edge& e : n->edges) {
+      if (e.node == nullptr) continue;
+      auto [it, first] = pending.emplace(e.node.get(), 0);
+      ++it->second;
+      if (first) stack.push_back(e.node.get());
+    }
+  }
+  std::unordered_map<Node*, Var> grads;
+  grads.emplace(root, in_dtype_of(grad, output));
+  std::vector<Node*> ready{root};
+  while (!ready.empty()) {
+    Node* n = ready.back();
+    ready.pop_back();
+    Var g;
+    if (auto it = grads.find(n); it != grads.end()) {
+      g = std::move(it->second);
+      grads.erase(it);
+    }
+    BackwardContext ctx(*n, g);
+    if (g.defined()) {
+      check_versions(*n);
+      BackwardFn fn =
+          n->backward != nullptr ? n->backward : (n->op != nullptr ? n->op->backward : nullptr);
+      if (fn == nullptr) {
+        throw_error<Unsupported>("backward: op '{}' has no derivative (its inputs need one)",
+                                 n->name);
+      }
+      fn(ctx);
+    }
+    for (size_t i = 0; i < n->edges.size(); ++i) {
+      const Edge& e = n->edges[i];
+      Var gi = ctx.grad_of(i);
+      if (gi.defined()) {
+        if (var_shape(gi) != var_shape(n->inputs[i])) {
+          throw_error<InternalError>(
+              "backward of op '{}': the gradient of input {} has shape {}, the input {}", n->name,
+              i, shape_str(var_shape(gi)), shape_str(var_shape(n->inputs[i])));
+        }
+        gi = in_dtype_of(gi, n->inputs[i]);
+      }
+      if (e.node != nullptr) {
+        if (gi.defined()) {
+          auto [it, first] = grads.emplace(e.node.get(), gi);
+          if (!first) it->second = it->second + gi;
+        }
+        if (--pending[e.node.get()] == 0) ready.push_back(e.node.get());
+      } else if (e.leaf.defined() && gi.defined()) {
+        e.leaf.kind().accumulate(e.leaf, gi);
+      }
+    }
+    n->inputs.clear();
+    n->output = Var();
+    n->payload = nullptr;
+    n->released = true;
+  }
+}
+
+void backward(const Tensor& loss) {
+  if (!loss.defined() || loss.numel() != 1) {
+    throw_error<ShapeError>(
+        "backward: the loss must be a tensor of one element, got shape {} (pass an output "
+        "gradient for other outputs)",
+        loss.defined() ? shape_str(loss.shape()) : std::string("(undefined)"));
+  }
+  run_backward(loss, ones(loss.shape(), loss.dtype(), loss.device()));
+}
+
+void backward(const Tensor& output, const Tensor& grad) {
+  run_backward(output, grad);
+}
+
+// ---- ops on Vars
+// ------------------------------------------------------------------------------------
+
+Var apply(const OpDef& op, std::initializer_list<Var> inputs, const OpArgs& args) {
+  const std::span<const Var> in(inputs.begin(), inputs.size());
+  return in[0].kind().call(op, in, args);
+}
+
+Var operator+(const Var& a, const Var& b) {
+  return apply(op::add, {a, b});
+}
+Var operator-(const Var& a, const Var& b) {
+  return apply(op::sub, {a, b});
+}
+Var operator*(const Var& a, const Var& b) {
+  return apply(op::mul, {a, b});
+}
+Var operator/(const Var& a, const Var& b) {
+  return apply(op::div, {a, b});
+}
+Var operator*(const Var& a, double c) {
+  return apply(op::mul_scalar, {a}, {{}, {c}});
+}
+Var operator-(const Var& a) {
+  return apply(op::neg, {a});
+}
+
+Var sum_to(const Var& g, const Shape& shape) {
+  const Shape& from = var_shape(g);
+  if (from == shape) return g;
+  const size_t lead = from.size() - shape.size();
+  std::vector<int64_t> dims;
+  for (size_t i = 0; i < from.size(); ++i) {
+    if (i < lead || (shape[i - lead] == 1 && from[i] != 1)) dims.push_back(static_cast<int64_t>(i));
+  }
+  Var summed = dims.empty() ? g : apply(op::sum, {g}, reduction_args(dims, true));
+  return apply(op::reshape, {summed}, {shape, {}});
+}
+
+// ---- the Tensor methods' recorder
+// -----------------------------------------------------------------
+
+namespace {
+
+const OpDef& method_op(TensorMethod method) {
+  switch (method) {
+    case TensorMethod::Narrow:
+      return op::narrow;
+    case TensorMethod::Select:
+      return op::select;
+    case TensorMethod::Transpose:
+      return op::transpose;
+    case TensorMethod::Permute:
+      return op::permute;
+    case TensorMethod::Reshape:
+      return op::reshape;
+    case TensorMethod::Unsqueeze:
+      return op::unsqueeze;
+    case TensorMethod::Squeeze:
+      return op::squeeze;
+    case TensorMethod::Expand:
+      return op::expand;
+    case TensorMethod::Contiguous:
+    case TensorMethod::Clone:
+      return op::clone;
+    case TensorMethod::Cast:
+      return op::to_dtype;
+  }
+  return op::clone;
+}
+
+Tensor record_method(TensorMethod method, const Tensor& input, std::span<const int64_t> ints,
+                     const Tensor& result) {
+  if (!is_floating(result.dtype())) return result;
+  const OpDef& def = method_op(method);
+  const Var in(input);
+  return record(def.name, &def, {&in, 1}, OpArgs{{ints.begin(), ints.end()}, {}}, Var(result))
+      .tensor();
+}
+
+[[maybe_unused]] const bool kMethodRecorderInstalled = [] {
+  detail::set_method_recorder(record_method);
+  return true;
+}();
+
+}  // namespace
+
+}  // namespace spmd

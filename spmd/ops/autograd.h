@@ -1,0 +1,179 @@
+// spmd/ops/autograd.h: reverse-mode differentiation of programs on Tensors, LocalTensors and
+// DTensors: the tape, backward(), and the Var handle backward formulas are written against.
+//
+// Note [Autograd]
+// Recording. An op-table entry run while grad mode is on (tensor/autograd_meta.h) with an input
+// that requires grad appends a Node to the tape: the entry, its args, its inputs and output (as
+// values without autograd state, so the tape holds no cycles), the storage versions of those
+// values, and one edge per input: the node that made it, or the leaf that collects its gradient.
+// The tape is the graph of nodes itself, reachable from the tensors they made; there is no global
+// list, so rank threads (the threads backend) record independently, and under sim a DTensor op is
+// recorded once for every rank.
+// Backward. backward(out, grad) walks the nodes reachable from `out` in reverse topological order
+// (Kahn's algorithm, in an order fixed by the graph, so every backend sums gradients in the same
+// order), calls each entry's backward with the gradient of its output, and accumulates the leaves'
+// gradients into their `grad()`. Backward runs with grad mode off; a node's saved values are
+// released after it ran, so a second backward through the same nodes is an Error. A saved value
+// written in place since it was saved (Storage::version) is an Error naming the op.
+// Kinds. A Var is a Tensor, a LocalTensor or a DTensor; each kind tells the engine how to run an
+// op on its values, attach a node to an output and accumulate into a leaf (VarKind). Backward
+// formulas call table ops on Vars, so one formula serves every kind: on DTensors it runs with
+// sharding propagation and the gradients get their placements by construction.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <spmd/ops/op.h>
+#include <spmd/tensor/autograd_meta.h>
+
+namespace spmd {
+
+class Var;
+
+// How one kind of value takes part in autograd (Tensor here; LocalTensor in sim/, DTensor in
+// dtensor/).
+struct VarKind {
+  std::string_view name;
+  // Runs `op` on values of this kind.
+  Var (*call)(const OpDef& op, std::span<const Var> inputs, const OpArgs& args);
+  // The value's autograd state, null when it has none.
+  std::shared_ptr<AutogradMeta> (*meta)(const Var& value);
+  // The value with `meta` as its autograd state (a new handle of the same value).
+  Var (*with_meta)(const Var& value, std::shared_ptr<AutogradMeta> meta);
+  // Adds `grad` into the leaf's accumulated gradient (`leaf` is the value that requires grad).
+  void (*accumulate)(const Var& leaf, const Var& grad);
+  // Sum of the storage versions of the value's buffers (Storage::version).
+  uint64_t (*version)(const Var& value);
+  // The (global) shape and the dtype.
+  const Shape& (*shape)(const Var& value);
+  DType (*dtype)(const Var& value);
+  // "[4, 3] f32" or "S(0),R [8, 4] f32": the value in messages.
+  std::string (*describe)(const Var& value);
+};
+
+// A differentiable value: a Tensor, LocalTensor or DTensor, with its kind.
+class Var {
+ public:
+  Var() = default;
+  Var(const Tensor& t);  // NOLINT: implicit by design
+  Var(const VarKind* kind, std::shared_ptr<const void> object);
+
+  bool defined() const { return kind_ != nullptr; }
+  const VarKind& kind() const;
+  // The Tensor of a Tensor-kind value (Error for another kind).
+  const Tensor& tensor() const;
+  // The value of another kind (the caller knows it).
+  template <class T>
+  const T& as() const {
+    return *static_cast<const T*>(object_.get());
+  }
+  std::shared_ptr<AutogradMeta> meta() const { return kind().meta(*this); }
+  // The same value without autograd state.
+  Var detach() const;
+
+ private:
+  const VarKind* kind_ = nullptr;
+  Tensor tensor_;
+  std::shared_ptr<const void> object_;
+};
+
+// The Tensor kind.
+const VarKind& tensor_kind();
+
+// ---- the tape -------------------------------------------------------------------------------
+
+// Where an input's gradient goes: the node that made it, or the leaf that collects it.
+struct Edge {
+  std::shared_ptr<Node> node;
+  Var leaf;  // with its autograd state: accumulate() adds into it
+};
+
+class BackwardContext;
+using BackwardFn = void (*)(BackwardContext& context);
+
+struct Node {
+  std::string_view name;
+  const OpDef* op = nullptr;  // null for nodes that are not table ops (redistribute, ...)
+  BackwardFn backward = nullptr;
+  OpArgs args;
+  std::vector<Var> inputs;              // without autograd state
+  Var output;                           // without autograd state
+  std::vector<uint64_t> versions;       // of inputs, then output, when saved
+  std::vector<Edge> edges;              // one per input
+  std::shared_ptr<const void> payload;  // what a non-table node's backward needs
+  bool released = false;
+};
+
+// What a backward function sees and sets.
+class BackwardContext {
+ public:
+  BackwardContext(const Node& node, const Var& grad);
+
+  const OpArgs& args() const { return node_.args; }
+  size_t num_inputs() const { return node_.inputs.size(); }
+  const Var& input(size_t i) const { return node_.inputs[i]; }
+  const Var& output() const { return node_.output; }
+  // The gradient of the output.
+  const Var& grad() const { return grad_; }
+  // Whether input i's gradient is used (it leads to a leaf that requires grad).
+  bool needs_grad(size_t i) const;
+  void set_grad(size_t i, Var grad);
+  const Var& grad_of(size_t i) const { return grads_[i]; }
+  template <class T>
+  const T& payload() const {
+    return *static_cast<const T*>(node_.payload.get());
+  }
+  std::string_view name() const { return node_.name; }
+
+ private:
+  const Node& node_;
+  const Var& grad_;
+  std::vector<Var> grads_;
+};
+
+// Whether any input takes part in autograd (requires grad or was made by recorded ops).
+bool any_requires_grad(std::span<const Var> inputs);
+
+// Records a node for `output` = op(inputs) and returns the output with it (as its grad_fn). The
+// caller checked grad mode and any_requires_grad. `backward` overrides the op's (for nodes that
+// are not table ops, `op` is null and `payload` carries what the backward needs).
+Var record(std::string_view name, const OpDef* op, std::span<const Var> inputs, const OpArgs& args,
+           const Var& output, BackwardFn backward = nullptr,
+           std::shared_ptr<const void> payload = nullptr);
+
+// Reverse mode from `output` with output gradient `grad` (Note [Autograd]). Error when `output`
+// takes no part in autograd.
+void run_backward(const Var& output, const Var& grad);
+
+// backward(loss) of a scalar Tensor: d loss / d loss = 1.
+void backward(const Tensor& loss);
+// With an explicit output gradient of the output's shape.
+void backward(const Tensor& output, const Tensor& grad);
+
+// ---- ops on Vars for backward formulas ----------------------------------------------------------
+
+// `op` on values of one kind.
+Var apply(const OpDef& op, std::initializer_list<Var> inputs, const OpArgs& args = {});
+Var operator+(const Var& a, const Var& b);
+Var operator-(const Var& a, const Var& b);
+Var operator*(const Var& a, const Var& b);
+Var operator/(const Var& a, const Var& b);
+Var operator*(const Var& a, double c);
+Var operator-(const Var& a);
+// `g` summed down to `shape` (the inverse of broadcasting `shape` to g's shape).
+Var sum_to(const Var& g, const Shape& shape);
+inline const Shape& var_shape(const Var& v) {
+  return v.kind().shape(v);
+}
+inline DType var_dtype(const Var& v) {
+  return v.kind().dtype(v);
+}
+
+}  // namespace spmd
