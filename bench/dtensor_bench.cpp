@@ -74,7 +74,7 @@ void op_benchmark(benchmark::State& state, const DTensor& a, const DTensor& b,
                   Tensor (*tensor_op)(const Tensor&, const Tensor&)) {
   // The same shard math with plain Tensors: one op per rank on that rank's pieces.
   std::vector<Tensor> xs, ys;
-  for (int r : a.to_local().ranks()) {
+  for (int r : a.local().ranks()) {
     xs.push_back(a.to_local().shard(r));
     ys.push_back(b.to_local().shard(r));
   }

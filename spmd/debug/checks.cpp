@@ -107,7 +107,7 @@ class Pieces {
   explicit Pieces(const DTensor& t) : spec_(t.spec()) {
     const DTensorSpec::RankInfo& info = spec_.rank_info();
     for (size_t r = 0; r < info.ranks.size(); ++r) {
-      pieces_.emplace(info.coordinates[r], &t.to_local().shards()[r]);
+      pieces_.emplace(info.coordinates[r], &t.local().shards()[r]);
     }
     if (static_cast<int64_t>(pieces_.size()) != spec_.mesh().size()) {
       throw_error<PlacementError>(
@@ -221,7 +221,7 @@ void check_against_full(const OpEvent& e) {
 
 void check_replicas(const OpEvent& e, const DTensor& t, const std::string& which) {
   const DTensorSpec& spec = t.spec();
-  const LocalTensor& local = t.to_local();
+  const LocalTensor& local = t.local();
   for (int d = 0; d < spec.mesh_ndim(); ++d) {
     if (!is_replicate(spec.placements()[static_cast<size_t>(d)])) continue;
     for (const std::vector<int>& group : spec.mesh().group_family(d).groups()) {
@@ -268,7 +268,7 @@ std::string input_note(size_t num_inputs, int rank, ShardOf&& shard_of) {
 }
 
 void check_nonfinite(const OpEvent& e) {
-  const LocalTensor& local = e.output.to_local();
+  const LocalTensor& local = e.output.local();
   const DTensorSpec::RankInfo& info = e.output.spec().rank_info();
   for (size_t r = 0; r < local.num_shards(); ++r) {
     const Tensor& piece = local.shards()[r];
@@ -285,7 +285,7 @@ void check_nonfinite(const OpEvent& e) {
         shape_str(global),
         input_note(e.inputs.size(), rank,
                    [&](size_t i) -> const Tensor* {
-                     const LocalTensor& in = e.inputs[i]->to_local();
+                     const LocalTensor& in = e.inputs[i]->local();
                      return in.holds(rank) ? &in.shard(rank) : nullptr;
                    }),
         describe_dtensor(e.output), describe_inputs(e), describe_args(e));

@@ -283,13 +283,22 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
   for (size_t i = 0; i < n; ++i) {
     const RedistributePlan* plan = decision->plans[i].get();
     if (plan) {
-      moved[i] = execute_redistribute(inputs[i]->to_local(), *specs[i], *plan);
+      moved[i] = execute_redistribute(inputs[i]->local(), *specs[i], *plan);
       locals[i] = &moved[i];
     } else {
-      locals[i] = &inputs[i]->to_local();
+      locals[i] = &inputs[i]->local();
     }
   }
   DTensor out(run_pieces(op, locals.data(), n, args, *decision->output), decision->output);
+  if (grad_enabled() && is_floating(out.dtype()) &&
+      std::any_of(inputs.begin(), inputs.end(),
+                  [](const DTensor* t) { return t->requires_grad(); })) {
+    // Note [Autograd]: the op is one node, recorded once for every rank this process holds.
+    std::vector<Var> vars;
+    vars.reserve(n);
+    for (size_t i = 0; i < n; ++i) vars.push_back(dtensor_var(*inputs[i]));
+    out = record(op.name, &op, vars, args, dtensor_var(out)).as<DTensor>();
+  }
   if (has_op_observers()) notify_op_observers(OpEvent{op.name, &op, args, inputs, out});
   return out;
 }

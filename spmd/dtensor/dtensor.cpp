@@ -10,6 +10,7 @@
 #include <spmd/core/error.h>
 #include <spmd/dtensor/dispatch.h>
 #include <spmd/dtensor/hooks.h>
+#include <spmd/dtensor/ops.h>
 #include <spmd/ops/ops.h>
 #include <spmd/sim/local_ops.h>
 
@@ -22,6 +23,104 @@ Tensor identity_reference(std::span<const Tensor> inputs, const OpArgs&) {
 
 // The op observers see for DTensor::redistribute: the value does not change.
 const OpDef kRedistributeOp{"redistribute", nullptr, nullptr, nullptr, nullptr, identity_reference};
+
+const DTensor& dtensor_of(const Var& v) {
+  return v.as<DTensor>();
+}
+
+// The placements a gradient arriving with `grad` placements takes for a value placed `value`
+// (PyTorch's rule): a Partial of the value that the gradient does not share becomes Replicate.
+Placements grad_target(const Placements& value, const Placements& grad) {
+  Placements out = value;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (is_partial(out[i]) && !is_partial(grad[i])) out[i] = Replicate{};
+  }
+  return out;
+}
+
+// `grad_placements` of to_local/from_local, checked against the value's spec: the same shards
+// (only Replicate and Partial may differ: the pieces must keep their shapes).
+Placements normalized_grad_placements(const DTensorSpec& spec, const Placements& grad_placements,
+                                      const char* op) {
+  const DTensorSpec checked = spec.with_placements(grad_placements);
+  for (size_t i = 0; i < checked.placements().size(); ++i) {
+    const Placement& a = spec.placements()[i];
+    const Placement& b = checked.placements()[i];
+    if (is_shard(a) != is_shard(b) || (is_shard(a) && !(a == b))) {
+      throw_error<PlacementError>(
+          "DTensor::{}: grad_placements {} shard differently from placements {} on mesh dim {} "
+          "(mesh {}); a gradient's pieces have the value's shapes, so only Replicate and Partial "
+          "may differ",
+          op, spmd::to_string(grad_placements), spmd::to_string(spec.placements()), i,
+          spec.mesh().to_string());
+    }
+  }
+  return checked.placements();
+}
+
+void redistribute_backward(BackwardContext& c) {
+  const DTensor& g = dtensor_of(c.grad());
+  const DTensor& in = dtensor_of(c.input(0));
+  NoGradGuard no_grad;
+  c.set_grad(0, dtensor_var(g.redistribute(grad_target(in.placements(), g.placements()))));
+}
+
+void full_tensor_backward(BackwardContext& c) {
+  const DTensor& in = dtensor_of(c.input(0));
+  const Placements replicate(in.placements().size(), Replicate{});
+  const DTensor g = distribute_tensor(c.grad().tensor(), in.mesh(), replicate);
+  c.set_grad(0, dtensor_var(g.redistribute(grad_target(in.placements(), replicate))));
+}
+
+void to_local_backward(BackwardContext& c) {
+  const DTensor& in = dtensor_of(c.input(0));
+  const auto& placements = c.payload<Placements>();
+  const LocalTensor& g = c.grad().as<LocalTensor>();
+  c.set_grad(0, dtensor_var(DTensor(g.detach(), std::make_shared<const DTensorSpec>(
+                                                    in.spec().with_placements(placements)))));
+}
+
+void from_local_backward(BackwardContext& c) {
+  const DTensor& g = dtensor_of(c.grad());
+  c.set_grad(0, local_var(g.redistribute(c.payload<Placements>()).local()));
+}
+
+uint64_t local_version(const LocalTensor& t) {
+  uint64_t version = 0;
+  for (const Tensor& shard : t.shards()) version += shard.storage()->version();
+  return version;
+}
+
+const VarKind kDTensorKind{
+    "DTensor",
+    [](const OpDef& op, std::span<const Var> inputs, const OpArgs& args) {
+      std::vector<const DTensor*> operands;
+      operands.reserve(inputs.size());
+      for (const Var& v : inputs) operands.push_back(&dtensor_of(v));
+      return dtensor_var(dispatch(op, std::span<const DTensor* const>(operands), args));
+    },
+    [](const Var& v) { return dtensor_of(v).autograd(); },
+    [](const Var& v, std::shared_ptr<AutogradMeta> meta) {
+      DTensor t = dtensor_of(v);
+      t.set_autograd(std::move(meta));
+      return dtensor_var(t);
+    },
+    [](const Var& leaf, const Var& grad) {
+      const DTensor& value = dtensor_of(leaf);
+      auto& meta = static_cast<DTensorAutogradMeta&>(*value.autograd());
+      const DTensor& g = dtensor_of(grad);
+      DTensor placed = g.redistribute(grad_target(value.placements(), g.placements())).detach();
+      if (placed.dtype() != value.dtype()) placed = to(placed, value.dtype());
+      meta.dtensor_grad = meta.dtensor_grad.defined() ? meta.dtensor_grad + placed : placed;
+    },
+    [](const Var& v) { return local_version(dtensor_of(v).local()); },
+    [](const Var& v) -> const Shape& { return dtensor_of(v).shape(); },
+    [](const Var& v) { return dtensor_of(v).dtype(); },
+    [](const Var& v) {
+      const DTensor& t = dtensor_of(v);
+      return fmt::format("{} {} {}", spmd::to_string(t.placements()), shape_str(t.shape()),
+                         t.dtype());
+    }};
 
 void check_has_ranks(const DTensorSpec& spec, const char* op) {
   if (spec.rank_info().ranks.empty()) {
@@ -43,8 +142,8 @@ void DTensor::check_defined(const char* op) const {
   if (!spec_) throw_error<PlacementError>("DTensor::{}: the DTensor is undefined", op);
 }
 
-const LocalTensor& DTensor::to_local() const {
-  check_defined("to_local");
+const LocalTensor& DTensor::local() const {
+  check_defined("local");
   return local_;
 }
 const DeviceMesh& DTensor::mesh() const {
@@ -80,9 +179,15 @@ const SpecPtr& DTensor::spec_ptr() const {
 
 Tensor DTensor::full_tensor() const {
   check_defined("full_tensor");
-  if (spec_->is_replicated()) return local_.shards().front();
-  DTensor full = redistribute(Placements(spec_->placements().size(), Replicate{}));
-  return full.local_.shards().front();
+  Tensor full = local_.shards().front();
+  if (!spec_->is_replicated()) {
+    NoGradGuard no_grad;
+    full =
+        redistribute(Placements(spec_->placements().size(), Replicate{})).local_.shards().front();
+  }
+  if (!grad_enabled() || !requires_grad() || !is_floating(dtype())) return full;
+  const Var in = dtensor_var(*this);
+  return record("full_tensor", nullptr, {&in, 1}, {}, Var(full), full_tensor_backward).tensor();
 }
 
 DTensor DTensor::redistribute(const Placements& placements) const {
@@ -97,6 +202,11 @@ DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner 
   auto plan = cached_redistribute_plan(*spec_, target, planner);
   DTensor out(execute_redistribute(local_, *spec_, *plan),
               std::make_shared<const DTensorSpec>(std::move(target)));
+  if (grad_enabled() && requires_grad() && is_floating(dtype())) {
+    const Var in = dtensor_var(*this);
+    out = record("redistribute", nullptr, {&in, 1}, {}, dtensor_var(out), redistribute_backward)
+              .as<DTensor>();
+  }
   if (has_op_observers()) {
     const DTensor* input = this;
     static const OpArgs kNoArgs;
@@ -104,6 +214,18 @@ DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner 
                                 std::span<const DTensor* const>(&input, 1), out});
   }
   return out;
+}
+
+LocalTensor DTensor::to_local(std::optional<Placements> grad_placements) const {
+  check_defined("to_local");
+  if (!grad_enabled() || !requires_grad() || !is_floating(dtype())) return local_;
+  auto placements = std::make_shared<const Placements>(
+      grad_placements ? normalized_grad_placements(*spec_, *grad_placements, "to_local")
+                      : spec_->placements());
+  const Var in = dtensor_var(*this);
+  return record("to_local", nullptr, {&in, 1}, {}, local_var(local_), to_local_backward,
+                std::move(placements))
+      .as<LocalTensor>();
 }
 
 std::string DTensor::to_string() const {
@@ -258,7 +380,8 @@ Shape infer_global_shape(const LocalTensor& local, const DeviceMesh& mesh,
 }  // namespace
 
 DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements placements,
-                            std::optional<Shape> global_shape) {
+                            std::optional<Shape> global_shape,
+                            std::optional<Placements> grad_placements) {
   if (!local.defined()) {
     throw_error<PlacementError>("DTensor::from_local: the LocalTensor is undefined (mesh {})",
                                 mesh.to_string());
@@ -292,7 +415,89 @@ DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements place
           shape_str(info.local_shapes[r]), held_shapes(local));
     }
   }
-  return DTensor(std::move(local), std::move(spec));
+  if (!grad_enabled() || !local.requires_grad() || !is_floating(local.dtype())) {
+    return DTensor(local.detach(), std::move(spec));
+  }
+  auto targets = std::make_shared<const Placements>(
+      grad_placements ? normalized_grad_placements(*spec, *grad_placements, "from_local")
+                      : spec->placements());
+  const Var in = local_var(local);
+  DTensor out(local.detach(), std::move(spec));
+  return record("from_local", nullptr, {&in, 1}, {}, dtensor_var(out), from_local_backward,
+                std::move(targets))
+      .as<DTensor>();
+}
+
+// ---- autograd ---------------------------------------------------------------------------------
+
+DTensor& DTensor::requires_grad_(bool requires_grad) {
+  check_defined("requires_grad_");
+  if (requires_grad && !is_floating(dtype())) {
+    throw_error<Unsupported>(
+        "DTensor::requires_grad_: only floating DTensors can require gradients, this one is {} "
+        "({} {} on {})",
+        dtype(), spmd::to_string(placements()), shape_str(shape()), mesh().to_string());
+  }
+  if (autograd_ != nullptr && autograd_->grad_fn != nullptr) {
+    throw_error<Error>(
+        "DTensor::requires_grad_: this DTensor ({} {}) was made by recorded ops, so its gradient "
+        "flows to their inputs; only leaves can be marked (call detach() for a new leaf)",
+        spmd::to_string(placements()), shape_str(shape()));
+  }
+  if (autograd_ == nullptr) {
+    if (!requires_grad) return *this;
+    autograd_ = std::make_shared<DTensorAutogradMeta>();
+  }
+  autograd_->requires_grad = requires_grad;
+  return *this;
+}
+
+bool DTensor::requires_grad() const {
+  return autograd_ != nullptr && (autograd_->requires_grad || autograd_->grad_fn != nullptr);
+}
+
+DTensor DTensor::grad() const {
+  const auto* meta = dynamic_cast<const DTensorAutogradMeta*>(autograd_.get());
+  return meta != nullptr ? meta->dtensor_grad : DTensor();
+}
+
+DTensor DTensor::detach() const {
+  DTensor out = *this;
+  out.autograd_ = nullptr;
+  return out;
+}
+
+const VarKind& dtensor_kind() {
+  return kDTensorKind;
+}
+
+Var dtensor_var(const DTensor& t) {
+  return Var(&kDTensorKind, std::make_shared<const DTensor>(t));
+}
+
+void backward(const DTensor& loss) {
+  if (!loss.defined() || loss.numel() != 1) {
+    throw_error<ShapeError>(
+        "backward: the loss must be a DTensor of one element, got shape {} (pass an output "
+        "gradient for other outputs)",
+        loss.defined() ? shape_str(loss.shape()) : std::string("(undefined)"));
+  }
+  const DTensor one = distribute_tensor(ones(loss.shape(), loss.dtype()), loss.mesh(),
+                                        Placements(loss.placements().size(), Replicate{}));
+  run_backward(dtensor_var(loss), dtensor_var(one));
+}
+
+void backward(const DTensor& output, const DTensor& grad) {
+  run_backward(dtensor_var(output), dtensor_var(grad));
+}
+
+void zero_grad(const std::vector<DTensor*>& params) {
+  for (DTensor* p : params) {
+    if (p == nullptr) throw_error<Error>("zero_grad: a parameter pointer is null");
+    if (auto* meta = dynamic_cast<DTensorAutogradMeta*>(p->autograd().get())) {
+      meta->dtensor_grad = DTensor();
+    }
+  }
 }
 
 }  // namespace spmd

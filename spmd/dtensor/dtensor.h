@@ -22,6 +22,7 @@
 #include <spmd/dtensor/redistribute.h>
 #include <spmd/dtensor/spec.h>
 #include <spmd/mesh/device_mesh.h>
+#include <spmd/ops/autograd.h>
 #include <spmd/ops/placement.h>
 #include <spmd/sim/local_tensor.h>
 #include <spmd/tensor/tensor.h>
@@ -42,14 +43,27 @@ class DTensor {
   // wrong full tensors instead). A given global shape is checked against every held piece.
   // Inference and the consistency checks use small all_gather/all_reduce collectives of the
   // local sizes (so they also hold under mpi, where a process sees only its own piece).
+  //
+  // Under autograd (Note [Autograd] in ops/autograd.h) the result is recorded when `local` requires
+  // grad: the gradient of the DTensor is redistributed to `grad_placements` (default:
+  // `placements`) and its pieces become the LocalTensor's gradient. Say what the gradient really
+  // is: a Replicate claim over values each rank computed alone usually needs a Partial gradient
+  // (pytorch/pytorch#175867, torchtitan#2416).
   static DTensor from_local(LocalTensor local, DeviceMesh mesh, Placements placements,
-                            std::optional<Shape> global_shape = {});
+                            std::optional<Shape> global_shape = {},
+                            std::optional<Placements> grad_placements = {});
 
   bool defined() const { return spec_ != nullptr; }
-  // Each held rank's piece.
-  const LocalTensor& to_local() const;
+  // Each held rank's piece, as a new LocalTensor handle (cheap: it shares the shards; keep it in a
+  // variable before binding references into its shards). Under autograd the result is recorded:
+  // its gradient becomes this DTensor's gradient with `grad_placements` (default: this DTensor's
+  // placements).
+  LocalTensor to_local(std::optional<Placements> grad_placements = {}) const;
+  // Each held rank's piece, as stored (no copy, not recorded by autograd).
+  const LocalTensor& local() const;
   // The global tensor, the same on every rank: redistributes to all-Replicate and returns a held
   // rank's copy. It may share storage with the DTensor's pieces; clone() before writing to it.
+  // Recorded by autograd: the Tensor's gradient flows back to this DTensor.
   Tensor full_tensor() const;
   // The same global tensor with other placements (same mesh). Plans are cached.
   DTensor redistribute(const Placements& placements) const;
@@ -69,11 +83,42 @@ class DTensor {
   // "DTensor(S(0),R, [8, 16] f32, DeviceMesh(...))" followed by the pieces.
   std::string to_string() const;
 
+  // ---- autograd (Note [Autograd] in ops/autograd.h) -----------------------------------------
+  // Makes this DTensor a leaf whose gradient backward() accumulates; floating dtypes only; Error
+  // for one made by recorded ops. Returns *this.
+  DTensor& requires_grad_(bool requires_grad = true);
+  bool requires_grad() const;
+  // The gradient accumulated into this leaf, with this DTensor's placements (a Partial placement's
+  // gradient is Replicate); undefined when there is none.
+  DTensor grad() const;
+  // The same DTensor without autograd state.
+  DTensor detach() const;
+  const std::shared_ptr<AutogradMeta>& autograd() const { return autograd_; }
+  void set_autograd(std::shared_ptr<AutogradMeta> meta) { autograd_ = std::move(meta); }
+
  private:
   void check_defined(const char* op) const;
   LocalTensor local_;
   SpecPtr spec_;
+  std::shared_ptr<AutogradMeta> autograd_;
 };
+
+// A DTensor's autograd state: its gradient is a DTensor with the leaf's placements.
+struct DTensorAutogradMeta : AutogradMeta {
+  DTensor dtensor_grad;
+};
+
+// The DTensor kind of autograd values (Note [Autograd]): ops run through dispatch(), so gradients
+// get their placements by sharding propagation.
+const VarKind& dtensor_kind();
+Var dtensor_var(const DTensor& t);
+
+// backward(loss) of a DTensor of one element; or with an explicit output gradient (a DTensor of
+// the output's shape, any placements).
+void backward(const DTensor& loss);
+void backward(const DTensor& output, const DTensor& grad);
+// Drops the accumulated gradients of `params`.
+void zero_grad(const std::vector<DTensor*>& params);
 
 // A DTensor whose global value is `global`, on every rank (no communication: each rank takes its
 // own piece, Note [Uneven sharding]; a Partial mesh dim holds the R -> P partition of

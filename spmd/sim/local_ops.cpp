@@ -4,6 +4,7 @@
 
 #include <array>
 #include <atomic>
+#include <optional>
 
 #include <spmd/core/error.h>
 #include <spmd/tensor/random.h>
@@ -69,13 +70,32 @@ LocalTensor run_shards(const OpDef& op, const Operands& operands, const OpArgs& 
     return call(op, std::span<const Tensor>(in, n_in), args);
   };
   const size_t n = first->num_shards();
+  bool recording = false;
+  if (grad_enabled()) {
+    for (size_t k = 0; k < n_locals && !recording; ++k) recording = locals[k]->requires_grad();
+  }
   LocalTensor result;
-  if (replicated) {
-    result = LocalTensor(*first, std::vector<Tensor>(n, shard_result(0)));
-  } else {
-    std::vector<Tensor> out(n);
-    detail::for_each_shard(n, work, [&](size_t i) { out[i] = shard_result(i); });
-    result = LocalTensor(*first, std::move(out));
+  {
+    // Recorded as one node (Note [Autograd]): the shards' own ops record nothing.
+    std::optional<NoGradGuard> no_grad;
+    if (recording) no_grad.emplace();
+    if (replicated) {
+      result = LocalTensor(*first, std::vector<Tensor>(n, shard_result(0)));
+    } else {
+      std::vector<Tensor> out(n);
+      detail::for_each_shard(n, work, [&](size_t i) { out[i] = shard_result(i); });
+      result = LocalTensor(*first, std::move(out));
+    }
+  }
+  if (recording && is_floating(result.dtype())) {
+    std::vector<Var> vars;
+    vars.reserve(n_in);
+    for (size_t k = 0; k < n_in; ++k) {
+      const LocalTensor* t = operands.local(k);
+      vars.push_back(local_var(
+          t != nullptr ? *t : LocalTensor::replicate(first->ranks(), operands.tensor(k, 0))));
+    }
+    result = record(op.name, &op, vars, args, local_var(result)).as<LocalTensor>();
   }
   if (LocalOpObserver observer = g_observer.load(std::memory_order_relaxed)) [[unlikely]] {
     observer(op.name, std::span<const LocalTensor* const>(locals, n_locals), result);
@@ -110,6 +130,85 @@ LocalTensor local_call(const OpDef& op, std::initializer_list<LocalOperand> inpu
 LocalTensor local_call(const OpDef& op, std::span<const LocalTensor> inputs, const OpArgs& args) {
   if (inputs.empty()) throw_error<Error>("{}: needs at least one LocalTensor", op.name);
   return run_shards(op, LocalOperands{inputs}, args);
+}
+
+// ---- autograd
+// -------------------------------------------------------------------------------------
+
+namespace {
+
+const LocalTensor& local_of(const Var& v) {
+  return v.as<LocalTensor>();
+}
+
+const VarKind kLocalKind{
+    "LocalTensor",
+    [](const OpDef& op, std::span<const Var> inputs, const OpArgs& args) {
+      std::vector<LocalTensor> locals;
+      locals.reserve(inputs.size());
+      for (const Var& v : inputs) locals.push_back(local_of(v));
+      return local_var(local_call(op, locals, args));
+    },
+    [](const Var& v) { return local_of(v).autograd(); },
+    [](const Var& v, std::shared_ptr<AutogradMeta> meta) {
+      LocalTensor t = local_of(v);
+      t.set_autograd(std::move(meta));
+      return local_var(t);
+    },
+    [](const Var& leaf, const Var& grad) {
+      auto& meta = static_cast<LocalAutogradMeta&>(*local_of(leaf).autograd());
+      const LocalTensor g = local_of(grad).to(local_of(leaf).dtype()).detach();
+      meta.local_grad = meta.local_grad.defined() ? meta.local_grad + g : g;
+    },
+    [](const Var& v) {
+      uint64_t version = 0;
+      for (const Tensor& shard : local_of(v).shards()) version += shard.storage()->version();
+      return version;
+    },
+    [](const Var& v) -> const Shape& {
+      const LocalTensor& t = local_of(v);
+      const Shape& first = t.shards().front().shape();
+      for (const Tensor& shard : t.shards()) {
+        if (shard.shape() != first) {
+          throw_error<Unsupported>(
+              "autograd: a backward that needs the shape of a LocalTensor whose shards differ in "
+              "shape ({} and {} on ranks {} and {}); differentiate through DTensor ops instead",
+              shape_str(first), shape_str(shard.shape()), t.ranks().front(),
+              t.ranks()[static_cast<size_t>(&shard - t.shards().data())]);
+        }
+      }
+      return first;
+    },
+    [](const Var& v) { return local_of(v).dtype(); },
+    [](const Var& v) {
+      const LocalTensor& t = local_of(v);
+      return fmt::format("{} {} on ranks {}", shape_str(t.shards().front().shape()), t.dtype(),
+                         t.ranks());
+    }};
+
+}  // namespace
+
+const VarKind& local_kind() {
+  return kLocalKind;
+}
+
+Var local_var(const LocalTensor& t) {
+  return Var(&kLocalKind, std::make_shared<const LocalTensor>(t));
+}
+
+void backward(const LocalTensor& loss) {
+  if (!loss.defined() || loss.numel() != PerRank<int64_t>(1)) {
+    throw_error<ShapeError>(
+        "backward: the loss must be a LocalTensor of one element per rank (pass an output "
+        "gradient for other outputs)");
+  }
+  run_backward(local_var(loss), local_var(loss.apply([](const Tensor& t) {
+                 return ones(t.shape(), t.dtype(), t.device());
+               })));
+}
+
+void backward(const LocalTensor& output, const LocalTensor& grad) {
+  run_backward(local_var(output), local_var(grad));
 }
 
 LocalTensor pad(const LocalTensor& t, int64_t d, const PerRank<int64_t>& before,

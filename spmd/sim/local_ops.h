@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
 #include <spmd/sim/local_tensor.h>
 
@@ -345,6 +346,17 @@ LocalTensor full(const World& world, const Shape& shape, double value, DType dty
 // Rank r holds randn(shape, seed + r): independent data per rank.
 LocalTensor randn_per_rank(const World& world, const Shape& shape, uint64_t seed,
                            DType dtype = DType::F32);
+
+// The LocalTensor kind of autograd values (Note [Autograd]): ops run shard by shard; a gradient is
+// a LocalTensor over the same ranks. Backward formulas that need a shape use the shards' common
+// shape: autograd through them on shards of different shapes is Unsupported.
+const VarKind& local_kind();
+Var local_var(const LocalTensor& t);
+
+// backward(loss) of a LocalTensor of one element per rank (each rank's d loss / d loss = 1), or
+// with an explicit output gradient.
+void backward(const LocalTensor& loss);
+void backward(const LocalTensor& output, const LocalTensor& grad);
 
 // Sees the name, the LocalTensor operands and the result of every op above run through
 // local_call while set, for --spmd-debug=nan (debug/). Null (the default) costs one relaxed atomic

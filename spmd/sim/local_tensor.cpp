@@ -142,7 +142,52 @@ std::size_t LocalTensor::index_of(int rank) const {
   throw_error<Error>("LocalTensor: rank {} is not held (held ranks {})", rank, ranks_str(r));
 }
 
+void LocalTensor::check_in_place(const char* op) const {
+  if (autograd_ != nullptr && grad_enabled() && (autograd_->requires_grad || autograd_->grad_fn)) {
+    throw_error<Unsupported>(
+        "LocalTensor::{}: an in-place write to a LocalTensor that takes part in autograd: autograd "
+        "records no in-place ops; write a new LocalTensor, or do it under NoGradGuard",
+        op);
+  }
+}
+
+LocalTensor& LocalTensor::requires_grad_(bool requires_grad) {
+  check_defined("requires_grad_");
+  if (requires_grad && !is_floating(dtype())) {
+    throw_error<Unsupported>(
+        "LocalTensor::requires_grad_: only floating tensors can require gradients, this one is {}",
+        dtype());
+  }
+  if (autograd_ != nullptr && autograd_->grad_fn != nullptr) {
+    throw_error<Error>(
+        "LocalTensor::requires_grad_: this LocalTensor was made by recorded ops, so its gradient "
+        "flows to their inputs; only leaves can be marked (call detach() for a new leaf)");
+  }
+  if (autograd_ == nullptr) {
+    if (!requires_grad) return *this;
+    autograd_ = std::make_shared<LocalAutogradMeta>();
+  }
+  autograd_->requires_grad = requires_grad;
+  return *this;
+}
+
+bool LocalTensor::requires_grad() const {
+  return autograd_ != nullptr && (autograd_->requires_grad || autograd_->grad_fn != nullptr);
+}
+
+LocalTensor LocalTensor::grad() const {
+  const auto* meta = dynamic_cast<const LocalAutogradMeta*>(autograd_.get());
+  return meta != nullptr ? meta->local_grad : LocalTensor();
+}
+
+LocalTensor LocalTensor::detach() const {
+  LocalTensor out = *this;
+  out.autograd_ = nullptr;
+  return out;
+}
+
 Tensor& LocalTensor::mutable_shard(int rank) {
+  check_in_place("mutable_shard");
   const size_t i = index_of(rank);
   Tensor& shard = shards_[i];
   // Note [Copy-on-write replicas]: any other handle on the buffer (another rank's shard, or a
@@ -161,6 +206,7 @@ Tensor& LocalTensor::mutable_shard(int rank) {
 }
 
 void LocalTensor::set_shard(int rank, Tensor t) {
+  check_in_place("set_shard");
   const size_t i = index_of(rank);
   if (!t.defined())
     throw_error<Error>("LocalTensor::set_shard: tensor for rank {} is undefined", rank);

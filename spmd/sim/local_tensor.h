@@ -33,6 +33,7 @@
 
 #include <spmd/sim/per_rank.h>
 #include <spmd/sim/world.h>
+#include <spmd/tensor/autograd_meta.h>
 #include <spmd/tensor/tensor.h>
 
 namespace spmd {
@@ -106,6 +107,18 @@ class LocalTensor {
   // One line per rank: "rank 0: [[1, 2], [3, 4]] shape=[2, 2] f32".
   std::string to_string() const;
 
+  // ---- autograd (Note [Autograd] in ops/autograd.h) -----------------------------------------
+  // Makes this LocalTensor a leaf whose gradient (a LocalTensor over the same ranks) backward()
+  // accumulates; floating dtypes only; Error for one made by recorded ops. Returns *this.
+  LocalTensor& requires_grad_(bool requires_grad = true);
+  bool requires_grad() const;
+  // The gradient accumulated into this leaf; undefined when there is none.
+  LocalTensor grad() const;
+  // The same shards without autograd state.
+  LocalTensor detach() const;
+  const std::shared_ptr<AutogradMeta>& autograd() const { return autograd_; }
+  void set_autograd(std::shared_ptr<AutogradMeta> meta) { autograd_ = std::move(meta); }
+
   // Applies fn to every shard, once when the shards are one replicated buffer.
   LocalTensor apply(const std::function<Tensor(const Tensor&)>& fn) const;
 
@@ -113,9 +126,18 @@ class LocalTensor {
   void check_defined(const char* op) const;
   void update_replicated();
 
+  // Unsupported when this LocalTensor takes part in autograd and grad mode is on.
+  void check_in_place(const char* op) const;
+
   std::shared_ptr<const std::vector<int>> ranks_;
   std::vector<Tensor> shards_;
   bool replicated_ = false;
+  std::shared_ptr<AutogradMeta> autograd_;
+};
+
+// A LocalTensor's autograd state: its gradient is a LocalTensor over the same ranks.
+struct LocalAutogradMeta : AutogradMeta {
+  LocalTensor local_grad;
 };
 
 std::ostream& operator<<(std::ostream& os, const LocalTensor& t);

@@ -23,7 +23,9 @@ namespace spmd {
 struct Node;  // ops/autograd.h
 
 struct AutogradMeta {
-  // A leaf whose gradient backward() accumulates into `grad`.
+  virtual ~AutogradMeta() = default;
+  // A leaf whose gradient backward() accumulates into `grad` (the LocalTensor and DTensor kinds
+  // extend this with a gradient of their own type).
   bool requires_grad = false;
   Tensor grad;
   // The node of the op that made this tensor (null for leaves and untracked tensors).

@@ -157,7 +157,7 @@ inline ::testing::AssertionResult pieces_match(const DTensor& d, const Tensor& g
       expected = expected.narrow(static_cast<int64_t>(dim), info.local_offsets[r][dim],
                                  info.local_shapes[r][dim]);
     }
-    const Tensor& got = d.to_local().shard(info.ranks[r]);
+    const Tensor& got = d.local().shard(info.ranks[r]);
     const bool ok = got.shape() == expected.shape() &&
                     (tol == 0.0 ? equal(got, expected) : allclose(got, expected, tol, tol));
     if (!ok) {

@@ -34,7 +34,7 @@ TEST(RandomInit, EqualsDistributedSingleDeviceTensorOnEveryMesh) {
           DTensor expected = distribute_tensor(randn(shape, seed, dtype), *mesh, p);
           DTensor u = rand(shape, *mesh, p, seed, dtype);
           DTensor expected_u = distribute_tensor(rand(shape, seed, dtype), *mesh, p);
-          for (int r : n.to_local().ranks()) {
+          for (int r : n.local().ranks()) {
             ASSERT_TRUE(equal(n.to_local().shard(r), expected.to_local().shard(r))) << "rank " << r;
             ASSERT_TRUE(equal(u.to_local().shard(r), expected_u.to_local().shard(r)))
                 << "rank " << r;

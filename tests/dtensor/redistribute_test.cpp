@@ -254,7 +254,7 @@ TEST(Redistribute, ShardToPartialSumPiecesAreChunksInIdentities) {
   for (DType dtype : {DType::F32, DType::I32}) {
     const Tensor global = zero_fill_data({5, 2}, dtype, 3);  // rows 2 | 2 | 1 | 0
     const DTensor p = distribute_tensor(global, *mesh, {Shard{0}}).redistribute({Partial{}});
-    for (int r : p.to_local().ranks()) {
+    for (int r : p.local().ranks()) {
       const int64_t size = shard_size(5, 4, r);
       const int64_t offset = shard_offset(5, 4, r);
       Tensor expected = full({5, 2}, is_floating(dtype) ? -0.0 : 0.0, dtype);

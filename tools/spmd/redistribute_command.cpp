@@ -78,7 +78,7 @@ std::string check_pieces(const DTensor& t, const Tensor& global) {
   const bool partial = spec.has_partial();
   for (std::size_t i = 0; i < info.ranks.size(); ++i) {
     const int rank = info.ranks[i];
-    const Tensor& piece = t.to_local().shard(rank);
+    const Tensor& piece = t.local().shard(rank);
     if (piece.shape() != info.local_shapes[i]) {
       return fmt::format("rank {} holds a piece of shape {}, the spec says {}", rank,
                          shape_str(piece.shape()), shape_str(info.local_shapes[i]));
