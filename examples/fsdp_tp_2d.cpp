@@ -16,9 +16,12 @@
 //   W1 [H, F]  placements (S(0), S(1)) on (dp, tp): columns over tp (column-parallel), and each
 //              column block's rows over dp (FSDP)
 //   W2 [F, H]  placements (S(1), S(0)): rows over tp (row-parallel), columns over dp (FSDP)
-// A step: all_gather over dp (the TP blocks, before use); forward with one all_reduce over tp;
-// backward; reduce_scatter over dp of the gradients (each rank keeps its FSDP shard's sum);
-// SGD on the shards. Checked against the same step on full tensors.
+// A step, written with DTensor ops and autograd:
+//   W1 -> (R, S(1)), W2 -> (R, S(0))   all_gather over dp (FSDP: the TP blocks, just before use)
+//   y = tanh(x W1) W2 -> (S(0), R)     one all_reduce over tp
+//   backward(loss)                      the all_gather's backward is a reduce_scatter over dp: each
+//                                       rank gets its FSDP shard's gradient, summed over dp
+//   SGD on the shards. Checked against the same step on full tensors.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -82,32 +85,33 @@ int fsdp_tp_2d(World& world) {
                visualize_sharding(w2));
   }
 
-  // FSDP: gather the TP blocks over dp just before use.
-  const LocalTensor w1_block = all_gather(w1.to_local(), mesh, "dp", /*gather_dim=*/0);
-  const LocalTensor w2_block = all_gather(w2.to_local(), mesh, "dp", /*gather_dim=*/1);
+  // FSDP: gather the TP blocks over dp just before use (recorded: backward reduce-scatters).
+  DTensor w1_param = w1;
+  DTensor w2_param = w2;
+  w1_param.requires_grad_();
+  w2_param.requires_grad_();
+  const DTensor w1_block = w1_param.redistribute({Replicate{}, Shard{1}});
+  const DTensor w2_block = w2_param.redistribute({Replicate{}, Shard{0}});
   // TP forward: column-parallel then row-parallel.
-  const LocalTensor xs = x.to_local();
-  const LocalTensor a = tanh(matmul(xs, w1_block));
-  const LocalTensor y = all_reduce(matmul(a, w2_block), mesh, "tp");
+  const DTensor a = tanh(matmul(x, w1_block));
+  const DTensor y = matmul(a, w2_block).redistribute(batch);
   const double numel = static_cast<double>(kBatch * kHidden);
-  const LocalTensor diff = y - target.to_local();
-  // Backward. Each dp rank's gradient covers its part of the batch; reduce_scatter sums them and
-  // leaves each rank the FSDP shard it stores.
-  const LocalTensor dy = diff * (2.0 / numel);
-  const LocalTensor dw2_block = matmul(a.transpose(0, 1), dy);
-  const LocalTensor dh = matmul(dy, w2_block.transpose(0, 1)) * (1.0 - a * a);
-  const LocalTensor dw1_block = matmul(xs.transpose(0, 1), dh);
-  const LocalTensor dw1 = reduce_scatter(dw1_block, mesh, "dp", ReduceOp::Sum, /*scatter_dim=*/0);
-  const LocalTensor dw2 = reduce_scatter(dw2_block, mesh, "dp", ReduceOp::Sum, /*scatter_dim=*/1);
-  const DTensor w1_new =
-      DTensor::from_local(w1.to_local() - dw1 * kLr, mesh, w1_placements, w1.shape());
-  const DTensor w2_new =
-      DTensor::from_local(w2.to_local() - dw2 * kLr, mesh, w2_placements, w2.shape());
+  const DTensor diff = y - target;
+  backward(sum(diff * diff) / numel);
+  DTensor w1_new, w2_new;
+  {
+    NoGradGuard no_grad;
+    w1_new = w1_param - w1_param.grad() * kLr;
+    w2_new = w2_param - w2_param.grad() * kLr;
+  }
   if (world.is_coordinator()) {
+    fmt::print("gradients: dW1 {}, dW2 {} (each rank's FSDP shard)\n",
+               to_string(w1_param.grad().placements()), to_string(w2_param.grad().placements()));
     fmt::print("collectives of the step:\n{}\n", trace().summary_table());
   }
 
-  // The same step on full tensors.
+  // The same step on full tensors, its gradients written out.
+  NoGradGuard no_grad;
   const Tensor xf = x.full_tensor();
   const Tensor w1f = w1.full_tensor();
   const Tensor w2f = w2.full_tensor();
@@ -117,7 +121,7 @@ int fsdp_tp_2d(World& world) {
   const Tensor dhf = matmul(dyf, w2f.transpose(0, 1)) * (1.0 - af * af);
   const Tensor w1_ref = w1f - matmul(xf.transpose(0, 1), dhf) * kLr;
   const Tensor w2_ref = w2f - matmul(af.transpose(0, 1), dyf) * kLr;
-  const double err_y = max_abs_diff(DTensor::from_local(y, mesh, batch).full_tensor(), yf);
+  const double err_y = max_abs_diff(y.full_tensor(), yf);
   const double err_w1 = max_abs_diff(w1_new.full_tensor(), w1_ref);
   const double err_w2 = max_abs_diff(w2_new.full_tensor(), w2_ref);
   const double worst = std::max({err_y, err_w1, err_w2});
@@ -127,7 +131,7 @@ int fsdp_tp_2d(World& world) {
                err_w2);
     fmt::print("check: {} (tolerance {:.0e})\n", pass ? "PASS" : "FAIL", kTolerance);
   }
-  print_digest(world, {y, w1_new.to_local(), w2_new.to_local()});
+  print_digest(world, {y.to_local(), w1_new.to_local(), w2_new.to_local()});
   return pass ? 0 : 1;
 }
 

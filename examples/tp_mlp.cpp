@@ -15,17 +15,18 @@
 //     h = x @ W1          S(0),S(1)     each tp rank has its columns of h: no communication
 //     z = tanh(h) @ W2    S(0),P(sum)   each tp rank has a partial sum of the whole output
 //     y = z -> S(0),R     all_reduce over tp
-//   backward (written out on the local shards, with the collectives it needs):
-//     dy  = 2 (y - target) / numel                  the loss is mean((y - target)^2)
-//     dW2 = a^T dy        all_reduce over dp        each replica saw part of the batch
-//     dh  = (dy W2^T) (1 - a^2)                     local: tp rank t has columns t of dh
-//     dW1 = x^T dh        all_reduce over dp
-//     dx  = dh W1^T       all_reduce over tp        partial sums over the column blocks
-//   SGD: W -= lr dW on each rank's blocks.
+//     loss = mean((y - target)^2)
+//   backward: backward(loss) (autograd; every gradient gets its placements by propagation):
+//     dW2 = a^T dy        P(sum),S(0) -> R,S(0)      all_reduce over dp (each replica's rows)
+//     dW1 = x^T dh        P(sum),S(1) -> R,S(1)      all_reduce over dp
+//     dx  = dh W1^T       S(0),P(sum) -> S(0),R      all_reduce over tp (partial column sums)
+//   SGD: W -= lr dW on each rank's blocks, outside the tape (NoGradGuard).
 //
-// The check computes the same step on full tensors and compares the loss, y, dx and both updated
-// weights. The weights and data come from mesh-invariant random DTensors, so every backend and
-// mesh starts from the same values.
+// The check computes the same step on full tensors with the gradients written out by hand and
+// compares the loss, y, dx and both updated weights. The weights and data come from
+// mesh-invariant random DTensors, so every backend and mesh starts from the same values.
+// (tests/dtensor/autograd_test.cpp also checks these gradients against the backward written out
+// on the local shards with its collectives.)
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -97,6 +98,9 @@ int tp_mlp(World& world) {
                (1.0 / std::sqrt(static_cast<double>(kHidden)));
   DTensor w2 = randn({kFfn, kHidden}, mesh, {Replicate{}, Shard{0}}, /*seed=*/4) *
                (1.0 / std::sqrt(static_cast<double>(kFfn)));
+  x.requires_grad_();
+  w1.requires_grad_();
+  w2.requires_grad_();
   show(world, "x", "the batch split over dp, replicated over tp", x);
   show(world, "W1", "column-parallel (its columns split over tp)", w1);
   show(world, "W2", "row-parallel (its rows split over tp)", w2);
@@ -108,36 +112,35 @@ int tp_mlp(World& world) {
   const DTensor y = z.redistribute(batch);
   const DTensor diff = y - target;
   const double numel = static_cast<double>(kBatch * kHidden);
-  const Tensor loss = sum(diff * diff).full_tensor() / numel;
+  const DTensor loss = sum(diff * diff) / numel;
+  const double loss_value = loss.full_tensor().item<double>();  // every rank: a collective
   if (world.is_coordinator()) {
     fmt::print("h = x @ W1          {:<12} no communication\n", to_string(h.placements()));
     fmt::print("z = tanh(h) @ W2    {:<12} partial sums over tp\n", to_string(z.placements()));
     fmt::print("y = z.redistribute  {:<12} all_reduce over tp\n", to_string(y.placements()));
-    fmt::print("loss = mean((y - target)^2) = {:.6f}   all_reduce over dp (each replica's rows)\n",
-               loss.item<double>());
+    fmt::print("loss = mean((y - target)^2) = {:.6f}   {} (partial sums over dp)\n", loss_value,
+               to_string(loss.placements()));
   }
 
-  section(world, "backward (local shards and explicit collectives)");
-  const LocalTensor dy = diff.to_local() * (2.0 / numel);
-  const LocalTensor a_local = a.to_local();
-  LocalTensor dw2 = matmul(a_local.transpose(0, 1), dy);
-  dw2 = all_reduce(dw2, mesh, "dp");
-  const LocalTensor dh = matmul(dy, w2.to_local().transpose(0, 1)) * (1.0 - a_local * a_local);
-  LocalTensor dw1 = matmul(x.to_local().transpose(0, 1), dh);
-  dw1 = all_reduce(dw1, mesh, "dp");
-  const LocalTensor dx = all_reduce(matmul(dh, w1.to_local().transpose(0, 1)), mesh, "tp");
+  section(world, "backward (autograd)");
+  backward(loss);
+  const DTensor dw1 = w1.grad();
+  const DTensor dw2 = w2.grad();
+  const DTensor dx = x.grad();
   if (world.is_coordinator()) {
-    fmt::print("dW2 = a^T dy              all_reduce over dp\n");
-    fmt::print("dh  = (dy W2^T) (1 - a^2) local\n");
-    fmt::print("dW1 = x^T dh              all_reduce over dp\n");
-    fmt::print("dx  = dh W1^T             all_reduce over tp\n");
+    fmt::print("dW1 {:<12} (W1's placements; its dp partial sums reduced)\n",
+               to_string(dw1.placements()));
+    fmt::print("dW2 {:<12} (W2's placements)\n", to_string(dw2.placements()));
+    fmt::print("dx  {:<12} (x's placements; its tp partial sums reduced)\n",
+               to_string(dx.placements()));
     fmt::print("SGD step, lr {}\n", kLr);
   }
-  const DTensor w1_new =
-      DTensor::from_local(w1.to_local() - dw1 * kLr, mesh, w1.placements(), w1.shape());
-  const DTensor w2_new =
-      DTensor::from_local(w2.to_local() - dw2 * kLr, mesh, w2.placements(), w2.shape());
-  const DTensor dx_t = DTensor::from_local(dx, mesh, batch, x.shape());
+  DTensor w1_new, w2_new;
+  {
+    NoGradGuard no_grad;
+    w1_new = w1 - dw1 * kLr;
+    w2_new = w2 - dw2 * kLr;
+  }
 
   section(world, fmt::format("collectives of the step (this process's trace; estimates on the {} "
                              "topology, {} devices per host)",
@@ -146,12 +149,13 @@ int tp_mlp(World& world) {
   if (world.is_coordinator()) fmt::print("{}", trace().summary_table());
 
   section(world, "check against the same step on full tensors");
+  NoGradGuard no_grad;
   const Reference ref =
       reference_step(x.full_tensor(), target.full_tensor(), w1.full_tensor(), w2.full_tensor());
   const std::vector<std::pair<std::string, double>> errors = {
-      {"loss", max_abs_diff(loss, ref.loss)},
+      {"loss", max_abs_diff(loss.full_tensor(), ref.loss)},
       {"y", max_abs_diff(y.full_tensor(), ref.y)},
-      {"dx", max_abs_diff(dx_t.full_tensor(), ref.dx)},
+      {"dx", max_abs_diff(dx.full_tensor(), ref.dx)},
       {"W1 after SGD", max_abs_diff(w1_new.full_tensor(), ref.w1)},
       {"W2 after SGD", max_abs_diff(w2_new.full_tensor(), ref.w2)}};
   double worst = 0.0;
@@ -162,7 +166,7 @@ int tp_mlp(World& world) {
     fmt::print("check: {} (max error {:.3g}, tolerance {:.0e})\n", pass ? "PASS" : "FAIL", worst,
                kTolerance);
   }
-  print_digest(world, {y.to_local(), dx, w1_new.to_local(), w2_new.to_local()});
+  print_digest(world, {y.to_local(), dx.to_local(), w1_new.to_local(), w2_new.to_local()});
   return pass ? 0 : 1;
 }
 

@@ -80,9 +80,13 @@ void to_local_backward(BackwardContext& c) {
                                                     in.spec().with_placements(placements)))));
 }
 
+// The gradient of the pieces: the DTensor's gradient laid out as grad_placements say, except that
+// a Partial the gradient does not share stays Replicate (PyTorch's backward rule: the gradient of a
+// Partial sum with respect to each piece is the whole gradient).
 void from_local_backward(BackwardContext& c) {
   const DTensor& g = dtensor_of(c.grad());
-  c.set_grad(0, local_var(g.redistribute(c.payload<Placements>()).local()));
+  c.set_grad(
+      0, local_var(g.redistribute(grad_target(c.payload<Placements>(), g.placements())).local()));
 }
 
 uint64_t local_version(const LocalTensor& t) {

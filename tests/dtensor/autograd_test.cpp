@@ -1,0 +1,187 @@
+// Autograd on DTensors against backward passes written out by hand on the local shards with the
+// collectives they need (the examples' step before they used backward()): tp_mlp's Megatron MLP
+// and fsdp_tp_2d's FSDP x TP layer must give the same gradients, bit for bit, and issue the
+// same collectives. Also the DTensor boundary: to_local/from_local with grad_placements, a
+// Partial leaf's Replicate gradient, and local collectives that autograd refuses.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include <spmd/collectives/functional.h>
+#include <spmd/collectives/trace.h>
+#include <spmd/dtensor/ops.h>
+#include <spmd/dtensor/random.h>
+#include <spmd/sim/local_ops.h>
+#include "tests/support/test_support.h"
+#include "tests/support/world_env.h"
+
+namespace spmd {
+namespace {
+
+using testing::expect_throws;
+
+// The collectives `rank` took part in since the trace held `start` records (op and mesh dim), in
+// order. (Under threads the rank threads share the trace; each looks at its own records.)
+std::vector<std::string> collectives_since(size_t start, int rank) {
+  std::vector<std::string> out;
+  const std::vector<TraceRecord> records = trace().records();
+  for (size_t i = start; i < records.size(); ++i) {
+    if (records[i].rank == rank) out.push_back(records[i].op + " " + records[i].dim_name);
+  }
+  return out;
+}
+
+SPMD_TEST(Autograd, MegatronMlpGradientsEqualTheHandWrittenBackward) {
+  World world = testing::test_world(8);
+  if (world.size() % 2 != 0) GTEST_SKIP() << "needs an even world";
+  const DeviceMesh mesh = init_device_mesh(world, {2, world.size() / 2}, {"dp", "tp"});
+  const Placements batch = {Shard{0}, Replicate{}};
+  DTensor x = randn({16, 16}, mesh, batch, 1);
+  const DTensor target = randn({16, 16}, mesh, batch, 2);
+  DTensor w1 = randn({16, 32}, mesh, {Replicate{}, Shard{1}}, 3) * 0.25;
+  DTensor w2 = randn({32, 16}, mesh, {Replicate{}, Shard{0}}, 4) * 0.18;
+  const double numel = 16.0 * 16.0;
+
+  // By hand: the local shards and the collectives the math needs.
+  LocalTensor dw1_hand, dw2_hand, dx_hand;
+  std::vector<std::string> hand_collectives;
+  {
+    const DTensor a = tanh(matmul(x, w1));
+    const DTensor y = matmul(a, w2).redistribute(batch);
+    const size_t start = trace().records().size();
+    const LocalTensor dy = (y - target).to_local() * (2.0 / numel);
+    const LocalTensor a_local = a.to_local();
+    dw2_hand = all_reduce(matmul(a_local.transpose(0, 1), dy), mesh, "dp");
+    const LocalTensor dh = matmul(dy, w2.to_local().transpose(0, 1)) * (1.0 - a_local * a_local);
+    dw1_hand = all_reduce(matmul(x.to_local().transpose(0, 1), dh), mesh, "dp");
+    dx_hand = all_reduce(matmul(dh, w1.to_local().transpose(0, 1)), mesh, "tp");
+    hand_collectives = collectives_since(start, world.held_ranks()[0]);
+  }
+
+  x.requires_grad_();
+  w1.requires_grad_();
+  w2.requires_grad_();
+  const DTensor y = matmul(tanh(matmul(x, w1)), w2).redistribute(batch);
+  const DTensor diff = y - target;
+  const DTensor loss = sum(diff * diff) / numel;
+  const size_t start = trace().records().size();
+  backward(loss);
+  const std::vector<std::string> autograd_collectives =
+      collectives_since(start, world.held_ranks()[0]);
+
+  EXPECT_EQ(w1.grad().placements(), w1.placements());
+  EXPECT_EQ(w2.grad().placements(), w2.placements());
+  EXPECT_EQ(x.grad().placements(), x.placements());
+  for (int r : world.held_ranks()) {
+    EXPECT_TRUE(equal(w1.grad().local().shard(r), dw1_hand.shard(r))) << "dW1 on rank " << r;
+    EXPECT_TRUE(equal(w2.grad().local().shard(r), dw2_hand.shard(r))) << "dW2 on rank " << r;
+    EXPECT_TRUE(equal(x.grad().local().shard(r), dx_hand.shard(r))) << "dx on rank " << r;
+  }
+  // The same collectives, in backward's order (dx's tp reduction first, then the dp ones).
+  std::vector<std::string> sorted_hand = hand_collectives;
+  std::vector<std::string> sorted_auto = autograd_collectives;
+  std::sort(sorted_hand.begin(), sorted_hand.end());
+  std::sort(sorted_auto.begin(), sorted_auto.end());
+  EXPECT_EQ(sorted_auto, sorted_hand) << fmt::format("{}", autograd_collectives);
+}
+
+SPMD_TEST(Autograd, FsdpGradientsAreTheReduceScatterOfTheHandWrittenOnes) {
+  World world = testing::test_world(8);
+  if (world.size() % 4 != 0) GTEST_SKIP() << "needs a world divisible by 4";
+  const DeviceMesh root = init_device_mesh(world, {world.size() / 4, 2, 2}, {"pp", "dp", "tp"});
+  const DeviceMesh mesh = concatenate({root["dp"], root["tp"]});
+  const Placements batch = {Shard{0}, Replicate{}};
+  const DTensor x = randn({8, 8}, mesh, batch, 11);
+  const DTensor target = randn({8, 8}, mesh, batch, 12);
+  DTensor w1 = randn({8, 16}, mesh, {Shard{0}, Shard{1}}, 13) * 0.35;
+  DTensor w2 = randn({16, 8}, mesh, {Shard{1}, Shard{0}}, 14) * 0.25;
+  const double numel = 64.0;
+
+  LocalTensor dw1_hand, dw2_hand;
+  {
+    const LocalTensor w1_block = all_gather(w1.to_local(), mesh, "dp", 0);
+    const LocalTensor w2_block = all_gather(w2.to_local(), mesh, "dp", 1);
+    const LocalTensor xs = x.to_local();
+    const LocalTensor a = tanh(matmul(xs, w1_block));
+    const LocalTensor y = all_reduce(matmul(a, w2_block), mesh, "tp");
+    const LocalTensor dy = (y - target.to_local()) * (2.0 / numel);
+    const LocalTensor dh = matmul(dy, w2_block.transpose(0, 1)) * (1.0 - a * a);
+    dw1_hand = reduce_scatter(matmul(xs.transpose(0, 1), dh), mesh, "dp", ReduceOp::Sum, 0);
+    dw2_hand = reduce_scatter(matmul(a.transpose(0, 1), dy), mesh, "dp", ReduceOp::Sum, 1);
+  }
+
+  w1.requires_grad_();
+  w2.requires_grad_();
+  const DTensor a = tanh(matmul(x, w1.redistribute({Replicate{}, Shard{1}})));
+  const DTensor y = matmul(a, w2.redistribute({Replicate{}, Shard{0}})).redistribute(batch);
+  const DTensor diff = y - target;
+  backward(sum(diff * diff) / numel);
+  for (int r : world.held_ranks()) {
+    EXPECT_TRUE(equal(w1.grad().local().shard(r), dw1_hand.shard(r))) << "dW1 on rank " << r;
+    EXPECT_TRUE(equal(w2.grad().local().shard(r), dw2_hand.shard(r))) << "dW2 on rank " << r;
+  }
+}
+
+// to_local/from_local with grad_placements. Local code where each rank computes its own
+// contribution from a replicated weight: the weight's gradient is the sum of the ranks' local
+// gradients, so to_local must say the gradient is Partial (torchtitan#2416, pytorch#175867).
+SPMD_TEST(Autograd, ToLocalGradPlacementsSayWhatTheGradientIs) {
+  World world = testing::test_world(4);
+  const DeviceMesh mesh = init_device_mesh(world, {world.size()}, {"tp"});
+  const double n = world.size();
+  const auto factor =
+      LocalTensor::from_fn(world, [](int r) { return full({4}, r + 1.0, DType::F64); });
+  // out = sum over ranks of (r + 1) w: a Partial(sum); d sum(out) / dw = n (n + 1) / 2.
+  DTensor w = distribute_tensor(arange(4, DType::F64) + 1.0, mesh, {Replicate{}});
+  w.requires_grad_();
+  const DTensor out =
+      DTensor::from_local(w.to_local(Placements{Partial{}}) * factor, mesh, {Partial{}}, Shape{4});
+  backward(sum(out));
+  EXPECT_EQ(w.grad().placements(), Placements{Replicate{}});
+  EXPECT_TRUE(allclose(w.grad().full_tensor(), full({4}, n * (n + 1) / 2, DType::F64)))
+      << w.grad().full_tensor();
+
+  // Without grad_placements the local gradients are taken as Replicate: each rank keeps only its
+  // own (r + 1), and the "replicated" gradient differs between ranks.
+  DTensor v = distribute_tensor(arange(4, DType::F64) + 1.0, mesh, {Replicate{}});
+  v.requires_grad_();
+  backward(sum(DTensor::from_local(v.to_local() * factor, mesh, {Partial{}}, Shape{4})));
+  for (int r : world.held_ranks()) {
+    EXPECT_TRUE(allclose(v.grad().local().shard(r), full({4}, r + 1.0, DType::F64)))
+        << "rank " << r;
+  }
+}
+
+SPMD_TEST(Autograd, LocalCollectivesAreNotDifferentiable) {
+  World world = testing::test_world(4);
+  const DeviceMesh mesh = init_device_mesh(world, {world.size()}, {"tp"});
+  LocalTensor x = LocalTensor::from_fn(world, [](int r) { return full({2}, r + 1.0); });
+  x.requires_grad_();
+  const LocalTensor y = all_reduce(x * 2.0, mesh, "tp");
+  expect_throws<Unsupported>([&] { backward(sum(y)); },
+                             {"all_reduce", "LocalTensor", "not differentiable", "DTensor"});
+}
+
+TEST(Autograd, PartialLeafGetsAReplicateGradient) {
+  World world = World::sim(4);
+  const DeviceMesh mesh = init_device_mesh(world, {4}, {"tp"});
+  DTensor p = distribute_tensor(arange(6, DType::F64), mesh, {Partial{}});
+  p.requires_grad_();
+  backward(sum(p * p));
+  EXPECT_EQ(p.grad().placements(), Placements{Replicate{}});
+  EXPECT_TRUE(allclose(p.grad().full_tensor(), arange(6, DType::F64) * 2.0));
+}
+
+TEST(Autograd, ZeroGradDropsGradients) {
+  World world = World::sim(2);
+  const DeviceMesh mesh = init_device_mesh(world, {2});
+  DTensor w = distribute_tensor(ones({4}), mesh, {Shard{0}});
+  w.requires_grad_();
+  backward(sum(w * 3.0));
+  ASSERT_TRUE(w.grad().defined());
+  zero_grad({&w});
+  EXPECT_FALSE(w.grad().defined());
+}
+
+}  // namespace
+}  // namespace spmd
