@@ -462,14 +462,6 @@ std::string signature_text(const Signature& s, bool fingerprint) {
   return text;
 }
 
-template <class Options>
-uint64_t shared_options_hash(const Options& o) {
-  return hash_value(o);
-}
-uint64_t shared_options_hash(const AllToAllSingleOptions&) {
-  return 0;
-}
-
 std::string_view base_name(std::string_view path) {
   const size_t slash = path.find_last_of('/');
   return slash == std::string_view::npos ? path : path.substr(slash + 1);
@@ -590,8 +582,7 @@ struct Call {
     return out;
   }
 
-  template <class Options>
-  void exchange_signatures(const Options& options, const CallSite& site) {
+  void exchange_signatures(const CollectiveOptions& options, const CallSite& site) {
     const bool fingerprint = rt->fingerprint;
     const std::vector<const char*> received = exchange(sizeof(Signature), [&](Part& p, char* out) {
       const Tensor& x = p.input;
@@ -607,7 +598,7 @@ struct Call {
         if (!(rows_may_differ && d == 0)) hash_combine(shape_hash, x.size(d));
       }
       mine.shape_hash = shape_hash;
-      mine.options_hash = shared_options_hash(options);
+      mine.options_hash = shared_hash(options);
       copy_text(mine.detail, sizeof mine.detail, spmd::describe(options));
       if (fingerprint) {
         mine.sequence = p.member->calls++;
@@ -667,9 +658,9 @@ struct Call {
   }
 };
 
-template <class Options>
-Call begin_call(NcclRuntime& rt, CollectiveKind kind, Communicator& comm, const LocalTensor& x,
-                const Options& options, const CallSite& site) {
+Call begin_call(NcclRuntime& rt, Communicator& comm, const LocalTensor& x,
+                const CollectiveOptions& options, const CallSite& site) {
+  const CollectiveKind kind = kind_of(options);
   auto* nccl_comm = dynamic_cast<NcclCommunicator*>(&comm);
   SPMD_CHECK(nccl_comm != nullptr);
   rt.check_usable(collective_name(kind));
@@ -909,11 +900,11 @@ std::shared_ptr<Communicator> NcclBackend::make_communicator(const GroupFamily& 
   return std::make_shared<NcclCommunicator>(family, options, runtime_, std::move(members));
 }
 
-// ---- collectives ----------------------------------------------------------------------------
+// ---- collectives: one run() per collective, reached by NcclBackend::issue's visit ------------
 
-WorkPtr NcclBackend::all_reduce(Communicator& comm, const LocalTensor& x,
-                                const AllReduceOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::AllReduce, comm, x, options, site);
+namespace {
+
+WorkPtr run(Call& c, const LocalTensor& x, const AllReduceOptions& options) {
   const DType dtype = x.dtype();
   const ReducePlan plan = plan_reduction(options.op, dtype);
   for (Part& p : c.parts) p.result = device_empty(p, p.input.shape(), dtype);
@@ -954,9 +945,7 @@ WorkPtr NcclBackend::all_reduce(Communicator& comm, const LocalTensor& x,
   return c.finish(x);
 }
 
-WorkPtr NcclBackend::all_gather(Communicator& comm, const LocalTensor& x,
-                                const AllGatherOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::AllGather, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const AllGatherOptions& options) {
   const DType dtype = x.dtype();
   const int64_t d = wrap_dim(options.gather_dim, x.dim());
   std::vector<Tensor> buffers;
@@ -975,9 +964,7 @@ WorkPtr NcclBackend::all_gather(Communicator& comm, const LocalTensor& x,
   return c.finish(x);
 }
 
-WorkPtr NcclBackend::reduce_scatter(Communicator& comm, const LocalTensor& x,
-                                    const ReduceScatterOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::ReduceScatter, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const ReduceScatterOptions& options) {
   const DType dtype = x.dtype();
   const ReducePlan plan = plan_reduction(options.op, dtype);
   const int64_t d = wrap_dim(options.scatter_dim, x.dim());
@@ -1029,8 +1016,6 @@ WorkPtr NcclBackend::reduce_scatter(Communicator& comm, const LocalTensor& x,
   }
   return c.finish(x);
 }
-
-namespace {
 
 // sends[i]'s block j (of `count` elements) to group rank j, into block j' = source of recvs[i]:
 // ncclAlltoAll, or grouped send/recv with the own block copied locally.
@@ -1113,11 +1098,7 @@ void gather_blocks(Call& c, const std::vector<Tensor>& inputs, const std::vector
   });
 }
 
-}  // namespace
-
-WorkPtr NcclBackend::all_to_all(Communicator& comm, const LocalTensor& x,
-                                const AllToAllOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::AllToAll, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const AllToAllOptions& options) {
   const DType dtype = x.dtype();
   const int64_t split = wrap_dim(options.split_dim, x.dim());
   const int64_t concat = wrap_dim(options.concat_dim, x.dim());
@@ -1136,9 +1117,7 @@ WorkPtr NcclBackend::all_to_all(Communicator& comm, const LocalTensor& x,
   return c.finish(x);
 }
 
-WorkPtr NcclBackend::all_to_all_single(Communicator& comm, const LocalTensor& x,
-                                       const AllToAllSingleOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::AllToAllSingle, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const AllToAllSingleOptions& options) {
   const DType dtype = x.dtype();
   const int64_t n = c.n;
   std::vector<std::vector<int64_t>> in_splits;
@@ -1230,9 +1209,7 @@ WorkPtr NcclBackend::all_to_all_single(Communicator& comm, const LocalTensor& x,
   return c.finish(x);
 }
 
-WorkPtr NcclBackend::broadcast(Communicator& comm, const LocalTensor& x,
-                               const BroadcastOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::Broadcast, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const BroadcastOptions& options) {
   const DType dtype = x.dtype();
   for (Part& p : c.parts) {
     // The source sends from its input in place (NCCL only reads it there).
@@ -1255,9 +1232,7 @@ WorkPtr NcclBackend::broadcast(Communicator& comm, const LocalTensor& x,
   return std::make_shared<CompletedWork>(LocalTensor(x, std::move(shards)));
 }
 
-WorkPtr NcclBackend::scatter(Communicator& comm, const LocalTensor& x,
-                             const ScatterOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::Scatter, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const ScatterOptions& options) {
   const DType dtype = x.dtype();
   const int64_t d = wrap_dim(options.scatter_dim, x.dim());
   const int root = options.src;
@@ -1272,7 +1247,7 @@ WorkPtr NcclBackend::scatter(Communicator& comm, const LocalTensor& x,
   const ncclDataType_t type = nccl_type(dtype);
   if (count > 0) {
     bool done = false;
-    if (runtime_->native_alltoall_gather_scatter) {
+    if (c.rt->native_alltoall_gather_scatter) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 3)
       size_t i = 0;
       c.group([&](Part& p) {
@@ -1311,9 +1286,7 @@ WorkPtr NcclBackend::scatter(Communicator& comm, const LocalTensor& x,
   return c.finish(x);
 }
 
-WorkPtr NcclBackend::gather(Communicator& comm, const LocalTensor& x, const GatherOptions& options,
-                            const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::Gather, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const GatherOptions& options) {
   const DType dtype = x.dtype();
   const int64_t d = wrap_dim(options.gather_dim, x.dim());
   const int root = options.dst;
@@ -1339,9 +1312,7 @@ WorkPtr NcclBackend::gather(Communicator& comm, const LocalTensor& x, const Gath
   return c.finish(x);
 }
 
-WorkPtr NcclBackend::reduce(Communicator& comm, const LocalTensor& x, const ReduceOptions& options,
-                            const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::Reduce, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const ReduceOptions& options) {
   const DType dtype = x.dtype();
   if (x.dim() == 0) {
     throw_error<CommError>(
@@ -1398,9 +1369,7 @@ WorkPtr NcclBackend::reduce(Communicator& comm, const LocalTensor& x, const Redu
   return c.finish(x);
 }
 
-WorkPtr NcclBackend::permute(Communicator& comm, const LocalTensor& x,
-                             const PermuteOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::Permute, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const PermuteOptions& options) {
   const DType dtype = x.dtype();
   std::vector<int> dests;
   std::vector<int> sources;
@@ -1441,9 +1410,7 @@ WorkPtr NcclBackend::permute(Communicator& comm, const LocalTensor& x,
   return c.finish(x);
 }
 
-WorkPtr NcclBackend::barrier(Communicator& comm, const LocalTensor& x,
-                             const BarrierOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::Barrier, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const BarrierOptions&) {
   std::vector<Tensor> flags;
   for (Part& p : c.parts) flags.push_back(zeros({1}, DType::I32, cuda(p.device)));
   size_t i = 0;
@@ -1452,8 +1419,16 @@ WorkPtr NcclBackend::barrier(Communicator& comm, const LocalTensor& x,
     c.check(ncclAllReduce(flag, flag, 1, ncclInt32, ncclSum, c.comm(p), p.stream), "ncclAllReduce",
             p);
   });
-  runtime_->wait_streams(c.slots(), c.comms(), c.what());
+  c.rt->wait_streams(c.slots(), c.comms(), c.what());
   return std::make_shared<CompletedWork>(x);
+}
+
+}  // namespace
+
+WorkPtr NcclBackend::issue(Communicator& comm, const LocalTensor& x,
+                           const CollectiveOptions& options, const CallSite& site) {
+  Call c = begin_call(*runtime_, comm, x, options, site);
+  return std::visit([&](const auto& o) { return run(c, x, o); }, options);
 }
 
 // ---- process-wide abort ---------------------------------------------------------------------
