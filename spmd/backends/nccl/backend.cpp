@@ -19,10 +19,10 @@
 
 #include <spmd/backends/nccl/watchdog.h>
 #include <spmd/collectives/blocks.h>
+#include <spmd/collectives/fingerprint.h>
 #include <spmd/collectives/validate.h>
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
-#include <spmd/core/hash.h>
 #include <spmd/tensor/cuda/device.h>
 #include <spmd/tensor/cuda/kernels.h>
 #include <spmd/tensor/ops.h>
@@ -67,7 +67,7 @@ class Backoff {
   int rounds_ = 0;
 };
 
-// Pinned host memory (cudaHostAlloc), so the signature exchange's copies run asynchronously and
+// Pinned host memory (cudaHostAlloc), so the fingerprint exchange's copies run asynchronously and
 // the host polls instead of blocking inside CUDA.
 class PinnedBuffer {
  public:
@@ -420,53 +420,6 @@ char* byte_ptr(const Tensor& t, int64_t elements = 0) {
   return static_cast<char*>(t.data_ptr()) + elements * static_cast<int64_t>(t.itemsize());
 }
 
-// ---- the signature exchange (Note [Signature exchange], backends/mpi/backend.cpp) -----------
-
-constexpr int kSignatureDims = 8;
-struct Signature {
-  int32_t kind;
-  int32_t dtype;
-  int32_t ndim;
-  uint64_t shape_hash;    // every dim (but dim 0 for all_to_all_single)
-  uint64_t options_hash;  // the options every member must share
-  uint64_t sequence;      // fingerprint only: calls issued on this communicator before this one
-  int64_t dims[kSignatureDims];
-  char detail[48];  // describe(options), for messages
-  char site[80];    // fingerprint only: "file.cpp:12"
-};
-static_assert(std::is_trivially_copyable_v<Signature>);
-
-void copy_text(char* dst, size_t capacity, std::string_view text) {
-  const size_t n = std::min(capacity - 1, text.size());
-  std::memcpy(dst, text.data(), n);
-  dst[n] = '\0';
-}
-
-std::string signature_shape(const Signature& s) {
-  std::string out = "[";
-  for (int d = 0; d < s.ndim; ++d) {
-    if (d == kSignatureDims) {
-      out += ", ...";
-      break;
-    }
-    out += fmt::format("{}{}", d ? ", " : "", s.dims[d]);
-  }
-  return out + "]";
-}
-
-std::string signature_text(const Signature& s, bool fingerprint) {
-  std::string text = fmt::format("{} {} {}", static_cast<CollectiveKind>(s.kind),
-                                 signature_shape(s), static_cast<DType>(s.dtype));
-  if (s.detail[0] != '\0') text += fmt::format(" {}", s.detail);
-  if (fingerprint) text += fmt::format(" (call #{} at {})", s.sequence, s.site);
-  return text;
-}
-
-std::string_view base_name(std::string_view path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string_view::npos ? path : path.substr(slash + 1);
-}
-
 // ---- one call -------------------------------------------------------------------------------
 
 // One held rank's part of a call.
@@ -582,66 +535,26 @@ struct Call {
     return out;
   }
 
-  void exchange_signatures(const CollectiveOptions& options, const CallSite& site) {
+  // Every part's CollectiveFingerprint to its whole group, and the same check on every member
+  // (Note [Collective fingerprint]), so all of them throw the same error instead of hanging.
+  void exchange_fingerprints(const CollectiveOptions& options, const CallSite& site) {
     const bool fingerprint = rt->fingerprint;
-    const std::vector<const char*> received = exchange(sizeof(Signature), [&](Part& p, char* out) {
-      const Tensor& x = p.input;
-      Signature mine;
-      std::memset(&mine, 0, sizeof mine);  // padding included: the bytes travel as they are
-      mine.kind = static_cast<int32_t>(kind);
-      mine.dtype = static_cast<int32_t>(x.dtype());
-      mine.ndim = static_cast<int32_t>(x.dim());
-      const bool rows_may_differ = kind == CollectiveKind::AllToAllSingle;
-      size_t shape_hash = 0;
-      for (int64_t d = 0; d < x.dim(); ++d) {
-        if (d < kSignatureDims) mine.dims[d] = x.size(d);
-        if (!(rows_may_differ && d == 0)) hash_combine(shape_hash, x.size(d));
-      }
-      mine.shape_hash = shape_hash;
-      mine.options_hash = shared_hash(options);
-      copy_text(mine.detail, sizeof mine.detail, spmd::describe(options));
-      if (fingerprint) {
-        mine.sequence = p.member->calls++;
-        copy_text(mine.site, sizeof mine.site,
-                  fmt::format("{}:{}", base_name(site.location.file_name()), site.location.line()));
-      }
-      std::memcpy(out, &mine, sizeof mine);
-    });
+    const std::vector<const char*> received =
+        exchange(sizeof(CollectiveFingerprint), [&](Part& p, char* out) {
+          FingerprintInput input{&options, &p.input, dim_name, &p.member->members};
+          if (fingerprint) {
+            input.with_site = true;
+            input.sequence = p.member->calls++;
+            input.location = site.location;
+          }
+          const CollectiveFingerprint mine = make_fingerprint(input);
+          std::memcpy(out, &mine, sizeof mine);
+        });
     for (size_t k = 0; k < parts.size(); ++k) {
-      const Part& p = parts[k];
-      std::vector<Signature> all(static_cast<size_t>(n));
-      std::memcpy(all.data(), received[k], all.size() * sizeof(Signature));
-      const std::vector<int>& members = p.member->members;
-      auto list = [&](auto&& text_of) {
-        std::string out;
-        for (size_t i = 0; i < all.size(); ++i) {
-          out += fmt::format("{}rank {}: {}", i ? ", " : "", members[i], text_of(all[i]));
-        }
-        return out;
-      };
-      const Signature& first = all[0];
-      bool same_kind = true;
-      bool same_tensor = true;
-      bool same_rest = true;
-      for (const Signature& s : all) {
-        same_kind &= s.kind == first.kind;
-        same_tensor &=
-            s.dtype == first.dtype && s.ndim == first.ndim && s.shape_hash == first.shape_hash;
-        same_rest &= s.options_hash == first.options_hash && s.sequence == first.sequence;
-      }
-      const bool rows_may_differ = kind == CollectiveKind::AllToAllSingle;
-      if (!same_kind || !same_rest) {
-        throw_error<CollectiveMismatchError>(
-            "{}: the ranks of the group issued different calls: {}", describe(p),
-            list([&](const Signature& s) { return signature_text(s, fingerprint); }));
-      }
-      if (!same_tensor) {
-        throw_error<CommError>(
-            "{}: inputs differ within the group{}: {}", describe(p),
-            rows_may_differ ? " (beyond dim 0)" : "", list([](const Signature& s) {
-              return fmt::format("{} {}", signature_shape(s), static_cast<DType>(s.dtype));
-            }));
-      }
+      const std::vector<int>& members = parts[k].member->members;
+      std::vector<CollectiveFingerprint> all(static_cast<size_t>(n));
+      std::memcpy(all.data(), received[k], all.size() * sizeof(CollectiveFingerprint));
+      check_fingerprints(CollectiveCall{kind, dim_name, &members}, all, members, fingerprint);
     }
   }
 
@@ -700,7 +613,7 @@ Call begin_call(NcclRuntime& rt, Communicator& comm, const LocalTensor& x,
     call.parts.push_back(std::move(p));
   }
   call.n = static_cast<int>(call.parts.front().member->members.size());
-  call.exchange_signatures(options, site);
+  call.exchange_fingerprints(options, site);
   return call;
 }
 

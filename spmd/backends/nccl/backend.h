@@ -34,9 +34,11 @@
 //   - all_to_all, gather and scatter use ncclAlltoAll/ncclGather/ncclScatter on NCCL >= 2.28.3
 //     (in the headers and at run time), else grouped ncclSend/ncclRecv, as all_to_all_single and
 //     permute always do.
-// Before each NCCL call the group exchanges a fixed-size signature with one small ncclAllGather
-// (Note [Signature exchange] in backends/mpi/backend.cpp), so mismatched calls are errors, not
-// hangs; --spmd-debug=fingerprint adds per-communicator sequence numbers and call sites.
+// Before each NCCL call the group exchanges every member's CollectiveFingerprint with one small
+// ncclAllGather and checks them with check_fingerprints, exactly as the mpi backend does (Note
+// [Collective fingerprint] in collectives/fingerprint.h: one schema, the group hash included), so
+// mismatched calls are errors, not hangs; --spmd-debug=fingerprint adds per-communicator sequence
+// numbers and call sites.
 #pragma once
 
 #include <cuda_runtime_api.h>
