@@ -2,6 +2,8 @@
 // their options, all derived from the options structs (Note [One collective, one options struct]).
 #include <spmd/collectives/types.h>
 
+#include <charconv>
+
 namespace spmd {
 namespace {
 
@@ -59,9 +61,18 @@ std::size_t hash_field(const PerRank<std::vector<int64_t>>& splits) {
   return seed;
 }
 
-std::string field_text(const PerRank<std::vector<int64_t>>& splits) {
-  if (splits.empty()) return "even";
-  return splits.to_string();
+void append_field_text(std::string& out, const PerRank<std::vector<int64_t>>& splits) {
+  out += splits.empty() ? std::string("even") : splits.to_string();
+}
+
+void append_field_text(std::string& out, ReduceOp op) {
+  out += reduce_op_name(op);
+}
+
+void append_field_text(std::string& out, int64_t value) {
+  char text[24];
+  const auto end = std::to_chars(text, text + sizeof text, value).ptr;
+  out.append(text, end);
 }
 
 }  // namespace detail

@@ -245,10 +245,18 @@ std::size_t hash_field(const T& value) {
   return std::hash<T>{}(value);
 }
 
-std::string field_text(const PerRank<std::vector<int64_t>>& splits);  // "even" when empty
+// Appends a field's value as describe() prints it. Integers and reduce ops without fmt: the trace
+// describes every call's options.
+void append_field_text(std::string& out, const PerRank<std::vector<int64_t>>& splits);  // "even"
+void append_field_text(std::string& out, ReduceOp op);                                  // "sum"
+void append_field_text(std::string& out, int64_t value);
 template <class T>
-std::string field_text(const T& value) {
-  return fmt::format("{}", value);
+void append_field_text(std::string& out, const T& value) {
+  if constexpr (std::is_integral_v<T>) {
+    append_field_text(out, static_cast<int64_t>(value));
+  } else {
+    out += fmt::format("{}", value);
+  }
 }
 
 // fn(field) for every field of `o`; with `shared_only`, for the fields every member of a group
@@ -301,7 +309,7 @@ std::string describe(const Options& o) {
     if (!out.empty()) out += ' ';
     out += f.name;
     out += '=';
-    out += detail::field_text(f.value);
+    detail::append_field_text(out, f.value);
   });
   return out;
 }

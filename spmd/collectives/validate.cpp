@@ -1,6 +1,7 @@
 // spmd/collectives/validate.cpp: the argument checks of collectives/validate.h.
 #include <spmd/collectives/validate.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include <spmd/core/error.h>
@@ -178,12 +179,13 @@ void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t 
 void check_group(const CollectiveCall& call, const std::vector<const Tensor*>& inputs) {
   const bool rows_may_differ = call.kind == CollectiveKind::AllToAllSingle;
   const Tensor& first = *inputs[0];
+  const Shape& first_shape = first.shape();
+  const size_t skip = rows_may_differ && !first_shape.empty() ? 1 : 0;
   for (size_t i = 1; i < inputs.size(); ++i) {
     const Tensor& other = *inputs[i];
-    bool same = other.dtype() == first.dtype() && other.dim() == first.dim();
-    for (int64_t d = rows_may_differ ? 1 : 0; same && d < first.dim(); ++d) {
-      same = other.size(d) == first.size(d);
-    }
+    const Shape& shape = other.shape();
+    const bool same = other.dtype() == first.dtype() && shape.size() == first_shape.size() &&
+                      std::equal(shape.begin() + skip, shape.end(), first_shape.begin() + skip);
     if (!same) {
       std::string shapes;
       for (size_t k = 0; k < inputs.size(); ++k) {
