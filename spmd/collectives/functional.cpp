@@ -48,17 +48,6 @@ std::shared_ptr<Communicator> communicator(const DeviceMesh& mesh, MeshDim dim,
 
 namespace {
 
-// The S of Note [Cost model] for a call whose ranks each contribute `bytes`.
-int64_t cost_bytes(CollectiveKind kind, int64_t bytes, int64_t group_size) {
-  switch (kind) {
-    case CollectiveKind::AllGather:
-    case CollectiveKind::Gather:
-      return bytes * group_size;
-    default:
-      return bytes;
-  }
-}
-
 struct Prepared {
   Communicator* comm = nullptr;  // owned by the mesh universe's cache
   Backend* backend = nullptr;
@@ -163,7 +152,7 @@ Prepared prepare(const LocalTensor& x, Communicator& comm, const World& world, s
   }
   event.bytes = static_cast<int64_t>(first->nbytes());
   const Topology& topology = world.topology();
-  event.estimate_us = collective_cost_us(kind, cost_bytes(kind, event.bytes, group_size),
+  event.estimate_us = collective_cost_us(kind, collective_cost_bytes(kind, event.bytes, group_size),
                                          group_size, comm.link(topology), topology);
   event.family = family;
   event.start_ns = t.now_ns();
