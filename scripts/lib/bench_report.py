@@ -10,9 +10,10 @@ Regression thresholds: a time (ns, us, ms, ms/step) or memory figure more than 2
 baseline, a bandwidth (GB/s) more than 25% below it (SPMD_BENCH_TOLERANCE=0.25 changes both).
 The medians of one run on this 2-core shared machine move by 5-15% between quiet runs, so a
 tighter bound cries wolf; a lost fast path (a copy, an allocation per rank, a pool wake-up per
-call) costs 30% or more. Latencies are wall time: under load they inflate by up to 3x (two busy
-processes on 2 cores made the 4-byte all_reduce 2.5 us instead of 0.8 us), so the check prints
-both runs' load and a REGRESSION on a busy machine wants a re-run on a quiet one."""
+call) costs 30% or more. Every figure is wall time, and load moves it far more than 25%: two
+busy processes on 2 cores made the 4-byte all_reduce 2.5 us instead of 0.8 us, and one compile
+beside the benchmarks halves the 64 MiB bandwidths (their copies are split over 2 threads). So the
+check prints both runs' load, and a REGRESSION on a busy machine wants a re-run on a quiet one."""
 
 import datetime
 import json
@@ -103,8 +104,9 @@ def regression_report(comparison, tolerance, load_then, load_now, cores):
              f"{load_then if load_then is not None else '?'} when the baseline was measured, "
              f"on {cores} cores")
     if regressions and load_now is not None and load_now > 0.5 * cores:
-        lines.append(f"note: {loads}: wall times are inflated on a busy machine; re-run "
-                     "scripts/bench on a quiet one before believing a latency REGRESSION")
+        lines.append(f"note: {loads}: on a busy machine wall times grow and the bandwidths of "
+                     "copies split over the thread pool drop (a competing process takes a core); "
+                     "re-run scripts/bench on a quiet one before believing a REGRESSION")
     else:
         lines.append(f"note: {loads}")
     return lines, regressions
