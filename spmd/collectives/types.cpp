@@ -10,12 +10,6 @@ namespace {
 constexpr std::array<std::string_view, kNumCollectiveKinds> kCollectiveNames =
     detail::collective_names(std::make_index_sequence<kNumCollectiveKinds>());
 
-template <std::size_t... I>
-constexpr std::array<CollectiveOptions (*)(), sizeof...(I)> defaults(std::index_sequence<I...>) {
-  return {
-      []() -> CollectiveOptions { return std::variant_alternative_t<I, CollectiveOptions>{}; }...};
-}
-
 }  // namespace
 
 std::string_view collective_name(CollectiveKind kind) {
@@ -27,11 +21,6 @@ std::optional<CollectiveKind> parse_collective(std::string_view name) {
     if (kCollectiveNames[i] == name) return static_cast<CollectiveKind>(i);
   }
   return std::nullopt;
-}
-
-CollectiveOptions default_options(CollectiveKind kind) {
-  static constexpr auto kDefaults = defaults(std::make_index_sequence<kNumCollectiveKinds>());
-  return kDefaults[static_cast<size_t>(kind)]();
 }
 
 bool AllToAllSingleOptions::operator==(const AllToAllSingleOptions& other) const {

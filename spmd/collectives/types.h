@@ -230,9 +230,6 @@ inline CollectiveKind kind_of(const CollectiveOptions& options) {
 std::string_view collective_name(CollectiveKind kind);
 std::optional<CollectiveKind> parse_collective(std::string_view name);
 
-// The default options of `kind` (a CollectiveOptions holding that alternative).
-CollectiveOptions default_options(CollectiveKind kind);
-
 namespace detail {
 
 std::size_t hash_field(const PerRank<std::vector<int64_t>>& splits);
