@@ -1,6 +1,19 @@
-"""scripts/lib/bench_report.py RESULTS DOCS: writes DOCS/performance.md and DOCS/perf_collectives.png
-from the raw results scripts/bench left in RESULTS (Google Benchmark JSON, sim_vs_mpi output,
-nccl_bench output, peer JSON, meta.env). Standard library only; the plot is drawn by gnuplot."""
+"""scripts/lib/bench_report.py RESULTS DOCS [BASELINE]: writes DOCS/performance.md and
+DOCS/perf_collectives.png from the raw results scripts/bench left in RESULTS (Google Benchmark JSON,
+sim_vs_mpi output, nccl_bench output, peer JSON, meta.env), then compares every headline figure
+with the same figure in BASELINE (default: DOCS/performance.md as it was before this run;
+scripts/bench passes the committed one). It prints a REGRESSION line for each figure that got
+worse beyond the thresholds below and exits 1 when there is one. Standard library only; the plot
+is drawn by gnuplot.
+
+Regression thresholds: a time (ns, us, ms, ms/step) or memory figure more than 25% above the
+baseline, a bandwidth (GB/s) more than 25% below it (SPMD_BENCH_TOLERANCE=0.25 changes both).
+The medians of one run on this 2-core shared machine move by 5-15% between quiet runs, so a
+tighter bound cries wolf; a lost fast path (a copy, an allocation per rank, a pool wake-up per
+call) costs 30% or more. Every figure is wall time, and load moves it far more than 25%: two
+busy processes on 2 cores made the 4-byte all_reduce 2.5 us instead of 0.8 us, and one compile
+beside the benchmarks halves the 64 MiB bandwidths (their copies are split over 2 threads). So the
+check prints both runs' load, and a REGRESSION on a busy machine wants a re-run on a quiet one."""
 
 import datetime
 import json
@@ -14,6 +27,89 @@ import sys
 
 RANKS = 8
 SWEEP_OPS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+DEFAULT_TOLERANCE = 0.25
+
+
+# ---- the regression check ---------------------------------------------------------------------
+
+def parse_figure(text):
+    """(value, unit) of a headline "ours" cell: "1.27 us" -> (1.27, "us"), "32.3 GB/s" ->
+    (32.3, "GB/s"), "sim: 38.7 ms/step" -> (38.7, "ms/step"), "64.0 MiB held" -> (64.0, "MiB");
+    None when the cell holds no figure ("skipped: ...")."""
+    m = re.search(r"(-?[0-9]+(?:\.[0-9]+)?)\s*(ns|us|ms/step|ms|s|GB/s|MiB)\b", text)
+    if not m:
+        return None
+    return float(m.group(1)), m.group(2)
+
+
+def higher_is_better(unit):
+    return unit == "GB/s"
+
+
+def parse_headline(markdown):
+    """{figure: "ours" cell} from a performance.md's headline table; {} when it has none."""
+    rows = {}
+    section = markdown.split("## Headline figures", 1)
+    if len(section) < 2:
+        return rows
+    for line in section[1].split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or cells[0] in ("figure", "") or set(cells[0]) <= set("- "):
+            continue
+        rows[cells[0]] = cells[1]
+    return rows
+
+
+def parse_load(markdown):
+    """The 1-minute load average before the benchmarks, as the page recorded it, or None."""
+    m = re.search(r"Load average \(1, 5, 15 min\): ([0-9.]+)", markdown)
+    return float(m.group(1)) if m else None
+
+
+def compare_headlines(baseline, current, tolerance=DEFAULT_TOLERANCE):
+    """One entry per figure in both tables with a number in both and the same unit:
+    (figure, old (value, unit), new (value, unit), change, regression). `change` is new/old - 1;
+    a regression is a time or memory above old * (1 + tolerance) or a bandwidth below
+    old * (1 - tolerance)."""
+    out = []
+    for figure, new_text in current.items():
+        if figure not in baseline:
+            continue
+        old, new = parse_figure(baseline[figure]), parse_figure(new_text)
+        if old is None or new is None or old[1] != new[1] or old[0] <= 0:
+            continue
+        change = new[0] / old[0] - 1.0
+        if higher_is_better(new[1]):
+            regression = new[0] < old[0] * (1.0 - tolerance)
+        else:
+            regression = new[0] > old[0] * (1.0 + tolerance)
+        out.append((figure, old, new, change, regression))
+    return out
+
+
+def regression_report(comparison, tolerance, load_then, load_now, cores):
+    """The lines scripts/bench prints; REGRESSION lines first."""
+    lines = []
+    for figure, old, new, change, regression in comparison:
+        if regression:
+            worse = "lower" if higher_is_better(new[1]) else "higher"
+            lines.append(f"REGRESSION: {figure}: {fmt(new[0])} {new[1]}, was {fmt(old[0])} "
+                         f"{old[1]} ({change:+.0%}; more than {tolerance:.0%} {worse} fails)")
+    regressions = len(lines)
+    for figure, old, new, change, regression in comparison:
+        if not regression:
+            lines.append(f"ok: {figure}: {fmt(new[0])} {new[1]}, was {fmt(old[0])} {old[1]} "
+                         f"({change:+.0%})")
+    loads = (f"load average {load_now if load_now is not None else '?'} now, "
+             f"{load_then if load_then is not None else '?'} when the baseline was measured, "
+             f"on {cores} cores")
+    if regressions and load_now is not None and load_now > 0.5 * cores:
+        lines.append(f"note: {loads}: on a busy machine wall times grow and the bandwidths of "
+                     "copies split over the thread pool drop (a competing process takes a core); "
+                     "re-run scripts/bench on a quiet one before believing a REGRESSION")
+    else:
+        lines.append(f"note: {loads}")
+    return lines, regressions
 
 
 def read_meta(results):
@@ -193,6 +289,9 @@ plot {', '.join(lines)}
 
 def main():
     results, docs = sys.argv[1], sys.argv[2]
+    baseline_path = sys.argv[3] if len(sys.argv) > 3 else os.path.join(docs, "performance.md")
+    baseline = open(baseline_path).read() if os.path.exists(baseline_path) else ""
+    tolerance = float(os.environ.get("SPMD_BENCH_TOLERANCE", DEFAULT_TOLERANCE))
     meta = read_meta(results)
     reps = meta.get("repetitions", "1")
     build = meta.get("build_dir", "build/bench")
@@ -320,6 +419,28 @@ def main():
     w("Targets are the issues' acceptance figures (tensor: issue 2; mesh: 3; collectives: 4; "
       "DTensor: 5; sim vs MPI: 6, quoted without a target; NCCL: 7).")
     w("")
+
+    # ---- against the baseline --------------------------------------------------------------
+    comparison = compare_headlines(parse_headline(baseline), {r[0]: r[1] for r in rows},
+                                   tolerance)
+    load_then = parse_load(baseline)
+    load_now = float(meta["load_before"].split()[0]) if meta.get("load_before") else None
+    if comparison:
+        w("## Against the previous page")
+        w("")
+        w(f"Each headline figure beside the one this page replaced (measured with load average "
+          f"{load_then if load_then is not None else '?'} then, "
+          f"{load_now if load_now is not None else '?'} now). `scripts/bench` prints REGRESSION "
+          f"and fails when a time or memory figure rose by more than {tolerance:.0%} or a "
+          f"bandwidth fell by more than {tolerance:.0%} (`SPMD_BENCH_TOLERANCE`; why 25%: "
+          "`scripts/lib/bench_report.py`).")
+        w("")
+        w("| figure | before | now | change | check |")
+        w("| --- | --- | --- | --- | --- |")
+        for figure, old_fig, new_fig, change, regression in comparison:
+            w(f"| {figure} | {fmt(old_fig[0])} {old_fig[1]} | {fmt(new_fig[0])} {new_fig[1]} | "
+              f"{change:+.0%} | {'**REGRESSION**' if regression else 'ok'} |")
+        w("")
 
     # ---- what the ratios mean --------------------------------------------------------------
     w("## What each ratio means")
@@ -596,6 +717,16 @@ def main():
     with open(os.path.join(docs, "performance.md"), "w") as f:
         f.write("\n".join(md) + "\n")
 
+    if not baseline:
+        print(f"== no baseline page at {baseline_path}: nothing to compare against")
+        return 0
+    lines, regressions = regression_report(comparison, tolerance, load_then, load_now,
+                                           info["cores"])
+    print(f"== headline figures against {baseline_path}:")
+    for line in lines:
+        print(line)
+    return 1 if regressions else 0
+
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -37,47 +37,9 @@ void Backend::unsupported(CollectiveKind kind) const {
   throw_error<Unsupported>("backend '{}' does not support {}", name(), kind);
 }
 
-WorkPtr Backend::all_reduce(Communicator&, const LocalTensor&, const AllReduceOptions&,
-                            const CallSite&) {
-  unsupported(CollectiveKind::AllReduce);
-}
-WorkPtr Backend::all_gather(Communicator&, const LocalTensor&, const AllGatherOptions&,
-                            const CallSite&) {
-  unsupported(CollectiveKind::AllGather);
-}
-WorkPtr Backend::reduce_scatter(Communicator&, const LocalTensor&, const ReduceScatterOptions&,
-                                const CallSite&) {
-  unsupported(CollectiveKind::ReduceScatter);
-}
-WorkPtr Backend::all_to_all(Communicator&, const LocalTensor&, const AllToAllOptions&,
-                            const CallSite&) {
-  unsupported(CollectiveKind::AllToAll);
-}
-WorkPtr Backend::all_to_all_single(Communicator&, const LocalTensor&, const AllToAllSingleOptions&,
-                                   const CallSite&) {
-  unsupported(CollectiveKind::AllToAllSingle);
-}
-WorkPtr Backend::broadcast(Communicator&, const LocalTensor&, const BroadcastOptions&,
-                           const CallSite&) {
-  unsupported(CollectiveKind::Broadcast);
-}
-WorkPtr Backend::scatter(Communicator&, const LocalTensor&, const ScatterOptions&,
-                         const CallSite&) {
-  unsupported(CollectiveKind::Scatter);
-}
-WorkPtr Backend::gather(Communicator&, const LocalTensor&, const GatherOptions&, const CallSite&) {
-  unsupported(CollectiveKind::Gather);
-}
-WorkPtr Backend::reduce(Communicator&, const LocalTensor&, const ReduceOptions&, const CallSite&) {
-  unsupported(CollectiveKind::Reduce);
-}
-WorkPtr Backend::permute(Communicator&, const LocalTensor&, const PermuteOptions&,
-                         const CallSite&) {
-  unsupported(CollectiveKind::Permute);
-}
-WorkPtr Backend::barrier(Communicator&, const LocalTensor&, const BarrierOptions&,
-                         const CallSite&) {
-  unsupported(CollectiveKind::Barrier);
+WorkPtr Backend::issue(Communicator&, const LocalTensor&, const CollectiveOptions& options,
+                       const CallSite&) {
+  unsupported(kind_of(options));
 }
 
 }  // namespace spmd

@@ -1,10 +1,11 @@
 // spmd/collectives/backend.h: the interface every backend (sim, threads, mpi, nccl) implements.
 //
-// The shape of PyTorch c10d: one virtual per collective, each taking the LocalTensor, the
-// Communicator of one group family (the groups along one mesh dim, mesh/group_family.h) and an
-// options aggregate, and returning a Work handle. The sim backend computes every group of the
-// family whose ranks it holds; a real backend holds one rank (or a few) and runs the group it is
-// in. Calls a backend does not implement throw Unsupported("backend 'x' does not support y").
+// PyTorch c10d's Backend with one entry point instead of one virtual per collective: issue()
+// takes the LocalTensor, the Communicator of one group family (the groups along one mesh dim,
+// mesh/group_family.h) and the collective's options (CollectiveOptions, whose alternative names
+// the collective), and returns a Work handle. The sim backend computes every group of the family
+// whose ranks it holds; a real backend holds one rank (or a few) and runs the group it is in.
+// Calls a backend does not implement throw Unsupported("backend 'x' does not support y").
 //
 // Communicators are created once per (dim layout, CommOptions) by make_communicator and cached
 // in the mesh universe (mesh/comm_cache.h); real backends split their world communicator there,
@@ -110,29 +111,13 @@ class Backend {
   // with its peers elsewhere (threads, mpi, nccl).
   virtual bool is_lockstep() const { return false; }
 
-  virtual WorkPtr all_reduce(Communicator& comm, const LocalTensor& x,
-                             const AllReduceOptions& options, const CallSite& site);
-  virtual WorkPtr all_gather(Communicator& comm, const LocalTensor& x,
-                             const AllGatherOptions& options, const CallSite& site);
-  virtual WorkPtr reduce_scatter(Communicator& comm, const LocalTensor& x,
-                                 const ReduceScatterOptions& options, const CallSite& site);
-  virtual WorkPtr all_to_all(Communicator& comm, const LocalTensor& x,
-                             const AllToAllOptions& options, const CallSite& site);
-  virtual WorkPtr all_to_all_single(Communicator& comm, const LocalTensor& x,
-                                    const AllToAllSingleOptions& options, const CallSite& site);
-  virtual WorkPtr broadcast(Communicator& comm, const LocalTensor& x,
-                            const BroadcastOptions& options, const CallSite& site);
-  virtual WorkPtr scatter(Communicator& comm, const LocalTensor& x, const ScatterOptions& options,
-                          const CallSite& site);
-  virtual WorkPtr gather(Communicator& comm, const LocalTensor& x, const GatherOptions& options,
-                         const CallSite& site);
-  virtual WorkPtr reduce(Communicator& comm, const LocalTensor& x, const ReduceOptions& options,
-                         const CallSite& site);
-  virtual WorkPtr permute(Communicator& comm, const LocalTensor& x, const PermuteOptions& options,
-                          const CallSite& site);
-  // `x` is any LocalTensor over the held ranks (its data is not read).
-  virtual WorkPtr barrier(Communicator& comm, const LocalTensor& x, const BarrierOptions& options,
-                          const CallSite& site);
+  // Issues one collective on the groups of `comm`'s family: the alternative of `options` says
+  // which (collectives/types.h). `x` holds the caller's input on every held rank (for barrier, any
+  // LocalTensor over the held ranks; its data is not read). Every backend implements every
+  // collective here, dispatching on the variant with std::visit (docs/design.md, "Adding a
+  // collective"); the default throws Unsupported("backend 'x' does not support y").
+  virtual WorkPtr issue(Communicator& comm, const LocalTensor& x, const CollectiveOptions& options,
+                        const CallSite& site);
 
  protected:
   [[noreturn]] void unsupported(CollectiveKind kind) const;

@@ -14,6 +14,16 @@ double ceil_log2(int64_t n) {
 
 }  // namespace
 
+int64_t collective_cost_bytes(CollectiveKind kind, int64_t rank_bytes, int64_t group_size) {
+  switch (kind) {
+    case CollectiveKind::AllGather:
+    case CollectiveKind::Gather:
+      return rank_bytes * group_size;
+    default:
+      return rank_bytes;
+  }
+}
+
 double collective_cost_us(CollectiveKind kind, int64_t bytes, int64_t group_size,
                           const LinkParams& link, const Topology& topology) {
   if (group_size <= 1) return 0.0;

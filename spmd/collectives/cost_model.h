@@ -32,5 +32,7 @@ namespace spmd {
 // the table of Note [Cost model].
 double collective_cost_us(CollectiveKind kind, int64_t bytes, int64_t group_size,
                           const LinkParams& link, const Topology& topology);
+// S in the table of Note [Cost model] for a call whose ranks each pass `rank_bytes` of input.
+int64_t collective_cost_bytes(CollectiveKind kind, int64_t rank_bytes, int64_t group_size);
 
 }  // namespace spmd

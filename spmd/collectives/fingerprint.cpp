@@ -41,23 +41,24 @@ CollectiveFingerprint make_fingerprint(const FingerprintInput& in) {
   const Tensor& x = *in.input;
   CollectiveFingerprint f;
   std::memset(&f, 0, sizeof f);  // padding included: the bytes travel as they are
-  f.kind = static_cast<int32_t>(in.kind);
+  const CollectiveKind kind = kind_of(*in.options);
+  f.kind = static_cast<int32_t>(kind);
   f.dtype = static_cast<int32_t>(x.dtype());
   f.ndim = static_cast<int32_t>(x.dim());
-  const bool rows_may_differ = in.kind == CollectiveKind::AllToAllSingle;
+  const bool rows_may_differ = kind == CollectiveKind::AllToAllSingle;
   size_t shape_hash = 0;
   for (int64_t d = 0; d < x.dim(); ++d) {
     if (d < kFingerprintDims) f.dims[d] = x.size(d);
     if (!(rows_may_differ && d == 0)) hash_combine(shape_hash, x.size(d));
   }
   f.shape_hash = shape_hash;
-  f.options_hash = in.options_hash;
+  f.options_hash = shared_hash(*in.options);
   size_t group_hash = hash_range(*in.group);
   hash_combine(group_hash, std::string(in.dim_name));
   f.group_hash = group_hash;
   f.group_size = static_cast<int32_t>(in.group->size());
   copy_text(f.dim_name, sizeof f.dim_name, in.dim_name);
-  copy_text(f.detail, sizeof f.detail, in.detail);
+  copy_text(f.detail, sizeof f.detail, describe(*in.options));
   if (in.with_site) {
     f.sequence = in.sequence;
     copy_text(f.site, sizeof f.site, call_site_text(in.location.file_name(), in.location.line()));

@@ -14,8 +14,8 @@
 //   kind, dtype, ndim      CollectiveKind, DType, input dims (numeric values of the enums)
 //   dims[8]                the input's first 8 sizes (messages only)
 //   shape_hash             every size, but dim 0 for all_to_all_single (its rows differ per rank)
-//   options_hash           the options every member must pass alike (hash_value(options); 0 for
-//                          all_to_all_single, whose split sizes legitimately differ)
+//   options_hash           the options every member must pass alike (shared_hash(options): every
+//                          field but the per-rank ones, so not all_to_all_single's split sizes)
 //   group_hash, group_size the group's ranks (in group order) and mesh dim name as this member
 //                          sees them: a communicator reused by another group (communicators
 //                          created in different orders) shows up here
@@ -67,27 +67,15 @@ static_assert(sizeof(CollectiveFingerprint) == 256);
 
 // What one member is about to do. `with_site`: fingerprint mode (sequence and call site filled).
 struct FingerprintInput {
-  CollectiveKind kind;
+  const CollectiveOptions* options;  // the call: its kind, shared_hash and describe() text
   const Tensor* input;
   std::string_view dim_name;
   const std::vector<int>* group;  // the group's ranks, in group order
-  uint64_t options_hash;
-  std::string detail;  // describe(options)
   bool with_site = false;
   uint64_t sequence = 0;
   std::source_location location = {};
 };
 CollectiveFingerprint make_fingerprint(const FingerprintInput& in);
-
-// The options hash the fingerprint compares (split sizes of all_to_all_single may differ).
-template <class Options>
-uint64_t fingerprint_options_hash(const Options& o) {
-  if constexpr (std::is_same_v<Options, AllToAllSingleOptions>) {
-    return 0;
-  } else {
-    return hash_value(o);
-  }
-}
 
 // Throws when the members' fingerprints differ (the note says which error). `all[k]` is group
 // rank k's, `members[k]` its global rank; `fingerprint`: fingerprint mode.

@@ -48,17 +48,6 @@ std::shared_ptr<Communicator> communicator(const DeviceMesh& mesh, MeshDim dim,
 
 namespace {
 
-// The S of Note [Cost model] for a call whose ranks each contribute `bytes`.
-int64_t cost_bytes(CollectiveKind kind, int64_t bytes, int64_t group_size) {
-  switch (kind) {
-    case CollectiveKind::AllGather:
-    case CollectiveKind::Gather:
-      return bytes * group_size;
-    default:
-      return bytes;
-  }
-}
-
 struct Prepared {
   Communicator* comm = nullptr;  // owned by the mesh universe's cache
   Backend* backend = nullptr;
@@ -76,9 +65,9 @@ Communicator& dim_communicator(const DeviceMesh& mesh, int d) {
 
 // Everything before the backend call: checks each participating held rank's input and records
 // the trace event (each participant with its group and that group's next sequence number).
-template <class Options>
-Prepared prepare(CollectiveKind kind, const LocalTensor& x, Communicator& comm, const World& world,
-                 std::string dim_name, const Options& options, const std::source_location& loc) {
+Prepared prepare(const LocalTensor& x, Communicator& comm, const World& world, std::string dim_name,
+                 const CollectiveOptions& options, const std::source_location& loc) {
+  const CollectiveKind kind = kind_of(options);
   if (!x.defined()) throw_error<CommError>("{}: the input LocalTensor is undefined", kind);
   Prepared p;
   p.comm = &comm;
@@ -163,7 +152,7 @@ Prepared prepare(CollectiveKind kind, const LocalTensor& x, Communicator& comm, 
   }
   event.bytes = static_cast<int64_t>(first->nbytes());
   const Topology& topology = world.topology();
-  event.estimate_us = collective_cost_us(kind, cost_bytes(kind, event.bytes, group_size),
+  event.estimate_us = collective_cost_us(kind, collective_cost_bytes(kind, event.bytes, group_size),
                                          group_size, comm.link(topology), topology);
   event.family = family;
   event.start_ns = t.now_ns();
@@ -176,29 +165,27 @@ struct Issued {
   uint64_t trace_id;
 };
 
-template <class Options, class Issue>
-Issued issue_call(CollectiveKind kind, const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
-                  const Options& options, const std::source_location& loc, Issue&& issue) {
-  const int d = mesh.resolve(dim);
-  Prepared p =
-      prepare(kind, x, dim_communicator(mesh, d), mesh.world(), mesh.dim_name(d), options, loc);
-  return Issued{issue(*p.backend, *p.comm, x, options, p.site), p.trace_id};
+Issued issue_call(const LocalTensor& x, const DeviceMesh& mesh, int d,
+                  const CollectiveOptions& options, const std::source_location& loc) {
+  Prepared p = prepare(x, dim_communicator(mesh, d), mesh.world(), mesh.dim_name(d), options, loc);
+  return Issued{p.backend->issue(*p.comm, x, options, p.site), p.trace_id};
 }
 
-template <class Options, class Issue>
-Async<LocalTensor> run_async(CollectiveKind kind, const LocalTensor& x, const DeviceMesh& mesh,
-                             MeshDim dim, const Options& options, const std::source_location& loc,
-                             Issue&& issue) {
-  Issued issued = issue_call(kind, x, mesh, dim, options, loc, issue);
+}  // namespace
+
+Async<LocalTensor> collective_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                    CollectiveOptions options, SourceLocation loc) {
+  const int d = mesh.resolve(dim);
+  Issued issued = issue_call(x, mesh, d, options, loc);
   const uint64_t id = issued.trace_id;
   CollectiveObserver observer = g_observer.load(std::memory_order_relaxed);
   if (observer != nullptr) [[unlikely]] {
-    return Async<LocalTensor>(std::move(issued.work), [id, observer, kind, x, world = mesh.world(),
-                                                       dim_name = mesh.dim_name(mesh.resolve(dim)),
-                                                       loc](const LocalTensor& result) {
-      if (id != UINT64_MAX) trace().finish(id);
-      observer(CollectiveEvent{kind, world, dim_name, loc, x, result});
-    });
+    return Async<LocalTensor>(std::move(issued.work),
+                              [id, observer, kind = kind_of(options), x, world = mesh.world(),
+                               dim_name = mesh.dim_name(d), loc](const LocalTensor& result) {
+                                if (id != UINT64_MAX) trace().finish(id);
+                                observer(CollectiveEvent{kind, world, dim_name, loc, x, result});
+                              });
   }
   if (id == UINT64_MAX) return Async<LocalTensor>(std::move(issued.work), nullptr);
   return Async<LocalTensor>(std::move(issued.work),
@@ -206,135 +193,110 @@ Async<LocalTensor> run_async(CollectiveKind kind, const LocalTensor& x, const De
 }
 
 // The synchronous form: waits and moves the result out of the only Work handle.
-template <class Options, class Issue>
-LocalTensor run_sync(CollectiveKind kind, const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
-                     const Options& options, const std::source_location& loc, Issue&& issue) {
-  Issued issued = issue_call(kind, x, mesh, dim, options, loc, issue);
+LocalTensor collective(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                       CollectiveOptions options, SourceLocation loc) {
+  const int d = mesh.resolve(dim);
+  Issued issued = issue_call(x, mesh, d, options, loc);
   issued.work->wait();
   if (issued.trace_id != UINT64_MAX) trace().finish(issued.trace_id);
   LocalTensor result = issued.work->take_result();
   if (CollectiveObserver observer = g_observer.load(std::memory_order_relaxed)) [[unlikely]] {
-    observer(CollectiveEvent{kind, mesh.world(), mesh.dim_name(mesh.resolve(dim)), loc, x, result});
+    observer(CollectiveEvent{kind_of(options), mesh.world(), mesh.dim_name(d), loc, x, result});
   }
   return result;
 }
 
-#define SPMD_ISSUE_(method)                                                                 \
-  [](Backend& b, Communicator& c, const LocalTensor& t, const auto& o, const CallSite& s) { \
-    return b.method(c, t, o, s);                                                            \
-  }
+// ---- the named collectives: each is collective() with its options ---------------------------
 
-}  // namespace
+LocalTensor all_reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, ReduceOp op,
+                       SourceLocation loc) {
+  return collective(x, mesh, dim, AllReduceOptions{op}, loc);
+}
+LocalTensor all_reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                       const AllReduceOptions& options, SourceLocation loc) {
+  return collective(x, mesh, dim, options, loc);
+}
+LocalTensor all_gather(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                       int64_t gather_dim, SourceLocation loc) {
+  return collective(x, mesh, dim, AllGatherOptions{gather_dim}, loc);
+}
+LocalTensor reduce_scatter(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, ReduceOp op,
+                           int64_t scatter_dim, SourceLocation loc) {
+  return collective(x, mesh, dim, ReduceScatterOptions{op, scatter_dim}, loc);
+}
+LocalTensor all_to_all(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int64_t split_dim,
+                       int64_t concat_dim, SourceLocation loc) {
+  return collective(x, mesh, dim, AllToAllOptions{split_dim, concat_dim}, loc);
+}
+LocalTensor all_to_all_single(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                              PerRank<std::vector<int64_t>> out_splits,
+                              PerRank<std::vector<int64_t>> in_splits, SourceLocation loc) {
+  return collective(x, mesh, dim,
+                    AllToAllSingleOptions{std::move(out_splits), std::move(in_splits)}, loc);
+}
+LocalTensor broadcast(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int src,
+                      SourceLocation loc) {
+  return collective(x, mesh, dim, BroadcastOptions{src}, loc);
+}
+LocalTensor scatter(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int src,
+                    int64_t scatter_dim, SourceLocation loc) {
+  return collective(x, mesh, dim, ScatterOptions{src, scatter_dim}, loc);
+}
+LocalTensor gather(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int dst,
+                   int64_t gather_dim, SourceLocation loc) {
+  return collective(x, mesh, dim, GatherOptions{dst, gather_dim}, loc);
+}
+LocalTensor reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, ReduceOp op, int dst,
+                   SourceLocation loc) {
+  return collective(x, mesh, dim, ReduceOptions{op, dst}, loc);
+}
+LocalTensor permute(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                    std::vector<int> dst_of, SourceLocation loc) {
+  return collective(x, mesh, dim, PermuteOptions{std::move(dst_of)}, loc);
+}
 
 Async<LocalTensor> all_reduce_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                                     ReduceOp op, SourceLocation loc) {
-  return run_async(CollectiveKind::AllReduce, x, mesh, dim, AllReduceOptions{op}, loc,
-                   SPMD_ISSUE_(all_reduce));
+  return collective_async(x, mesh, dim, AllReduceOptions{op}, loc);
 }
 Async<LocalTensor> all_gather_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                                     int64_t gather_dim, SourceLocation loc) {
-  return run_async(CollectiveKind::AllGather, x, mesh, dim, AllGatherOptions{gather_dim}, loc,
-                   SPMD_ISSUE_(all_gather));
+  return collective_async(x, mesh, dim, AllGatherOptions{gather_dim}, loc);
 }
 Async<LocalTensor> reduce_scatter_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                                         ReduceOp op, int64_t scatter_dim, SourceLocation loc) {
-  return run_async(CollectiveKind::ReduceScatter, x, mesh, dim,
-                   ReduceScatterOptions{op, scatter_dim}, loc, SPMD_ISSUE_(reduce_scatter));
+  return collective_async(x, mesh, dim, ReduceScatterOptions{op, scatter_dim}, loc);
 }
 Async<LocalTensor> all_to_all_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                                     int64_t split_dim, int64_t concat_dim, SourceLocation loc) {
-  return run_async(CollectiveKind::AllToAll, x, mesh, dim, AllToAllOptions{split_dim, concat_dim},
-                   loc, SPMD_ISSUE_(all_to_all));
+  return collective_async(x, mesh, dim, AllToAllOptions{split_dim, concat_dim}, loc);
 }
 Async<LocalTensor> all_to_all_single_async(const LocalTensor& x, const DeviceMesh& mesh,
                                            MeshDim dim, PerRank<std::vector<int64_t>> out_splits,
                                            PerRank<std::vector<int64_t>> in_splits,
                                            SourceLocation loc) {
-  return run_async(CollectiveKind::AllToAllSingle, x, mesh, dim,
-                   AllToAllSingleOptions{std::move(out_splits), std::move(in_splits)}, loc,
-                   SPMD_ISSUE_(all_to_all_single));
+  return collective_async(x, mesh, dim,
+                          AllToAllSingleOptions{std::move(out_splits), std::move(in_splits)}, loc);
 }
 Async<LocalTensor> broadcast_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                                    int src, SourceLocation loc) {
-  return run_async(CollectiveKind::Broadcast, x, mesh, dim, BroadcastOptions{src}, loc,
-                   SPMD_ISSUE_(broadcast));
+  return collective_async(x, mesh, dim, BroadcastOptions{src}, loc);
 }
 Async<LocalTensor> scatter_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int src,
                                  int64_t scatter_dim, SourceLocation loc) {
-  return run_async(CollectiveKind::Scatter, x, mesh, dim, ScatterOptions{src, scatter_dim}, loc,
-                   SPMD_ISSUE_(scatter));
+  return collective_async(x, mesh, dim, ScatterOptions{src, scatter_dim}, loc);
 }
 Async<LocalTensor> gather_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int dst,
                                 int64_t gather_dim, SourceLocation loc) {
-  return run_async(CollectiveKind::Gather, x, mesh, dim, GatherOptions{dst, gather_dim}, loc,
-                   SPMD_ISSUE_(gather));
+  return collective_async(x, mesh, dim, GatherOptions{dst, gather_dim}, loc);
 }
 Async<LocalTensor> reduce_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                                 ReduceOp op, int dst, SourceLocation loc) {
-  return run_async(CollectiveKind::Reduce, x, mesh, dim, ReduceOptions{op, dst}, loc,
-                   SPMD_ISSUE_(reduce));
+  return collective_async(x, mesh, dim, ReduceOptions{op, dst}, loc);
 }
 Async<LocalTensor> permute_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                                  std::vector<int> dst_of, SourceLocation loc) {
-  return run_async(CollectiveKind::Permute, x, mesh, dim, PermuteOptions{std::move(dst_of)}, loc,
-                   SPMD_ISSUE_(permute));
-}
-
-LocalTensor all_reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, ReduceOp op,
-                       SourceLocation loc) {
-  return run_sync(CollectiveKind::AllReduce, x, mesh, dim, AllReduceOptions{op}, loc,
-                  SPMD_ISSUE_(all_reduce));
-}
-LocalTensor all_reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
-                       const AllReduceOptions& options, SourceLocation loc) {
-  return run_sync(CollectiveKind::AllReduce, x, mesh, dim, options, loc, SPMD_ISSUE_(all_reduce));
-}
-LocalTensor all_gather(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
-                       int64_t gather_dim, SourceLocation loc) {
-  return run_sync(CollectiveKind::AllGather, x, mesh, dim, AllGatherOptions{gather_dim}, loc,
-                  SPMD_ISSUE_(all_gather));
-}
-LocalTensor reduce_scatter(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, ReduceOp op,
-                           int64_t scatter_dim, SourceLocation loc) {
-  return run_sync(CollectiveKind::ReduceScatter, x, mesh, dim,
-                  ReduceScatterOptions{op, scatter_dim}, loc, SPMD_ISSUE_(reduce_scatter));
-}
-LocalTensor all_to_all(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int64_t split_dim,
-                       int64_t concat_dim, SourceLocation loc) {
-  return run_sync(CollectiveKind::AllToAll, x, mesh, dim, AllToAllOptions{split_dim, concat_dim},
-                  loc, SPMD_ISSUE_(all_to_all));
-}
-LocalTensor all_to_all_single(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
-                              PerRank<std::vector<int64_t>> out_splits,
-                              PerRank<std::vector<int64_t>> in_splits, SourceLocation loc) {
-  return run_sync(CollectiveKind::AllToAllSingle, x, mesh, dim,
-                  AllToAllSingleOptions{std::move(out_splits), std::move(in_splits)}, loc,
-                  SPMD_ISSUE_(all_to_all_single));
-}
-LocalTensor broadcast(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int src,
-                      SourceLocation loc) {
-  return run_sync(CollectiveKind::Broadcast, x, mesh, dim, BroadcastOptions{src}, loc,
-                  SPMD_ISSUE_(broadcast));
-}
-LocalTensor scatter(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int src,
-                    int64_t scatter_dim, SourceLocation loc) {
-  return run_sync(CollectiveKind::Scatter, x, mesh, dim, ScatterOptions{src, scatter_dim}, loc,
-                  SPMD_ISSUE_(scatter));
-}
-LocalTensor gather(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int dst,
-                   int64_t gather_dim, SourceLocation loc) {
-  return run_sync(CollectiveKind::Gather, x, mesh, dim, GatherOptions{dst, gather_dim}, loc,
-                  SPMD_ISSUE_(gather));
-}
-LocalTensor reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, ReduceOp op, int dst,
-                   SourceLocation loc) {
-  return run_sync(CollectiveKind::Reduce, x, mesh, dim, ReduceOptions{op, dst}, loc,
-                  SPMD_ISSUE_(reduce));
-}
-LocalTensor permute(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
-                    std::vector<int> dst_of, SourceLocation loc) {
-  return run_sync(CollectiveKind::Permute, x, mesh, dim, PermuteOptions{std::move(dst_of)}, loc,
-                  SPMD_ISSUE_(permute));
+  return collective_async(x, mesh, dim, PermuteOptions{std::move(dst_of)}, loc);
 }
 
 void barrier(const DeviceMesh& mesh, SourceLocation loc) {
@@ -350,9 +312,9 @@ void barrier(const DeviceMesh& mesh, SourceLocation loc) {
   }
   if (held.empty()) throw_error<CommError>("barrier: no held rank is in mesh {}", mesh);
   LocalTensor token = LocalTensor::replicate(held, zeros({0}));
-  Prepared p = prepare(CollectiveKind::Barrier, token, *comm, world, family.dim_name(),
-                       BarrierOptions{}, loc);
-  WorkPtr work = p.backend->barrier(*p.comm, token, BarrierOptions{}, p.site);
+  const CollectiveOptions options = BarrierOptions{};
+  Prepared p = prepare(token, *comm, world, family.dim_name(), options, loc);
+  WorkPtr work = p.backend->issue(*p.comm, token, options, p.site);
   work->wait();
   trace().finish(p.trace_id);
 }

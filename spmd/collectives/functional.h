@@ -70,6 +70,14 @@ std::shared_ptr<Communicator> communicator(const DeviceMesh& mesh, MeshDim dim,
 using SourceLocation = std::source_location;
 #define SPMD_HERE_ SourceLocation loc = SourceLocation::current()
 
+// The collective `options` names, over the groups of `mesh`'s dim `dim`: the one path every named
+// collective below takes (each is this call with its options).
+//   LocalTensor w = collective(shard, mesh, "tp", AllGatherOptions{.gather_dim = 1});
+LocalTensor collective(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                       CollectiveOptions options, SPMD_HERE_);
+Async<LocalTensor> collective_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                    CollectiveOptions options, SPMD_HERE_);
+
 LocalTensor all_reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                        ReduceOp op = ReduceOp::Sum, SPMD_HERE_);
 LocalTensor all_reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,

@@ -105,15 +105,15 @@ Tensor empty_like_along(const Tensor& t, int64_t d, const CollectiveCall& call) 
   return empty(shape, t.dtype());
 }
 
-}  // namespace
+// ---- one computation per collective, reached by compute_group's visit -----------------------
 
-void compute_group(GroupView& g, const AllReduceOptions& o) {
+void compute(GroupView& g, const AllReduceOptions& o) {
   Tensor result =
       g.size() == 1 && o.op != ReduceOp::Avg ? *g.inputs[0] : reduce_group(g.inputs, o.op);
   for (Tensor* out : g.outputs) *out = result;
 }
 
-void compute_group(GroupView& g, const AllGatherOptions& o) {
+void compute(GroupView& g, const AllGatherOptions& o) {
   const Tensor& first = *g.inputs[0];
   const int64_t d = wrap_dim(o.gather_dim, first.dim());
   Tensor result;
@@ -140,7 +140,7 @@ void compute_group(GroupView& g, const AllGatherOptions& o) {
   for (Tensor* out : g.outputs) *out = result;
 }
 
-void compute_group(GroupView& g, const ReduceScatterOptions& o) {
+void compute(GroupView& g, const ReduceScatterOptions& o) {
   const Tensor& first = *g.inputs[0];
   const int64_t d = wrap_dim(o.scatter_dim, first.dim());
   const int64_t n = g.size();
@@ -174,7 +174,7 @@ void compute_group(GroupView& g, const ReduceScatterOptions& o) {
   }
 }
 
-void compute_group(GroupView& g, const AllToAllOptions& o) {
+void compute(GroupView& g, const AllToAllOptions& o) {
   const Tensor& first = *g.inputs[0];
   const int64_t split = wrap_dim(o.split_dim, first.dim());
   const int64_t concat = wrap_dim(o.concat_dim, first.dim());
@@ -205,7 +205,7 @@ void compute_group(GroupView& g, const AllToAllOptions& o) {
   }
 }
 
-void compute_group(GroupView& g, const AllToAllSingleOptions& o) {
+void compute(GroupView& g, const AllToAllSingleOptions& o) {
   check_group_splits(g.call, g.inputs, o);
   const int64_t n = g.size();
   std::vector<Tensor> keep;
@@ -248,12 +248,12 @@ void compute_group(GroupView& g, const AllToAllSingleOptions& o) {
   copy_pieces(pieces);
 }
 
-void compute_group(GroupView& g, const BroadcastOptions& o) {
+void compute(GroupView& g, const BroadcastOptions& o) {
   const Tensor& source = *g.inputs[static_cast<size_t>(o.src)];
   for (Tensor* out : g.outputs) *out = source;
 }
 
-void compute_group(GroupView& g, const ScatterOptions& o) {
+void compute(GroupView& g, const ScatterOptions& o) {
   const Tensor& source = *g.inputs[static_cast<size_t>(o.src)];
   const int64_t d = wrap_dim(o.scatter_dim, source.dim());
   const int64_t piece = source.size(d) / g.size();
@@ -262,7 +262,7 @@ void compute_group(GroupView& g, const ScatterOptions& o) {
   }
 }
 
-void compute_group(GroupView& g, const GatherOptions& o) {
+void compute(GroupView& g, const GatherOptions& o) {
   const Tensor& first = *g.inputs[0];
   const int64_t d = wrap_dim(o.gather_dim, first.dim());
   Tensor none = empty_like_along(first, d, g.call);
@@ -273,14 +273,14 @@ void compute_group(GroupView& g, const GatherOptions& o) {
   }
 }
 
-void compute_group(GroupView& g, const ReduceOptions& o) {
+void compute(GroupView& g, const ReduceOptions& o) {
   Tensor none = empty_like_along(*g.inputs[0], 0, g.call);
   for (int64_t k = 0; k < g.size(); ++k) {
     *g.outputs[static_cast<size_t>(k)] = k == o.dst ? reduce_group(g.inputs, o.op) : none;
   }
 }
 
-void compute_group(GroupView& g, const PermuteOptions& o) {
+void compute(GroupView& g, const PermuteOptions& o) {
   std::vector<bool> received(static_cast<size_t>(g.size()), false);
   for (int64_t i = 0; i < g.size(); ++i) {
     const int d = o.dst_of[static_cast<size_t>(i)];
@@ -296,10 +296,16 @@ void compute_group(GroupView& g, const PermuteOptions& o) {
   }
 }
 
-void compute_group(GroupView& g, const BarrierOptions&) {
+void compute(GroupView& g, const BarrierOptions&) {
   for (int64_t k = 0; k < g.size(); ++k) {
     *g.outputs[static_cast<size_t>(k)] = *g.inputs[static_cast<size_t>(k)];
   }
+}
+
+}  // namespace
+
+void compute_group(GroupView& g, const CollectiveOptions& options) {
+  std::visit([&](const auto& o) { compute(g, o); }, options);
 }
 
 }  // namespace spmd

@@ -25,18 +25,9 @@ struct GroupView {
   int64_t size() const { return static_cast<int64_t>(inputs.size()); }
 };
 
-// Writes *g.outputs[k] for every member k. @pre check_group(g.call, g.inputs) and check_local on
-// every member passed (all_to_all_single's split sizes are checked here, across members).
-void compute_group(GroupView& g, const AllReduceOptions& o);
-void compute_group(GroupView& g, const AllGatherOptions& o);
-void compute_group(GroupView& g, const ReduceScatterOptions& o);
-void compute_group(GroupView& g, const AllToAllOptions& o);
-void compute_group(GroupView& g, const AllToAllSingleOptions& o);
-void compute_group(GroupView& g, const BroadcastOptions& o);
-void compute_group(GroupView& g, const ScatterOptions& o);
-void compute_group(GroupView& g, const GatherOptions& o);
-void compute_group(GroupView& g, const ReduceOptions& o);
-void compute_group(GroupView& g, const PermuteOptions& o);
-void compute_group(GroupView& g, const BarrierOptions& o);
+// Writes *g.outputs[k] for every member k, by the semantics of the collective `options` names.
+// @pre check_group(g.call, g.inputs) and check_local on every member passed (all_to_all_single's
+// split sizes are checked here, across members).
+void compute_group(GroupView& g, const CollectiveOptions& options);
 
 }  // namespace spmd

@@ -121,6 +121,12 @@ void reduce_typed(ReduceOp op, const void* const* inputs, int64_t k, void* out_r
       for (int64_t i = 0; i < m; ++i) dst[i] = static_cast<T>(acc[i]);
     }
   };
+  // What parallel_for would run inline, without building its std::function: small reductions
+  // are most of a small collective's calls.
+  if (blocks < 2 * kBlocksPerTask) {
+    body(0, blocks);
+    return;
+  }
   // std::ref: the std::function parallel_for takes then holds a reference, no heap copy.
   parallel_for(blocks, kBlocksPerTask, std::ref(body));
 }

@@ -1,23 +1,14 @@
-// spmd/collectives/types.cpp: names, hashing and descriptions of collectives and their
-// options.
+// spmd/collectives/types.cpp: names, hashing, descriptions and comparisons of collectives and
+// their options, all derived from the options structs (Note [One collective, one options struct]).
 #include <spmd/collectives/types.h>
 
-#include <array>
-
-#include <spmd/core/hash.h>
+#include <charconv>
 
 namespace spmd {
 namespace {
 
-constexpr std::array<std::string_view, kNumCollectiveKinds> kCollectiveNames = {
-    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_single",
-    "broadcast",  "scatter",    "gather",         "reduce",     "permute",
-    "barrier"};
-
-std::string splits_str(const PerRank<std::vector<int64_t>>& splits) {
-  if (splits.empty()) return "even";
-  return splits.to_string();
-}
+constexpr std::array<std::string_view, kNumCollectiveKinds> kCollectiveNames =
+    detail::collective_names(std::make_index_sequence<kNumCollectiveKinds>());
 
 }  // namespace
 
@@ -46,98 +37,69 @@ bool AllToAllSingleOptions::operator==(const AllToAllSingleOptions& other) const
   return same(out_splits, other.out_splits) && same(in_splits, other.in_splits);
 }
 
-std::size_t hash_value(const AllReduceOptions& o) {
-  return std::hash<int>{}(static_cast<int>(o.op));
-}
-std::size_t hash_value(const AllGatherOptions& o) {
-  return std::hash<int64_t>{}(o.gather_dim);
-}
-std::size_t hash_value(const ReduceScatterOptions& o) {
-  std::size_t seed = static_cast<std::size_t>(o.op);
-  hash_combine(seed, o.scatter_dim);
-  return seed;
-}
-std::size_t hash_value(const AllToAllOptions& o) {
-  std::size_t seed = std::hash<int64_t>{}(o.split_dim);
-  hash_combine(seed, o.concat_dim);
-  return seed;
-}
-std::size_t hash_value(const AllToAllSingleOptions& o) {
+namespace detail {
+
+std::size_t hash_field(const PerRank<std::vector<int64_t>>& splits) {
+  if (splits.empty()) return static_cast<std::size_t>(-1);
+  if (splits.is_uniform()) return hash_range(*splits.uniform());
   std::size_t seed = 0;
-  for (const auto* splits : {&o.out_splits, &o.in_splits}) {
-    if (splits->empty()) {
-      hash_combine(seed, -1);
-      continue;
-    }
-    if (splits->is_uniform()) {
-      hash_combine(seed, hash_range(*splits->uniform()));
-      continue;
-    }
-    for (int r : splits->ranks()) {
-      hash_combine(seed, r);
-      hash_combine(seed, hash_range(splits->at(r)));
-    }
+  for (int r : splits.ranks()) {
+    hash_combine(seed, r);
+    hash_combine(seed, hash_range(splits.at(r)));
   }
   return seed;
 }
-std::size_t hash_value(const BroadcastOptions& o) {
-  return std::hash<int>{}(o.src);
-}
-std::size_t hash_value(const ScatterOptions& o) {
-  std::size_t seed = std::hash<int>{}(o.src);
-  hash_combine(seed, o.scatter_dim);
-  return seed;
-}
-std::size_t hash_value(const GatherOptions& o) {
-  std::size_t seed = std::hash<int>{}(o.dst);
-  hash_combine(seed, o.gather_dim);
-  return seed;
-}
-std::size_t hash_value(const ReduceOptions& o) {
-  std::size_t seed = static_cast<std::size_t>(o.op);
-  hash_combine(seed, o.dst);
-  return seed;
-}
-std::size_t hash_value(const PermuteOptions& o) {
-  return hash_range(o.dst_of);
-}
-std::size_t hash_value(const BarrierOptions&) {
-  return 0;
+
+void append_field_text(std::string& out, const PerRank<std::vector<int64_t>>& splits) {
+  out += splits.empty() ? std::string("even") : splits.to_string();
 }
 
-std::string describe(const AllReduceOptions& o) {
-  return fmt::format("op={}", o.op);
+void append_field_text(std::string& out, ReduceOp op) {
+  out += reduce_op_name(op);
 }
-std::string describe(const AllGatherOptions& o) {
-  return fmt::format("gather_dim={}", o.gather_dim);
+
+void append_field_text(std::string& out, int64_t value) {
+  char text[24];
+  const auto end = std::to_chars(text, text + sizeof text, value).ptr;
+  out.append(text, end);
 }
-std::string describe(const ReduceScatterOptions& o) {
-  return fmt::format("op={} scatter_dim={}", o.op, o.scatter_dim);
+
+}  // namespace detail
+
+std::size_t hash_value(const CollectiveOptions& o) {
+  return std::visit([](const auto& options) { return hash_value(options); }, o);
 }
-std::string describe(const AllToAllOptions& o) {
-  return fmt::format("split_dim={} concat_dim={}", o.split_dim, o.concat_dim);
+
+std::size_t shared_hash(const CollectiveOptions& o) {
+  return std::visit([](const auto& options) { return detail::hash_fields<true>(options); }, o);
 }
-std::string describe(const AllToAllSingleOptions& o) {
-  return fmt::format("out_splits={} in_splits={}", splits_str(o.out_splits),
-                     splits_str(o.in_splits));
+
+std::vector<std::string_view> shared_field_differences(const CollectiveOptions& a,
+                                                       const CollectiveOptions& b) {
+  std::vector<std::string_view> out;
+  if (a.index() != b.index()) return out;
+  std::visit(
+      [&](const auto& x) {
+        using Options = std::decay_t<decltype(x)>;
+        const auto fx = x.fields();
+        const auto fy = std::get<Options>(b).fields();
+        [[maybe_unused]] auto one = [&](const auto& fa, const auto& fb) {
+          using T = std::remove_cvref_t<decltype(fa.value)>;
+          if constexpr (!detail::IsPerRank<T>::value) {
+            if (!(fa.value == fb.value)) out.push_back(fa.name);
+          }
+        };
+        [&]<std::size_t... I>(std::index_sequence<I...>) {
+          (one(std::get<I>(fx), std::get<I>(fy)), ...);
+        }
+        (std::make_index_sequence<std::tuple_size_v<decltype(fx)>>());
+      },
+      a);
+  return out;
 }
-std::string describe(const BroadcastOptions& o) {
-  return fmt::format("src={}", o.src);
-}
-std::string describe(const ScatterOptions& o) {
-  return fmt::format("src={} scatter_dim={}", o.src, o.scatter_dim);
-}
-std::string describe(const GatherOptions& o) {
-  return fmt::format("dst={} gather_dim={}", o.dst, o.gather_dim);
-}
-std::string describe(const ReduceOptions& o) {
-  return fmt::format("op={} dst={}", o.op, o.dst);
-}
-std::string describe(const PermuteOptions& o) {
-  return fmt::format("dst_of={}", o.dst_of);
-}
-std::string describe(const BarrierOptions&) {
-  return "";
+
+std::string describe(const CollectiveOptions& o) {
+  return std::visit([](const auto& options) { return describe(options); }, o);
 }
 
 }  // namespace spmd

@@ -1,26 +1,45 @@
-// spmd/collectives/types.h: collective kinds and the options aggregates of each
-// collective.
+// spmd/collectives/types.h: collective kinds, the options aggregate of each collective, and
+// CollectiveOptions, the variant of them all.
 //
 // Options are small values with == and hashing (STYLE.md, c10d): backends take them, the trace
 // records them, and the threads backend compares them across ranks. Roots (src/dst) are ranks
 // *within the group* (0 .. group_size-1), never global ranks.
+//
+// Note [One collective, one options struct]
+// A collective is its options struct. The struct names its kind and its functional-API name, and
+// lists its fields once (fields()); CollectiveOptions holds one alternative per collective in
+// CollectiveKind order. Everything generic is derived from that: the kind of a variant is its
+// index, collective_name() reads the structs' names, hash_value() and describe() walk the fields,
+// and the cross-rank comparisons (the threads rendezvous, the real backends' fingerprints) walk
+// the fields that are not per-rank (a PerRank<...> field, such as all_to_all_single's split
+// sizes, differs between ranks by design). Static assertions below keep the enum, the names and
+// the variant in one order. The functional layer, the backends, the checks and the group math
+// dispatch on the variant with std::visit, so a collective one of them does not handle is a
+// compile error there (docs/design.md, "Adding a collective").
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include <spmd/core/format.h>
+#include <spmd/core/hash.h>
 #include <spmd/sim/per_rank.h>
 #include <spmd/tensor/reduce_op.h>
 
 namespace spmd {
 
+// In the order of CollectiveOptions' alternatives; Barrier stays last.
 enum class CollectiveKind {
   AllReduce,
   AllGather,
@@ -34,50 +53,78 @@ enum class CollectiveKind {
   Permute,
   Barrier,
 };
-inline constexpr int kNumCollectiveKinds = 11;
 
-// "all_reduce", "all_gather", ... (the names of the functional API).
-std::string_view collective_name(CollectiveKind kind);
-std::optional<CollectiveKind> parse_collective(std::string_view name);
+// One field of an options struct: its name (as describe() prints it) and its value.
+template <class T>
+struct OptionField {
+  std::string_view name;
+  const T& value;
+};
+template <class T>
+OptionField(std::string_view, const T&) -> OptionField<T>;
 
 struct AllReduceOptions {
+  static constexpr CollectiveKind kind = CollectiveKind::AllReduce;
+  static constexpr std::string_view name = "all_reduce";
   ReduceOp op = ReduceOp::Sum;
+  auto fields() const { return std::tuple{OptionField{"op", op}}; }
   bool operator==(const AllReduceOptions&) const = default;
 };
 
 // Every rank's shard is concatenated along gather_dim, in group order.
 struct AllGatherOptions {
+  static constexpr CollectiveKind kind = CollectiveKind::AllGather;
+  static constexpr std::string_view name = "all_gather";
   int64_t gather_dim = 0;
+  auto fields() const { return std::tuple{OptionField{"gather_dim", gather_dim}}; }
   bool operator==(const AllGatherOptions&) const = default;
 };
 
 // The reduction is split into group_size equal pieces along scatter_dim (divisible sizes
 // only); group rank i keeps piece i.
 struct ReduceScatterOptions {
+  static constexpr CollectiveKind kind = CollectiveKind::ReduceScatter;
+  static constexpr std::string_view name = "reduce_scatter";
   ReduceOp op = ReduceOp::Sum;
   int64_t scatter_dim = 0;
+  auto fields() const {
+    return std::tuple{OptionField{"op", op}, OptionField{"scatter_dim", scatter_dim}};
+  }
   bool operator==(const ReduceScatterOptions&) const = default;
 };
 
 // Group rank i splits its shard into group_size equal pieces along split_dim and sends piece j
 // to group rank j; rank j concatenates the pieces it receives along concat_dim in source order.
 struct AllToAllOptions {
+  static constexpr CollectiveKind kind = CollectiveKind::AllToAll;
+  static constexpr std::string_view name = "all_to_all";
   int64_t split_dim = 0;
   int64_t concat_dim = 0;
+  auto fields() const {
+    return std::tuple{OptionField{"split_dim", split_dim}, OptionField{"concat_dim", concat_dim}};
+  }
   bool operator==(const AllToAllOptions&) const = default;
 };
 
 // Variable all-to-all along dim 0: on rank r, in_splits[j] rows go to group rank j and
 // out_splits[i] rows arrive from group rank i. Empty split lists mean an even split.
 struct AllToAllSingleOptions {
+  static constexpr CollectiveKind kind = CollectiveKind::AllToAllSingle;
+  static constexpr std::string_view name = "all_to_all_single";
   PerRank<std::vector<int64_t>> out_splits;
   PerRank<std::vector<int64_t>> in_splits;
+  auto fields() const {
+    return std::tuple{OptionField{"out_splits", out_splits}, OptionField{"in_splits", in_splits}};
+  }
   bool operator==(const AllToAllSingleOptions& other) const;
 };
 
 // Group rank `src`'s shard is copied to every member.
 struct BroadcastOptions {
+  static constexpr CollectiveKind kind = CollectiveKind::Broadcast;
+  static constexpr std::string_view name = "broadcast";
   int src = 0;
+  auto fields() const { return std::tuple{OptionField{"src", src}}; }
   bool operator==(const BroadcastOptions&) const = default;
 };
 
@@ -85,82 +132,191 @@ struct BroadcastOptions {
 // piece i. Every member passes a tensor of src's shape and dtype (only src's values are read), so
 // every rank knows the result shape without communication.
 struct ScatterOptions {
+  static constexpr CollectiveKind kind = CollectiveKind::Scatter;
+  static constexpr std::string_view name = "scatter";
   int src = 0;
   int64_t scatter_dim = 0;
+  auto fields() const {
+    return std::tuple{OptionField{"src", src}, OptionField{"scatter_dim", scatter_dim}};
+  }
   bool operator==(const ScatterOptions&) const = default;
 };
 
 // Group rank `dst` receives every member's shard concatenated along gather_dim; the other
 // members get an empty tensor: the input's shape with gather_dim of size 0.
 struct GatherOptions {
+  static constexpr CollectiveKind kind = CollectiveKind::Gather;
+  static constexpr std::string_view name = "gather";
   int dst = 0;
   int64_t gather_dim = 0;
+  auto fields() const {
+    return std::tuple{OptionField{"dst", dst}, OptionField{"gather_dim", gather_dim}};
+  }
   bool operator==(const GatherOptions&) const = default;
 };
 
 // Group rank `dst` receives the reduction; the other members get an empty tensor: the input's
 // shape with dim 0 of size 0 (so a 0-d input is a CommError: reshape it to [1]).
 struct ReduceOptions {
+  static constexpr CollectiveKind kind = CollectiveKind::Reduce;
+  static constexpr std::string_view name = "reduce";
   ReduceOp op = ReduceOp::Sum;
   int dst = 0;
+  auto fields() const { return std::tuple{OptionField{"op", op}, OptionField{"dst", dst}}; }
   bool operator==(const ReduceOptions&) const = default;
 };
 
 // Group rank i sends its shard to group rank dst_of[i] (-1: sends nothing). Destinations are
 // distinct; a rank that receives nothing gets zeros of its own shape (jax.lax.ppermute).
 struct PermuteOptions {
+  static constexpr CollectiveKind kind = CollectiveKind::Permute;
+  static constexpr std::string_view name = "permute";
   std::vector<int> dst_of;
+  auto fields() const { return std::tuple{OptionField{"dst_of", dst_of}}; }
   bool operator==(const PermuteOptions&) const = default;
 };
 
 struct BarrierOptions {
+  static constexpr CollectiveKind kind = CollectiveKind::Barrier;
+  static constexpr std::string_view name = "barrier";
+  auto fields() const { return std::tuple{}; }
   bool operator==(const BarrierOptions&) const = default;
 };
 
-std::size_t hash_value(const AllReduceOptions& o);
-std::size_t hash_value(const AllGatherOptions& o);
-std::size_t hash_value(const ReduceScatterOptions& o);
-std::size_t hash_value(const AllToAllOptions& o);
-std::size_t hash_value(const AllToAllSingleOptions& o);
-std::size_t hash_value(const BroadcastOptions& o);
-std::size_t hash_value(const ScatterOptions& o);
-std::size_t hash_value(const GatherOptions& o);
-std::size_t hash_value(const ReduceOptions& o);
-std::size_t hash_value(const PermuteOptions& o);
-std::size_t hash_value(const BarrierOptions& o);
+// Every collective: the alternative says which (Note [One collective, one options struct]).
+using CollectiveOptions =
+    std::variant<AllReduceOptions, AllGatherOptions, ReduceScatterOptions, AllToAllOptions,
+                 AllToAllSingleOptions, BroadcastOptions, ScatterOptions, GatherOptions,
+                 ReduceOptions, PermuteOptions, BarrierOptions>;
+inline constexpr int kNumCollectiveKinds = static_cast<int>(std::variant_size_v<CollectiveOptions>);
+
+namespace detail {
+
+template <class T, class Variant>
+struct IsAlternative : std::false_type {};
+template <class T, class... Ts>
+struct IsAlternative<T, std::variant<Ts...>> : std::bool_constant<(std::is_same_v<T, Ts> || ...)> {
+};
+
+template <std::size_t... I>
+constexpr bool kinds_follow_the_variant(std::index_sequence<I...>) {
+  return (
+      (std::variant_alternative_t<I, CollectiveOptions>::kind == static_cast<CollectiveKind>(I)) &&
+      ...);
+}
+
+template <std::size_t... I>
+constexpr std::array<std::string_view, sizeof...(I)> collective_names(std::index_sequence<I...>) {
+  return {std::variant_alternative_t<I, CollectiveOptions>::name...};
+}
+
+}  // namespace detail
+
+// One of CollectiveOptions' alternatives: AllReduceOptions, ..., BarrierOptions.
+template <class T>
+concept CollectiveOptionsType = detail::IsAlternative<T, CollectiveOptions>::value;
+
+static_assert(detail::kinds_follow_the_variant(std::make_index_sequence<kNumCollectiveKinds>()),
+              "CollectiveOptions' alternatives must be in CollectiveKind order");
+static_assert(static_cast<int>(CollectiveKind::Barrier) + 1 == kNumCollectiveKinds,
+              "one CollectiveOptions alternative per CollectiveKind");
+
+// The collective an options value is for.
+inline CollectiveKind kind_of(const CollectiveOptions& options) {
+  return static_cast<CollectiveKind>(options.index());
+}
+
+// "all_reduce", "all_gather", ... (the names of the functional API).
+std::string_view collective_name(CollectiveKind kind);
+std::optional<CollectiveKind> parse_collective(std::string_view name);
+
+namespace detail {
+
+std::size_t hash_field(const PerRank<std::vector<int64_t>>& splits);
+template <class T>
+std::size_t hash_field(const std::vector<T>& values) {
+  return hash_range(values);
+}
+template <class T>
+std::size_t hash_field(const T& value) {
+  return std::hash<T>{}(value);
+}
+
+// Appends a field's value as describe() prints it. Integers and reduce ops without fmt: the trace
+// describes every call's options.
+void append_field_text(std::string& out, const PerRank<std::vector<int64_t>>& splits);  // "even"
+void append_field_text(std::string& out, ReduceOp op);                                  // "sum"
+void append_field_text(std::string& out, int64_t value);
+template <class T>
+void append_field_text(std::string& out, const T& value) {
+  if constexpr (std::is_integral_v<T>) {
+    append_field_text(out, static_cast<int64_t>(value));
+  } else {
+    out += fmt::format("{}", value);
+  }
+}
+
+// fn(field) for every field of `o`; with `shared_only`, for the fields every member of a group
+// passes alike (all but PerRank fields).
+template <bool shared_only, class Options, class Fn>
+void for_each_field(const Options& o, Fn&& fn) {
+  std::apply(
+      [&](const auto&... field) {
+        [[maybe_unused]] auto one = [&](const auto& f) {
+          using T = std::remove_cvref_t<decltype(f.value)>;
+          if constexpr (!shared_only || !IsPerRank<T>::value) fn(f);
+        };
+        (one(field), ...);
+      },
+      o.fields());
+}
+
+template <bool shared_only, class Options>
+std::size_t hash_fields(const Options& o) {
+  std::size_t seed = static_cast<std::size_t>(Options::kind);
+  for_each_field<shared_only>(o, [&](const auto& f) { hash_combine(seed, hash_field(f.value)); });
+  return seed;
+}
+
+}  // namespace detail
+
+// The hash of every field (and the kind).
+template <CollectiveOptionsType Options>
+std::size_t hash_value(const Options& o) {
+  return detail::hash_fields<false>(o);
+}
+std::size_t hash_value(const CollectiveOptions& o);
+
+// The hash of the fields every member of a group must pass alike: all but the per-rank ones, so
+// all_to_all_single's split sizes are left out (the fingerprints of the real backends compare
+// this; Note [Collective fingerprint]).
+std::size_t shared_hash(const CollectiveOptions& o);
+
+// The names of the fields every member must pass alike in which `a` and `b` differ ("op",
+// "src", ...); empty when they agree or are options of different collectives.
+std::vector<std::string_view> shared_field_differences(const CollectiveOptions& a,
+                                                       const CollectiveOptions& b);
 
 // Short text of an options value for traces and error reports: "op=sum", "src=1",
-// "split_dim=0 concat_dim=1", ...
-std::string describe(const AllReduceOptions& o);
-std::string describe(const AllGatherOptions& o);
-std::string describe(const ReduceScatterOptions& o);
-std::string describe(const AllToAllOptions& o);
-std::string describe(const AllToAllSingleOptions& o);
-std::string describe(const BroadcastOptions& o);
-std::string describe(const ScatterOptions& o);
-std::string describe(const GatherOptions& o);
-std::string describe(const ReduceOptions& o);
-std::string describe(const PermuteOptions& o);
-std::string describe(const BarrierOptions& o);
+// "split_dim=0 concat_dim=1", "" for barrier.
+template <CollectiveOptionsType Options>
+std::string describe(const Options& o) {
+  std::string out;
+  detail::for_each_field<false>(o, [&](const auto& f) {
+    if (!out.empty()) out += ' ';
+    out += f.name;
+    out += '=';
+    detail::append_field_text(out, f.value);
+  });
+  return out;
+}
+std::string describe(const CollectiveOptions& o);
 
 }  // namespace spmd
 
-#define SPMD_OPTIONS_STD_HASH_(T)                                                  \
-  template <>                                                                      \
-  struct std::hash<spmd::T> {                                                      \
-    std::size_t operator()(const spmd::T& o) const { return spmd::hash_value(o); } \
-  };
-SPMD_OPTIONS_STD_HASH_(AllReduceOptions)
-SPMD_OPTIONS_STD_HASH_(AllGatherOptions)
-SPMD_OPTIONS_STD_HASH_(ReduceScatterOptions)
-SPMD_OPTIONS_STD_HASH_(AllToAllOptions)
-SPMD_OPTIONS_STD_HASH_(AllToAllSingleOptions)
-SPMD_OPTIONS_STD_HASH_(BroadcastOptions)
-SPMD_OPTIONS_STD_HASH_(ScatterOptions)
-SPMD_OPTIONS_STD_HASH_(GatherOptions)
-SPMD_OPTIONS_STD_HASH_(ReduceOptions)
-SPMD_OPTIONS_STD_HASH_(PermuteOptions)
-SPMD_OPTIONS_STD_HASH_(BarrierOptions)
-#undef SPMD_OPTIONS_STD_HASH_
+template <spmd::CollectiveOptionsType Options>
+struct std::hash<Options> {
+  std::size_t operator()(const Options& o) const { return spmd::hash_value(o); }
+};
 
 SPMD_FORMAT_AS_TEXT(spmd::CollectiveKind, spmd::collective_name(value))

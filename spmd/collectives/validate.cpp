@@ -1,6 +1,7 @@
 // spmd/collectives/validate.cpp: the argument checks of collectives/validate.h.
 #include <spmd/collectives/validate.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include <spmd/core/error.h>
@@ -83,69 +84,61 @@ void check_splits(const CollectiveCall& call, int rank, const Tensor& x,
   }
 }
 
-}  // namespace
+// ---- one check per collective, reached by check_local's visit -----------------------------
 
-std::string describe_call(const CollectiveCall& call) {
-  if (call.group) {
-    return fmt::format("{} over mesh dim '{}' (group ranks {})", call.kind, call.dim_name,
-                       *call.group);
-  }
-  return fmt::format("{} over mesh dim '{}'", call.kind, call.dim_name);
-}
-
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t,
-                 const AllReduceOptions& o) {
+void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t,
+           const AllReduceOptions& o) {
   check_op(call, rank, x, o.op);
 }
 
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t,
-                 const AllGatherOptions& o) {
+void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t,
+           const AllGatherOptions& o) {
   check_dim(call, rank, x, o.gather_dim, "gather_dim");
 }
 
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const ReduceScatterOptions& o) {
+void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+           const ReduceScatterOptions& o) {
   check_op(call, rank, x, o.op);
   check_divisible(call, rank, x, o.scatter_dim, "scatter_dim", group_size);
 }
 
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const AllToAllOptions& o) {
+void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+           const AllToAllOptions& o) {
   check_divisible(call, rank, x, o.split_dim, "split_dim", group_size);
   check_dim(call, rank, x, o.concat_dim, "concat_dim");
 }
 
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const AllToAllSingleOptions& o) {
+void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+           const AllToAllSingleOptions& o) {
   check_splits(call, rank, x, o.in_splits, "in_splits", group_size, true);
   check_splits(call, rank, x, o.out_splits, "out_splits", group_size, false);
 }
 
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const BroadcastOptions& o) {
+void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+           const BroadcastOptions& o) {
   check_root(call, rank, x, o.src, "src", group_size);
 }
 
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const ScatterOptions& o) {
+void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+           const ScatterOptions& o) {
   check_root(call, rank, x, o.src, "src", group_size);
   check_divisible(call, rank, x, o.scatter_dim, "scatter_dim", group_size);
 }
 
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const GatherOptions& o) {
+void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+           const GatherOptions& o) {
   check_root(call, rank, x, o.dst, "dst", group_size);
   check_dim(call, rank, x, o.gather_dim, "gather_dim");
 }
 
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const ReduceOptions& o) {
+void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+           const ReduceOptions& o) {
   check_op(call, rank, x, o.op);
   check_root(call, rank, x, o.dst, "dst", group_size);
 }
 
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const PermuteOptions& o) {
+void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+           const PermuteOptions& o) {
   if (static_cast<int64_t>(o.dst_of.size()) != group_size) {
     fail(call, rank, x,
          fmt::format("dst_of {} has {} entries, the group has {} ranks", o.dst_of, o.dst_of.size(),
@@ -166,17 +159,33 @@ void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t 
   }
 }
 
-void check_local(const CollectiveCall&, int, const Tensor&, int64_t, const BarrierOptions&) {}
+void check(const CollectiveCall&, int, const Tensor&, int64_t, const BarrierOptions&) {}
+
+}  // namespace
+
+std::string describe_call(const CollectiveCall& call) {
+  if (call.group) {
+    return fmt::format("{} over mesh dim '{}' (group ranks {})", call.kind, call.dim_name,
+                       *call.group);
+  }
+  return fmt::format("{} over mesh dim '{}'", call.kind, call.dim_name);
+}
+
+void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                 const CollectiveOptions& options) {
+  std::visit([&](const auto& o) { check(call, rank, x, group_size, o); }, options);
+}
 
 void check_group(const CollectiveCall& call, const std::vector<const Tensor*>& inputs) {
   const bool rows_may_differ = call.kind == CollectiveKind::AllToAllSingle;
   const Tensor& first = *inputs[0];
+  const Shape& first_shape = first.shape();
+  const size_t skip = rows_may_differ && !first_shape.empty() ? 1 : 0;
   for (size_t i = 1; i < inputs.size(); ++i) {
     const Tensor& other = *inputs[i];
-    bool same = other.dtype() == first.dtype() && other.dim() == first.dim();
-    for (int64_t d = rows_may_differ ? 1 : 0; same && d < first.dim(); ++d) {
-      same = other.size(d) == first.size(d);
-    }
+    const Shape& shape = other.shape();
+    const bool same = other.dtype() == first.dtype() && shape.size() == first_shape.size() &&
+                      std::equal(shape.begin() + skip, shape.end(), first_shape.begin() + skip);
     if (!same) {
       std::string shapes;
       for (size_t k = 0; k < inputs.size(); ++k) {

@@ -29,27 +29,7 @@ std::string describe_call(const CollectiveCall& call);
 // divisibility by the group size, src/dst/destinations in range, split sizes that add up, reduce
 // ops valid for the dtype. `group_size` is the size of the rank's group.
 void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const AllReduceOptions& o);
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const AllGatherOptions& o);
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const ReduceScatterOptions& o);
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const AllToAllOptions& o);
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const AllToAllSingleOptions& o);
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const BroadcastOptions& o);
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const ScatterOptions& o);
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const GatherOptions& o);
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const ReduceOptions& o);
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const PermuteOptions& o);
-void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
-                 const BarrierOptions& o);
+                 const CollectiveOptions& options);
 
 // Checks that the inputs of one group agree: same dtype and shape (all_to_all_single: same
 // shape except dim 0, and each rank's out_splits[i] equal to rank i's in_splits[me]).

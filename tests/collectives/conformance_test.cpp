@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include <spmd/collectives/cost_model.h>
 #include <spmd/collectives/functional.h>
 #include <spmd/core/env.h>
 #include <spmd/mesh/device_mesh.h>
@@ -773,6 +774,71 @@ SPMD_TEST(Conformance, FloatingReductionsFollowRankOrderBitwise) {
                                        expected_rows.begin() + 6 * (r + 1));
         EXPECT_EQ(values(scattered.shard(r)), mine) << "reduce_scatter " << what << " rank " << r;
       }
+    }
+  }
+}
+
+// ---- every collective kind through this backend's path ---------------------------------------
+
+// One call of every collective, valid for groups of n ranks, on an input of shape [2n, 3]: the
+// table's one row per collective (docs/design.md, "Adding a collective").
+std::vector<CollectiveOptions> one_call_per_kind(int n) {
+  std::vector<int> shift(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) shift[static_cast<size_t>(i)] = (i + 1) % n;
+  return {AllReduceOptions{ReduceOp::Max},
+          AllGatherOptions{1},
+          ReduceScatterOptions{ReduceOp::Sum, 0},
+          AllToAllOptions{0, 1},
+          AllToAllSingleOptions{},
+          BroadcastOptions{n - 1},
+          ScatterOptions{n - 1, 0},
+          GatherOptions{n - 1, 0},
+          ReduceOptions{ReduceOp::Min, 0},
+          PermuteOptions{shift},
+          BarrierOptions{}};
+}
+
+// Fails when a collective kind has no row above, when this backend does not run one through its
+// issue() path, when its result differs from sim's (the same call on World::sim over every rank's
+// input; under sim that is the call itself), or when the cost model has no entry for it.
+SPMD_TEST(Conformance, EveryCollectiveKindRunsOnThisBackend) {
+  World world = test_world();
+  const int n = world.size();
+  DeviceMesh mesh = init_device_mesh(world, {n}, {"x"});
+  World sim = World::sim(n);
+  DeviceMesh sim_mesh = init_device_mesh(sim, {n}, {"x"});
+  const std::vector<CollectiveOptions> calls = one_call_per_kind(n);
+  std::vector<bool> covered(kNumCollectiveKinds, false);
+  for (const CollectiveOptions& options : calls) covered[options.index()] = true;
+  for (int k = 0; k < kNumCollectiveKinds; ++k) {
+    EXPECT_TRUE(covered[static_cast<size_t>(k)])
+        << collective_name(static_cast<CollectiveKind>(k)) << " has no row in one_call_per_kind";
+  }
+  const uint64_t seed = g_seed++;
+  LocalTensor x = inputs(world, seed, {2 * n, 3}, DType::F32);
+  LocalTensor sim_x = inputs(sim, seed, {2 * n, 3}, DType::F32);
+  const LinkParams link{87.7, 0.6};
+  for (const CollectiveOptions& options : calls) {
+    const CollectiveKind kind = kind_of(options);
+    const std::string label = fmt::format("{} {}", kind, describe(options));
+    EXPECT_EQ(parse_collective(collective_name(kind)), kind) << label;
+    EXPECT_GT(collective_cost_us(kind, 1 << 20, 8, link, default_topology()),
+              default_topology().base_latency_us)
+        << label << ": the cost model (Note [Cost model]) has no entry for it";
+    LocalTensor got;
+    try {
+      got = collective(x, mesh, "x", options);
+    } catch (const Error& e) {
+      ADD_FAILURE() << label << " failed on " << world.backend_name() << ": " << e.what();
+      continue;
+    }
+    const LocalTensor expected = collective(sim_x, sim_mesh, "x", options);
+    ASSERT_EQ(got.ranks(), world.held_ranks()) << label;
+    for (int r : world.held_ranks()) {
+      const Tensor mine = got.shard(r).to(cpu());
+      const Tensor want = expected.shard(r);
+      EXPECT_TRUE(mine.shape() == want.shape() && equal(mine, want))
+          << label << ": rank " << r << " got " << mine << ", sim gives " << want;
     }
   }
 }

@@ -71,35 +71,19 @@ class DeviceBackend final : public Backend {
   bool is_lockstep() const override { return true; }
   Device device_of(int) const override { return kDevice; }
 
-#define SPMD_DEVICE_BACKEND_CALL_(method, Options)                                      \
-  WorkPtr method(Communicator& comm, const LocalTensor& x, const Options& options,      \
-                 const CallSite& site) override {                                       \
-    for (const Tensor& shard : x.shards()) {                                            \
-      if (shard.device() != kDevice && shard.numel() > 0) {                             \
-        throw_error<CommError>("{}: a shard on {} reached the device backend", #method, \
-                               shard.device());                                         \
-      }                                                                                 \
-    }                                                                                   \
-    WorkPtr work = sim_.method(comm, x.to(cpu()), options, site);                       \
-    work->wait();                                                                       \
-    return std::make_shared<CompletedWork>(work->take_result().to(kDevice));            \
-  }
-  SPMD_DEVICE_BACKEND_CALL_(all_reduce, AllReduceOptions)
-  SPMD_DEVICE_BACKEND_CALL_(all_gather, AllGatherOptions)
-  SPMD_DEVICE_BACKEND_CALL_(reduce_scatter, ReduceScatterOptions)
-  SPMD_DEVICE_BACKEND_CALL_(all_to_all, AllToAllOptions)
-  SPMD_DEVICE_BACKEND_CALL_(all_to_all_single, AllToAllSingleOptions)
-  SPMD_DEVICE_BACKEND_CALL_(broadcast, BroadcastOptions)
-  SPMD_DEVICE_BACKEND_CALL_(scatter, ScatterOptions)
-  SPMD_DEVICE_BACKEND_CALL_(gather, GatherOptions)
-  SPMD_DEVICE_BACKEND_CALL_(reduce, ReduceOptions)
-  SPMD_DEVICE_BACKEND_CALL_(permute, PermuteOptions)
-#undef SPMD_DEVICE_BACKEND_CALL_
-
-  // The barrier token is a CPU tensor nobody reads (collectives/functional.cpp).
-  WorkPtr barrier(Communicator& comm, const LocalTensor& x, const BarrierOptions& options,
-                  const CallSite& site) override {
-    return sim_.barrier(comm, x, options, site);
+  WorkPtr issue(Communicator& comm, const LocalTensor& x, const CollectiveOptions& options,
+                const CallSite& site) override {
+    // The barrier token is a CPU tensor nobody reads (collectives/functional.cpp).
+    if (std::holds_alternative<BarrierOptions>(options)) return sim_.issue(comm, x, options, site);
+    for (const Tensor& shard : x.shards()) {
+      if (shard.device() != kDevice && shard.numel() > 0) {
+        throw_error<CommError>("{}: a shard on {} reached the device backend", kind_of(options),
+                               shard.device());
+      }
+    }
+    WorkPtr work = sim_.issue(comm, x.to(cpu()), options, site);
+    work->wait();
+    return std::make_shared<CompletedWork>(work->take_result().to(kDevice));
   }
 
  private:

@@ -213,6 +213,7 @@ struct Call {
   MPI_Datatype type;
   int n;      // group size
   int index;  // this rank's group rank
+  int rank;   // this process's rank
 
   std::string describe() const { return describe_call(what); }
   auto context() const {
@@ -229,15 +230,9 @@ int count_of(const Call& call, int64_t elements) {
   return static_cast<int>(elements);
 }
 
-template <class Options>
-void exchange_signatures(const Call& call, const Options& options, const CallSite& site,
+void exchange_signatures(const Call& call, const CollectiveOptions& options, const CallSite& site,
                          bool fingerprint) {
-  FingerprintInput input{call.what.kind,
-                         &call.input,
-                         site.dim_name,
-                         &call.comm->members(),
-                         fingerprint_options_hash(options),
-                         describe(options)};
+  FingerprintInput input{&options, &call.input, site.dim_name, &call.comm->members()};
   if (fingerprint) {
     input.with_site = true;
     input.sequence = call.comm->next_call();
@@ -251,14 +246,15 @@ void exchange_signatures(const Call& call, const Options& options, const CallSit
   check_fingerprints(call.what, all, call.comm->members(), fingerprint);
 }
 
-template <class Options>
-Call begin_call(CollectiveKind kind, Communicator& comm, const LocalTensor& x,
-                const Options& options, const CallSite& site, int rank, bool fingerprint) {
+Call begin_call(Communicator& comm, const LocalTensor& x, const CollectiveOptions& options,
+                const CallSite& site, int rank, bool fingerprint) {
+  const CollectiveKind kind = kind_of(options);
   auto* mpi_comm = dynamic_cast<MpiCommunicator*>(&comm);
   SPMD_CHECK(mpi_comm != nullptr);
   Call call{mpi_comm, CollectiveCall{kind, site.dim_name, &mpi_comm->members()},
             Tensor{}, MPI_DATATYPE_NULL,
-            0,        mpi_comm->index()};
+            0,        mpi_comm->index(),
+            rank};
   if (mpi_comm->comm() == MPI_COMM_NULL) {
     throw_error<CommError>("{}: rank {} is not in the mesh of dim '{}'", kind, rank, site.dim_name);
   }
@@ -444,11 +440,11 @@ std::shared_ptr<Communicator> MpiBackend::make_communicator(const GroupFamily& f
   return result;
 }
 
-// ---- collectives ----------------------------------------------------------------------------
+// ---- collectives: one run() per collective, reached by MpiBackend::issue's visit -------------
 
-WorkPtr MpiBackend::all_reduce(Communicator& comm, const LocalTensor& x,
-                               const AllReduceOptions& options, const CallSite& site) {
-  Call c = begin_call(CollectiveKind::AllReduce, comm, x, options, site, rank_, fingerprint_);
+namespace {
+
+WorkPtr run(const Call& c, const LocalTensor& x, const AllReduceOptions& options) {
   const int count = count_of(c, c.input.numel());
   if (count > 0 && needs_rank_order(c.input.dtype(), options.op, c.n)) {
     return done(x, rank_ordered_reduce(c, options.op, -1));
@@ -463,9 +459,7 @@ WorkPtr MpiBackend::all_reduce(Communicator& comm, const LocalTensor& x,
   return done(x, std::move(out));
 }
 
-WorkPtr MpiBackend::all_gather(Communicator& comm, const LocalTensor& x,
-                               const AllGatherOptions& options, const CallSite& site) {
-  Call c = begin_call(CollectiveKind::AllGather, comm, x, options, site, rank_, fingerprint_);
+WorkPtr run(const Call& c, const LocalTensor& x, const AllGatherOptions& options) {
   const int64_t d = wrap_dim(options.gather_dim, c.input.dim());
   Tensor buffer = empty(stacked_shape(c.n, c.input.shape()), c.input.dtype());
   const int count = count_of(c, c.input.numel());
@@ -478,9 +472,7 @@ WorkPtr MpiBackend::all_gather(Communicator& comm, const LocalTensor& x,
   return done(x, concat_blocks(buffer, d));
 }
 
-WorkPtr MpiBackend::reduce_scatter(Communicator& comm, const LocalTensor& x,
-                                   const ReduceScatterOptions& options, const CallSite& site) {
-  Call c = begin_call(CollectiveKind::ReduceScatter, comm, x, options, site, rank_, fingerprint_);
+WorkPtr run(const Call& c, const LocalTensor& x, const ReduceScatterOptions& options) {
   const int64_t d = wrap_dim(options.scatter_dim, c.input.dim());
   Shape out_shape = c.input.shape();
   out_shape[static_cast<size_t>(d)] /= c.n;
@@ -507,9 +499,7 @@ WorkPtr MpiBackend::reduce_scatter(Communicator& comm, const LocalTensor& x,
   return done(x, std::move(out));
 }
 
-WorkPtr MpiBackend::all_to_all(Communicator& comm, const LocalTensor& x,
-                               const AllToAllOptions& options, const CallSite& site) {
-  Call c = begin_call(CollectiveKind::AllToAll, comm, x, options, site, rank_, fingerprint_);
+WorkPtr run(const Call& c, const LocalTensor& x, const AllToAllOptions& options) {
   const int64_t split = wrap_dim(options.split_dim, c.input.dim());
   const int64_t concat = wrap_dim(options.concat_dim, c.input.dim());
   Shape piece_shape = c.input.shape();
@@ -527,15 +517,13 @@ WorkPtr MpiBackend::all_to_all(Communicator& comm, const LocalTensor& x,
   return done(x, concat_blocks(received, concat));
 }
 
-WorkPtr MpiBackend::all_to_all_single(Communicator& comm, const LocalTensor& x,
-                                      const AllToAllSingleOptions& options, const CallSite& site) {
-  Call c = begin_call(CollectiveKind::AllToAllSingle, comm, x, options, site, rank_, fingerprint_);
+WorkPtr run(const Call& c, const LocalTensor& x, const AllToAllSingleOptions& options) {
   const Tensor& in = c.input;
   const int64_t rows = in.size(0);
   const int64_t n = c.n;
-  const std::vector<int64_t> in_splits = resolve_splits(options.in_splits, rank_, rows, n);
+  const std::vector<int64_t> in_splits = resolve_splits(options.in_splits, c.rank, rows, n);
   // Empty out_splits: an equal share of this rank's row count from every peer.
-  const std::vector<int64_t> out_splits = resolve_splits(options.out_splits, rank_, rows, n);
+  const std::vector<int64_t> out_splits = resolve_splits(options.out_splits, c.rank, rows, n);
 
   // What every peer sends this rank must be what this rank expects (check_group_splits under
   // sim). Every member learns every member's verdict, so all of them throw the same error.
@@ -591,9 +579,7 @@ WorkPtr MpiBackend::all_to_all_single(Communicator& comm, const LocalTensor& x,
   return done(x, std::move(out));
 }
 
-WorkPtr MpiBackend::broadcast(Communicator& comm, const LocalTensor& x,
-                              const BroadcastOptions& options, const CallSite& site) {
-  Call c = begin_call(CollectiveKind::Broadcast, comm, x, options, site, rank_, fingerprint_);
+WorkPtr run(const Call& c, const LocalTensor& x, const BroadcastOptions& options) {
   const bool root = c.index == options.src;
   Tensor buffer = root ? c.input : empty(c.input.shape(), c.input.dtype());
   const int count = count_of(c, c.input.numel());
@@ -605,9 +591,7 @@ WorkPtr MpiBackend::broadcast(Communicator& comm, const LocalTensor& x,
   return done(x, root ? x.shards()[0] : std::move(buffer));
 }
 
-WorkPtr MpiBackend::scatter(Communicator& comm, const LocalTensor& x, const ScatterOptions& options,
-                            const CallSite& site) {
-  Call c = begin_call(CollectiveKind::Scatter, comm, x, options, site, rank_, fingerprint_);
+WorkPtr run(const Call& c, const LocalTensor& x, const ScatterOptions& options) {
   const int64_t d = wrap_dim(options.scatter_dim, c.input.dim());
   Shape piece_shape = c.input.shape();
   piece_shape[static_cast<size_t>(d)] /= c.n;
@@ -623,9 +607,7 @@ WorkPtr MpiBackend::scatter(Communicator& comm, const LocalTensor& x, const Scat
   return done(x, std::move(out));
 }
 
-WorkPtr MpiBackend::gather(Communicator& comm, const LocalTensor& x, const GatherOptions& options,
-                           const CallSite& site) {
-  Call c = begin_call(CollectiveKind::Gather, comm, x, options, site, rank_, fingerprint_);
+WorkPtr run(const Call& c, const LocalTensor& x, const GatherOptions& options) {
   const int64_t d = wrap_dim(options.gather_dim, c.input.dim());
   const bool root = c.index == options.dst;
   Tensor buffer = root ? empty(stacked_shape(c.n, c.input.shape()), c.input.dtype()) : Tensor{};
@@ -642,9 +624,7 @@ WorkPtr MpiBackend::gather(Communicator& comm, const LocalTensor& x, const Gathe
   return done(x, empty(none, c.input.dtype()));
 }
 
-WorkPtr MpiBackend::reduce(Communicator& comm, const LocalTensor& x, const ReduceOptions& options,
-                           const CallSite& site) {
-  Call c = begin_call(CollectiveKind::Reduce, comm, x, options, site, rank_, fingerprint_);
+WorkPtr run(const Call& c, const LocalTensor& x, const ReduceOptions& options) {
   if (c.input.dim() == 0) {
     throw_error<CommError>(
         "{}: a 0-d input has no empty form for the non-destination ranks; reshape it to [1]",
@@ -670,9 +650,7 @@ WorkPtr MpiBackend::reduce(Communicator& comm, const LocalTensor& x, const Reduc
   return done(x, empty(none, c.input.dtype()));
 }
 
-WorkPtr MpiBackend::permute(Communicator& comm, const LocalTensor& x, const PermuteOptions& options,
-                            const CallSite& site) {
-  Call c = begin_call(CollectiveKind::Permute, comm, x, options, site, rank_, fingerprint_);
+WorkPtr run(const Call& c, const LocalTensor& x, const PermuteOptions& options) {
   const int dest = options.dst_of[static_cast<size_t>(c.index)];
   int source = -1;
   for (int i = 0; i < c.n; ++i) {
@@ -700,11 +678,17 @@ WorkPtr MpiBackend::permute(Communicator& comm, const LocalTensor& x, const Perm
   return done(x, std::move(out));
 }
 
-WorkPtr MpiBackend::barrier(Communicator& comm, const LocalTensor& x, const BarrierOptions& options,
-                            const CallSite& site) {
-  Call c = begin_call(CollectiveKind::Barrier, comm, x, options, site, rank_, fingerprint_);
+WorkPtr run(const Call& c, const LocalTensor& x, const BarrierOptions&) {
   check_mpi(MPI_Barrier(c.comm_handle()), "MPI_Barrier", c.context());
   return std::make_shared<CompletedWork>(x);
+}
+
+}  // namespace
+
+WorkPtr MpiBackend::issue(Communicator& comm, const LocalTensor& x,
+                          const CollectiveOptions& options, const CallSite& site) {
+  const Call c = begin_call(comm, x, options, site, rank_, fingerprint_);
+  return std::visit([&](const auto& o) { return run(c, x, o); }, options);
 }
 
 }  // namespace spmd

@@ -86,28 +86,10 @@ class MpiBackend final : public Backend {
   std::shared_ptr<Communicator> make_communicator(const GroupFamily& family,
                                                   const CommOptions& options) override;
 
-  WorkPtr all_reduce(Communicator& comm, const LocalTensor& x, const AllReduceOptions& options,
-                     const CallSite& site) override;
-  WorkPtr all_gather(Communicator& comm, const LocalTensor& x, const AllGatherOptions& options,
-                     const CallSite& site) override;
-  WorkPtr reduce_scatter(Communicator& comm, const LocalTensor& x,
-                         const ReduceScatterOptions& options, const CallSite& site) override;
-  WorkPtr all_to_all(Communicator& comm, const LocalTensor& x, const AllToAllOptions& options,
-                     const CallSite& site) override;
-  WorkPtr all_to_all_single(Communicator& comm, const LocalTensor& x,
-                            const AllToAllSingleOptions& options, const CallSite& site) override;
-  WorkPtr broadcast(Communicator& comm, const LocalTensor& x, const BroadcastOptions& options,
-                    const CallSite& site) override;
-  WorkPtr scatter(Communicator& comm, const LocalTensor& x, const ScatterOptions& options,
-                  const CallSite& site) override;
-  WorkPtr gather(Communicator& comm, const LocalTensor& x, const GatherOptions& options,
-                 const CallSite& site) override;
-  WorkPtr reduce(Communicator& comm, const LocalTensor& x, const ReduceOptions& options,
-                 const CallSite& site) override;
-  WorkPtr permute(Communicator& comm, const LocalTensor& x, const PermuteOptions& options,
-                  const CallSite& site) override;
-  WorkPtr barrier(Communicator& comm, const LocalTensor& x, const BarrierOptions& options,
-                  const CallSite& site) override;
+  // Exchanges the call's fingerprint with the group (Note [Collective fingerprint]), then runs
+  // the collective's MPI calls (one private function per collective in backend.cpp).
+  WorkPtr issue(Communicator& comm, const LocalTensor& x, const CollectiveOptions& options,
+                const CallSite& site) override;
 
  private:
   MPI_Comm world_ = MPI_COMM_NULL;  // our duplicate of MPI_COMM_WORLD

@@ -19,10 +19,10 @@
 
 #include <spmd/backends/nccl/watchdog.h>
 #include <spmd/collectives/blocks.h>
+#include <spmd/collectives/fingerprint.h>
 #include <spmd/collectives/validate.h>
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
-#include <spmd/core/hash.h>
 #include <spmd/ops/ops.h>
 #include <spmd/tensor/cuda/device.h>
 #include <spmd/tensor/cuda/kernels.h>
@@ -67,7 +67,7 @@ class Backoff {
   int rounds_ = 0;
 };
 
-// Pinned host memory (cudaHostAlloc), so the signature exchange's copies run asynchronously and
+// Pinned host memory (cudaHostAlloc), so the fingerprint exchange's copies run asynchronously and
 // the host polls instead of blocking inside CUDA.
 class PinnedBuffer {
  public:
@@ -420,61 +420,6 @@ char* byte_ptr(const Tensor& t, int64_t elements = 0) {
   return static_cast<char*>(t.data_ptr()) + elements * static_cast<int64_t>(t.itemsize());
 }
 
-// ---- the signature exchange (Note [Signature exchange], backends/mpi/backend.cpp) -----------
-
-constexpr int kSignatureDims = 8;
-struct Signature {
-  int32_t kind;
-  int32_t dtype;
-  int32_t ndim;
-  uint64_t shape_hash;    // every dim (but dim 0 for all_to_all_single)
-  uint64_t options_hash;  // the options every member must share
-  uint64_t sequence;      // fingerprint only: calls issued on this communicator before this one
-  int64_t dims[kSignatureDims];
-  char detail[48];  // describe(options), for messages
-  char site[80];    // fingerprint only: "file.cpp:12"
-};
-static_assert(std::is_trivially_copyable_v<Signature>);
-
-void copy_text(char* dst, size_t capacity, std::string_view text) {
-  const size_t n = std::min(capacity - 1, text.size());
-  std::memcpy(dst, text.data(), n);
-  dst[n] = '\0';
-}
-
-std::string signature_shape(const Signature& s) {
-  std::string out = "[";
-  for (int d = 0; d < s.ndim; ++d) {
-    if (d == kSignatureDims) {
-      out += ", ...";
-      break;
-    }
-    out += fmt::format("{}{}", d ? ", " : "", s.dims[d]);
-  }
-  return out + "]";
-}
-
-std::string signature_text(const Signature& s, bool fingerprint) {
-  std::string text = fmt::format("{} {} {}", static_cast<CollectiveKind>(s.kind),
-                                 signature_shape(s), static_cast<DType>(s.dtype));
-  if (s.detail[0] != '\0') text += fmt::format(" {}", s.detail);
-  if (fingerprint) text += fmt::format(" (call #{} at {})", s.sequence, s.site);
-  return text;
-}
-
-template <class Options>
-uint64_t shared_options_hash(const Options& o) {
-  return hash_value(o);
-}
-uint64_t shared_options_hash(const AllToAllSingleOptions&) {
-  return 0;
-}
-
-std::string_view base_name(std::string_view path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string_view::npos ? path : path.substr(slash + 1);
-}
-
 // ---- one call -------------------------------------------------------------------------------
 
 // One held rank's part of a call.
@@ -590,67 +535,26 @@ struct Call {
     return out;
   }
 
-  template <class Options>
-  void exchange_signatures(const Options& options, const CallSite& site) {
+  // Every part's CollectiveFingerprint to its whole group, and the same check on every member
+  // (Note [Collective fingerprint]), so all of them throw the same error instead of hanging.
+  void exchange_fingerprints(const CollectiveOptions& options, const CallSite& site) {
     const bool fingerprint = rt->fingerprint;
-    const std::vector<const char*> received = exchange(sizeof(Signature), [&](Part& p, char* out) {
-      const Tensor& x = p.input;
-      Signature mine;
-      std::memset(&mine, 0, sizeof mine);  // padding included: the bytes travel as they are
-      mine.kind = static_cast<int32_t>(kind);
-      mine.dtype = static_cast<int32_t>(x.dtype());
-      mine.ndim = static_cast<int32_t>(x.dim());
-      const bool rows_may_differ = kind == CollectiveKind::AllToAllSingle;
-      size_t shape_hash = 0;
-      for (int64_t d = 0; d < x.dim(); ++d) {
-        if (d < kSignatureDims) mine.dims[d] = x.size(d);
-        if (!(rows_may_differ && d == 0)) hash_combine(shape_hash, x.size(d));
-      }
-      mine.shape_hash = shape_hash;
-      mine.options_hash = shared_options_hash(options);
-      copy_text(mine.detail, sizeof mine.detail, spmd::describe(options));
-      if (fingerprint) {
-        mine.sequence = p.member->calls++;
-        copy_text(mine.site, sizeof mine.site,
-                  fmt::format("{}:{}", base_name(site.location.file_name()), site.location.line()));
-      }
-      std::memcpy(out, &mine, sizeof mine);
-    });
+    const std::vector<const char*> received =
+        exchange(sizeof(CollectiveFingerprint), [&](Part& p, char* out) {
+          FingerprintInput input{&options, &p.input, dim_name, &p.member->members};
+          if (fingerprint) {
+            input.with_site = true;
+            input.sequence = p.member->calls++;
+            input.location = site.location;
+          }
+          const CollectiveFingerprint mine = make_fingerprint(input);
+          std::memcpy(out, &mine, sizeof mine);
+        });
     for (size_t k = 0; k < parts.size(); ++k) {
-      const Part& p = parts[k];
-      std::vector<Signature> all(static_cast<size_t>(n));
-      std::memcpy(all.data(), received[k], all.size() * sizeof(Signature));
-      const std::vector<int>& members = p.member->members;
-      auto list = [&](auto&& text_of) {
-        std::string out;
-        for (size_t i = 0; i < all.size(); ++i) {
-          out += fmt::format("{}rank {}: {}", i ? ", " : "", members[i], text_of(all[i]));
-        }
-        return out;
-      };
-      const Signature& first = all[0];
-      bool same_kind = true;
-      bool same_tensor = true;
-      bool same_rest = true;
-      for (const Signature& s : all) {
-        same_kind &= s.kind == first.kind;
-        same_tensor &=
-            s.dtype == first.dtype && s.ndim == first.ndim && s.shape_hash == first.shape_hash;
-        same_rest &= s.options_hash == first.options_hash && s.sequence == first.sequence;
-      }
-      const bool rows_may_differ = kind == CollectiveKind::AllToAllSingle;
-      if (!same_kind || !same_rest) {
-        throw_error<CollectiveMismatchError>(
-            "{}: the ranks of the group issued different calls: {}", describe(p),
-            list([&](const Signature& s) { return signature_text(s, fingerprint); }));
-      }
-      if (!same_tensor) {
-        throw_error<CommError>(
-            "{}: inputs differ within the group{}: {}", describe(p),
-            rows_may_differ ? " (beyond dim 0)" : "", list([](const Signature& s) {
-              return fmt::format("{} {}", signature_shape(s), static_cast<DType>(s.dtype));
-            }));
-      }
+      const std::vector<int>& members = parts[k].member->members;
+      std::vector<CollectiveFingerprint> all(static_cast<size_t>(n));
+      std::memcpy(all.data(), received[k], all.size() * sizeof(CollectiveFingerprint));
+      check_fingerprints(CollectiveCall{kind, dim_name, &members}, all, members, fingerprint);
     }
   }
 
@@ -667,9 +571,9 @@ struct Call {
   }
 };
 
-template <class Options>
-Call begin_call(NcclRuntime& rt, CollectiveKind kind, Communicator& comm, const LocalTensor& x,
-                const Options& options, const CallSite& site) {
+Call begin_call(NcclRuntime& rt, Communicator& comm, const LocalTensor& x,
+                const CollectiveOptions& options, const CallSite& site) {
+  const CollectiveKind kind = kind_of(options);
   auto* nccl_comm = dynamic_cast<NcclCommunicator*>(&comm);
   SPMD_CHECK(nccl_comm != nullptr);
   rt.check_usable(collective_name(kind));
@@ -709,7 +613,7 @@ Call begin_call(NcclRuntime& rt, CollectiveKind kind, Communicator& comm, const 
     call.parts.push_back(std::move(p));
   }
   call.n = static_cast<int>(call.parts.front().member->members.size());
-  call.exchange_signatures(options, site);
+  call.exchange_fingerprints(options, site);
   return call;
 }
 
@@ -909,11 +813,11 @@ std::shared_ptr<Communicator> NcclBackend::make_communicator(const GroupFamily& 
   return std::make_shared<NcclCommunicator>(family, options, runtime_, std::move(members));
 }
 
-// ---- collectives ----------------------------------------------------------------------------
+// ---- collectives: one run() per collective, reached by NcclBackend::issue's visit ------------
 
-WorkPtr NcclBackend::all_reduce(Communicator& comm, const LocalTensor& x,
-                                const AllReduceOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::AllReduce, comm, x, options, site);
+namespace {
+
+WorkPtr run(Call& c, const LocalTensor& x, const AllReduceOptions& options) {
   const DType dtype = x.dtype();
   const ReducePlan plan = plan_reduction(options.op, dtype);
   for (Part& p : c.parts) p.result = device_empty(p, p.input.shape(), dtype);
@@ -954,9 +858,7 @@ WorkPtr NcclBackend::all_reduce(Communicator& comm, const LocalTensor& x,
   return c.finish(x);
 }
 
-WorkPtr NcclBackend::all_gather(Communicator& comm, const LocalTensor& x,
-                                const AllGatherOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::AllGather, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const AllGatherOptions& options) {
   const DType dtype = x.dtype();
   const int64_t d = wrap_dim(options.gather_dim, x.dim());
   std::vector<Tensor> buffers;
@@ -975,9 +877,7 @@ WorkPtr NcclBackend::all_gather(Communicator& comm, const LocalTensor& x,
   return c.finish(x);
 }
 
-WorkPtr NcclBackend::reduce_scatter(Communicator& comm, const LocalTensor& x,
-                                    const ReduceScatterOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::ReduceScatter, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const ReduceScatterOptions& options) {
   const DType dtype = x.dtype();
   const ReducePlan plan = plan_reduction(options.op, dtype);
   const int64_t d = wrap_dim(options.scatter_dim, x.dim());
@@ -1029,8 +929,6 @@ WorkPtr NcclBackend::reduce_scatter(Communicator& comm, const LocalTensor& x,
   }
   return c.finish(x);
 }
-
-namespace {
 
 // sends[i]'s block j (of `count` elements) to group rank j, into block j' = source of recvs[i]:
 // ncclAlltoAll, or grouped send/recv with the own block copied locally.
@@ -1113,11 +1011,7 @@ void gather_blocks(Call& c, const std::vector<Tensor>& inputs, const std::vector
   });
 }
 
-}  // namespace
-
-WorkPtr NcclBackend::all_to_all(Communicator& comm, const LocalTensor& x,
-                                const AllToAllOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::AllToAll, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const AllToAllOptions& options) {
   const DType dtype = x.dtype();
   const int64_t split = wrap_dim(options.split_dim, x.dim());
   const int64_t concat = wrap_dim(options.concat_dim, x.dim());
@@ -1136,9 +1030,7 @@ WorkPtr NcclBackend::all_to_all(Communicator& comm, const LocalTensor& x,
   return c.finish(x);
 }
 
-WorkPtr NcclBackend::all_to_all_single(Communicator& comm, const LocalTensor& x,
-                                       const AllToAllSingleOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::AllToAllSingle, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const AllToAllSingleOptions& options) {
   const DType dtype = x.dtype();
   const int64_t n = c.n;
   std::vector<std::vector<int64_t>> in_splits;
@@ -1230,9 +1122,7 @@ WorkPtr NcclBackend::all_to_all_single(Communicator& comm, const LocalTensor& x,
   return c.finish(x);
 }
 
-WorkPtr NcclBackend::broadcast(Communicator& comm, const LocalTensor& x,
-                               const BroadcastOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::Broadcast, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const BroadcastOptions& options) {
   const DType dtype = x.dtype();
   for (Part& p : c.parts) {
     // The source sends from its input in place (NCCL only reads it there).
@@ -1255,9 +1145,7 @@ WorkPtr NcclBackend::broadcast(Communicator& comm, const LocalTensor& x,
   return std::make_shared<CompletedWork>(LocalTensor(x, std::move(shards)));
 }
 
-WorkPtr NcclBackend::scatter(Communicator& comm, const LocalTensor& x,
-                             const ScatterOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::Scatter, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const ScatterOptions& options) {
   const DType dtype = x.dtype();
   const int64_t d = wrap_dim(options.scatter_dim, x.dim());
   const int root = options.src;
@@ -1272,7 +1160,7 @@ WorkPtr NcclBackend::scatter(Communicator& comm, const LocalTensor& x,
   const ncclDataType_t type = nccl_type(dtype);
   if (count > 0) {
     bool done = false;
-    if (runtime_->native_alltoall_gather_scatter) {
+    if (c.rt->native_alltoall_gather_scatter) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 3)
       size_t i = 0;
       c.group([&](Part& p) {
@@ -1311,9 +1199,7 @@ WorkPtr NcclBackend::scatter(Communicator& comm, const LocalTensor& x,
   return c.finish(x);
 }
 
-WorkPtr NcclBackend::gather(Communicator& comm, const LocalTensor& x, const GatherOptions& options,
-                            const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::Gather, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const GatherOptions& options) {
   const DType dtype = x.dtype();
   const int64_t d = wrap_dim(options.gather_dim, x.dim());
   const int root = options.dst;
@@ -1339,9 +1225,7 @@ WorkPtr NcclBackend::gather(Communicator& comm, const LocalTensor& x, const Gath
   return c.finish(x);
 }
 
-WorkPtr NcclBackend::reduce(Communicator& comm, const LocalTensor& x, const ReduceOptions& options,
-                            const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::Reduce, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const ReduceOptions& options) {
   const DType dtype = x.dtype();
   if (x.dim() == 0) {
     throw_error<CommError>(
@@ -1398,9 +1282,7 @@ WorkPtr NcclBackend::reduce(Communicator& comm, const LocalTensor& x, const Redu
   return c.finish(x);
 }
 
-WorkPtr NcclBackend::permute(Communicator& comm, const LocalTensor& x,
-                             const PermuteOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::Permute, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const PermuteOptions& options) {
   const DType dtype = x.dtype();
   std::vector<int> dests;
   std::vector<int> sources;
@@ -1441,9 +1323,7 @@ WorkPtr NcclBackend::permute(Communicator& comm, const LocalTensor& x,
   return c.finish(x);
 }
 
-WorkPtr NcclBackend::barrier(Communicator& comm, const LocalTensor& x,
-                             const BarrierOptions& options, const CallSite& site) {
-  Call c = begin_call(*runtime_, CollectiveKind::Barrier, comm, x, options, site);
+WorkPtr run(Call& c, const LocalTensor& x, const BarrierOptions&) {
   std::vector<Tensor> flags;
   for (Part& p : c.parts) flags.push_back(zeros({1}, DType::I32, cuda(p.device)));
   size_t i = 0;
@@ -1452,8 +1332,16 @@ WorkPtr NcclBackend::barrier(Communicator& comm, const LocalTensor& x,
     c.check(ncclAllReduce(flag, flag, 1, ncclInt32, ncclSum, c.comm(p), p.stream), "ncclAllReduce",
             p);
   });
-  runtime_->wait_streams(c.slots(), c.comms(), c.what());
+  c.rt->wait_streams(c.slots(), c.comms(), c.what());
   return std::make_shared<CompletedWork>(x);
+}
+
+}  // namespace
+
+WorkPtr NcclBackend::issue(Communicator& comm, const LocalTensor& x,
+                           const CollectiveOptions& options, const CallSite& site) {
+  Call c = begin_call(*runtime_, comm, x, options, site);
+  return std::visit([&](const auto& o) { return run(c, x, o); }, options);
 }
 
 // ---- process-wide abort ---------------------------------------------------------------------

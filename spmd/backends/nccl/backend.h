@@ -34,9 +34,11 @@
 //   - all_to_all, gather and scatter use ncclAlltoAll/ncclGather/ncclScatter on NCCL >= 2.28.3
 //     (in the headers and at run time), else grouped ncclSend/ncclRecv, as all_to_all_single and
 //     permute always do.
-// Before each NCCL call the group exchanges a fixed-size signature with one small ncclAllGather
-// (Note [Signature exchange] in backends/mpi/backend.cpp), so mismatched calls are errors, not
-// hangs; --spmd-debug=fingerprint adds per-communicator sequence numbers and call sites.
+// Before each NCCL call the group exchanges every member's CollectiveFingerprint with one small
+// ncclAllGather and checks them with check_fingerprints, exactly as the mpi backend does (Note
+// [Collective fingerprint] in collectives/fingerprint.h: one schema, the group hash included), so
+// mismatched calls are errors, not hangs; --spmd-debug=fingerprint adds per-communicator sequence
+// numbers and call sites.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -102,28 +104,10 @@ class NcclBackend final : public Backend {
   std::shared_ptr<Communicator> make_communicator(const GroupFamily& family,
                                                   const CommOptions& options) override;
 
-  WorkPtr all_reduce(Communicator& comm, const LocalTensor& x, const AllReduceOptions& options,
-                     const CallSite& site) override;
-  WorkPtr all_gather(Communicator& comm, const LocalTensor& x, const AllGatherOptions& options,
-                     const CallSite& site) override;
-  WorkPtr reduce_scatter(Communicator& comm, const LocalTensor& x,
-                         const ReduceScatterOptions& options, const CallSite& site) override;
-  WorkPtr all_to_all(Communicator& comm, const LocalTensor& x, const AllToAllOptions& options,
-                     const CallSite& site) override;
-  WorkPtr all_to_all_single(Communicator& comm, const LocalTensor& x,
-                            const AllToAllSingleOptions& options, const CallSite& site) override;
-  WorkPtr broadcast(Communicator& comm, const LocalTensor& x, const BroadcastOptions& options,
-                    const CallSite& site) override;
-  WorkPtr scatter(Communicator& comm, const LocalTensor& x, const ScatterOptions& options,
-                  const CallSite& site) override;
-  WorkPtr gather(Communicator& comm, const LocalTensor& x, const GatherOptions& options,
-                 const CallSite& site) override;
-  WorkPtr reduce(Communicator& comm, const LocalTensor& x, const ReduceOptions& options,
-                 const CallSite& site) override;
-  WorkPtr permute(Communicator& comm, const LocalTensor& x, const PermuteOptions& options,
-                  const CallSite& site) override;
-  WorkPtr barrier(Communicator& comm, const LocalTensor& x, const BarrierOptions& options,
-                  const CallSite& site) override;
+  // Exchanges the call's fingerprint with the group (Note [Collective fingerprint]), then enqueues
+  // the collective's NCCL calls (one private function per collective in backend.cpp).
+  WorkPtr issue(Communicator& comm, const LocalTensor& x, const CollectiveOptions& options,
+                const CallSite& site) override;
 
   // Finalizes and destroys every communicator of this process that is still alive (those of
   // meshes still referenced included) and stops the watchdog; collectives fail afterwards. Called

@@ -25,16 +25,17 @@ LocalTensor assemble(const LocalTensor& x, std::vector<Tensor>& out) {
   return LocalTensor(std::move(ranks), std::move(shards));
 }
 
-// Runs fn(group) for every group of the family whose ranks `x` holds, after checking that the
-// group's inputs agree. fn writes *group.outputs[k] for every member k.
-template <class Fn>
-WorkPtr run_groups(CollectiveKind kind, Communicator& comm, const LocalTensor& x,
-                   const CallSite& site, Fn&& fn) {
+}  // namespace
+
+// Every group of the family whose ranks `x` holds, each after checking that the group's inputs
+// agree, computed by compute_group.
+WorkPtr SimBackend::issue(Communicator& comm, const LocalTensor& x,
+                          const CollectiveOptions& options, const CallSite& site) {
   const auto& groups = comm.family().groups();
   std::vector<Tensor> out(x.num_shards());
   // Reused across calls: the per-group vectors would otherwise be the main cost of small calls.
-  thread_local GroupView view{CollectiveCall{kind, "", nullptr}, {}, {}};
-  view.call = CollectiveCall{kind, site.dim_name, nullptr};
+  thread_local GroupView view{CollectiveCall{CollectiveKind::AllReduce, "", nullptr}, {}, {}};
+  view.call = CollectiveCall{kind_of(options), site.dim_name, nullptr};
   for (const std::vector<int>& ranks : groups) {
     view.inputs.clear();
     view.outputs.clear();
@@ -51,77 +52,9 @@ WorkPtr run_groups(CollectiveKind kind, Communicator& comm, const LocalTensor& x
     if (!held) continue;
     view.call.group = &ranks;
     check_group(view.call, view.inputs);
-    fn(view);
+    compute_group(view, options);
   }
   return std::make_shared<CompletedWork>(assemble(x, out));
-}
-
-}  // namespace
-
-WorkPtr SimBackend::all_reduce(Communicator& comm, const LocalTensor& x,
-                               const AllReduceOptions& options, const CallSite& site) {
-  return run_groups(CollectiveKind::AllReduce, comm, x, site,
-                    [&](GroupView& g) { compute_group(g, options); });
-}
-
-WorkPtr SimBackend::all_gather(Communicator& comm, const LocalTensor& x,
-                               const AllGatherOptions& options, const CallSite& site) {
-  return run_groups(CollectiveKind::AllGather, comm, x, site,
-                    [&](GroupView& g) { compute_group(g, options); });
-}
-
-WorkPtr SimBackend::reduce_scatter(Communicator& comm, const LocalTensor& x,
-                                   const ReduceScatterOptions& options, const CallSite& site) {
-  return run_groups(CollectiveKind::ReduceScatter, comm, x, site,
-                    [&](GroupView& g) { compute_group(g, options); });
-}
-
-WorkPtr SimBackend::all_to_all(Communicator& comm, const LocalTensor& x,
-                               const AllToAllOptions& options, const CallSite& site) {
-  return run_groups(CollectiveKind::AllToAll, comm, x, site,
-                    [&](GroupView& g) { compute_group(g, options); });
-}
-
-WorkPtr SimBackend::all_to_all_single(Communicator& comm, const LocalTensor& x,
-                                      const AllToAllSingleOptions& options, const CallSite& site) {
-  return run_groups(CollectiveKind::AllToAllSingle, comm, x, site,
-                    [&](GroupView& g) { compute_group(g, options); });
-}
-
-WorkPtr SimBackend::broadcast(Communicator& comm, const LocalTensor& x,
-                              const BroadcastOptions& options, const CallSite& site) {
-  return run_groups(CollectiveKind::Broadcast, comm, x, site,
-                    [&](GroupView& g) { compute_group(g, options); });
-}
-
-WorkPtr SimBackend::scatter(Communicator& comm, const LocalTensor& x, const ScatterOptions& options,
-                            const CallSite& site) {
-  return run_groups(CollectiveKind::Scatter, comm, x, site,
-                    [&](GroupView& g) { compute_group(g, options); });
-}
-
-WorkPtr SimBackend::gather(Communicator& comm, const LocalTensor& x, const GatherOptions& options,
-                           const CallSite& site) {
-  return run_groups(CollectiveKind::Gather, comm, x, site,
-                    [&](GroupView& g) { compute_group(g, options); });
-}
-
-WorkPtr SimBackend::reduce(Communicator& comm, const LocalTensor& x, const ReduceOptions& options,
-                           const CallSite& site) {
-  return run_groups(CollectiveKind::Reduce, comm, x, site,
-                    [&](GroupView& g) { compute_group(g, options); });
-}
-
-WorkPtr SimBackend::permute(Communicator& comm, const LocalTensor& x, const PermuteOptions& options,
-                            const CallSite& site) {
-  return run_groups(CollectiveKind::Permute, comm, x, site,
-                    [&](GroupView& g) { compute_group(g, options); });
-}
-
-WorkPtr SimBackend::barrier(Communicator& comm, const LocalTensor& x, const BarrierOptions& options,
-                            const CallSite& site) {
-  return run_groups(CollectiveKind::Barrier, comm, x, site,
-                    [&](GroupView& g) { compute_group(g, options); });
 }
 
 }  // namespace spmd

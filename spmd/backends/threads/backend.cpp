@@ -21,11 +21,6 @@
 namespace spmd {
 namespace {
 
-using AnyOptions =
-    std::variant<AllReduceOptions, AllGatherOptions, ReduceScatterOptions, AllToAllOptions,
-                 AllToAllSingleOptions, BroadcastOptions, ScatterOptions, GatherOptions,
-                 ReduceOptions, PermuteOptions, BarrierOptions>;
-
 std::string_view base_name(std::string_view path) {
   const size_t slash = path.find_last_of('/');
   return slash == std::string_view::npos ? path : path.substr(slash + 1);
@@ -46,7 +41,7 @@ struct Call {
   Tensor input;
   Shape shape;
   DType dtype = DType::F32;
-  AnyOptions options;
+  CollectiveOptions options;
   std::source_location location;
 
   // "divergence.cpp:41"
@@ -55,7 +50,7 @@ struct Call {
   }
   // "all_reduce over 'dp' [4, 8] f32 op=sum at divergence.cpp:41"
   std::string text() const {
-    const std::string detail = std::visit([](const auto& o) { return describe(o); }, options);
+    const std::string detail = describe(options);
     return fmt::format("{} over '{}' {} {}{}{} at {}", kind, dim_name, shape_str(shape), dtype,
                        detail.empty() ? "" : " ", detail, site());
   }
@@ -106,53 +101,12 @@ void add_unique(std::vector<std::string>& out, std::string what) {
   if (std::find(out.begin(), out.end(), what) == out.end()) out.push_back(std::move(what));
 }
 
-// The fields in which two options of one collective differ.
-void option_differences(const AllReduceOptions& a, const AllReduceOptions& b,
-                        std::vector<std::string>& out) {
-  if (a.op != b.op) add_unique(out, "reduce op");
+// How a report names an options field in which the members differ.
+std::string difference_name(std::string_view field) {
+  if (field == "op") return "reduce op";
+  if (field == "src" || field == "dst") return fmt::format("root ({})", field);
+  return std::string(field);
 }
-void option_differences(const AllGatherOptions& a, const AllGatherOptions& b,
-                        std::vector<std::string>& out) {
-  if (a.gather_dim != b.gather_dim) add_unique(out, "gather_dim");
-}
-void option_differences(const ReduceScatterOptions& a, const ReduceScatterOptions& b,
-                        std::vector<std::string>& out) {
-  if (a.op != b.op) add_unique(out, "reduce op");
-  if (a.scatter_dim != b.scatter_dim) add_unique(out, "scatter_dim");
-}
-void option_differences(const AllToAllOptions& a, const AllToAllOptions& b,
-                        std::vector<std::string>& out) {
-  if (a.split_dim != b.split_dim) add_unique(out, "split_dim");
-  if (a.concat_dim != b.concat_dim) add_unique(out, "concat_dim");
-}
-void option_differences(const AllToAllSingleOptions&, const AllToAllSingleOptions&,
-                        std::vector<std::string>&) {
-  // Split sizes differ per rank by design; split_differences checks that they fit together.
-}
-void option_differences(const BroadcastOptions& a, const BroadcastOptions& b,
-                        std::vector<std::string>& out) {
-  if (a.src != b.src) add_unique(out, "root (src)");
-}
-void option_differences(const ScatterOptions& a, const ScatterOptions& b,
-                        std::vector<std::string>& out) {
-  if (a.src != b.src) add_unique(out, "root (src)");
-  if (a.scatter_dim != b.scatter_dim) add_unique(out, "scatter_dim");
-}
-void option_differences(const GatherOptions& a, const GatherOptions& b,
-                        std::vector<std::string>& out) {
-  if (a.dst != b.dst) add_unique(out, "root (dst)");
-  if (a.gather_dim != b.gather_dim) add_unique(out, "gather_dim");
-}
-void option_differences(const ReduceOptions& a, const ReduceOptions& b,
-                        std::vector<std::string>& out) {
-  if (a.op != b.op) add_unique(out, "reduce op");
-  if (a.dst != b.dst) add_unique(out, "root (dst)");
-}
-void option_differences(const PermuteOptions& a, const PermuteOptions& b,
-                        std::vector<std::string>& out) {
-  if (a.dst_of != b.dst_of) add_unique(out, "dst_of");
-}
-void option_differences(const BarrierOptions&, const BarrierOptions&, std::vector<std::string>&) {}
 
 // Each member's all_to_all_single split sizes, resolved (even splits spelled out).
 struct Splits {
@@ -244,13 +198,9 @@ std::optional<std::string> mismatch_report(const Rendezvous& rv) {
       same_shape = c->shape[d] == first.shape[d];
     }
     if (!same_shape) add_unique(differ, "shape");
-    if (c->kind == first.kind) {
-      std::visit(
-          [&](const auto& a) {
-            using T = std::decay_t<decltype(a)>;
-            option_differences(std::get<T>(first.options), a, differ);
-          },
-          c->options);
+    // Split sizes differ per rank by design; split_differences checks that they fit together.
+    for (std::string_view field : shared_field_differences(first.options, c->options)) {
+      add_unique(differ, difference_name(field));
     }
   }
   std::vector<std::string> split_lines;
@@ -436,7 +386,7 @@ void ThreadsHub::Impl::compute(Rendezvous& rv) {
     if (first.kind == CollectiveKind::AllToAllSingle) {
       compute_group(view, merged_splits(rv));
     } else {
-      std::visit([&](const auto& o) { compute_group(view, o); }, first.options);
+      compute_group(view, first.options);
     }
   } catch (...) {
     rv.raised = std::current_exception();
@@ -671,9 +621,9 @@ std::shared_ptr<Communicator> ThreadsBackend::make_communicator(const GroupFamil
   return slot;
 }
 
-template <class Options>
-WorkPtr ThreadsBackend::issue(CollectiveKind kind, Communicator& comm, const LocalTensor& x,
-                              const Options& options, const CallSite& site) {
+WorkPtr ThreadsBackend::issue(Communicator& comm, const LocalTensor& x,
+                              const CollectiveOptions& options, const CallSite& site) {
+  const CollectiveKind kind = kind_of(options);
   auto* c = dynamic_cast<ThreadsCommunicator*>(&comm);
   SPMD_CHECK(c != nullptr);
   if (c->group() < 0) {
@@ -687,57 +637,11 @@ WorkPtr ThreadsBackend::issue(CollectiveKind kind, Communicator& comm, const Loc
         kind, site.dim_name, rank_, x.ranks());
   }
   const Tensor& input = x.shards()[0];
-  Call call{rank_,         kind,          site.dim_name,       input,
-            input.shape(), input.dtype(), AnyOptions(options), site.location};
+  Call call{rank_,         kind,          site.dim_name, input,
+            input.shape(), input.dtype(), options,       site.location};
   std::shared_ptr<Rendezvous> rv =
       hub_->impl().arrive(c->shared(), c->group(), c->index(), c->next_call(), std::move(call));
   return std::make_shared<ThreadsWork>(hub_, std::move(rv), c->index(), rank_);
-}
-
-WorkPtr ThreadsBackend::all_reduce(Communicator& comm, const LocalTensor& x,
-                                   const AllReduceOptions& options, const CallSite& site) {
-  return issue(CollectiveKind::AllReduce, comm, x, options, site);
-}
-WorkPtr ThreadsBackend::all_gather(Communicator& comm, const LocalTensor& x,
-                                   const AllGatherOptions& options, const CallSite& site) {
-  return issue(CollectiveKind::AllGather, comm, x, options, site);
-}
-WorkPtr ThreadsBackend::reduce_scatter(Communicator& comm, const LocalTensor& x,
-                                       const ReduceScatterOptions& options, const CallSite& site) {
-  return issue(CollectiveKind::ReduceScatter, comm, x, options, site);
-}
-WorkPtr ThreadsBackend::all_to_all(Communicator& comm, const LocalTensor& x,
-                                   const AllToAllOptions& options, const CallSite& site) {
-  return issue(CollectiveKind::AllToAll, comm, x, options, site);
-}
-WorkPtr ThreadsBackend::all_to_all_single(Communicator& comm, const LocalTensor& x,
-                                          const AllToAllSingleOptions& options,
-                                          const CallSite& site) {
-  return issue(CollectiveKind::AllToAllSingle, comm, x, options, site);
-}
-WorkPtr ThreadsBackend::broadcast(Communicator& comm, const LocalTensor& x,
-                                  const BroadcastOptions& options, const CallSite& site) {
-  return issue(CollectiveKind::Broadcast, comm, x, options, site);
-}
-WorkPtr ThreadsBackend::scatter(Communicator& comm, const LocalTensor& x,
-                                const ScatterOptions& options, const CallSite& site) {
-  return issue(CollectiveKind::Scatter, comm, x, options, site);
-}
-WorkPtr ThreadsBackend::gather(Communicator& comm, const LocalTensor& x,
-                               const GatherOptions& options, const CallSite& site) {
-  return issue(CollectiveKind::Gather, comm, x, options, site);
-}
-WorkPtr ThreadsBackend::reduce(Communicator& comm, const LocalTensor& x,
-                               const ReduceOptions& options, const CallSite& site) {
-  return issue(CollectiveKind::Reduce, comm, x, options, site);
-}
-WorkPtr ThreadsBackend::permute(Communicator& comm, const LocalTensor& x,
-                                const PermuteOptions& options, const CallSite& site) {
-  return issue(CollectiveKind::Permute, comm, x, options, site);
-}
-WorkPtr ThreadsBackend::barrier(Communicator& comm, const LocalTensor& x,
-                                const BarrierOptions& options, const CallSite& site) {
-  return issue(CollectiveKind::Barrier, comm, x, options, site);
 }
 
 }  // namespace spmd

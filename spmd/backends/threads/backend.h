@@ -14,8 +14,10 @@
 // Each rank deposits its call (op, mesh dim, input shape and dtype, options, source location and
 // the input itself) at the rendezvous of (family, group, sequence). The last member to arrive
 // compares every member's call: the op, the dtype, the shape (all_to_all_single: beyond dim 0),
-// the options (reduce op, root, dims, destinations) and, for all_to_all_single, that every
-// rank's out_splits agree with its peers' in_splits. Any difference fails the rendezvous with a
+// every options field that is not per-rank (reduce op, root, dims, destinations: the fields of
+// Note [One collective, one options struct], compared by shared_field_differences, so a new
+// collective is compared without code here) and, for all_to_all_single, that every rank's
+// out_splits agree with its peers' in_splits. Any difference fails the rendezvous with a
 // CollectiveMismatchError for every member, listing each rank's call and file:line. (Shapes and
 // dtypes too: under sim and mpi those are CommError, because there they are bad data in one
 // call; here they are usually ranks that took different paths, and the report is the same.)
@@ -114,34 +116,12 @@ class ThreadsBackend final : public Backend {
   std::shared_ptr<Communicator> make_communicator(const GroupFamily& family,
                                                   const CommOptions& options) override;
 
-  WorkPtr all_reduce(Communicator& comm, const LocalTensor& x, const AllReduceOptions& options,
-                     const CallSite& site) override;
-  WorkPtr all_gather(Communicator& comm, const LocalTensor& x, const AllGatherOptions& options,
-                     const CallSite& site) override;
-  WorkPtr reduce_scatter(Communicator& comm, const LocalTensor& x,
-                         const ReduceScatterOptions& options, const CallSite& site) override;
-  WorkPtr all_to_all(Communicator& comm, const LocalTensor& x, const AllToAllOptions& options,
-                     const CallSite& site) override;
-  WorkPtr all_to_all_single(Communicator& comm, const LocalTensor& x,
-                            const AllToAllSingleOptions& options, const CallSite& site) override;
-  WorkPtr broadcast(Communicator& comm, const LocalTensor& x, const BroadcastOptions& options,
-                    const CallSite& site) override;
-  WorkPtr scatter(Communicator& comm, const LocalTensor& x, const ScatterOptions& options,
-                  const CallSite& site) override;
-  WorkPtr gather(Communicator& comm, const LocalTensor& x, const GatherOptions& options,
-                 const CallSite& site) override;
-  WorkPtr reduce(Communicator& comm, const LocalTensor& x, const ReduceOptions& options,
-                 const CallSite& site) override;
-  WorkPtr permute(Communicator& comm, const LocalTensor& x, const PermuteOptions& options,
-                  const CallSite& site) override;
-  WorkPtr barrier(Communicator& comm, const LocalTensor& x, const BarrierOptions& options,
-                  const CallSite& site) override;
+  // Deposits this rank's call at its group's rendezvous (Note [Threads rendezvous]); the Work
+  // completes when the group's last member has arrived and the result is computed.
+  WorkPtr issue(Communicator& comm, const LocalTensor& x, const CollectiveOptions& options,
+                const CallSite& site) override;
 
  private:
-  template <class Options>
-  WorkPtr issue(CollectiveKind kind, Communicator& comm, const LocalTensor& x,
-                const Options& options, const CallSite& site);
-
   struct Key {
     GroupFamily family;
     CommOptions options;
