@@ -10,6 +10,7 @@
 #include <spmd/collectives/validate.h>
 #include <spmd/core/error.h>
 #include <spmd/ops/ops.h>
+#include <spmd/sim/local_ops.h>
 
 namespace spmd {
 
@@ -21,7 +22,7 @@ void set_collective_observer(CollectiveObserver observer) {
   g_observer.store(observer, std::memory_order_relaxed);
 }
 
-Async<LocalTensor>::Async(WorkPtr work, std::function<void(const LocalTensor&)> on_complete)
+Async<LocalTensor>::Async(WorkPtr work, std::function<LocalTensor(const LocalTensor&)> on_complete)
     : work_(std::move(work)), on_complete_(std::move(on_complete)) {}
 
 LocalTensor Async<LocalTensor>::wait() {
@@ -29,9 +30,9 @@ LocalTensor Async<LocalTensor>::wait() {
   if (on_complete_) {
     auto on_complete = std::move(on_complete_);
     on_complete_ = nullptr;
-    on_complete(work_->result());
+    result_ = on_complete(work_->result());
   }
-  return work_->result();
+  return result_.defined() ? result_ : work_->result();
 }
 
 bool Async<LocalTensor>::ready() const {
@@ -165,6 +166,31 @@ struct Issued {
   uint64_t trace_id;
 };
 
+// Note [Autograd] (ops/autograd.h): a collective on a LocalTensor that takes part in autograd is
+// recorded, but it has no derivative of its own until typed local code gives it one: backward
+// through it is an error naming the call.
+void local_collective_backward(BackwardContext& c) {
+  throw_error<Unsupported>(
+      "backward: {} on a LocalTensor is not differentiable: a local collective's gradient depends "
+      "on what the local values mean, which the LocalTensor does not say; write the step with "
+      "DTensor ops and redistribute (whose backward is defined), or wrap the local code in "
+      "from_local/to_local with grad_placements",
+      c.payload<std::string>());
+}
+
+LocalTensor on_tape(const LocalTensor& x, const LocalTensor& result, CollectiveKind kind,
+                    const std::string& dim_name, const std::source_location& loc) {
+  if (!grad_enabled() || !x.requires_grad() || !is_floating(result.dtype())) return result;
+  std::string_view file = loc.file_name();
+  file = file.substr(file.find_last_of('/') + 1);
+  auto where = std::make_shared<const std::string>(
+      fmt::format("{} over mesh dim '{}' at {}:{}", kind, dim_name, file, loc.line()));
+  const Var in = local_var(x);
+  return record(collective_name(kind), nullptr, {&in, 1}, {}, local_var(result),
+                local_collective_backward, std::move(where))
+      .as<LocalTensor>();
+}
+
 Issued issue_call(const LocalTensor& x, const DeviceMesh& mesh, int d,
                   const CollectiveOptions& options, const std::source_location& loc) {
   Prepared p = prepare(x, dim_communicator(mesh, d), mesh.world(), mesh.dim_name(d), options, loc);
@@ -179,17 +205,22 @@ Async<LocalTensor> collective_async(const LocalTensor& x, const DeviceMesh& mesh
   Issued issued = issue_call(x, mesh, d, options, loc);
   const uint64_t id = issued.trace_id;
   CollectiveObserver observer = g_observer.load(std::memory_order_relaxed);
-  if (observer != nullptr) [[unlikely]] {
-    return Async<LocalTensor>(std::move(issued.work),
-                              [id, observer, kind = kind_of(options), x, world = mesh.world(),
-                               dim_name = mesh.dim_name(d), loc](const LocalTensor& result) {
-                                if (id != UINT64_MAX) trace().finish(id);
-                                observer(CollectiveEvent{kind, world, dim_name, loc, x, result});
-                              });
+  const bool tape = grad_enabled() && x.requires_grad();
+  if (observer == nullptr && !tape) {
+    if (id == UINT64_MAX) return Async<LocalTensor>(std::move(issued.work), nullptr);
+    return Async<LocalTensor>(std::move(issued.work), [id](const LocalTensor& result) {
+      trace().finish(id);
+      return result;
+    });
   }
-  if (id == UINT64_MAX) return Async<LocalTensor>(std::move(issued.work), nullptr);
   return Async<LocalTensor>(std::move(issued.work),
-                            [id](const LocalTensor&) { trace().finish(id); });
+                            [id, observer, kind = kind_of(options), x, world = mesh.world(),
+                             dim_name = mesh.dim_name(d), loc](const LocalTensor& result) {
+                              if (id != UINT64_MAX) trace().finish(id);
+                              if (observer != nullptr)
+                                observer(CollectiveEvent{kind, world, dim_name, loc, x, result});
+                              return on_tape(x, result, kind, dim_name, loc);
+                            });
 }
 
 // The synchronous form: waits and moves the result out of the only Work handle.
@@ -202,6 +233,9 @@ LocalTensor collective(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim
   LocalTensor result = issued.work->take_result();
   if (CollectiveObserver observer = g_observer.load(std::memory_order_relaxed)) [[unlikely]] {
     observer(CollectiveEvent{kind_of(options), mesh.world(), mesh.dim_name(d), loc, x, result});
+  }
+  if (x.requires_grad()) [[unlikely]] {
+    return on_tape(x, result, kind_of(options), mesh.dim_name(d), loc);
   }
   return result;
 }

@@ -37,7 +37,9 @@ class Async;
 template <>
 class Async<LocalTensor> {
  public:
-  Async(WorkPtr work, std::function<void(const LocalTensor&)> on_complete);
+  // `on_complete` runs once, when the result is first waited for, and returns the result the
+  // caller gets (the same values; on the autograd tape when the input was).
+  Async(WorkPtr work, std::function<LocalTensor(const LocalTensor&)> on_complete);
   // Blocks until the collective finished and returns what the synchronous call returns.
   // Subsequent calls return the same result.
   LocalTensor wait();
@@ -45,8 +47,9 @@ class Async<LocalTensor> {
 
  private:
   WorkPtr work_;
-  // Closes the trace event and shows the result to the collective observer; runs once.
-  std::function<void(const LocalTensor&)> on_complete_;
+  // Closes the trace event, shows the result to the collective observer, records it on the tape.
+  std::function<LocalTensor(const LocalTensor&)> on_complete_;
+  LocalTensor result_;
 };
 
 // One finished collective, as the collective observer sees it.
