@@ -188,7 +188,7 @@ LocalTensor on_tape(const LocalTensor& x, const LocalTensor& result, CollectiveK
   const Var in = local_var(x);
   return record(collective_name(kind), nullptr, {&in, 1}, {}, local_var(result),
                 local_collective_backward, std::move(where))
-      .as<LocalTensor>();
+      .value<LocalTensor>();
 }
 
 Issued issue_call(const LocalTensor& x, const DeviceMesh& mesh, int d,

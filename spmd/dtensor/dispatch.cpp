@@ -297,7 +297,7 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
     std::vector<Var> vars;
     vars.reserve(n);
     for (size_t i = 0; i < n; ++i) vars.push_back(dtensor_var(*inputs[i]));
-    out = record(op.name, &op, vars, args, dtensor_var(out)).as<DTensor>();
+    out = record(op.name, &op, vars, args, dtensor_var(out)).value<DTensor>();
   }
   if (has_op_observers()) notify_op_observers(OpEvent{op.name, &op, args, inputs, out});
   return out;

@@ -103,15 +103,9 @@ const VarKind kDTensorKind{
       for (const Var& v : inputs) operands.push_back(&dtensor_of(v));
       return dtensor_var(dispatch(op, std::span<const DTensor* const>(operands), args));
     },
-    [](const Var& v) { return dtensor_of(v).autograd(); },
-    [](const Var& v, std::shared_ptr<AutogradMeta> meta) {
-      DTensor t = dtensor_of(v);
-      t.set_autograd(std::move(meta));
-      return dtensor_var(t);
-    },
     [](const Var& leaf, const Var& grad) {
       const DTensor& value = dtensor_of(leaf);
-      auto& meta = static_cast<DTensorAutogradMeta&>(*value.autograd());
+      auto& meta = static_cast<DTensorAutogradMeta&>(*leaf.meta());
       const DTensor& g = dtensor_of(grad);
       DTensor placed = g.redistribute(grad_target(value.placements(), g.placements())).detach();
       if (placed.dtype() != value.dtype()) placed = to(placed, value.dtype());
@@ -191,7 +185,8 @@ Tensor DTensor::full_tensor() const {
   }
   if (!grad_enabled() || !requires_grad() || !is_floating(dtype())) return full;
   const Var in = dtensor_var(*this);
-  return record("full_tensor", nullptr, {&in, 1}, {}, Var(full), full_tensor_backward).tensor();
+  return record("full_tensor", nullptr, {&in, 1}, {}, Var(full), full_tensor_backward)
+      .value<Tensor>();
 }
 
 DTensor DTensor::redistribute(const Placements& placements) const {
@@ -209,7 +204,7 @@ DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner 
   if (grad_enabled() && requires_grad() && is_floating(dtype())) {
     const Var in = dtensor_var(*this);
     out = record("redistribute", nullptr, {&in, 1}, {}, dtensor_var(out), redistribute_backward)
-              .as<DTensor>();
+              .value<DTensor>();
   }
   if (has_op_observers()) {
     const DTensor* input = this;
@@ -229,7 +224,7 @@ LocalTensor DTensor::to_local(std::optional<Placements> grad_placements) const {
   const Var in = dtensor_var(*this);
   return record("to_local", nullptr, {&in, 1}, {}, local_var(local_), to_local_backward,
                 std::move(placements))
-      .as<LocalTensor>();
+      .value<LocalTensor>();
 }
 
 std::string DTensor::to_string() const {
@@ -429,7 +424,7 @@ DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements place
   DTensor out(local.detach(), std::move(spec));
   return record("from_local", nullptr, {&in, 1}, {}, dtensor_var(out), from_local_backward,
                 std::move(targets))
-      .as<DTensor>();
+      .value<DTensor>();
 }
 
 // ---- autograd ---------------------------------------------------------------------------------
@@ -476,7 +471,7 @@ const VarKind& dtensor_kind() {
 }
 
 Var dtensor_var(const DTensor& t) {
-  return Var(&kDTensorKind, std::make_shared<const DTensor>(t));
+  return Var(&kDTensorKind, std::make_shared<const DTensor>(t.detach()), t.autograd());
 }
 
 void backward(const DTensor& loss) {

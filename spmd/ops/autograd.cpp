@@ -13,10 +13,12 @@ namespace spmd {
 // ---- Var
 // ------------------------------------------------------------------------------------------
 
-Var::Var(const Tensor& t) : kind_(t.defined() ? &tensor_kind() : nullptr), tensor_(t) {}
+Var::Var(const Tensor& t)
+    : kind_(t.defined() ? &tensor_kind() : nullptr), tensor_(t.detach()), meta_(t.autograd()) {}
 
-Var::Var(const VarKind* kind, std::shared_ptr<const void> object)
-    : kind_(kind), object_(std::move(object)) {}
+Var::Var(const VarKind* kind, std::shared_ptr<const void> object,
+         std::shared_ptr<AutogradMeta> meta)
+    : kind_(kind), object_(std::move(object)), meta_(std::move(meta)) {}
 
 const VarKind& Var::kind() const {
   if (kind_ == nullptr) throw_error<Error>("autograd: an undefined value was used");
@@ -31,8 +33,13 @@ const Tensor& Var::tensor() const {
 }
 
 Var Var::detach() const {
-  if (kind_ == nullptr) return {};
-  return kind_->with_meta(*this, nullptr);
+  return with_meta(nullptr);
+}
+
+Var Var::with_meta(std::shared_ptr<AutogradMeta> meta) const {
+  Var out = *this;
+  out.meta_ = std::move(meta);
+  return out;
 }
 
 // ---- the Tensor kind
@@ -52,14 +59,8 @@ const VarKind kTensorKind{
     [](const OpDef& op, std::span<const Var> inputs, const OpArgs& args) -> Var {
       return call(op, tensors_of(inputs), args);
     },
-    [](const Var& v) { return v.tensor().autograd(); },
-    [](const Var& v, std::shared_ptr<AutogradMeta> meta) -> Var {
-      Tensor t = v.tensor();
-      t.set_autograd(std::move(meta));
-      return t;
-    },
     [](const Var& leaf, const Var& grad) {
-      AutogradMeta& meta = *leaf.tensor().autograd();
+      AutogradMeta& meta = *leaf.meta();
       const Tensor g = grad.tensor().to(leaf.tensor().dtype());
       meta.grad = meta.grad.defined() ? meta.grad + g : g.detach();
     },
@@ -119,7 +120,7 @@ Var record(std::string_view name, const OpDef* op, std::span<const Var> inputs, 
   node->versions.push_back(output.kind().version(output));
   auto meta = std::make_shared<AutogradMeta>();
   meta->grad_fn = std::move(node);
-  return output.kind().with_meta(output, std::move(meta));
+  return output.with_meta(std::move(meta));
 }
 
 // ---- BackwardContext
@@ -348,7 +349,7 @@ Tensor record_method(TensorMethod method, const Tensor& input, std::span<const i
   const OpDef& def = method_op(method);
   const Var in(input);
   return record(def.name, &def, {&in, 1}, OpArgs{{ints.begin(), ints.end()}, {}}, Var(result))
-      .tensor();
+      .value<Tensor>();
 }
 
 [[maybe_unused]] const bool kMethodRecorderInstalled = [] {

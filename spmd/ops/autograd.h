@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <spmd/ops/op.h>
@@ -41,13 +42,10 @@ class Var;
 // dtensor/).
 struct VarKind {
   std::string_view name;
-  // Runs `op` on values of this kind.
+  // Runs `op` on values of this kind (without autograd state).
   Var (*call)(const OpDef& op, std::span<const Var> inputs, const OpArgs& args);
-  // The value's autograd state, null when it has none.
-  std::shared_ptr<AutogradMeta> (*meta)(const Var& value);
-  // The value with `meta` as its autograd state (a new handle of the same value).
-  Var (*with_meta)(const Var& value, std::shared_ptr<AutogradMeta> meta);
-  // Adds `grad` into the leaf's accumulated gradient (`leaf` is the value that requires grad).
+  // Adds `grad` into the gradient of `leaf` (a value that requires grad; its autograd state is
+  // leaf.meta(), of the kind's own AutogradMeta type).
   void (*accumulate)(const Var& leaf, const Var& grad);
   // Sum of the storage versions of the value's buffers (Storage::version).
   uint64_t (*version)(const Var& value);
@@ -58,30 +56,48 @@ struct VarKind {
   std::string (*describe)(const Var& value);
 };
 
-// A differentiable value: a Tensor, LocalTensor or DTensor, with its kind.
+// A differentiable value: a Tensor, LocalTensor or DTensor (kept without its autograd state), its
+// kind, and its autograd state beside it, so detaching or attaching state copies no value.
 class Var {
  public:
   Var() = default;
   Var(const Tensor& t);  // NOLINT: implicit by design
-  Var(const VarKind* kind, std::shared_ptr<const void> object);
+  // A value of another kind: `object` points at it (without autograd state).
+  Var(const VarKind* kind, std::shared_ptr<const void> object, std::shared_ptr<AutogradMeta> meta);
 
   bool defined() const { return kind_ != nullptr; }
   const VarKind& kind() const;
-  // The Tensor of a Tensor-kind value (Error for another kind).
+  const std::shared_ptr<AutogradMeta>& meta() const { return meta_; }
+  // The same value without autograd state, or with `meta`.
+  Var detach() const;
+  Var with_meta(std::shared_ptr<AutogradMeta> meta) const;
+
+  // The Tensor of a Tensor-kind value, without autograd state (Error for another kind).
   const Tensor& tensor() const;
-  // The value of another kind (the caller knows it).
+  // The value of another kind, without autograd state (the caller knows the kind).
   template <class T>
   const T& as() const {
     return *static_cast<const T*>(object_.get());
   }
-  std::shared_ptr<AutogradMeta> meta() const { return kind().meta(*this); }
-  // The same value without autograd state.
-  Var detach() const;
+  // The value as the user sees it: a copy of the handle with the autograd state attached.
+  template <class T>
+  T value() const {
+    T out = [&] {
+      if constexpr (std::is_same_v<T, Tensor>) {
+        return tensor();
+      } else {
+        return as<T>();
+      }
+    }();
+    out.set_autograd(meta_);
+    return out;
+  }
 
  private:
   const VarKind* kind_ = nullptr;
   Tensor tensor_;
   std::shared_ptr<const void> object_;
+  std::shared_ptr<AutogradMeta> meta_;
 };
 
 // The Tensor kind.

@@ -63,7 +63,7 @@ Tensor call(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args)
     out = op.compute(inputs, args, meta);
   }
   const std::vector<Var> vars(inputs.begin(), inputs.end());
-  return record(op.name, &op, vars, args, out).tensor();
+  return record(op.name, &op, vars, args, out).value<Tensor>();
 }
 
 Tensor compute_piece(const OpDef& op, std::span<const Tensor> pieces, const OpArgs& args,

@@ -116,16 +116,23 @@ void unary_backward_of(BackwardContext& c) {
   if (c.needs_grad(0))
     c.set_grad(0, apply(kUnaryDerivative<F>, {c.grad(), c.input(0), c.output()}));
 }
+// The gradient of operand `wrt` before it is summed down to the operand's shape.
+template <class F, int wrt>
+Var binary_operand_grad(const BackwardContext& c) {
+  constexpr element::GradPass pass = element::grad_pass<F, wrt>;
+  if constexpr (pass == element::GradPass::Identity) {
+    return c.grad();
+  } else if constexpr (pass == element::GradPass::Negate) {
+    return -c.grad();
+  } else {
+    return apply(kBinaryDerivative<F, wrt>, {c.grad(), c.input(0), c.input(1)});
+  }
+}
+
 template <class F>
 void binary_backward_of(BackwardContext& c) {
-  const Var& a = c.input(0);
-  const Var& b = c.input(1);
-  if (c.needs_grad(0)) {
-    c.set_grad(0, sum_to(apply(kBinaryDerivative<F, 0>, {c.grad(), a, b}), var_shape(a)));
-  }
-  if (c.needs_grad(1)) {
-    c.set_grad(1, sum_to(apply(kBinaryDerivative<F, 1>, {c.grad(), a, b}), var_shape(b)));
-  }
+  if (c.needs_grad(0)) c.set_grad(0, sum_to(binary_operand_grad<F, 0>(c), var_shape(c.input(0))));
+  if (c.needs_grad(1)) c.set_grad(1, sum_to(binary_operand_grad<F, 1>(c), var_shape(c.input(1))));
 }
 
 }  // namespace pointwise

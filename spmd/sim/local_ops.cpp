@@ -95,7 +95,7 @@ LocalTensor run_shards(const OpDef& op, const Operands& operands, const OpArgs& 
       vars.push_back(local_var(
           t != nullptr ? *t : LocalTensor::replicate(first->ranks(), operands.tensor(k, 0))));
     }
-    result = record(op.name, &op, vars, args, local_var(result)).as<LocalTensor>();
+    result = record(op.name, &op, vars, args, local_var(result)).value<LocalTensor>();
   }
   if (LocalOpObserver observer = g_observer.load(std::memory_order_relaxed)) [[unlikely]] {
     observer(op.name, std::span<const LocalTensor* const>(locals, n_locals), result);
@@ -149,14 +149,8 @@ const VarKind kLocalKind{
       for (const Var& v : inputs) locals.push_back(local_of(v));
       return local_var(local_call(op, locals, args));
     },
-    [](const Var& v) { return local_of(v).autograd(); },
-    [](const Var& v, std::shared_ptr<AutogradMeta> meta) {
-      LocalTensor t = local_of(v);
-      t.set_autograd(std::move(meta));
-      return local_var(t);
-    },
     [](const Var& leaf, const Var& grad) {
-      auto& meta = static_cast<LocalAutogradMeta&>(*local_of(leaf).autograd());
+      auto& meta = static_cast<LocalAutogradMeta&>(*leaf.meta());
       const LocalTensor g = local_of(grad).to(local_of(leaf).dtype()).detach();
       meta.local_grad = meta.local_grad.defined() ? meta.local_grad + g : g;
     },
@@ -193,7 +187,7 @@ const VarKind& local_kind() {
 }
 
 Var local_var(const LocalTensor& t) {
-  return Var(&kLocalKind, std::make_shared<const LocalTensor>(t));
+  return Var(&kLocalKind, std::make_shared<const LocalTensor>(t.detach()), t.autograd());
 }
 
 void backward(const LocalTensor& loss) {

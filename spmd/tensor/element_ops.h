@@ -52,6 +52,25 @@ struct IsPredicate<F, std::void_t<decltype(F::predicate)>> {
 template <class F>
 inline constexpr bool is_predicate = IsPredicate<F>::value;
 
+// How a binary op's gradient reaches operand a (wrt 0) or b (wrt 1): through the derivative
+// kernel (da / db), or, where the derivative is the gradient itself or its negation (add, sub),
+// without a kernel. A functor says so with `static constexpr GradPass pass_a` / `pass_b`.
+enum class GradPass { Kernel, Identity, Negate };
+template <class F, int wrt, class = void>
+struct GradPassOf {
+  static constexpr GradPass value = GradPass::Kernel;
+};
+template <class F>
+struct GradPassOf<F, 0, std::void_t<decltype(F::pass_a)>> {
+  static constexpr GradPass value = F::pass_a;
+};
+template <class F>
+struct GradPassOf<F, 1, std::void_t<decltype(F::pass_b)>> {
+  static constexpr GradPass value = F::pass_b;
+};
+template <class F, int wrt>
+inline constexpr GradPass grad_pass = GradPassOf<F, wrt>::value;
+
 // Whether functor F computes in compute type C.
 template <class F, class C>
 inline constexpr bool accepts = F::domain == Domain::Any ||
@@ -235,6 +254,8 @@ struct Gelu {
 struct Add {
   static constexpr std::string_view name = "add";
   static constexpr Domain domain = Domain::Numeric;
+  static constexpr GradPass pass_a = GradPass::Identity;
+  static constexpr GradPass pass_b = GradPass::Identity;
   template <class C>
   SPMD_HD C operator()(C a, C b) const {
     if constexpr (std::is_integral_v<C>) {
@@ -256,6 +277,8 @@ struct Add {
 struct Sub {
   static constexpr std::string_view name = "sub";
   static constexpr Domain domain = Domain::Numeric;
+  static constexpr GradPass pass_a = GradPass::Identity;
+  static constexpr GradPass pass_b = GradPass::Negate;
   template <class C>
   SPMD_HD C operator()(C a, C b) const {
     if constexpr (std::is_integral_v<C>) {
