@@ -202,6 +202,38 @@ Var expand_back(const Var& v, const std::vector<int64_t>& dims, bool keep, const
   return apply(op::expand, {out}, {shape, {}});
 }
 
+// amax/amin's gradient weights: 1 / (number of ties) where an element equals its group's extremum,
+// 0 elsewhere. One op, so the extremum and the comparison see the same values: on Partial inputs
+// two separate ops could be reduced along different paths and round differently.
+template <Reduction r>
+Tensor extremum_weights_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+  const Tensor& x = in[0];
+  const std::vector<int64_t> dims = reduced_dims(op_name(r), args, x.shape());
+  const Tensor m =
+      call(r == Reduction::Amax ? op::amax : op::amin, {x}, reduction_args(dims, true));
+  const Tensor hit = call(op::eq, {x, m}).to(out.dtype);
+  return hit / sum(hit, dims, true);
+}
+
+template <Reduction r>
+const OpDef kExtremumWeights{
+    r == Reduction::Amax ? "amax_weights" : "amin_weights",
+    [](std::span<const InputMeta> in, const OpArgs&) {
+      return OpMeta{*in[0].shape, in[0].dtype};
+    },
+    extremum_weights_compute<r>,
+    // The reduced dims whole on every rank (no Shard, no Partial); the others keep their shards.
+    [](ShardingInputs in, const OpArgs& args, const OpMeta&) {
+      const std::vector<int64_t> dims = reduced_dims(op_name(r), args, in[0]->shape());
+      return derived_strategies(in, [&dims](const Placement& p) -> std::optional<Placement> {
+        if (is_partial(p)) return std::nullopt;
+        if (const Shard* s = std::get_if<Shard>(&p)) {
+          if (std::find(dims.begin(), dims.end(), s->dim) != dims.end()) return std::nullopt;
+        }
+        return p;
+      });
+    }};
+
 template <Reduction r>
 void reduction_backward(BackwardContext& c) {
   if (!c.needs_grad(0)) return;
@@ -216,11 +248,7 @@ void reduction_backward(BackwardContext& c) {
     g = apply(op::div_scalar, {g}, {{}, {static_cast<double>(count)}});
   } else if constexpr (r == Reduction::Amax || r == Reduction::Amin) {
     // Ties share the gradient equally (torch.amax's rule).
-    const Var hit =
-        apply(op::to_dtype, {apply(op::eq, {x, expand_back(c.output(), dims, keep, shape)})},
-              {{static_cast<int64_t>(var_dtype(x))}, {}});
-    const Var ties = apply(op::sum, {hit}, reduction_args(dims, true));
-    g = g * hit / apply(op::expand, {ties}, {shape, {}});
+    g = g * apply(kExtremumWeights<r>, {x}, c.args());
   }
   c.set_grad(0, g);
 }

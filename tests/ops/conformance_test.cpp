@@ -552,10 +552,10 @@ bool gradient_placements_fit(const Placements& leaf, const Placements& grad) {
   return true;
 }
 
-// Every row on DTensors with random placements (uneven and empty shards on the meshes of 3 and 4
-// ranks, Partial inputs from known decompositions): the full tensor of each input's gradient
-// equals the Tensor gradient, and the gradient has the input's placements. Seeds come from the
-// row, mesh and trial only, so every rank of a real backend builds the same inputs.
+// Every row on DTensors with random placements, three trials per mesh (uneven and empty shards on
+// the meshes of 3 and 4 ranks, Partial inputs from known decompositions): the full tensor of each
+// input's gradient equals the Tensor gradient, and the gradient has the input's placements. Seeds
+// come from the row, mesh and trial only, so every rank of a real backend builds the same inputs.
 void check_dtensor_gradients(DType dtype) {
   World world = testing::test_world(64);
   const auto rows = op_table().rows;
@@ -571,47 +571,49 @@ void check_dtensor_gradients(DType dtype) {
       if (world.backend_name() == "mpi" && mesh_size != world.size()) continue;
       auto mesh = testing::try_mesh(world, kMeshes[m]);
       if (!mesh) continue;
-      const uint64_t seed = testing::mix(row * 131 + m, static_cast<uint64_t>(dtype));
-      std::vector<Tensor> globals;
-      std::vector<DTensor> inputs;
-      std::string placements_text;
-      for (size_t k = 0; k < r.shapes.size(); ++k) {
-        const Tensor g = smooth_input(r, r.shapes[k], testing::mix(seed, k)).to(dtype);
-        const Placements kinds = testing::all_placement_kinds(static_cast<int>(g.dim()));
-        Placements p;
-        for (size_t i = 0; i < kMeshes[m].size(); ++i) {
-          const uint64_t pick = testing::mix(seed, 100 + 10 * k + i);
-          p.push_back(kinds[pick % kinds.size()]);
+      for (uint64_t trial = 0; trial < 3; ++trial) {
+        const uint64_t seed = testing::mix(row * 131 + m * 7 + trial, static_cast<uint64_t>(dtype));
+        std::vector<Tensor> globals;
+        std::vector<DTensor> inputs;
+        std::string placements_text;
+        for (size_t k = 0; k < r.shapes.size(); ++k) {
+          const Tensor g = smooth_input(r, r.shapes[k], testing::mix(seed, k)).to(dtype);
+          const Placements kinds = testing::all_placement_kinds(static_cast<int>(g.dim()));
+          Placements p;
+          for (size_t i = 0; i < kMeshes[m].size(); ++i) {
+            const uint64_t pick = testing::mix(seed, 100 + 10 * k + i);
+            p.push_back(kinds[pick % kinds.size()]);
+          }
+          placements_text += " " + to_string(p);
+          globals.push_back(g);
+          inputs.push_back(
+              testing::make_dtensor(g, *mesh, p, testing::mix(seed, 1000 + k)).requires_grad_());
         }
-        placements_text += " " + to_string(p);
-        globals.push_back(g);
-        inputs.push_back(
-            testing::make_dtensor(g, *mesh, p, testing::mix(seed, 1000 + k)).requires_grad_());
-      }
-      SCOPED_TRACE(
-          fmt::format("{} {} on {} with{}", r.name, dtype, mesh->to_string(), placements_text));
-      const DTensor out = r.on_dtensor(inputs);
-      if (!is_floating(out.dtype())) continue;
-      const Tensor w = randn(out.shape(), testing::mix(seed, 7), dtype);
-      const std::vector<Tensor> want = tensor_gradients(r, globals, w);
-      backward(out, distribute_tensor(w, *mesh, Placements(mesh->ndim(), Replicate{})));
-      for (size_t k = 0; k < inputs.size(); ++k) {
-        const DTensor grad = inputs[k].grad();
-        if (!grad.defined()) {
-          EXPECT_TRUE(equal(want[k], zeros(want[k].shape(), dtype))) << "input " << k;
-          continue;
+        SCOPED_TRACE(
+            fmt::format("{} {} on {} with{}", r.name, dtype, mesh->to_string(), placements_text));
+        const DTensor out = r.on_dtensor(inputs);
+        if (!is_floating(out.dtype())) continue;
+        const Tensor w = randn(out.shape(), testing::mix(seed, 7), dtype);
+        const std::vector<Tensor> want = tensor_gradients(r, globals, w);
+        backward(out, distribute_tensor(w, *mesh, Placements(mesh->ndim(), Replicate{})));
+        for (size_t k = 0; k < inputs.size(); ++k) {
+          const DTensor grad = inputs[k].grad();
+          if (!grad.defined()) {
+            EXPECT_TRUE(equal(want[k], zeros(want[k].shape(), dtype))) << "input " << k;
+            continue;
+          }
+          EXPECT_TRUE(gradient_placements_fit(inputs[k].placements(), grad.placements()))
+              << "input " << k << " " << to_string(inputs[k].placements()) << " got gradient "
+              << to_string(grad.placements());
+          const Tensor got = grad.full_tensor();
+          EXPECT_TRUE(allclose(got, want[k], tol, tol))
+              << "input " << k << ": " << got << " vs " << want[k];
         }
-        EXPECT_TRUE(gradient_placements_fit(inputs[k].placements(), grad.placements()))
-            << "input " << k << " " << to_string(inputs[k].placements()) << " got gradient "
-            << to_string(grad.placements());
-        const Tensor got = grad.full_tensor();
-        EXPECT_TRUE(allclose(got, want[k], tol, tol))
-            << "input " << k << ": " << got << " vs " << want[k];
+        ++checked;
       }
-      ++checked;
     }
   }
-  EXPECT_GT(checked, world.backend_name() == "mpi" ? 100 : 200);
+  EXPECT_GT(checked, world.backend_name() == "mpi" ? 300 : 600);
 }
 
 SPMD_TEST(OpTableGrad, DTensorGradientsMatchTensorGradientsF64) {
