@@ -181,10 +181,8 @@ void local_collective_backward(BackwardContext& c) {
 LocalTensor on_tape(const LocalTensor& x, const LocalTensor& result, CollectiveKind kind,
                     const std::string& dim_name, const std::source_location& loc) {
   if (!grad_enabled() || !x.requires_grad() || !is_floating(result.dtype())) return result;
-  std::string_view file = loc.file_name();
-  file = file.substr(file.find_last_of('/') + 1);
   auto where = std::make_shared<const std::string>(
-      fmt::format("{} over mesh dim '{}' at {}:{}", kind, dim_name, file, loc.line()));
+      fmt::format("{} over mesh dim '{}' at {}", kind, dim_name, site_text(loc)));
   const Var in = local_var(x);
   return record(collective_name(kind), nullptr, {&in, 1}, {}, local_var(result),
                 local_collective_backward, std::move(where))
@@ -200,7 +198,9 @@ Issued issue_call(const LocalTensor& x, const DeviceMesh& mesh, int d,
 }  // namespace
 
 Async<LocalTensor> collective_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
-                                    CollectiveOptions options, SourceLocation loc) {
+                                    CollectiveOptions options, SourceLocation caller) {
+  // Note [User call sites]: a collective a DTensor op issues is reported at the op's line.
+  const SourceLocation loc = user_site_or(caller);
   const int d = mesh.resolve(dim);
   Issued issued = issue_call(x, mesh, d, options, loc);
   const uint64_t id = issued.trace_id;
@@ -225,7 +225,9 @@ Async<LocalTensor> collective_async(const LocalTensor& x, const DeviceMesh& mesh
 
 // The synchronous form: waits and moves the result out of the only Work handle.
 LocalTensor collective(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
-                       CollectiveOptions options, SourceLocation loc) {
+                       CollectiveOptions options, SourceLocation caller) {
+  // Note [User call sites]: a collective a DTensor op issues is reported at the op's line.
+  const SourceLocation loc = user_site_or(caller);
   const int d = mesh.resolve(dim);
   Issued issued = issue_call(x, mesh, d, options, loc);
   issued.work->wait();

@@ -25,6 +25,7 @@
 
 #include <spmd/collectives/backend.h>
 #include <spmd/collectives/types.h>
+#include <spmd/core/call_site.h>
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/sim/local_tensor.h>
 
@@ -70,7 +71,6 @@ void set_collective_observer(CollectiveObserver observer);
 std::shared_ptr<Communicator> communicator(const DeviceMesh& mesh, MeshDim dim,
                                            const CommOptions& options = {});
 
-using SourceLocation = std::source_location;
 #define SPMD_HERE_ SourceLocation loc = SourceLocation::current()
 
 // The collective `options` names, over the groups of `mesh`'s dim `dim`: the one path every named

@@ -14,12 +14,16 @@
 #include <string_view>
 #include <utility>
 
+#include <spmd/core/call_site.h>
+
 namespace spmd {
 
-// Base of every error spmdsim throws on purpose.
+// Base of every error spmdsim throws on purpose. Thrown while a public call runs, the message ends
+// with the user's call site, " (at train.cpp:42)" (Note [User call sites] in core/call_site.h).
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
+  explicit Error(const std::string& message)
+      : std::runtime_error(message + call_site_suffix(message)) {}
   // The most specific class's name, as reports print it: "[rank 3] CommError: all_reduce ...".
   // Every subclass overrides it.
   virtual std::string_view type_name() const noexcept { return "Error"; }

@@ -293,7 +293,8 @@ void check_nonfinite(const OpEvent& e) {
 }
 
 void on_local_op(std::string_view op, std::span<const LocalTensor* const> inputs,
-                 const LocalTensor& result) {
+                 const LocalTensor& result, const SourceLocation& /*location*/) {
+  // Thrown inside the op's call: the message ends with the user's line (core/error.h).
   for (size_t r = 0; r < result.num_shards(); ++r) {
     const Tensor& shard = result.shards()[r];
     if (r > 0 && shard.is_same(result.shards()[r - 1])) continue;

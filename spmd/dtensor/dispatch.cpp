@@ -265,7 +265,9 @@ DTensor replicated_operand(const Tensor& t, const DTensor& like, std::string_vie
 
 }  // namespace
 
-DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const OpArgs& args) {
+DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const OpArgs& args,
+                 SourceLocation loc) {
+  const UserCallSite site(loc);
   const size_t n = inputs.size();
   if (n == 0) throw_error<Error>("{}: dispatch needs at least one DTensor input", op.name);
   SmallArray<const DTensorSpec*> specs(n);
@@ -299,11 +301,15 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
     for (size_t i = 0; i < n; ++i) vars.push_back(dtensor_var(*inputs[i]));
     out = record(op.name, &op, vars, args, dtensor_var(out)).value<DTensor>();
   }
-  if (has_op_observers()) notify_op_observers(OpEvent{op.name, &op, args, inputs, out});
+  if (has_op_observers()) {
+    notify_op_observers(OpEvent{op.name, &op, args, inputs, out, user_site_or(loc)});
+  }
   return out;
 }
 
-DTensor dispatch(const OpDef& op, std::initializer_list<DOperand> inputs, const OpArgs& args) {
+DTensor dispatch(const OpDef& op, std::initializer_list<DOperand> inputs, const OpArgs& args,
+                 SourceLocation loc) {
+  const UserCallSite site(loc);
   const DTensor* like = nullptr;
   for (const DOperand& o : inputs) {
     if (o.dtensor() != nullptr) {
@@ -326,14 +332,15 @@ DTensor dispatch(const OpDef& op, std::initializer_list<DOperand> inputs, const 
       operands[i] = &replicated[i];
     }
   }
-  return dispatch(op, std::span<const DTensor* const>(operands.data(), n), args);
+  return dispatch(op, std::span<const DTensor* const>(operands.data(), n), args, loc);
 }
 
-DTensor dispatch(const OpDef& op, std::span<const DTensor> inputs, const OpArgs& args) {
+DTensor dispatch(const OpDef& op, std::span<const DTensor> inputs, const OpArgs& args,
+                 SourceLocation loc) {
   std::vector<const DTensor*> operands;
   operands.reserve(inputs.size());
   for (const DTensor& t : inputs) operands.push_back(&t);
-  return dispatch(op, std::span<const DTensor* const>(operands), args);
+  return dispatch(op, std::span<const DTensor* const>(operands), args, loc);
 }
 
 CacheStats sharding_cache_stats() {

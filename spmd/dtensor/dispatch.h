@@ -33,6 +33,7 @@
 #include <string_view>
 #include <vector>
 
+#include <spmd/core/call_site.h>
 #include <spmd/dtensor/dtensor.h>
 #include <spmd/dtensor/redistribute.h>
 #include <spmd/ops/op.h>
@@ -63,12 +64,16 @@ class DOperand {
   const Tensor* tensor_ = nullptr;
 };
 
-// Runs `op` on `inputs` (1 to 4 operands on one mesh, at least one a DTensor; PlacementError
-// naming the op, the meshes, placements and shapes otherwise).
-DTensor dispatch(const OpDef& op, std::initializer_list<DOperand> inputs, const OpArgs& args = {});
-DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const OpArgs& args = {});
+// Runs `op` on `inputs` (operands on one mesh, at least one a DTensor; PlacementError naming the
+// op, the meshes, placements and shapes otherwise). `loc` is the user's call site (Note [User call
+// sites]): the op's redistributions, observers and tape node report it.
+DTensor dispatch(const OpDef& op, std::initializer_list<DOperand> inputs, const OpArgs& args = {},
+                 SourceLocation loc = SourceLocation::current());
+DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const OpArgs& args = {},
+                 SourceLocation loc = SourceLocation::current());
 // Any number of DTensor inputs (cat, stack).
-DTensor dispatch(const OpDef& op, std::span<const DTensor> inputs, const OpArgs& args = {});
+DTensor dispatch(const OpDef& op, std::span<const DTensor> inputs, const OpArgs& args = {},
+                 SourceLocation loc = SourceLocation::current());
 
 // The (cached) decision for these input specs.
 std::shared_ptr<const OutputSharding> propagate_sharding(const OpDef& op, SpecList inputs,

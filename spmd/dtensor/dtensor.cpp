@@ -175,7 +175,8 @@ const SpecPtr& DTensor::spec_ptr() const {
   return spec_;
 }
 
-Tensor DTensor::full_tensor() const {
+Tensor DTensor::full_tensor(SourceLocation loc) const {
+  const UserCallSite site(loc);
   check_defined("full_tensor");
   Tensor full = local_.shards().front();
   if (!spec_->is_replicated()) {
@@ -189,11 +190,13 @@ Tensor DTensor::full_tensor() const {
       .value<Tensor>();
 }
 
-DTensor DTensor::redistribute(const Placements& placements) const {
-  return redistribute(placements, default_redistribute_planner());
+DTensor DTensor::redistribute(const Placements& placements, SourceLocation loc) const {
+  return redistribute(placements, default_redistribute_planner(), loc);
 }
 
-DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner planner) const {
+DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner planner,
+                              SourceLocation loc) const {
+  const UserCallSite site(loc);
   check_defined("redistribute");
   if (placements == spec_->placements()) return *this;
   DTensorSpec target = spec_->with_placements(placements);
@@ -210,12 +213,14 @@ DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner 
     const DTensor* input = this;
     static const OpArgs kNoArgs;
     notify_op_observers(OpEvent{kRedistributeOp.name, &kRedistributeOp, kNoArgs,
-                                std::span<const DTensor* const>(&input, 1), out});
+                                std::span<const DTensor* const>(&input, 1), out,
+                                user_site_or(loc)});
   }
   return out;
 }
 
-LocalTensor DTensor::to_local(std::optional<Placements> grad_placements) const {
+LocalTensor DTensor::to_local(std::optional<Placements> grad_placements, SourceLocation loc) const {
+  const UserCallSite site(loc);
   check_defined("to_local");
   if (!grad_enabled() || !requires_grad() || !is_floating(dtype())) return local_;
   auto placements = std::make_shared<const Placements>(
@@ -380,7 +385,8 @@ Shape infer_global_shape(const LocalTensor& local, const DeviceMesh& mesh,
 
 DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements placements,
                             std::optional<Shape> global_shape,
-                            std::optional<Placements> grad_placements) {
+                            std::optional<Placements> grad_placements, SourceLocation loc) {
+  const UserCallSite site(loc);
   if (!local.defined()) {
     throw_error<PlacementError>("DTensor::from_local: the LocalTensor is undefined (mesh {})",
                                 mesh.to_string());
@@ -474,7 +480,8 @@ Var dtensor_var(const DTensor& t) {
   return Var(&kDTensorKind, std::make_shared<const DTensor>(t.detach()), t.autograd());
 }
 
-void backward(const DTensor& loss) {
+void backward(const DTensor& loss, SourceLocation loc) {
+  const UserCallSite site(loc);
   if (!loss.defined() || loss.numel() != 1) {
     throw_error<ShapeError>(
         "backward: the loss must be a DTensor of one element, got shape {} (pass an output "
@@ -483,11 +490,11 @@ void backward(const DTensor& loss) {
   }
   const DTensor one = distribute_tensor(ones(loss.shape(), loss.dtype()), loss.mesh(),
                                         Placements(loss.placements().size(), Replicate{}));
-  run_backward(dtensor_var(loss), dtensor_var(one));
+  run_backward(dtensor_var(loss), dtensor_var(one), loc);
 }
 
-void backward(const DTensor& output, const DTensor& grad) {
-  run_backward(dtensor_var(output), dtensor_var(grad));
+void backward(const DTensor& output, const DTensor& grad, SourceLocation loc) {
+  run_backward(dtensor_var(output), dtensor_var(grad), loc);
 }
 
 void zero_grad(const std::vector<DTensor*>& params) {

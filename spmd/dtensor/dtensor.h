@@ -51,23 +51,27 @@ class DTensor {
   // (pytorch/pytorch#175867, torchtitan#2416).
   static DTensor from_local(LocalTensor local, DeviceMesh mesh, Placements placements,
                             std::optional<Shape> global_shape = {},
-                            std::optional<Placements> grad_placements = {});
+                            std::optional<Placements> grad_placements = {},
+                            SourceLocation loc = SourceLocation::current());
 
   bool defined() const { return spec_ != nullptr; }
   // Each held rank's piece, as a new LocalTensor handle (cheap: it shares the shards; keep it in a
   // variable before binding references into its shards). Under autograd the result is recorded:
   // its gradient becomes this DTensor's gradient with `grad_placements` (default: this DTensor's
   // placements).
-  LocalTensor to_local(std::optional<Placements> grad_placements = {}) const;
+  LocalTensor to_local(std::optional<Placements> grad_placements = {},
+                       SourceLocation loc = SourceLocation::current()) const;
   // Each held rank's piece, as stored (no copy, not recorded by autograd).
   const LocalTensor& local() const;
   // The global tensor, the same on every rank: redistributes to all-Replicate and returns a held
   // rank's copy. It may share storage with the DTensor's pieces; clone() before writing to it.
   // Recorded by autograd: the Tensor's gradient flows back to this DTensor.
-  Tensor full_tensor() const;
+  Tensor full_tensor(SourceLocation loc = SourceLocation::current()) const;
   // The same global tensor with other placements (same mesh). Plans are cached.
-  DTensor redistribute(const Placements& placements) const;
-  DTensor redistribute(const Placements& placements, RedistributePlanner planner) const;
+  DTensor redistribute(const Placements& placements,
+                       SourceLocation loc = SourceLocation::current()) const;
+  DTensor redistribute(const Placements& placements, RedistributePlanner planner,
+                       SourceLocation loc = SourceLocation::current()) const;
 
   const DeviceMesh& mesh() const;
   const Placements& placements() const;
@@ -115,8 +119,9 @@ Var dtensor_var(const DTensor& t);
 
 // backward(loss) of a DTensor of one element; or with an explicit output gradient (a DTensor of
 // the output's shape, any placements).
-void backward(const DTensor& loss);
-void backward(const DTensor& output, const DTensor& grad);
+void backward(const DTensor& loss, SourceLocation loc = SourceLocation::current());
+void backward(const DTensor& output, const DTensor& grad,
+              SourceLocation loc = SourceLocation::current());
 // Drops the accumulated gradients of `params`.
 void zero_grad(const std::vector<DTensor*>& params);
 

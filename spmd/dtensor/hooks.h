@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include <spmd/core/call_site.h>
 #include <spmd/dtensor/dispatch.h>
 
 namespace spmd {
@@ -36,6 +37,8 @@ struct OpEvent {
   const OpArgs& args;
   std::span<const DTensor* const> inputs;
   const DTensor& output;
+  // The user's call site of the op (Note [User call sites]).
+  const SourceLocation& location;
   // The op on full tensors (in inputs order): the single-device result.
   Tensor reference(std::span<const Tensor> full_inputs) const {
     return spmd::reference(*def, full_inputs, args);

@@ -46,280 +46,330 @@
 
 namespace spmd {
 
-inline DTensor add(const DTensor& a, const DTensor& b) {
-  return dispatch(op::add, {a, b});
+inline DTensor add(const DTensor& a, const DTensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::add, {a, b}, {}, loc);
 }
-inline DTensor add(const DTensor& a, const Tensor& b) {
-  return dispatch(op::add, {a, b});
+inline DTensor add(const DTensor& a, const Tensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::add, {a, b}, {}, loc);
 }
-inline DTensor add(const Tensor& a, const DTensor& b) {
-  return dispatch(op::add, {a, b});
+inline DTensor add(const Tensor& a, const DTensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::add, {a, b}, {}, loc);
 }
-inline DTensor sub(const DTensor& a, const DTensor& b) {
-  return dispatch(op::sub, {a, b});
+inline DTensor sub(const DTensor& a, const DTensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::sub, {a, b}, {}, loc);
 }
-inline DTensor sub(const DTensor& a, const Tensor& b) {
-  return dispatch(op::sub, {a, b});
+inline DTensor sub(const DTensor& a, const Tensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::sub, {a, b}, {}, loc);
 }
-inline DTensor sub(const Tensor& a, const DTensor& b) {
-  return dispatch(op::sub, {a, b});
+inline DTensor sub(const Tensor& a, const DTensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::sub, {a, b}, {}, loc);
 }
-inline DTensor mul(const DTensor& a, const DTensor& b) {
-  return dispatch(op::mul, {a, b});
+inline DTensor mul(const DTensor& a, const DTensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::mul, {a, b}, {}, loc);
 }
-inline DTensor mul(const DTensor& a, const Tensor& b) {
-  return dispatch(op::mul, {a, b});
+inline DTensor mul(const DTensor& a, const Tensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::mul, {a, b}, {}, loc);
 }
-inline DTensor mul(const Tensor& a, const DTensor& b) {
-  return dispatch(op::mul, {a, b});
+inline DTensor mul(const Tensor& a, const DTensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::mul, {a, b}, {}, loc);
 }
-inline DTensor div(const DTensor& a, const DTensor& b) {
-  return dispatch(op::div, {a, b});
+inline DTensor div(const DTensor& a, const DTensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::div, {a, b}, {}, loc);
 }
-inline DTensor div(const DTensor& a, const Tensor& b) {
-  return dispatch(op::div, {a, b});
+inline DTensor div(const DTensor& a, const Tensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::div, {a, b}, {}, loc);
 }
-inline DTensor div(const Tensor& a, const DTensor& b) {
-  return dispatch(op::div, {a, b});
+inline DTensor div(const Tensor& a, const DTensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::div, {a, b}, {}, loc);
 }
-inline DTensor maximum(const DTensor& a, const DTensor& b) {
-  return dispatch(op::maximum, {a, b});
+inline DTensor maximum(const DTensor& a, const DTensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::maximum, {a, b}, {}, loc);
 }
-inline DTensor maximum(const DTensor& a, const Tensor& b) {
-  return dispatch(op::maximum, {a, b});
+inline DTensor maximum(const DTensor& a, const Tensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::maximum, {a, b}, {}, loc);
 }
-inline DTensor maximum(const Tensor& a, const DTensor& b) {
-  return dispatch(op::maximum, {a, b});
+inline DTensor maximum(const Tensor& a, const DTensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::maximum, {a, b}, {}, loc);
 }
-inline DTensor minimum(const DTensor& a, const DTensor& b) {
-  return dispatch(op::minimum, {a, b});
+inline DTensor minimum(const DTensor& a, const DTensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::minimum, {a, b}, {}, loc);
 }
-inline DTensor minimum(const DTensor& a, const Tensor& b) {
-  return dispatch(op::minimum, {a, b});
+inline DTensor minimum(const DTensor& a, const Tensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::minimum, {a, b}, {}, loc);
 }
-inline DTensor minimum(const Tensor& a, const DTensor& b) {
-  return dispatch(op::minimum, {a, b});
+inline DTensor minimum(const Tensor& a, const DTensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::minimum, {a, b}, {}, loc);
 }
-inline DTensor matmul(const DTensor& a, const DTensor& b) {
-  return dispatch(op::matmul, {a, b});
+inline DTensor matmul(const DTensor& a, const DTensor& b,
+                      SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::matmul, {a, b}, {}, loc);
 }
-inline DTensor matmul(const DTensor& a, const Tensor& b) {
-  return dispatch(op::matmul, {a, b});
+inline DTensor matmul(const DTensor& a, const Tensor& b,
+                      SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::matmul, {a, b}, {}, loc);
 }
-inline DTensor matmul(const Tensor& a, const DTensor& b) {
-  return dispatch(op::matmul, {a, b});
+inline DTensor matmul(const Tensor& a, const DTensor& b,
+                      SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::matmul, {a, b}, {}, loc);
 }
-inline DTensor bmm(const DTensor& a, const DTensor& b) {
-  return dispatch(op::bmm, {a, b});
+inline DTensor bmm(const DTensor& a, const DTensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::bmm, {a, b}, {}, loc);
 }
-inline DTensor bmm(const DTensor& a, const Tensor& b) {
-  return dispatch(op::bmm, {a, b});
+inline DTensor bmm(const DTensor& a, const Tensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::bmm, {a, b}, {}, loc);
 }
-inline DTensor bmm(const Tensor& a, const DTensor& b) {
-  return dispatch(op::bmm, {a, b});
+inline DTensor bmm(const Tensor& a, const DTensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::bmm, {a, b}, {}, loc);
 }
 
-inline DTensor pow(const DTensor& a, const DTensor& b) {
-  return dispatch(op::pow, {a, b});
+inline DTensor pow(const DTensor& a, const DTensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::pow, {a, b}, {}, loc);
 }
-inline DTensor pow(const DTensor& a, const Tensor& b) {
-  return dispatch(op::pow, {a, b});
+inline DTensor pow(const DTensor& a, const Tensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::pow, {a, b}, {}, loc);
 }
-inline DTensor pow(const Tensor& a, const DTensor& b) {
-  return dispatch(op::pow, {a, b});
+inline DTensor pow(const Tensor& a, const DTensor& b,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::pow, {a, b}, {}, loc);
 }
 
-inline DTensor operator+(const DTensor& a, const DTensor& b) {
-  return add(a, b);
+inline DTensor operator+(At<DTensor> a, const DTensor& b) {
+  return add(a.value, b, a.loc);
 }
-inline DTensor operator+(const DTensor& a, const Tensor& b) {
-  return add(a, b);
+inline DTensor operator+(At<DTensor> a, const Tensor& b) {
+  return add(a.value, b, a.loc);
 }
-inline DTensor operator+(const Tensor& a, const DTensor& b) {
-  return add(a, b);
+inline DTensor operator+(const Tensor& a, At<DTensor> b) {
+  return add(a, b.value, b.loc);
 }
-inline DTensor operator+(const DTensor& a, double b) {
-  return dispatch(op::add_scalar, {a}, {{}, {b}});
+inline DTensor operator+(At<DTensor> a, double b) {
+  return dispatch(op::add_scalar, {a.value}, {{}, {b}}, a.loc);
 }
-inline DTensor operator+(double a, const DTensor& b) {
-  return dispatch(op::add_scalar, {b}, {{}, {a}});
+inline DTensor operator+(double a, At<DTensor> b) {
+  return dispatch(op::add_scalar, {b.value}, {{}, {a}}, b.loc);
 }
-inline DTensor operator-(const DTensor& a, const DTensor& b) {
-  return sub(a, b);
+inline DTensor operator-(At<DTensor> a, const DTensor& b) {
+  return sub(a.value, b, a.loc);
 }
-inline DTensor operator-(const DTensor& a, const Tensor& b) {
-  return sub(a, b);
+inline DTensor operator-(At<DTensor> a, const Tensor& b) {
+  return sub(a.value, b, a.loc);
 }
-inline DTensor operator-(const Tensor& a, const DTensor& b) {
-  return sub(a, b);
+inline DTensor operator-(const Tensor& a, At<DTensor> b) {
+  return sub(a, b.value, b.loc);
 }
-inline DTensor operator-(const DTensor& a, double b) {
-  return dispatch(op::sub_scalar, {a}, {{}, {b}});
+inline DTensor operator-(At<DTensor> a, double b) {
+  return dispatch(op::sub_scalar, {a.value}, {{}, {b}}, a.loc);
 }
-inline DTensor operator-(double a, const DTensor& b) {
-  return dispatch(op::rsub_scalar, {b}, {{}, {a}});
+inline DTensor operator-(double a, At<DTensor> b) {
+  return dispatch(op::rsub_scalar, {b.value}, {{}, {a}}, b.loc);
 }
-inline DTensor operator*(const DTensor& a, const DTensor& b) {
-  return mul(a, b);
+inline DTensor operator*(At<DTensor> a, const DTensor& b) {
+  return mul(a.value, b, a.loc);
 }
-inline DTensor operator*(const DTensor& a, const Tensor& b) {
-  return mul(a, b);
+inline DTensor operator*(At<DTensor> a, const Tensor& b) {
+  return mul(a.value, b, a.loc);
 }
-inline DTensor operator*(const Tensor& a, const DTensor& b) {
-  return mul(a, b);
+inline DTensor operator*(const Tensor& a, At<DTensor> b) {
+  return mul(a, b.value, b.loc);
 }
-inline DTensor operator*(const DTensor& a, double b) {
-  return dispatch(op::mul_scalar, {a}, {{}, {b}});
+inline DTensor operator*(At<DTensor> a, double b) {
+  return dispatch(op::mul_scalar, {a.value}, {{}, {b}}, a.loc);
 }
-inline DTensor operator*(double a, const DTensor& b) {
-  return dispatch(op::mul_scalar, {b}, {{}, {a}});
+inline DTensor operator*(double a, At<DTensor> b) {
+  return dispatch(op::mul_scalar, {b.value}, {{}, {a}}, b.loc);
 }
-inline DTensor operator/(const DTensor& a, const DTensor& b) {
-  return div(a, b);
+inline DTensor operator/(At<DTensor> a, const DTensor& b) {
+  return div(a.value, b, a.loc);
 }
-inline DTensor operator/(const DTensor& a, const Tensor& b) {
-  return div(a, b);
+inline DTensor operator/(At<DTensor> a, const Tensor& b) {
+  return div(a.value, b, a.loc);
 }
-inline DTensor operator/(const Tensor& a, const DTensor& b) {
-  return div(a, b);
+inline DTensor operator/(const Tensor& a, At<DTensor> b) {
+  return div(a, b.value, b.loc);
 }
-inline DTensor operator/(const DTensor& a, double b) {
-  return dispatch(op::div_scalar, {a}, {{}, {b}});
+inline DTensor operator/(At<DTensor> a, double b) {
+  return dispatch(op::div_scalar, {a.value}, {{}, {b}}, a.loc);
 }
-inline DTensor operator/(double a, const DTensor& b) {
-  return dispatch(op::rdiv_scalar, {b}, {{}, {a}});
+inline DTensor operator/(double a, At<DTensor> b) {
+  return dispatch(op::rdiv_scalar, {b.value}, {{}, {a}}, b.loc);
 }
-inline DTensor operator-(const DTensor& a) {
-  return dispatch(op::neg, {a});
+inline DTensor operator-(At<DTensor> a) {
+  return dispatch(op::neg, {a.value}, {}, a.loc);
 }
 
 // beta * c + alpha * (a @ b), with a [n,k], b [k,m], c broadcastable to [n,m].
 inline DTensor addmm(const DTensor& c, const DTensor& a, const DTensor& b, double beta = 1.0,
-                     double alpha = 1.0) {
-  return dispatch(op::addmm, {c, a, b}, {{}, {beta, alpha}});
+                     double alpha = 1.0, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::addmm, {c, a, b}, {{}, {beta, alpha}}, loc);
 }
 
-inline DTensor neg(const DTensor& t) {
-  return dispatch(op::neg, {t});
+inline DTensor neg(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::neg, {t}, {}, loc);
 }
-inline DTensor abs(const DTensor& t) {
-  return dispatch(op::abs, {t});
+inline DTensor abs(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::abs, {t}, {}, loc);
 }
-inline DTensor exp(const DTensor& t) {
-  return dispatch(op::exp, {t});
+inline DTensor exp(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::exp, {t}, {}, loc);
 }
-inline DTensor log(const DTensor& t) {
-  return dispatch(op::log, {t});
+inline DTensor log(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::log, {t}, {}, loc);
 }
-inline DTensor sqrt(const DTensor& t) {
-  return dispatch(op::sqrt, {t});
+inline DTensor sqrt(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::sqrt, {t}, {}, loc);
 }
-inline DTensor rsqrt(const DTensor& t) {
-  return dispatch(op::rsqrt, {t});
+inline DTensor rsqrt(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::rsqrt, {t}, {}, loc);
 }
-inline DTensor tanh(const DTensor& t) {
-  return dispatch(op::tanh, {t});
+inline DTensor tanh(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::tanh, {t}, {}, loc);
 }
-inline DTensor relu(const DTensor& t) {
-  return dispatch(op::relu, {t});
+inline DTensor relu(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::relu, {t}, {}, loc);
 }
-inline DTensor gelu(const DTensor& t) {
-  return dispatch(op::gelu, {t});
+inline DTensor gelu(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::gelu, {t}, {}, loc);
 }
 
 // Over all dims, or over `dims` (each once, negative allowed; empty means all).
-inline DTensor sum(const DTensor& t) {
-  return dispatch(op::sum, {t}, reduction_args({}, false));
+inline DTensor sum(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::sum, {t}, reduction_args({}, false), loc);
 }
-inline DTensor sum(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false) {
-  return dispatch(op::sum, {t}, reduction_args(dims, keepdim));
+inline DTensor sum(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::sum, {t}, reduction_args(dims, keepdim), loc);
 }
-inline DTensor mean(const DTensor& t) {
-  return dispatch(op::mean, {t}, reduction_args({}, false));
+inline DTensor mean(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::mean, {t}, reduction_args({}, false), loc);
 }
-inline DTensor mean(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false) {
-  return dispatch(op::mean, {t}, reduction_args(dims, keepdim));
+inline DTensor mean(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false,
+                    SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::mean, {t}, reduction_args(dims, keepdim), loc);
 }
-inline DTensor amax(const DTensor& t) {
-  return dispatch(op::amax, {t}, reduction_args({}, false));
+inline DTensor amax(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::amax, {t}, reduction_args({}, false), loc);
 }
-inline DTensor amax(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false) {
-  return dispatch(op::amax, {t}, reduction_args(dims, keepdim));
+inline DTensor amax(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false,
+                    SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::amax, {t}, reduction_args(dims, keepdim), loc);
 }
-inline DTensor amin(const DTensor& t) {
-  return dispatch(op::amin, {t}, reduction_args({}, false));
+inline DTensor amin(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::amin, {t}, reduction_args({}, false), loc);
 }
-inline DTensor amin(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false) {
-  return dispatch(op::amin, {t}, reduction_args(dims, keepdim));
-}
-
-inline DTensor softmax(const DTensor& t, int64_t d) {
-  return dispatch(op::softmax, {t}, {{d}, {}});
-}
-inline DTensor log_softmax(const DTensor& t, int64_t d) {
-  return dispatch(op::log_softmax, {t}, {{d}, {}});
+inline DTensor amin(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false,
+                    SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::amin, {t}, reduction_args(dims, keepdim), loc);
 }
 
-inline DTensor transpose(const DTensor& t, int64_t a, int64_t b) {
-  return dispatch(op::transpose, {t}, {{a, b}, {}});
+inline DTensor softmax(const DTensor& t, int64_t d,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::softmax, {t}, {{d}, {}}, loc);
+}
+inline DTensor log_softmax(const DTensor& t, int64_t d,
+                           SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::log_softmax, {t}, {{d}, {}}, loc);
+}
+
+inline DTensor transpose(const DTensor& t, int64_t a, int64_t b,
+                         SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::transpose, {t}, {{a, b}, {}}, loc);
 }
 // One size may be -1.
-inline DTensor reshape(const DTensor& t, const Shape& shape) {
-  return dispatch(op::reshape, {t}, {shape, {}});
+inline DTensor reshape(const DTensor& t, const Shape& shape,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::reshape, {t}, {shape, {}}, loc);
 }
 // Concatenate along d (all on one mesh); shards of the other dims and shared Partials pass.
-inline DTensor cat(const std::vector<DTensor>& tensors, int64_t d = 0) {
-  return dispatch(op::cat, tensors, {{d}, {}});
+inline DTensor cat(const std::vector<DTensor>& tensors, int64_t d = 0,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::cat, tensors, {{d}, {}}, loc);
 }
-inline DTensor stack(const std::vector<DTensor>& tensors, int64_t d = 0) {
-  return dispatch(op::stack, tensors, {{d}, {}});
+inline DTensor stack(const std::vector<DTensor>& tensors, int64_t d = 0,
+                     SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::stack, tensors, {{d}, {}}, loc);
 }
-inline DTensor pad(const DTensor& t, int64_t d, int64_t before, int64_t after, double value = 0.0) {
-  return dispatch(op::pad, {t}, {{d, before, after}, {value}});
+inline DTensor pad(const DTensor& t, int64_t d, int64_t before, int64_t after, double value = 0.0,
+                   SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::pad, {t}, {{d, before, after}, {value}}, loc);
 }
 
-inline DTensor narrow(const DTensor& t, int64_t d, int64_t start, int64_t length) {
-  return dispatch(op::narrow, {t}, {{d, start, length}, {}});
+inline DTensor narrow(const DTensor& t, int64_t d, int64_t start, int64_t length,
+                      SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::narrow, {t}, {{d, start, length}, {}}, loc);
 }
-inline DTensor select(const DTensor& t, int64_t d, int64_t index) {
-  return dispatch(op::select, {t}, {{d, index}, {}});
+inline DTensor select(const DTensor& t, int64_t d, int64_t index,
+                      SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::select, {t}, {{d, index}, {}}, loc);
 }
-inline DTensor permute(const DTensor& t, const std::vector<int64_t>& dims) {
-  return dispatch(op::permute, {t}, {dims, {}});
+inline DTensor permute(const DTensor& t, const std::vector<int64_t>& dims,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::permute, {t}, {dims, {}}, loc);
 }
-inline DTensor unsqueeze(const DTensor& t, int64_t d) {
-  return dispatch(op::unsqueeze, {t}, {{d}, {}});
+inline DTensor unsqueeze(const DTensor& t, int64_t d,
+                         SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::unsqueeze, {t}, {{d}, {}}, loc);
 }
-inline DTensor squeeze(const DTensor& t, int64_t d) {
-  return dispatch(op::squeeze, {t}, {{d}, {}});
+inline DTensor squeeze(const DTensor& t, int64_t d,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::squeeze, {t}, {{d}, {}}, loc);
 }
-inline DTensor expand(const DTensor& t, const Shape& shape) {
-  return dispatch(op::expand, {t}, {shape, {}});
+inline DTensor expand(const DTensor& t, const Shape& shape,
+                      SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::expand, {t}, {shape, {}}, loc);
 }
-inline DTensor clone(const DTensor& t) {
-  return dispatch(op::clone, {t});
+inline DTensor clone(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::clone, {t}, {}, loc);
 }
 // The same DTensor in another dtype.
-inline DTensor to(const DTensor& t, DType dtype) {
-  return dispatch(op::to_dtype, {t}, {{static_cast<int64_t>(dtype)}, {}});
+inline DTensor to(const DTensor& t, DType dtype, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::to_dtype, {t}, {{static_cast<int64_t>(dtype)}, {}}, loc);
 }
 // Elementwise comparisons with broadcasting; Bool results.
-inline DTensor eq(const DTensor& a, const DTensor& b) {
-  return dispatch(op::eq, {a, b});
+inline DTensor eq(const DTensor& a, const DTensor& b,
+                  SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::eq, {a, b}, {}, loc);
 }
-inline DTensor ne(const DTensor& a, const DTensor& b) {
-  return dispatch(op::ne, {a, b});
+inline DTensor ne(const DTensor& a, const DTensor& b,
+                  SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::ne, {a, b}, {}, loc);
 }
-inline DTensor lt(const DTensor& a, const DTensor& b) {
-  return dispatch(op::lt, {a, b});
+inline DTensor lt(const DTensor& a, const DTensor& b,
+                  SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::lt, {a, b}, {}, loc);
 }
-inline DTensor le(const DTensor& a, const DTensor& b) {
-  return dispatch(op::le, {a, b});
+inline DTensor le(const DTensor& a, const DTensor& b,
+                  SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::le, {a, b}, {}, loc);
 }
-inline DTensor gt(const DTensor& a, const DTensor& b) {
-  return dispatch(op::gt, {a, b});
+inline DTensor gt(const DTensor& a, const DTensor& b,
+                  SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::gt, {a, b}, {}, loc);
 }
-inline DTensor ge(const DTensor& a, const DTensor& b) {
-  return dispatch(op::ge, {a, b});
+inline DTensor ge(const DTensor& a, const DTensor& b,
+                  SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::ge, {a, b}, {}, loc);
 }
 }  // namespace spmd

@@ -3,6 +3,7 @@
 #include <spmd/ops/autograd.h>
 
 #include <algorithm>
+#include <optional>
 #include <unordered_map>
 
 #include <spmd/core/error.h>
@@ -97,6 +98,10 @@ Var record(std::string_view name, const OpDef* op, std::span<const Var> inputs, 
   node->backward = backward;
   node->args = args;
   node->payload = std::move(payload);
+  if (const SourceLocation* site = current_call_site()) {
+    node->site = *site;
+    node->has_site = true;
+  }
   node->inputs.reserve(inputs.size());
   node->edges.reserve(inputs.size());
   node->versions.reserve(inputs.size() + 1);
@@ -167,7 +172,8 @@ Var in_dtype_of(const Var& grad, const Var& like) {
 
 }  // namespace
 
-void run_backward(const Var& output, const Var& grad) {
+void run_backward(const Var& output, const Var& grad, SourceLocation loc) {
+  const UserCallSite call(loc);
   if (!output.defined()) throw_error<Error>("backward: the output is undefined");
   const std::shared_ptr<AutogradMeta> meta = output.meta();
   if (meta == nullptr || (!meta->requires_grad && meta->grad_fn == nullptr)) {
@@ -221,6 +227,10 @@ void run_backward(const Var& output, const Var& grad) {
     }
     BackwardContext ctx(*n, g);
     if (g.defined()) {
+      // Reports from the derivative name the line of the op that recorded it.
+      const CallSiteReset reset;
+      std::optional<UserCallSite> site;
+      if (n->has_site) site.emplace(n->site, "backward", n->name);
       check_versions(*n);
       BackwardFn fn =
           n->backward != nullptr ? n->backward : (n->op != nullptr ? n->op->backward : nullptr);
@@ -258,18 +268,19 @@ void run_backward(const Var& output, const Var& grad) {
   }
 }
 
-void backward(const Tensor& loss) {
+void backward(const Tensor& loss, SourceLocation loc) {
+  const UserCallSite call(loc);
   if (!loss.defined() || loss.numel() != 1) {
     throw_error<ShapeError>(
         "backward: the loss must be a tensor of one element, got shape {} (pass an output "
         "gradient for other outputs)",
         loss.defined() ? shape_str(loss.shape()) : std::string("(undefined)"));
   }
-  run_backward(loss, ones(loss.shape(), loss.dtype(), loss.device()));
+  run_backward(loss, ones(loss.shape(), loss.dtype(), loss.device()), loc);
 }
 
-void backward(const Tensor& output, const Tensor& grad) {
-  run_backward(output, grad);
+void backward(const Tensor& output, const Tensor& grad, SourceLocation loc) {
+  run_backward(output, grad, loc);
 }
 
 // ---- ops on Vars

@@ -31,6 +31,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <spmd/core/call_site.h>
 #include <spmd/ops/op.h>
 #include <spmd/tensor/autograd_meta.h>
 
@@ -124,6 +125,9 @@ struct Node {
   std::vector<uint64_t> versions;       // of inputs, then output, when saved
   std::vector<Edge> edges;              // one per input
   std::shared_ptr<const void> payload;  // what a non-table node's backward needs
+  // The user's line that recorded the node (Note [User call sites]): backward reports it.
+  SourceLocation site;
+  bool has_site = false;
   bool released = false;
 };
 
@@ -165,13 +169,16 @@ Var record(std::string_view name, const OpDef* op, std::span<const Var> inputs, 
            std::shared_ptr<const void> payload = nullptr);
 
 // Reverse mode from `output` with output gradient `grad` (Note [Autograd]). Error when `output`
-// takes no part in autograd.
-void run_backward(const Var& output, const Var& grad);
+// takes no part in autograd. `loc` is the user's backward() call; each node's derivative runs at
+// the user line that recorded it (reports say "in the backward of 'matmul' recorded at x.cpp:7").
+void run_backward(const Var& output, const Var& grad,
+                  SourceLocation loc = SourceLocation::current());
 
 // backward(loss) of a scalar Tensor: d loss / d loss = 1.
-void backward(const Tensor& loss);
+void backward(const Tensor& loss, SourceLocation loc = SourceLocation::current());
 // With an explicit output gradient of the output's shape.
-void backward(const Tensor& output, const Tensor& grad);
+void backward(const Tensor& output, const Tensor& grad,
+              SourceLocation loc = SourceLocation::current());
 
 // ---- ops on Vars for backward formulas ----------------------------------------------------------
 

@@ -27,7 +27,8 @@ void check_same_ranks(const LocalTensor& a, const LocalTensor& b, std::string_vi
 // The operands of one call: the LocalTensors (for the rank checks and the observer) and, for a
 // shard index, every operand's tensor there.
 template <class Operands>
-LocalTensor run_shards(const OpDef& op, const Operands& operands, const OpArgs& args) {
+LocalTensor run_shards(const OpDef& op, const Operands& operands, const OpArgs& args,
+                       const SourceLocation& loc) {
   const size_t n_in = operands.size();
   const LocalTensor* first = nullptr;
   bool replicated = true;
@@ -98,7 +99,8 @@ LocalTensor run_shards(const OpDef& op, const Operands& operands, const OpArgs& 
     result = record(op.name, &op, vars, args, local_var(result)).value<LocalTensor>();
   }
   if (LocalOpObserver observer = g_observer.load(std::memory_order_relaxed)) [[unlikely]] {
-    observer(op.name, std::span<const LocalTensor* const>(locals, n_locals), result);
+    observer(op.name, std::span<const LocalTensor* const>(locals, n_locals), result,
+             user_site_or(loc));
   }
   return result;
 }
@@ -123,13 +125,16 @@ struct LocalOperands {
 }  // namespace
 
 LocalTensor local_call(const OpDef& op, std::initializer_list<LocalOperand> inputs,
-                       const OpArgs& args) {
-  return run_shards(op, MixedOperands{inputs}, args);
+                       const OpArgs& args, SourceLocation loc) {
+  const UserCallSite site(loc);
+  return run_shards(op, MixedOperands{inputs}, args, loc);
 }
 
-LocalTensor local_call(const OpDef& op, std::span<const LocalTensor> inputs, const OpArgs& args) {
+LocalTensor local_call(const OpDef& op, std::span<const LocalTensor> inputs, const OpArgs& args,
+                       SourceLocation loc) {
+  const UserCallSite site(loc);
   if (inputs.empty()) throw_error<Error>("{}: needs at least one LocalTensor", op.name);
-  return run_shards(op, LocalOperands{inputs}, args);
+  return run_shards(op, LocalOperands{inputs}, args, loc);
 }
 
 // ---- autograd
@@ -190,19 +195,21 @@ Var local_var(const LocalTensor& t) {
   return Var(&kLocalKind, std::make_shared<const LocalTensor>(t.detach()), t.autograd());
 }
 
-void backward(const LocalTensor& loss) {
+void backward(const LocalTensor& loss, SourceLocation loc) {
+  const UserCallSite site(loc);
   if (!loss.defined() || loss.numel() != PerRank<int64_t>(1)) {
     throw_error<ShapeError>(
         "backward: the loss must be a LocalTensor of one element per rank (pass an output "
         "gradient for other outputs)");
   }
-  run_backward(local_var(loss), local_var(loss.apply([](const Tensor& t) {
-                 return ones(t.shape(), t.dtype(), t.device());
-               })));
+  run_backward(
+      local_var(loss),
+      local_var(loss.apply([](const Tensor& t) { return ones(t.shape(), t.dtype(), t.device()); })),
+      loc);
 }
 
-void backward(const LocalTensor& output, const LocalTensor& grad) {
-  run_backward(local_var(output), local_var(grad));
+void backward(const LocalTensor& output, const LocalTensor& grad, SourceLocation loc) {
+  run_backward(local_var(output), local_var(grad), loc);
 }
 
 LocalTensor pad(const LocalTensor& t, int64_t d, const PerRank<int64_t>& before,

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include <spmd/core/call_site.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
 #include <spmd/sim/local_tensor.h>
@@ -34,299 +35,352 @@ class LocalOperand {
 
 // Runs `op` on every held rank's shards (at least one operand is a LocalTensor). Error naming the
 // op when an operand is undefined or the operands hold different ranks.
+// `loc` is the user's call site (Note [User call sites] in core/call_site.h).
 LocalTensor local_call(const OpDef& op, std::initializer_list<LocalOperand> inputs,
-                       const OpArgs& args = {});
+                       const OpArgs& args = {}, SourceLocation loc = SourceLocation::current());
 LocalTensor local_call(const OpDef& op, std::span<const LocalTensor> inputs,
-                       const OpArgs& args = {});
+                       const OpArgs& args = {}, SourceLocation loc = SourceLocation::current());
 
-inline LocalTensor add(const LocalTensor& a, const LocalTensor& b) {
-  return local_call(op::add, {a, b});
+inline LocalTensor add(const LocalTensor& a, const LocalTensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::add, {a, b}, {}, loc);
 }
-inline LocalTensor add(const LocalTensor& a, const Tensor& b) {
-  return local_call(op::add, {a, b});
+inline LocalTensor add(const LocalTensor& a, const Tensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::add, {a, b}, {}, loc);
 }
-inline LocalTensor add(const Tensor& a, const LocalTensor& b) {
-  return local_call(op::add, {a, b});
+inline LocalTensor add(const Tensor& a, const LocalTensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::add, {a, b}, {}, loc);
 }
-inline LocalTensor sub(const LocalTensor& a, const LocalTensor& b) {
-  return local_call(op::sub, {a, b});
+inline LocalTensor sub(const LocalTensor& a, const LocalTensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::sub, {a, b}, {}, loc);
 }
-inline LocalTensor sub(const LocalTensor& a, const Tensor& b) {
-  return local_call(op::sub, {a, b});
+inline LocalTensor sub(const LocalTensor& a, const Tensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::sub, {a, b}, {}, loc);
 }
-inline LocalTensor sub(const Tensor& a, const LocalTensor& b) {
-  return local_call(op::sub, {a, b});
+inline LocalTensor sub(const Tensor& a, const LocalTensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::sub, {a, b}, {}, loc);
 }
-inline LocalTensor mul(const LocalTensor& a, const LocalTensor& b) {
-  return local_call(op::mul, {a, b});
+inline LocalTensor mul(const LocalTensor& a, const LocalTensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::mul, {a, b}, {}, loc);
 }
-inline LocalTensor mul(const LocalTensor& a, const Tensor& b) {
-  return local_call(op::mul, {a, b});
+inline LocalTensor mul(const LocalTensor& a, const Tensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::mul, {a, b}, {}, loc);
 }
-inline LocalTensor mul(const Tensor& a, const LocalTensor& b) {
-  return local_call(op::mul, {a, b});
+inline LocalTensor mul(const Tensor& a, const LocalTensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::mul, {a, b}, {}, loc);
 }
-inline LocalTensor div(const LocalTensor& a, const LocalTensor& b) {
-  return local_call(op::div, {a, b});
+inline LocalTensor div(const LocalTensor& a, const LocalTensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::div, {a, b}, {}, loc);
 }
-inline LocalTensor div(const LocalTensor& a, const Tensor& b) {
-  return local_call(op::div, {a, b});
+inline LocalTensor div(const LocalTensor& a, const Tensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::div, {a, b}, {}, loc);
 }
-inline LocalTensor div(const Tensor& a, const LocalTensor& b) {
-  return local_call(op::div, {a, b});
+inline LocalTensor div(const Tensor& a, const LocalTensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::div, {a, b}, {}, loc);
 }
-inline LocalTensor maximum(const LocalTensor& a, const LocalTensor& b) {
-  return local_call(op::maximum, {a, b});
+inline LocalTensor maximum(const LocalTensor& a, const LocalTensor& b,
+                           SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::maximum, {a, b}, {}, loc);
 }
-inline LocalTensor maximum(const LocalTensor& a, const Tensor& b) {
-  return local_call(op::maximum, {a, b});
+inline LocalTensor maximum(const LocalTensor& a, const Tensor& b,
+                           SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::maximum, {a, b}, {}, loc);
 }
-inline LocalTensor maximum(const Tensor& a, const LocalTensor& b) {
-  return local_call(op::maximum, {a, b});
+inline LocalTensor maximum(const Tensor& a, const LocalTensor& b,
+                           SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::maximum, {a, b}, {}, loc);
 }
-inline LocalTensor minimum(const LocalTensor& a, const LocalTensor& b) {
-  return local_call(op::minimum, {a, b});
+inline LocalTensor minimum(const LocalTensor& a, const LocalTensor& b,
+                           SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::minimum, {a, b}, {}, loc);
 }
-inline LocalTensor minimum(const LocalTensor& a, const Tensor& b) {
-  return local_call(op::minimum, {a, b});
+inline LocalTensor minimum(const LocalTensor& a, const Tensor& b,
+                           SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::minimum, {a, b}, {}, loc);
 }
-inline LocalTensor minimum(const Tensor& a, const LocalTensor& b) {
-  return local_call(op::minimum, {a, b});
+inline LocalTensor minimum(const Tensor& a, const LocalTensor& b,
+                           SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::minimum, {a, b}, {}, loc);
 }
-inline LocalTensor matmul(const LocalTensor& a, const LocalTensor& b) {
-  return local_call(op::matmul, {a, b});
+inline LocalTensor matmul(const LocalTensor& a, const LocalTensor& b,
+                          SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::matmul, {a, b}, {}, loc);
 }
-inline LocalTensor matmul(const LocalTensor& a, const Tensor& b) {
-  return local_call(op::matmul, {a, b});
+inline LocalTensor matmul(const LocalTensor& a, const Tensor& b,
+                          SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::matmul, {a, b}, {}, loc);
 }
-inline LocalTensor matmul(const Tensor& a, const LocalTensor& b) {
-  return local_call(op::matmul, {a, b});
+inline LocalTensor matmul(const Tensor& a, const LocalTensor& b,
+                          SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::matmul, {a, b}, {}, loc);
 }
-inline LocalTensor bmm(const LocalTensor& a, const LocalTensor& b) {
-  return local_call(op::bmm, {a, b});
+inline LocalTensor bmm(const LocalTensor& a, const LocalTensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::bmm, {a, b}, {}, loc);
 }
-inline LocalTensor bmm(const LocalTensor& a, const Tensor& b) {
-  return local_call(op::bmm, {a, b});
+inline LocalTensor bmm(const LocalTensor& a, const Tensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::bmm, {a, b}, {}, loc);
 }
-inline LocalTensor bmm(const Tensor& a, const LocalTensor& b) {
-  return local_call(op::bmm, {a, b});
+inline LocalTensor bmm(const Tensor& a, const LocalTensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::bmm, {a, b}, {}, loc);
 }
 
-inline LocalTensor pow(const LocalTensor& a, const LocalTensor& b) {
-  return local_call(op::pow, {a, b});
+inline LocalTensor pow(const LocalTensor& a, const LocalTensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::pow, {a, b}, {}, loc);
 }
-inline LocalTensor pow(const LocalTensor& a, const Tensor& b) {
-  return local_call(op::pow, {a, b});
+inline LocalTensor pow(const LocalTensor& a, const Tensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::pow, {a, b}, {}, loc);
 }
-inline LocalTensor pow(const Tensor& a, const LocalTensor& b) {
-  return local_call(op::pow, {a, b});
+inline LocalTensor pow(const Tensor& a, const LocalTensor& b,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::pow, {a, b}, {}, loc);
 }
 
-inline LocalTensor operator+(const LocalTensor& a, const LocalTensor& b) {
-  return add(a, b);
+inline LocalTensor operator+(At<LocalTensor> a, const LocalTensor& b) {
+  return add(a.value, b, a.loc);
 }
-inline LocalTensor operator+(const LocalTensor& a, const Tensor& b) {
-  return add(a, b);
+inline LocalTensor operator+(At<LocalTensor> a, const Tensor& b) {
+  return add(a.value, b, a.loc);
 }
-inline LocalTensor operator+(const Tensor& a, const LocalTensor& b) {
-  return add(a, b);
+inline LocalTensor operator+(const Tensor& a, At<LocalTensor> b) {
+  return add(a, b.value, b.loc);
 }
-inline LocalTensor operator+(const LocalTensor& a, double b) {
-  return local_call(op::add_scalar, {a}, {{}, {b}});
+inline LocalTensor operator+(At<LocalTensor> a, double b) {
+  return local_call(op::add_scalar, {a.value}, {{}, {b}}, a.loc);
 }
-inline LocalTensor operator+(double a, const LocalTensor& b) {
-  return local_call(op::add_scalar, {b}, {{}, {a}});
+inline LocalTensor operator+(double a, At<LocalTensor> b) {
+  return local_call(op::add_scalar, {b.value}, {{}, {a}}, b.loc);
 }
-inline LocalTensor operator-(const LocalTensor& a, const LocalTensor& b) {
-  return sub(a, b);
+inline LocalTensor operator-(At<LocalTensor> a, const LocalTensor& b) {
+  return sub(a.value, b, a.loc);
 }
-inline LocalTensor operator-(const LocalTensor& a, const Tensor& b) {
-  return sub(a, b);
+inline LocalTensor operator-(At<LocalTensor> a, const Tensor& b) {
+  return sub(a.value, b, a.loc);
 }
-inline LocalTensor operator-(const Tensor& a, const LocalTensor& b) {
-  return sub(a, b);
+inline LocalTensor operator-(const Tensor& a, At<LocalTensor> b) {
+  return sub(a, b.value, b.loc);
 }
-inline LocalTensor operator-(const LocalTensor& a, double b) {
-  return local_call(op::sub_scalar, {a}, {{}, {b}});
+inline LocalTensor operator-(At<LocalTensor> a, double b) {
+  return local_call(op::sub_scalar, {a.value}, {{}, {b}}, a.loc);
 }
-inline LocalTensor operator-(double a, const LocalTensor& b) {
-  return local_call(op::rsub_scalar, {b}, {{}, {a}});
+inline LocalTensor operator-(double a, At<LocalTensor> b) {
+  return local_call(op::rsub_scalar, {b.value}, {{}, {a}}, b.loc);
 }
-inline LocalTensor operator*(const LocalTensor& a, const LocalTensor& b) {
-  return mul(a, b);
+inline LocalTensor operator*(At<LocalTensor> a, const LocalTensor& b) {
+  return mul(a.value, b, a.loc);
 }
-inline LocalTensor operator*(const LocalTensor& a, const Tensor& b) {
-  return mul(a, b);
+inline LocalTensor operator*(At<LocalTensor> a, const Tensor& b) {
+  return mul(a.value, b, a.loc);
 }
-inline LocalTensor operator*(const Tensor& a, const LocalTensor& b) {
-  return mul(a, b);
+inline LocalTensor operator*(const Tensor& a, At<LocalTensor> b) {
+  return mul(a, b.value, b.loc);
 }
-inline LocalTensor operator*(const LocalTensor& a, double b) {
-  return local_call(op::mul_scalar, {a}, {{}, {b}});
+inline LocalTensor operator*(At<LocalTensor> a, double b) {
+  return local_call(op::mul_scalar, {a.value}, {{}, {b}}, a.loc);
 }
-inline LocalTensor operator*(double a, const LocalTensor& b) {
-  return local_call(op::mul_scalar, {b}, {{}, {a}});
+inline LocalTensor operator*(double a, At<LocalTensor> b) {
+  return local_call(op::mul_scalar, {b.value}, {{}, {a}}, b.loc);
 }
-inline LocalTensor operator/(const LocalTensor& a, const LocalTensor& b) {
-  return div(a, b);
+inline LocalTensor operator/(At<LocalTensor> a, const LocalTensor& b) {
+  return div(a.value, b, a.loc);
 }
-inline LocalTensor operator/(const LocalTensor& a, const Tensor& b) {
-  return div(a, b);
+inline LocalTensor operator/(At<LocalTensor> a, const Tensor& b) {
+  return div(a.value, b, a.loc);
 }
-inline LocalTensor operator/(const Tensor& a, const LocalTensor& b) {
-  return div(a, b);
+inline LocalTensor operator/(const Tensor& a, At<LocalTensor> b) {
+  return div(a, b.value, b.loc);
 }
-inline LocalTensor operator/(const LocalTensor& a, double b) {
-  return local_call(op::div_scalar, {a}, {{}, {b}});
+inline LocalTensor operator/(At<LocalTensor> a, double b) {
+  return local_call(op::div_scalar, {a.value}, {{}, {b}}, a.loc);
 }
-inline LocalTensor operator/(double a, const LocalTensor& b) {
-  return local_call(op::rdiv_scalar, {b}, {{}, {a}});
+inline LocalTensor operator/(double a, At<LocalTensor> b) {
+  return local_call(op::rdiv_scalar, {b.value}, {{}, {a}}, b.loc);
 }
-inline LocalTensor operator-(const LocalTensor& a) {
-  return local_call(op::neg, {a});
+inline LocalTensor operator-(At<LocalTensor> a) {
+  return local_call(op::neg, {a.value}, {}, a.loc);
 }
 
 inline LocalTensor addmm(const LocalTensor& c, const LocalTensor& a, const LocalTensor& b,
-                         double beta = 1.0, double alpha = 1.0) {
-  return local_call(op::addmm, {c, a, b}, {{}, {beta, alpha}});
+                         double beta = 1.0, double alpha = 1.0,
+                         SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::addmm, {c, a, b}, {{}, {beta, alpha}}, loc);
 }
 
-inline LocalTensor neg(const LocalTensor& t) {
-  return local_call(op::neg, {t});
+inline LocalTensor neg(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::neg, {t}, {}, loc);
 }
-inline LocalTensor abs(const LocalTensor& t) {
-  return local_call(op::abs, {t});
+inline LocalTensor abs(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::abs, {t}, {}, loc);
 }
-inline LocalTensor exp(const LocalTensor& t) {
-  return local_call(op::exp, {t});
+inline LocalTensor exp(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::exp, {t}, {}, loc);
 }
-inline LocalTensor log(const LocalTensor& t) {
-  return local_call(op::log, {t});
+inline LocalTensor log(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::log, {t}, {}, loc);
 }
-inline LocalTensor sqrt(const LocalTensor& t) {
-  return local_call(op::sqrt, {t});
+inline LocalTensor sqrt(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::sqrt, {t}, {}, loc);
 }
-inline LocalTensor rsqrt(const LocalTensor& t) {
-  return local_call(op::rsqrt, {t});
+inline LocalTensor rsqrt(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::rsqrt, {t}, {}, loc);
 }
-inline LocalTensor tanh(const LocalTensor& t) {
-  return local_call(op::tanh, {t});
+inline LocalTensor tanh(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::tanh, {t}, {}, loc);
 }
-inline LocalTensor relu(const LocalTensor& t) {
-  return local_call(op::relu, {t});
+inline LocalTensor relu(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::relu, {t}, {}, loc);
 }
-inline LocalTensor gelu(const LocalTensor& t) {
-  return local_call(op::gelu, {t});
+inline LocalTensor gelu(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::gelu, {t}, {}, loc);
 }
 
-inline LocalTensor sum(const LocalTensor& t) {
-  return local_call(op::sum, {t}, reduction_args({}, false));
+inline LocalTensor sum(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::sum, {t}, reduction_args({}, false), loc);
 }
-inline LocalTensor sum(const LocalTensor& t, const std::vector<int64_t>& dims,
-                       bool keepdim = false) {
-  return local_call(op::sum, {t}, reduction_args(dims, keepdim));
+inline LocalTensor sum(const LocalTensor& t, const std::vector<int64_t>& dims, bool keepdim = false,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::sum, {t}, reduction_args(dims, keepdim), loc);
 }
-inline LocalTensor mean(const LocalTensor& t) {
-  return local_call(op::mean, {t}, reduction_args({}, false));
+inline LocalTensor mean(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::mean, {t}, reduction_args({}, false), loc);
 }
 inline LocalTensor mean(const LocalTensor& t, const std::vector<int64_t>& dims,
-                        bool keepdim = false) {
-  return local_call(op::mean, {t}, reduction_args(dims, keepdim));
+                        bool keepdim = false, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::mean, {t}, reduction_args(dims, keepdim), loc);
 }
-inline LocalTensor amax(const LocalTensor& t) {
-  return local_call(op::amax, {t}, reduction_args({}, false));
+inline LocalTensor amax(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::amax, {t}, reduction_args({}, false), loc);
 }
 inline LocalTensor amax(const LocalTensor& t, const std::vector<int64_t>& dims,
-                        bool keepdim = false) {
-  return local_call(op::amax, {t}, reduction_args(dims, keepdim));
+                        bool keepdim = false, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::amax, {t}, reduction_args(dims, keepdim), loc);
 }
-inline LocalTensor amin(const LocalTensor& t) {
-  return local_call(op::amin, {t}, reduction_args({}, false));
+inline LocalTensor amin(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::amin, {t}, reduction_args({}, false), loc);
 }
 inline LocalTensor amin(const LocalTensor& t, const std::vector<int64_t>& dims,
-                        bool keepdim = false) {
-  return local_call(op::amin, {t}, reduction_args(dims, keepdim));
+                        bool keepdim = false, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::amin, {t}, reduction_args(dims, keepdim), loc);
 }
 
-inline LocalTensor softmax(const LocalTensor& t, int64_t d) {
-  return local_call(op::softmax, {t}, {{d}, {}});
+inline LocalTensor softmax(const LocalTensor& t, int64_t d,
+                           SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::softmax, {t}, {{d}, {}}, loc);
 }
-inline LocalTensor log_softmax(const LocalTensor& t, int64_t d) {
-  return local_call(op::log_softmax, {t}, {{d}, {}});
+inline LocalTensor log_softmax(const LocalTensor& t, int64_t d,
+                               SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::log_softmax, {t}, {{d}, {}}, loc);
 }
 
-inline LocalTensor transpose(const LocalTensor& t, int64_t a, int64_t b) {
-  return local_call(op::transpose, {t}, {{a, b}, {}});
+inline LocalTensor transpose(const LocalTensor& t, int64_t a, int64_t b,
+                             SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::transpose, {t}, {{a, b}, {}}, loc);
 }
-inline LocalTensor reshape(const LocalTensor& t, const Shape& shape) {
-  return local_call(op::reshape, {t}, {shape, {}});
+inline LocalTensor reshape(const LocalTensor& t, const Shape& shape,
+                           SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::reshape, {t}, {shape, {}}, loc);
 }
-inline LocalTensor cat(const std::vector<LocalTensor>& tensors, int64_t d = 0) {
-  return local_call(op::cat, tensors, {{d}, {}});
+inline LocalTensor cat(const std::vector<LocalTensor>& tensors, int64_t d = 0,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::cat, tensors, {{d}, {}}, loc);
 }
-inline LocalTensor stack(const std::vector<LocalTensor>& tensors, int64_t d = 0) {
-  return local_call(op::stack, tensors, {{d}, {}});
+inline LocalTensor stack(const std::vector<LocalTensor>& tensors, int64_t d = 0,
+                         SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::stack, tensors, {{d}, {}}, loc);
 }
 inline LocalTensor pad(const LocalTensor& t, int64_t d, int64_t before, int64_t after,
-                       double value = 0.0) {
-  return local_call(op::pad, {t}, {{d, before, after}, {value}});
+                       double value = 0.0, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::pad, {t}, {{d, before, after}, {value}}, loc);
 }
-inline LocalTensor narrow(const LocalTensor& t, int64_t d, int64_t start, int64_t length) {
-  return local_call(op::narrow, {t}, {{d, start, length}, {}});
+inline LocalTensor narrow(const LocalTensor& t, int64_t d, int64_t start, int64_t length,
+                          SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::narrow, {t}, {{d, start, length}, {}}, loc);
 }
-inline LocalTensor select(const LocalTensor& t, int64_t d, int64_t index) {
-  return local_call(op::select, {t}, {{d, index}, {}});
+inline LocalTensor select(const LocalTensor& t, int64_t d, int64_t index,
+                          SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::select, {t}, {{d, index}, {}}, loc);
 }
-inline LocalTensor permute(const LocalTensor& t, const std::vector<int64_t>& dims) {
-  return local_call(op::permute, {t}, {dims, {}});
+inline LocalTensor permute(const LocalTensor& t, const std::vector<int64_t>& dims,
+                           SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::permute, {t}, {dims, {}}, loc);
 }
-inline LocalTensor unsqueeze(const LocalTensor& t, int64_t d) {
-  return local_call(op::unsqueeze, {t}, {{d}, {}});
+inline LocalTensor unsqueeze(const LocalTensor& t, int64_t d,
+                             SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::unsqueeze, {t}, {{d}, {}}, loc);
 }
-inline LocalTensor squeeze(const LocalTensor& t, int64_t d) {
-  return local_call(op::squeeze, {t}, {{d}, {}});
+inline LocalTensor squeeze(const LocalTensor& t, int64_t d,
+                           SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::squeeze, {t}, {{d}, {}}, loc);
 }
-inline LocalTensor expand(const LocalTensor& t, const Shape& shape) {
-  return local_call(op::expand, {t}, {shape, {}});
+inline LocalTensor expand(const LocalTensor& t, const Shape& shape,
+                          SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::expand, {t}, {shape, {}}, loc);
 }
-inline LocalTensor clone(const LocalTensor& t) {
-  return local_call(op::clone, {t});
+inline LocalTensor clone(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::clone, {t}, {}, loc);
 }
-inline LocalTensor eq(const LocalTensor& a, const LocalTensor& b) {
-  return local_call(op::eq, {a, b});
+inline LocalTensor eq(const LocalTensor& a, const LocalTensor& b,
+                      SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::eq, {a, b}, {}, loc);
 }
-inline LocalTensor eq(const LocalTensor& a, const Tensor& b) {
-  return local_call(op::eq, {a, b});
+inline LocalTensor eq(const LocalTensor& a, const Tensor& b,
+                      SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::eq, {a, b}, {}, loc);
 }
-inline LocalTensor ne(const LocalTensor& a, const LocalTensor& b) {
-  return local_call(op::ne, {a, b});
+inline LocalTensor ne(const LocalTensor& a, const LocalTensor& b,
+                      SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::ne, {a, b}, {}, loc);
 }
-inline LocalTensor ne(const LocalTensor& a, const Tensor& b) {
-  return local_call(op::ne, {a, b});
+inline LocalTensor ne(const LocalTensor& a, const Tensor& b,
+                      SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::ne, {a, b}, {}, loc);
 }
-inline LocalTensor lt(const LocalTensor& a, const LocalTensor& b) {
-  return local_call(op::lt, {a, b});
+inline LocalTensor lt(const LocalTensor& a, const LocalTensor& b,
+                      SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::lt, {a, b}, {}, loc);
 }
-inline LocalTensor lt(const LocalTensor& a, const Tensor& b) {
-  return local_call(op::lt, {a, b});
+inline LocalTensor lt(const LocalTensor& a, const Tensor& b,
+                      SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::lt, {a, b}, {}, loc);
 }
-inline LocalTensor le(const LocalTensor& a, const LocalTensor& b) {
-  return local_call(op::le, {a, b});
+inline LocalTensor le(const LocalTensor& a, const LocalTensor& b,
+                      SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::le, {a, b}, {}, loc);
 }
-inline LocalTensor le(const LocalTensor& a, const Tensor& b) {
-  return local_call(op::le, {a, b});
+inline LocalTensor le(const LocalTensor& a, const Tensor& b,
+                      SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::le, {a, b}, {}, loc);
 }
-inline LocalTensor gt(const LocalTensor& a, const LocalTensor& b) {
-  return local_call(op::gt, {a, b});
+inline LocalTensor gt(const LocalTensor& a, const LocalTensor& b,
+                      SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::gt, {a, b}, {}, loc);
 }
-inline LocalTensor gt(const LocalTensor& a, const Tensor& b) {
-  return local_call(op::gt, {a, b});
+inline LocalTensor gt(const LocalTensor& a, const Tensor& b,
+                      SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::gt, {a, b}, {}, loc);
 }
-inline LocalTensor ge(const LocalTensor& a, const LocalTensor& b) {
-  return local_call(op::ge, {a, b});
+inline LocalTensor ge(const LocalTensor& a, const LocalTensor& b,
+                      SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::ge, {a, b}, {}, loc);
 }
-inline LocalTensor ge(const LocalTensor& a, const Tensor& b) {
-  return local_call(op::ge, {a, b});
+inline LocalTensor ge(const LocalTensor& a, const Tensor& b,
+                      SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::ge, {a, b}, {}, loc);
 }
 // Per-rank padding amounts (uneven shards pad by different amounts).
 LocalTensor pad(const LocalTensor& t, int64_t d, const PerRank<int64_t>& before,
@@ -355,14 +409,15 @@ Var local_var(const LocalTensor& t);
 
 // backward(loss) of a LocalTensor of one element per rank (each rank's d loss / d loss = 1), or
 // with an explicit output gradient.
-void backward(const LocalTensor& loss);
-void backward(const LocalTensor& output, const LocalTensor& grad);
+void backward(const LocalTensor& loss, SourceLocation loc = SourceLocation::current());
+void backward(const LocalTensor& output, const LocalTensor& grad,
+              SourceLocation loc = SourceLocation::current());
 
 // Sees the name, the LocalTensor operands and the result of every op above run through
 // local_call while set, for --spmd-debug=nan (debug/). Null (the default) costs one relaxed atomic
 // load per op.
 using LocalOpObserver = void (*)(std::string_view op, std::span<const LocalTensor* const> inputs,
-                                 const LocalTensor& result);
+                                 const LocalTensor& result, const SourceLocation& location);
 void set_local_op_observer(LocalOpObserver observer);
 
 }  // namespace spmd

@@ -1,0 +1,65 @@
+// spmd/core/call_site.cpp: the current user call site of each thread (Note [User call sites]).
+#include <spmd/core/call_site.h>
+
+#include <fmt/format.h>
+
+namespace spmd {
+namespace {
+thread_local const SourceLocation* t_site = nullptr;
+thread_local std::string_view t_phase;
+thread_local std::string_view t_op;
+}  // namespace
+
+const SourceLocation* current_call_site() {
+  return t_site;
+}
+
+UserCallSite::UserCallSite(const SourceLocation& loc, std::string_view phase, std::string_view op)
+    : outermost_(t_site == nullptr) {
+  if (outermost_) {
+    t_site = &loc;
+    t_phase = phase;
+    t_op = op;
+  }
+}
+
+UserCallSite::~UserCallSite() {
+  if (outermost_) {
+    t_site = nullptr;
+    t_phase = {};
+    t_op = {};
+  }
+}
+
+CallSiteReset::CallSiteReset() : saved_(t_site), saved_phase_(t_phase), saved_op_(t_op) {
+  t_site = nullptr;
+  t_phase = {};
+  t_op = {};
+}
+
+CallSiteReset::~CallSiteReset() {
+  t_site = saved_;
+  t_phase = saved_phase_;
+  t_op = saved_op_;
+}
+
+std::string site_text(const SourceLocation& loc) {
+  std::string_view file = loc.file_name();
+  const size_t slash = file.find_last_of('/');
+  if (slash != std::string_view::npos) file.remove_prefix(slash + 1);
+  return fmt::format("{}:{}", file, loc.line());
+}
+
+}  // namespace spmd
+
+namespace spmd {
+
+std::string call_site_suffix(std::string_view message) {
+  if (t_site == nullptr) return {};
+  const std::string site = site_text(*t_site);
+  if (message.find(site) != std::string_view::npos) return {};
+  if (t_phase.empty()) return fmt::format(" (at {})", site);
+  return fmt::format(" (in the {} of '{}' recorded at {})", t_phase, t_op, site);
+}
+
+}  // namespace spmd
