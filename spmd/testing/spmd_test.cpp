@@ -13,7 +13,6 @@
 
 #include <fmt/format.h>
 
-#include <spmd/core/error.h>
 #include <spmd/debug/visualize.h>
 #include <spmd/runtime/launch.h>
 #include <spmd/sim/backend_driver.h>
