@@ -13,9 +13,10 @@
 #   sim      with SPMD_BACKEND=sim SPMD_WORLD_SIZE=<size>: one world holding every rank
 #   threads  with SPMD_BACKEND=threads SPMD_WORLD_SIZE=<size>: the body once per rank thread
 #   mpi      under `mpiexec -n <size>` (FindMPI's MPIEXEC_* variables) with SPMD_BACKEND=mpi,
-#            SPMD_WORLD_SIZE=<size> and SPMD_MPI_TEST_ENVIRONMENT, PROCESSORS <size>, and MPIEXEC_TIMEOUT 10 s before
-#            TIMEOUT; only where the package has its mpi backend (spmd::backend_mpi) and an mpiexec
-#            was found, else left out with a note when configuring
+#            SPMD_WORLD_SIZE=<size> and SPMD_MPI_TEST_ENVIRONMENT, PROCESSORS <size>, and
+#            MPIEXEC_TIMEOUT 10 s before TIMEOUT; only where the package has its mpi backend
+#            (spmd::backend_mpi) and an mpiexec was found, else left out with a note when
+#            configuring
 # The program's other tests (TEST, TEST_F, ...) run once each, as <prefix>Suite.Name with
 # SPMD_BACKEND=sim and label sim, when BACKENDS has sim. Defaults: BACKENDS sim threads mpi,
 # WORLD_SIZES 4, TIMEOUT 300. ENVIRONMENT is added to every test's. A --gtest_filter in ARGS

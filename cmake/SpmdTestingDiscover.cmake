@@ -20,9 +20,9 @@ function(_spmd_testing_entry out name labels environment properties)
 endfunction()
 
 function(spmd_testing_discover)
-  cmake_parse_arguments(D "" "TARGET;EXECUTABLE;OUTPUT;PREFIX;TIMEOUT;MPIEXEC;NUMPROC_FLAG;MPIEXEC_TIMEOUT;BATCH"
-                        "BACKENDS;WORLD_SIZES;ARGS;LABELS;ENVIRONMENT;MPI_ENVIRONMENT;PREFLAGS;POSTFLAGS"
-                        ${ARGN})
+  cmake_parse_arguments(D ""
+    "TARGET;EXECUTABLE;OUTPUT;PREFIX;TIMEOUT;MPIEXEC;NUMPROC_FLAG;MPIEXEC_TIMEOUT;BATCH"
+    "BACKENDS;WORLD_SIZES;ARGS;LABELS;ENVIRONMENT;MPI_ENVIRONMENT;PREFLAGS;POSTFLAGS" ${ARGN})
   # --gtest_list_tests too: a program whose main() is not spmd::testing's only lists its tests
   # (and is reported below) instead of running them.
   execute_process(COMMAND "${D_EXECUTABLE}" ${D_ARGS} --spmd-list-tests --gtest_list_tests
@@ -86,7 +86,8 @@ function(spmd_testing_discover)
                               "${D_EXECUTABLE}" ${D_POSTFLAGS} ${D_ARGS} "--gtest_filter=${filter}")
         else()
           set(environment SPMD_BACKEND=${backend} SPMD_WORLD_SIZE=${size} ${D_ENVIRONMENT})
-          _spmd_testing_entry(entry "${name}" "${labels}" "${environment}" "TIMEOUT ${D_TIMEOUT} ${skip}"
+          _spmd_testing_entry(entry "${name}" "${labels}" "${environment}"
+                              "TIMEOUT ${D_TIMEOUT} ${skip}"
                               "${D_EXECUTABLE}" ${D_ARGS} "--gtest_filter=${filter}")
         endif()
         string(APPEND text "${entry}")
