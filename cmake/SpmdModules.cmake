@@ -21,7 +21,8 @@
 #   SEPARATE  not part of the umbrella spmd::spmd; a program links spmd::<name> to get it
 #
 # A file belongs to the module whose folder is the longest prefix of its path (spmd/tensor/cuda is
-# nccl's, not tensor's).
+# nccl's, not tensor's); spmd/<name>.h beside the folders is module <name>'s one-include header
+# (spmd/testing.h), as spmd/spmd.h is the umbrella's.
 set(SPMD_MODULES)
 
 function(spmd_module name)
@@ -59,6 +60,7 @@ spmd_module(nccl            spmd/backends/nccl spmd/tensor/cuda BACKEND nccl
 spmd_module(dtensor         spmd/dtensor)
 spmd_module(debug           spmd/debug)
 spmd_module(runtime         spmd/runtime)
+spmd_module(testing         spmd/testing          IF SPMD_HAVE_GTEST SEPARATE)
 
 # spmd_add_modules(): creates spmd_<name> for every built module, in order, links it to the
 # layer below and its USES, then adds its folders (whose CMakeLists.txt add the sources). Also
@@ -120,7 +122,7 @@ macro(spmd_add_modules)
 endmacro()
 
 # spmd_install_module_headers(): installs every module's headers under include/spmd/..., each
-# folder without the subfolders that belong to another module.
+# folder without the subfolders that belong to another module, and a module's spmd/<name>.h.
 function(spmd_install_module_headers)
   set(all_folders)
   foreach(m IN LISTS SPMD_MODULES)
@@ -139,6 +141,9 @@ function(spmd_install_module_headers)
       install(DIRECTORY ${folder}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/spmd/${installed}
               FILES_MATCHING PATTERN "*.h" ${excludes})
     endforeach()
+    if(EXISTS "${PROJECT_SOURCE_DIR}/spmd/${m}.h")
+      install(FILES spmd/${m}.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/spmd)
+    endif()
   endforeach()
 endfunction()
 

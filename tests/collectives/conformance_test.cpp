@@ -30,12 +30,10 @@
 #include <spmd/ops/ops.h>
 #include <spmd/sim/local_tensor.h>
 #include <spmd/tensor/random.h>
-#include "tests/support/world_env.h"
+#include <spmd/testing.h>
 
 namespace spmd {
 namespace {
-
-using testing::test_world;
 
 // ---- inputs ---------------------------------------------------------------------------------
 
@@ -393,7 +391,6 @@ LocalTensor inputs(const World& world, uint64_t seed, const Shape& shape, DType 
 // ---- the tests, one per collective ----------------------------------------------------------
 
 SPMD_TEST(Conformance, AllReduce) {
-  World world = test_world();
   int cases = for_each_case(
       world, true,
       [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
@@ -414,7 +411,6 @@ SPMD_TEST(Conformance, AllReduce) {
 }
 
 SPMD_TEST(Conformance, AllGather) {
-  World world = test_world();
   for_each_case(
       world, false,
       [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
@@ -437,7 +433,6 @@ SPMD_TEST(Conformance, AllGather) {
 }
 
 SPMD_TEST(Conformance, ReduceScatter) {
-  World world = test_world();
   for_each_case(
       world, false,
       [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
@@ -469,7 +464,6 @@ SPMD_TEST(Conformance, ReduceScatter) {
 }
 
 SPMD_TEST(Conformance, AllToAll) {
-  World world = test_world();
   for_each_case(
       world, false,
       [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
@@ -504,7 +498,6 @@ SPMD_TEST(Conformance, AllToAll) {
 }
 
 SPMD_TEST(Conformance, AllToAllSingle) {
-  World world = test_world();
   for (const Family& f : families(world.size())) {
     CaseMesh s = setup(world, f);
     const int64_t n = s.group_size;
@@ -575,7 +568,6 @@ SPMD_TEST(Conformance, AllToAllSingle) {
 }
 
 SPMD_TEST(Conformance, Broadcast) {
-  World world = test_world();
   for_each_case(
       world, true,
       [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
@@ -595,7 +587,6 @@ SPMD_TEST(Conformance, Broadcast) {
 }
 
 SPMD_TEST(Conformance, Scatter) {
-  World world = test_world();
   for_each_case(
       world, false,
       [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
@@ -624,7 +615,6 @@ SPMD_TEST(Conformance, Scatter) {
 }
 
 SPMD_TEST(Conformance, Gather) {
-  World world = test_world();
   for_each_case(
       world, false,
       [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
@@ -652,7 +642,6 @@ SPMD_TEST(Conformance, Gather) {
 }
 
 SPMD_TEST(Conformance, Reduce) {
-  World world = test_world();
   for_each_case(
       world, false,
       [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
@@ -679,7 +668,6 @@ SPMD_TEST(Conformance, Reduce) {
 }
 
 SPMD_TEST(Conformance, Permute) {
-  World world = test_world();
   for_each_case(
       world, true,
       [&](const Family& f, const CaseMesh& s, const ShapeCase& sc, DType dtype, uint64_t seed) {
@@ -735,7 +723,6 @@ std::vector<double> rank_order_fold(const std::vector<std::vector<double>>& rows
 }
 
 SPMD_TEST(Conformance, FloatingReductionsFollowRankOrderBitwise) {
-  World world = test_world();
   if (world.backend_name() == "nccl") GTEST_SKIP() << "NCCL chooses its own bracketing";
   const int n = world.size();
   DeviceMesh line = init_device_mesh(world, {n}, {"x"});
@@ -802,7 +789,6 @@ std::vector<CollectiveOptions> one_call_per_kind(int n) {
 // issue() path, when its result differs from sim's (the same call on World::sim over every rank's
 // input; under sim that is the call itself), or when the cost model has no entry for it.
 SPMD_TEST(Conformance, EveryCollectiveKindRunsOnThisBackend) {
-  World world = test_world();
   const int n = world.size();
   DeviceMesh mesh = init_device_mesh(world, {n}, {"x"});
   World sim = World::sim(n);
@@ -844,7 +830,6 @@ SPMD_TEST(Conformance, EveryCollectiveKindRunsOnThisBackend) {
 }
 
 SPMD_TEST(Conformance, Barrier) {
-  World world = test_world();
   for (const Family& f : families(world.size())) {
     CaseMesh s = setup(world, f);
     barrier(s.mesh);

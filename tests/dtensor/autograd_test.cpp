@@ -13,7 +13,6 @@
 #include <spmd/dtensor/random.h>
 #include <spmd/sim/local_ops.h>
 #include "tests/support/test_support.h"
-#include "tests/support/world_env.h"
 
 namespace spmd {
 namespace {
@@ -31,7 +30,6 @@ std::vector<std::string> collectives_since(size_t start, int rank) {
 }
 
 SPMD_TEST(Autograd, MegatronMlpGradientsEqualTheHandWrittenBackward) {
-  World world = testing::test_world(8);
   if (world.size() % 2 != 0) GTEST_SKIP() << "needs an even world";
   const DeviceMesh mesh = init_device_mesh(world, {2, world.size() / 2}, {"dp", "tp"});
   const Placements batch = {Shard{0}, Replicate{}};
@@ -87,7 +85,6 @@ SPMD_TEST(Autograd, MegatronMlpGradientsEqualTheHandWrittenBackward) {
 }
 
 SPMD_TEST(Autograd, FsdpGradientsAreTheReduceScatterOfTheHandWrittenOnes) {
-  World world = testing::test_world(8);
   if (world.size() % 4 != 0) GTEST_SKIP() << "needs a world divisible by 4";
   const DeviceMesh root = init_device_mesh(world, {world.size() / 4, 2, 2}, {"pp", "dp", "tp"});
   const DeviceMesh mesh = concatenate({root["dp"], root["tp"]});
@@ -127,7 +124,6 @@ SPMD_TEST(Autograd, FsdpGradientsAreTheReduceScatterOfTheHandWrittenOnes) {
 // contribution from a replicated weight: the weight's gradient is the sum of the ranks' local
 // gradients, so to_local must say the gradient is Partial (torchtitan#2416, pytorch#175867).
 SPMD_TEST(Autograd, ToLocalGradPlacementsSayWhatTheGradientIs) {
-  World world = testing::test_world(4);
   const DeviceMesh mesh = init_device_mesh(world, {world.size()}, {"tp"});
   const double n = world.size();
   const auto factor =
@@ -154,7 +150,6 @@ SPMD_TEST(Autograd, ToLocalGradPlacementsSayWhatTheGradientIs) {
 }
 
 SPMD_TEST(Autograd, LocalCollectivesAreNotDifferentiable) {
-  World world = testing::test_world(4);
   const DeviceMesh mesh = init_device_mesh(world, {world.size()}, {"tp"});
   LocalTensor x = LocalTensor::from_fn(world, [](int r) { return full({2}, r + 1.0); });
   x.requires_grad_();

@@ -19,7 +19,7 @@
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/ops.h>
 #include <spmd/tensor/random.h>
-#include "tests/support/world_env.h"
+#include <spmd/testing.h>
 
 namespace spmd::testing {
 

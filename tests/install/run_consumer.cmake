@@ -1,8 +1,11 @@
 # Installs the build tree into a fresh prefix, then configures, builds and runs the consumer
 # project against it, and checks what its programs link (ldd): `consumer` (spmd::spmd) no CUDA,
 # cuBLAS or NCCL; in builds with NCCL, `consumer_nccl` (spmd::nccl too) all three, and its nccl
-# driver registered. Invoked by CTest with -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=...
-# -DHAVE_NCCL=0|1.
+# driver registered. Then the user test project of docs/testing.md, written from the page's code
+# blocks as they stand: find_package(spmdsim COMPONENTS testing), spmd::testing and
+# spmd_add_tests; its own ctest must pass every test, 12 per backend (3 SPMD_TESTs x world sizes
+# 1, 2, 4, 8) under sim, threads and, in builds with MPI, mpi. Invoked by CTest with
+# -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -DHAVE_NCCL=0|1 -DHAVE_MPI=0|1.
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 function(step)
@@ -56,3 +59,45 @@ if(HAVE_NCCL)
   endforeach()
   message(STATUS "consumer_nccl (spmd::nccl): ${found} (ldd)")
 endif()
+
+# ---- a user's tests: docs/testing.md's example project -------------------------------------------
+set(doc "${SOURCE_DIR}/docs/testing.md")
+file(READ "${doc}" text)
+# The text of the first ```LANG block of the page that starts with START (no backticks inside).
+function(doc_block out lang start)
+  if(NOT text MATCHES "```${lang}\n(${start}[^`]*)```")
+    message(FATAL_ERROR "${doc} has no ```${lang} block starting with '${start}'")
+  endif()
+  set(${out} "${CMAKE_MATCH_1}" PARENT_SCOPE)
+endfunction()
+doc_block(layer cpp "// column_parallel[.]h:")
+doc_block(tests cpp "// column_parallel_test[.]cpp:")
+doc_block(lists cmake "cmake_minimum_required[^\n]*\nproject[(]column_parallel ")
+set(project "${WORK_DIR}/column_parallel")
+file(WRITE "${project}/column_parallel.h" "${layer}")
+file(WRITE "${project}/column_parallel_test.cpp" "${tests}")
+file(WRITE "${project}/CMakeLists.txt" "${lists}")
+step("${CMAKE_COMMAND}" -S "${project}" -B "${project}/build"
+     "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix" -DCMAKE_BUILD_TYPE=Release)
+step("${CMAKE_COMMAND}" --build "${project}/build")
+execute_process(COMMAND "${CMAKE_CTEST_COMMAND}" --test-dir "${project}/build" -j 2
+                        --output-on-failure
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message(STATUS "ctest of the docs/testing.md project:\n${out}${err}")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "100% tests passed, 0 tests failed out of")
+  message(FATAL_ERROR "the docs/testing.md project's tests failed (ctest exit ${rc})")
+endif()
+set(backends sim threads)
+if(HAVE_MPI)
+  list(APPEND backends mpi)
+endif()
+foreach(backend IN LISTS backends)
+  if(NOT out MATCHES "\n${backend} +=[^\n]*[(]12 tests[)]")
+    message(FATAL_ERROR "the docs/testing.md project ran no 12 tests with label ${backend}")
+  endif()
+endforeach()
+if(NOT HAVE_MPI AND out MATCHES "\nmpi +=")
+  message(FATAL_ERROR "this build has no MPI backend, yet the project has mpi tests")
+endif()
+string(REPLACE ";" ", " backends "${backends}")
+message(STATUS "consumer tests ok: 12 per backend (${backends})")

@@ -9,7 +9,8 @@ link libraries their targets were given. The rule, from that one list:
 
   a module may include and link a module before it, except a backend, which only the modules
   naming it in USES may use; nothing in spmd/ includes the umbrella <spmd/spmd.h>, and the
-  umbrella spmd::spmd does not link a SEPARATE module.
+  umbrella spmd::spmd does not link a SEPARATE module. A file belongs to the module whose folder
+  is the longest prefix of its path; spmd/<module>.h to that module (its one-include header).
 
 With LIBRARIES_TXT (`module=path` of each built module library) and an nm program, also the
 symbols: a module library may use (leave undefined) only symbols that it or a module it may use
@@ -45,6 +46,10 @@ def main():
         for folder, name in folders:
             if path == folder or path.startswith(folder + "/"):
                 return name
+        # spmd/<module>.h: the module's one-include header (spmd/testing.h).
+        m = re.fullmatch(r"spmd/([a-z0-9_]+)\.h", path)
+        if m and m.group(1) in index:
+            return m.group(1)
         return None
 
     def why_not(user, dep):

@@ -19,7 +19,6 @@
 #include <spmd/sim/local_ops.h>
 #include "tests/dtensor/dtensor_test_support.h"
 #include "tests/support/test_support.h"
-#include "tests/support/world_env.h"
 #include "tests/tensor/reference.h"
 
 namespace spmd {
@@ -556,8 +555,7 @@ bool gradient_placements_fit(const Placements& leaf, const Placements& grad) {
 // the meshes of 3 and 4 ranks, Partial inputs from known decompositions): the full tensor of each
 // input's gradient equals the Tensor gradient, and the gradient has the input's placements. Seeds
 // come from the row, mesh and trial only, so every rank of a real backend builds the same inputs.
-void check_dtensor_gradients(DType dtype) {
-  World world = testing::test_world(64);
+void check_dtensor_gradients(const World& world, DType dtype) {
   const auto rows = op_table().rows;
   const double tol = dtype == DType::F64 ? 1e-10 : 2e-4;
   int checked = 0;
@@ -617,11 +615,11 @@ void check_dtensor_gradients(DType dtype) {
 }
 
 SPMD_TEST(OpTableGrad, DTensorGradientsMatchTensorGradientsF64) {
-  check_dtensor_gradients(DType::F64);
+  check_dtensor_gradients(world, DType::F64);
 }
 
 SPMD_TEST(OpTableGrad, DTensorGradientsMatchTensorGradientsF32) {
-  check_dtensor_gradients(DType::F32);
+  check_dtensor_gradients(world, DType::F32);
 }
 
 TEST(OpTable, AutogradErrors) {

@@ -9,7 +9,6 @@
 
 #include <spmd/tensor/cuda/device.h>
 #include "tests/support/test_support.h"
-#include "tests/support/world_env.h"
 
 namespace spmd {
 namespace {
