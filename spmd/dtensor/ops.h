@@ -12,7 +12,9 @@
 //
 // Rules (per mesh dim; R is always possible by redistributing to Replicate first; each entry
 // states its own):
-//   - pointwise ops keep Shard placements, with broadcasting (a broadcast dim is not sharded);
+//   - pointwise ops keep Shard placements, with broadcasting (a broadcast dim is not sharded),
+//     and keep their first input's placements whenever a strategy can (Note [Following the first
+//     input] in dtensor/dispatch.cpp): `w - lr * dw` leaves w placed as it was;
 //   - Partial passes only where the op commutes with the reduction: add/sub of two P(sum) or two
 //     P(avg); P(avg), P(max), P(min) plus or minus a Replicate; mul/div of P(sum) or P(avg) by a
 //     Replicate; maximum of P(max)s (or with a Replicate), minimum of P(min)s; scalar mul/div
@@ -31,7 +33,12 @@
 //   - reshape keeps a shard only when the reshape maps every rank's piece onto the piece the
 //     output placement gives it (first dim of a merged or split group, torch.chunk sizes
 //     agreeing); otherwise that mesh dim is gathered first (pytorch/pytorch#179502 let such
-//     views through silently).
+//     views through silently);
+//   - embedding, index_select and gather with the table sharded along the indexed dim and the
+//     index whole give P(sum) (Note [Masked lookup] in ops/index.cpp); cross_entropy over logits
+//     sharded by class runs as table ops, Megatron's vocabulary-parallel loss; attention shards
+//     batch and heads; norms shard every dim but the last; dropout, triu and tril keep every
+//     placement (the pieces know their global offsets).
 //
 // A plain Tensor operand is a PlacementError unless ImplicitReplication is active
 // (dtensor/dispatch.h), which treats it as Replicate on the DTensor's mesh.

@@ -39,6 +39,7 @@ enum class Kind {
   Floating,  // integer and Bool inputs give F32
   Numeric,   // any dtype but Bool (Unsupported)
   Any,       // every dtype
+  Compare,   // every dtype, computed in the promoted dtype, a Bool result
 };
 
 struct OpRow {
@@ -184,6 +185,26 @@ Table op_table() {
   t.binary(
       "pow", [](const auto& a, const auto& b) { return pow(a, b); },
       [](double a, double b) { return std::pow(a, b); }, Kind::Floating, true);
+
+  // ---- comparisons: Bool results, no gradient ----
+  t.binary(
+      "eq", [](const auto& a, const auto& b) { return eq(a, b); },
+      [](double a, double b) { return a == b ? 1.0 : 0.0; }, Kind::Compare);
+  t.binary(
+      "ne", [](const auto& a, const auto& b) { return ne(a, b); },
+      [](double a, double b) { return a != b ? 1.0 : 0.0; }, Kind::Compare);
+  t.binary(
+      "lt", [](const auto& a, const auto& b) { return lt(a, b); },
+      [](double a, double b) { return a < b ? 1.0 : 0.0; }, Kind::Compare);
+  t.binary(
+      "le", [](const auto& a, const auto& b) { return le(a, b); },
+      [](double a, double b) { return a <= b ? 1.0 : 0.0; }, Kind::Compare);
+  t.binary(
+      "gt", [](const auto& a, const auto& b) { return gt(a, b); },
+      [](double a, double b) { return a > b ? 1.0 : 0.0; }, Kind::Compare);
+  t.binary(
+      "ge", [](const auto& a, const auto& b) { return ge(a, b); },
+      [](double a, double b) { return a >= b ? 1.0 : 0.0; }, Kind::Compare);
 
   // ---- a tensor and a scalar ----
   for (double c : {2.0, -3.0}) {
@@ -373,6 +394,7 @@ Table op_table() {
 // ---------------------------
 
 DType expected_dtype(Kind kind, DType promoted) {
+  if (kind == Kind::Compare) return DType::Bool;
   return kind == Kind::Floating && !is_floating(promoted) ? DType::F32 : promoted;
 }
 
@@ -446,10 +468,13 @@ TEST(OpTable, BinaryElementwiseOpsMatchTheirReferenceForEveryDTypePairAndLayout)
           std::vector<double> want;
           for (int64_t i = 0; i < out.numel(); ++i) {
             const auto index = testing::unravel(i, out_shape);
-            want.push_back(
-                round_to(want_dtype,
-                         r.binary_ref(testing::element(a, testing::broadcast_index(index, sa)),
-                                      testing::element(b, testing::broadcast_index(index, sb)))));
+            double x = testing::element(a, testing::broadcast_index(index, sa));
+            double y = testing::element(b, testing::broadcast_index(index, sb));
+            if (r.kind == Kind::Compare) {  // both sides rounded to the dtype compared in
+              x = round_to(promote_types(da, db), x);
+              y = round_to(promote_types(da, db), y);
+            }
+            want.push_back(round_to(want_dtype, r.binary_ref(x, y)));
           }
           const auto [rtol, atol] = tolerance(r.kind, want_dtype);
           expect_values(out, want, rtol, atol, context);
