@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include <spmd/core/call_site.h>
@@ -98,6 +99,16 @@ double clip_grad_norm(const std::vector<Tensor*>& params, double max_norm,
                       SourceLocation loc = SourceLocation::current());
 double clip_grad_norm(const std::vector<DTensor*>& params, double max_norm,
                       SourceLocation loc = SourceLocation::current());
+// `clip_grad_norm({&w, &b}, 1.0)`: a braced list of two pointers would otherwise also read as
+// an iterator range for either vector overload (ambiguous).
+inline double clip_grad_norm(std::initializer_list<Tensor*> params, double max_norm,
+                             SourceLocation loc = SourceLocation::current()) {
+  return clip_grad_norm(std::vector<Tensor*>(params), max_norm, loc);
+}
+inline double clip_grad_norm(std::initializer_list<DTensor*> params, double max_norm,
+                             SourceLocation loc = SourceLocation::current()) {
+  return clip_grad_norm(std::vector<DTensor*>(params), max_norm, loc);
+}
 
 // Zeros of t's shape and dtype (a DTensor: with t's placements, each rank allocating its piece).
 Tensor zeros_like(const Tensor& t);
