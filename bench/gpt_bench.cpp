@@ -8,16 +8,16 @@
 //   single_ms        the step on full tensors
 //   sim_over_single  sim_ms / single_ms (goal <= 1.5)
 // The model is larger than the example's default (d_model 256, sequence 128, batch 8), so that
-// each op's arithmetic outweighs its fixed cost as it does in real training; GPT_BENCH_SMALL=1
-// uses the example's toy shape instead. bench/peers/torch_gpt.py times the same step in PyTorch's
-// LocalTensorMode (scripts/bench --peers).
+// each op's arithmetic outweighs its fixed cost as it does in real training. BM_gpt_step_toy is
+// the same step at the example's own shape (d_model 64, sequence 32), where the fixed cost per op
+// dominates. bench/peers/torch_gpt.py times both steps in PyTorch's LocalTensorMode
+// (scripts/bench --peers).
 //
 //   build/bench/bench/gpt_bench
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <functional>
 
 #include "examples/gpt_model.h"
@@ -27,10 +27,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-gpt_model::Config bench_config() {
+// The benchmark's shape (toy: the example's default one), F32.
+gpt_model::Config bench_config(bool toy) {
   gpt_model::Config c;
-  const char* small = std::getenv("GPT_BENCH_SMALL");
-  if (small == nullptr || std::string(small) != "1") {
+  if (!toy) {
     c.d_model = 256;
     c.heads = 8;
     c.seq = 128;
@@ -53,8 +53,8 @@ double time_ms(const std::function<void()>& fn) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-void BM_gpt_step(benchmark::State& state) {
-  const gpt_model::Config c = bench_config();
+void gpt_step(benchmark::State& state, bool toy) {
+  const gpt_model::Config c = bench_config(toy);
   const std::string text = bench_text();
   World world = World::sim(8);
   const gpt_model::ModelLayout layout{init_device_mesh(world, {2, 4}, {"dp", "tp"}), false};
@@ -86,7 +86,15 @@ void BM_gpt_step(benchmark::State& state) {
   state.counters["single_ms"] = single_ms;
   state.counters["sim_over_single"] = sim_ms / single_ms;
 }
+void BM_gpt_step(benchmark::State& state) {
+  gpt_step(state, false);
+}
 BENCHMARK(BM_gpt_step)->Unit(benchmark::kMillisecond)->Iterations(2);
+
+void BM_gpt_step_toy(benchmark::State& state) {
+  gpt_step(state, true);
+}
+BENCHMARK(BM_gpt_step_toy)->Unit(benchmark::kMillisecond)->Iterations(5);
 
 }  // namespace
 }  // namespace spmd
