@@ -38,6 +38,8 @@
 #include <spmd/dtensor/spec.h>
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/mesh/layout.h>
+#include <spmd/nn/optim.h>
+#include <spmd/nn/parallel.h>
 #include <spmd/ops/ops.h>
 #include <spmd/ops/placement.h>
 #include <spmd/ops/strategy.h>

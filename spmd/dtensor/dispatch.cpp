@@ -138,9 +138,23 @@ std::shared_ptr<const OutputSharding> decide(const OpDef& op, SpecList inputs, c
     }
     return false;
   };
+  // Note [Following the first input]: an elementwise op that can keep its first input's
+  // placements does (PyTorch's pointwise rule), even when another strategy is cheaper: otherwise
+  // `w - lr * dw` with a P(sum) update would make a Replicate w Partial (a free local partition)
+  // and the parameter would leave the step with placements it did not have.
+  bool first_kept = false;
+  if (op.follow_first_input) {
+    for (const OpStrategy& strategy : strategies) {
+      if (strategy.inputs[0] == inputs[0]->placements() && !keeps_integer_avg(strategy)) {
+        first_kept = true;
+        break;
+      }
+    }
+  }
   for (const OpStrategy& strategy : strategies) {
     SPMD_CHECK_EQ(strategy.inputs.size(), inputs.size());
     if (keeps_integer_avg(strategy)) continue;
+    if (first_kept && !(strategy.inputs[0] == inputs[0]->placements())) continue;
     auto candidate = std::make_shared<OutputSharding>();
     double score = 0.0;
     for (size_t t = 0; t < inputs.size(); ++t) {
@@ -224,8 +238,9 @@ class SmallArray {
 };
 
 // The op on every held rank's pieces (`locals`, laid out as the decision says).
-LocalTensor run_pieces(const OpDef& op, const LocalTensor* const* locals, size_t n_in,
-                       const OpArgs& args, const DTensorSpec& out) {
+LocalTensor run_pieces(const OpDef& op, const LocalTensor* const* locals,
+                       const ShardingSpec* const* specs, size_t n_in, const OpArgs& args,
+                       const DTensorSpec& out) {
   const DTensorSpec::RankInfo& info = out.rank_info();
   const LocalTensor& like = *locals[0];
   const size_t n = like.num_shards();
@@ -238,7 +253,8 @@ LocalTensor run_pieces(const OpDef& op, const LocalTensor* const* locals, size_t
     work += detail::total_numel(*locals[k]);
   }
   auto piece = [&](size_t i) {
-    const PieceContext where{info.ranks[i], info.coordinates[i], out, info.local_shapes[i]};
+    const PieceContext where{info.ranks[i], info.coordinates[i], out, info.local_shapes[i],
+                             ShardingInputs(specs, n_in)};
     if (n_in == 1) {
       return compute_piece(op, std::span<const Tensor>(&locals[0]->shards()[i], 1), args, where);
     }
@@ -277,13 +293,26 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
     }
     specs[i] = &inputs[i]->spec();
   }
+  if (op.composite != nullptr && op.use_composite != nullptr) {
+    SmallArray<const ShardingSpec*> shardings(n);
+    for (size_t i = 0; i < n; ++i) shardings[i] = specs[i];
+    if (op.use_composite(ShardingInputs(shardings.data(), n), args)) {
+      // The op as other table ops: each is dispatched (and recorded) on its own.
+      std::vector<Var> vars;
+      vars.reserve(n);
+      for (size_t i = 0; i < n; ++i) vars.push_back(dtensor_var(*inputs[i]));
+      return op.composite(vars, args).value<DTensor>();
+    }
+  }
   std::shared_ptr<const OutputSharding> decision =
       lookup(op, SpecList(specs.data(), n), args, inputs);
 
   SmallArray<LocalTensor> moved(n);
   SmallArray<const LocalTensor*> locals(n);
+  SmallArray<const ShardingSpec*> laid_out(n);
   for (size_t i = 0; i < n; ++i) {
     const RedistributePlan* plan = decision->plans[i].get();
+    laid_out[i] = decision->input_specs[i] ? decision->input_specs[i].get() : specs[i];
     if (plan) {
       moved[i] = execute_redistribute(inputs[i]->local(), *specs[i], *plan);
       locals[i] = &moved[i];
@@ -291,7 +320,8 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
       locals[i] = &inputs[i]->local();
     }
   }
-  DTensor out(run_pieces(op, locals.data(), n, args, *decision->output), decision->output);
+  DTensor out(run_pieces(op, locals.data(), laid_out.data(), n, args, *decision->output),
+              decision->output);
   if (grad_enabled() && is_floating(out.dtype()) &&
       std::any_of(inputs.begin(), inputs.end(),
                   [](const DTensor* t) { return t->requires_grad(); })) {

@@ -12,7 +12,9 @@
 //
 // Rules (per mesh dim; R is always possible by redistributing to Replicate first; each entry
 // states its own):
-//   - pointwise ops keep Shard placements, with broadcasting (a broadcast dim is not sharded);
+//   - pointwise ops keep Shard placements, with broadcasting (a broadcast dim is not sharded),
+//     and keep their first input's placements whenever a strategy can (Note [Following the first
+//     input] in dtensor/dispatch.cpp): `w - lr * dw` leaves w placed as it was;
 //   - Partial passes only where the op commutes with the reduction: add/sub of two P(sum) or two
 //     P(avg); P(avg), P(max), P(min) plus or minus a Replicate; mul/div of P(sum) or P(avg) by a
 //     Replicate; maximum of P(max)s (or with a Replicate), minimum of P(min)s; scalar mul/div
@@ -31,7 +33,12 @@
 //   - reshape keeps a shard only when the reshape maps every rank's piece onto the piece the
 //     output placement gives it (first dim of a merged or split group, torch.chunk sizes
 //     agreeing); otherwise that mesh dim is gathered first (pytorch/pytorch#179502 let such
-//     views through silently).
+//     views through silently);
+//   - embedding, index_select and gather with the table sharded along the indexed dim and the
+//     index whole give P(sum) (Note [Masked lookup] in ops/index.cpp); cross_entropy over logits
+//     sharded by class runs as table ops, Megatron's vocabulary-parallel loss; attention shards
+//     batch and heads; norms shard every dim but the last; dropout, triu and tril keep every
+//     placement (the pieces know their global offsets).
 //
 // A plain Tensor operand is a PlacementError unless ImplicitReplication is active
 // (dtensor/dispatch.h), which treats it as Replicate on the DTensor's mesh.
@@ -253,6 +260,95 @@ inline DTensor relu(const DTensor& t, SourceLocation loc = SourceLocation::curre
 inline DTensor gelu(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::gelu, {t}, {}, loc);
 }
+inline DTensor gelu(const DTensor& t, GeluApproximate approximate,
+                    SourceLocation loc = SourceLocation::current()) {
+  return dispatch(approximate == GeluApproximate::Tanh ? op::gelu_tanh : op::gelu, {t}, {}, loc);
+}
+inline DTensor erf(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::erf, {t}, {}, loc);
+}
+inline DTensor sigmoid(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::sigmoid, {t}, {}, loc);
+}
+inline DTensor silu(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::silu, {t}, {}, loc);
+}
+inline DTensor pow(const DTensor& t, double c, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::pow_scalar, {t}, {{}, {c}}, loc);
+}
+
+// ---- selecting, indexing and transformer layers (ops/ops.h has their contracts) -----------------
+
+// Shards line up as for any elementwise op; a Partial of both branches passes.
+inline DTensor where(const DTensor& cond, const DTensor& a, const DTensor& b,
+                     SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::where, {cond, a, b}, {}, loc);
+}
+// P(avg), P(max), P(min) pass, P(sum) when filling with 0.
+inline DTensor masked_fill(const DTensor& t, const DTensor& mask, double value,
+                           SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::masked_fill, {t, mask}, {{0}, {value}}, loc);
+}
+// Every placement passes: each piece masks with its block's global row and column.
+inline DTensor triu(const DTensor& t, int64_t k = 0,
+                    SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::triu, {t}, {{k}, {}}, loc);
+}
+inline DTensor tril(const DTensor& t, int64_t k = 0,
+                    SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::tril, {t}, {{k}, {}}, loc);
+}
+// The dim d is gathered first when it is sharded; other shards pass.
+inline DTensor argmax(const DTensor& t, int64_t d, bool keepdim = false,
+                      SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::argmax, {t}, {{d, keepdim ? 1 : 0}, {}}, loc);
+}
+// A table sharded along d with a whole index gives P(sum) (Note [Masked lookup]).
+inline DTensor index_select(const DTensor& t, int64_t d, const DTensor& index,
+                            SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::index_select, {t, index}, {{d}, {}}, loc);
+}
+inline DTensor gather(const DTensor& t, int64_t d, const DTensor& index,
+                      SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::gather, {t, index}, {{d}, {}}, loc);
+}
+// Vocabulary-parallel with the table's rows sharded (Shard(0)) and the ids whole: P(sum), whose
+// reduction (all_reduce, or reduce_scatter into sequence parallelism) is the caller's next
+// redistribute; the table's gradient stays sharded like the table.
+inline DTensor embedding(const DTensor& ids, const DTensor& weight,
+                         SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::embedding, {ids, weight}, {}, loc);
+}
+// Shards of every dim but the last pass (sequence parallelism); weight and bias Replicate.
+inline DTensor layer_norm(const DTensor& x, const DTensor& weight, const DTensor& bias,
+                          double eps = 1e-5, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::layer_norm, {x, weight, bias}, {{}, {eps}}, loc);
+}
+inline DTensor rms_norm(const DTensor& x, const DTensor& weight, double eps = 1e-6,
+                        SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::rms_norm, {x, weight}, {{}, {eps}}, loc);
+}
+// The mask of the global tensor, whatever the mesh and placements (Note [Mesh-invariant dropout]).
+inline DTensor dropout(const DTensor& x, double p, uint64_t seed,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::dropout, {x}, dropout_args(p, seed), loc);
+}
+// Rows shard (P(sum) of the mean); classes sharded run Megatron's vocabulary-parallel loss
+// (Note [Vocabulary-parallel cross-entropy] in ops/nn.cpp): the logits are never gathered.
+inline DTensor cross_entropy(const DTensor& logits, const DTensor& target,
+                             LossReduction reduction = LossReduction::Mean,
+                             SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::cross_entropy, {logits, target},
+                  {{reduction == LossReduction::Sum ? 1 : 0}, {}}, loc);
+}
+// Batch and head dims shard (tensor-parallel attention); query rows may shard with k, v whole.
+inline DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const DTensor& v,
+                                            bool causal = false,
+                                            std::optional<double> scale = std::nullopt,
+                                            SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::scaled_dot_product_attention, {q, k, v},
+                  attention_args(q.size(-1), causal, scale), loc);
+}
 
 // Over all dims, or over `dims` (each once, negative allowed; empty means all).
 inline DTensor sum(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
@@ -342,6 +438,34 @@ inline DTensor expand(const DTensor& t, const Shape& shape,
 }
 inline DTensor clone(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::clone, {t}, {}, loc);
+}
+inline DTensor contiguous(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::contiguous, {t}, {}, loc);
+}
+inline DTensor view(const DTensor& t, const Shape& shape,
+                    SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::reshape, {t}, {shape, {}}, loc);
+}
+inline DTensor flatten(const DTensor& t, int64_t start = 0, int64_t end = -1,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::reshape, {t}, {flattened_shape(t.shape(), start, end), {}}, loc);
+}
+// Narrow pieces along d of the global tensor.
+inline std::vector<DTensor> split(const DTensor& t, const std::vector<int64_t>& sizes,
+                                  int64_t d = 0, SourceLocation loc = SourceLocation::current()) {
+  std::vector<DTensor> out;
+  for (const auto& [start, length] : split_ranges(t.size(d), sizes, "split")) {
+    out.push_back(narrow(t, d, start, length, loc));
+  }
+  return out;
+}
+inline std::vector<DTensor> chunk(const DTensor& t, int64_t chunks, int64_t d = 0,
+                                  SourceLocation loc = SourceLocation::current()) {
+  std::vector<DTensor> out;
+  for (const auto& [start, length] : chunk_ranges(t.size(d), chunks)) {
+    out.push_back(narrow(t, d, start, length, loc));
+  }
+  return out;
 }
 // The same DTensor in another dtype.
 inline DTensor to(const DTensor& t, DType dtype, SourceLocation loc = SourceLocation::current()) {

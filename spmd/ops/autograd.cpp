@@ -286,9 +286,19 @@ void backward(const Tensor& output, const Tensor& grad, SourceLocation loc) {
 // ---- ops on Vars
 // ------------------------------------------------------------------------------------
 
+Var apply(const OpDef& op, std::span<const Var> inputs, const OpArgs& args) {
+  if (!grad_enabled() || !any_requires_grad(inputs)) return inputs[0].kind().call(op, inputs, args);
+  Var out;
+  {
+    NoGradGuard no_grad;
+    out = inputs[0].kind().call(op, inputs, args);
+  }
+  if (!is_floating(var_dtype(out))) return out;
+  return record(op.name, &op, inputs, args, out);
+}
+
 Var apply(const OpDef& op, std::initializer_list<Var> inputs, const OpArgs& args) {
-  const std::span<const Var> in(inputs.begin(), inputs.size());
-  return in[0].kind().call(op, in, args);
+  return apply(op, std::span<const Var>(inputs.begin(), inputs.size()), args);
 }
 
 Var operator+(const Var& a, const Var& b) {

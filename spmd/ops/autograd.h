@@ -182,7 +182,10 @@ void backward(const Tensor& output, const Tensor& grad,
 
 // ---- ops on Vars for backward formulas ----------------------------------------------------------
 
-// `op` on values of one kind.
+// `op` on values of one kind. Recorded on the tape when grad mode is on and an input takes part
+// in autograd (so an op's composite form, OpDef::composite, is differentiated op by op); never
+// inside a backward formula, which runs with grad mode off.
+Var apply(const OpDef& op, std::span<const Var> inputs, const OpArgs& args = {});
 Var apply(const OpDef& op, std::initializer_list<Var> inputs, const OpArgs& args = {});
 Var operator+(const Var& a, const Var& b);
 Var operator-(const Var& a, const Var& b);

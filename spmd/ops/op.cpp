@@ -24,6 +24,7 @@ std::string OpArgs::to_string() const {
     for (size_t i = 0; i < reals.size(); ++i) out += fmt::format("{}{}", i ? ", " : "", reals[i]);
     out += "]";
   }
+  if (seed != 0) out += fmt::format("{}seed={}", out.empty() ? "" : " ", seed);
   return out;
 }
 

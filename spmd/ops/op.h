@@ -13,7 +13,12 @@
 //   piece        (optional) the computation on one rank's pieces when it differs from compute on
 //                them (e.g. reshape to the rank's own output shape, an identity for empty pieces);
 //   reference    (optional) the op on full tensors when it is not compute itself;
-//   backward     the slot of the op's derivative (the autograd issue fills it).
+//   backward     the op's derivative, written with other table ops on Vars (ops/autograd.h);
+//   follow_first_input  (elementwise ops) prefer the strategies that keep the first input's
+//                placements, as PyTorch does (`w - lr * dw` keeps w's placements);
+//   composite    (optional) the op written with other table ops, which dispatch runs instead for
+//                the input shardings `use_composite` accepts: ops whose sharded form needs
+//                collectives inside (cross_entropy over classes sharded across ranks).
 // The Tensor entry points (ops/ops.h), the LocalTensor ones (sim/local_ops.h) and the DTensor
 // ones (dtensor/ops.h) are one-line calls into an entry: call(), local_call(), dispatch().
 // docs/design.md, "Adding an op", lists what a new op touches.
@@ -33,14 +38,18 @@
 
 namespace spmd {
 
-// The non-tensor arguments of an op that decide its result (dims, flags, scalars, shapes). They
-// key the sharding cache together with the inputs' specs.
+// The non-tensor arguments of an op that decide its result (dims, flags, scalars, shapes). Ints
+// and reals key the sharding cache together with the inputs' specs; `seed` (the seed of a random
+// op such as dropout) decides values but never the sharding, so equality and the hash leave it
+// out and a new seed every step reuses the cached decision.
 struct OpArgs {
   std::vector<int64_t> ints;
   std::vector<double> reals;
-  bool operator==(const OpArgs&) const = default;
+  uint64_t seed = 0;
+  // Equal ints and reals (the seed is not compared: see above).
+  bool operator==(const OpArgs& other) const { return ints == other.ints && reals == other.reals; }
   std::size_t hash() const;
-  // "ints=[0, 1] reals=[2]" (empty parts left out).
+  // "ints=[0, 1] reals=[2] seed=7" (empty parts left out).
   std::string to_string() const;
 };
 
@@ -65,16 +74,21 @@ struct OpStrategy {
 using ShardingInputs = std::span<const ShardingSpec* const>;
 
 // Where one rank's pieces sit: the rank, its mesh coordinate, the output's sharding and the
-// output's local shape at that coordinate.
+// output's local shape at that coordinate, and the inputs' shardings as the pieces are laid out
+// (after the strategy's redistributions): an input's local_offset(coordinate) says which block of
+// the global input a piece is (a vocabulary-sharded embedding masks the ids outside its rows).
 struct PieceContext {
   int rank;
   const std::vector<int64_t>& coordinate;
   const ShardingSpec& output;
   const Shape& local_shape;
+  ShardingInputs inputs = {};
 };
 
-// The arguments of a backward function (defined by the autograd issue).
-struct BackwardContext;
+// The arguments of a backward function (ops/autograd.h).
+class BackwardContext;
+// A value that takes part in autograd (ops/autograd.h).
+class Var;
 
 struct OpDef {
   std::string_view name;
@@ -88,6 +102,9 @@ struct OpDef {
                   const PieceContext& where) = nullptr;
   Tensor (*reference)(std::span<const Tensor> inputs, const OpArgs& args) = nullptr;
   void (*backward)(BackwardContext& context) = nullptr;
+  bool follow_first_input = false;
+  Var (*composite)(std::span<const Var> inputs, const OpArgs& args) = nullptr;
+  bool (*use_composite)(ShardingInputs inputs, const OpArgs& args) = nullptr;
 };
 
 // Runs `op` on Tensors: the meta (which checks the inputs), then the computation. Error naming

@@ -17,6 +17,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <spmd/ops/op.h>
@@ -42,6 +45,10 @@ inline constexpr OpDef rsqrt = unary_op<element::Rsqrt, PartialRule::None>();
 inline constexpr OpDef tanh = unary_op<element::Tanh, PartialRule::NonDecreasing>();
 inline constexpr OpDef relu = unary_op<element::Relu, PartialRule::NonDecreasing>();
 inline constexpr OpDef gelu = unary_op<element::Gelu, PartialRule::None>();
+inline constexpr OpDef gelu_tanh = unary_op<element::GeluTanh, PartialRule::None>();
+inline constexpr OpDef erf = unary_op<element::Erf, PartialRule::NonDecreasing>();
+inline constexpr OpDef sigmoid = unary_op<element::Sigmoid, PartialRule::NonDecreasing>();
+inline constexpr OpDef silu = unary_op<element::Silu, PartialRule::None>();
 
 // Elementwise, two inputs with broadcasting. Integer add/sub/mul wrap around; div is true
 // division (integer inputs give F32); maximum/minimum propagate NaN.
@@ -68,6 +75,13 @@ extern const OpDef rsub_scalar;
 extern const OpDef mul_scalar;
 extern const OpDef div_scalar;
 extern const OpDef rdiv_scalar;
+// x ^ c (integer inputs give F32).
+extern const OpDef pow_scalar;
+
+// where(cond, a, b): inputs (cond Bool, a, b), broadcasting. masked_fill(x, mask): args.reals =
+// [value], args.ints = [invert] (1: fill where the mask is false; the backward's use).
+extern const OpDef where;
+extern const OpDef masked_fill;
 
 // Linear algebra (ops/linalg.cpp). addmm: args.reals = [beta, alpha].
 extern const OpDef matmul;
@@ -80,9 +94,37 @@ extern const OpDef mean;
 extern const OpDef amax;
 extern const OpDef amin;
 
+// args.ints = [dim, keepdim] (ops/reduction.cpp).
+extern const OpDef argmax;
+
 // Softmax along args.ints[0] (ops/softmax.cpp).
 extern const OpDef softmax;
 extern const OpDef log_softmax;
+
+// Picking by index (ops/index.cpp, Note [Masked lookup]). index_select and gather: args.ints =
+// [dim]; inputs (x, index). embedding: inputs (ids, weight). Their backward entries take (grad,
+// index, the input or weight) and scatter the gradient into zeros of that input's shape.
+extern const OpDef index_select;
+extern const OpDef index_select_backward;
+extern const OpDef gather;
+extern const OpDef gather_backward;
+extern const OpDef embedding;
+extern const OpDef embedding_backward;
+
+// Transformer layers (ops/nn.cpp). layer_norm (x, weight, bias) and rms_norm (x, weight):
+// args.reals = [eps]; their backward entries (grad, x, weight), args.ints = [0: the input's
+// gradient, 1: grad * x_hat]. dropout: args.reals = [p], args.seed. cross_entropy (logits [N, C],
+// target [N]): args.ints = [0 mean, 1 sum]. scaled_dot_product_attention (q, k, v) and
+// attention_probs (q, k): args.ints = [causal], args.reals = [scale].
+extern const OpDef layer_norm;
+extern const OpDef layer_norm_backward;
+extern const OpDef rms_norm;
+extern const OpDef rms_norm_backward;
+extern const OpDef dropout;
+extern const OpDef cross_entropy;
+extern const OpDef cross_entropy_backward;
+extern const OpDef scaled_dot_product_attention;
+extern const OpDef attention_probs;
 
 // Shapes (ops/shape.cpp). transpose: args.ints = [a, b]; reshape and expand: the shape; cat,
 // stack, unsqueeze, squeeze: [d]; pad: [d, before, after], args.reals = [value]; narrow: [d,
@@ -99,12 +141,39 @@ extern const OpDef unsqueeze;
 extern const OpDef squeeze;
 extern const OpDef expand;
 extern const OpDef clone;
+extern const OpDef contiguous;
+// args.ints = [diagonal].
+extern const OpDef triu;
+extern const OpDef tril;
 extern const OpDef to_dtype;
 
 }  // namespace op
 
 // [keepdim, dims...]: the args of the reductions.
 OpArgs reduction_args(const std::vector<int64_t>& dims, bool keepdim);
+
+// GELU's exact form (erf) or its tanh approximation (torch's approximate="tanh").
+enum class GeluApproximate { None, Tanh };
+// How cross_entropy reduces the rows' losses.
+enum class LossReduction { Mean, Sum };
+
+// The args of scaled_dot_product_attention for queries with head size `head_dim`: the scale
+// defaults to 1 / sqrt(head_dim).
+OpArgs attention_args(int64_t head_dim, bool causal, std::optional<double> scale);
+// The args of dropout.
+inline OpArgs dropout_args(double p, uint64_t seed) {
+  OpArgs args{{}, {p}};
+  args.seed = seed;
+  return args;
+}
+// The shape of t reshaped with dims [start, end] merged into one (flatten), as reshape args.
+Shape flattened_shape(const Shape& shape, int64_t start, int64_t end);
+// The [start, length] ranges of split(t, sizes, d) / chunk(t, n, d) along a dim of `size`
+// (chunk: torch.chunk's ceil(size / n) per piece, fewer pieces when they run out).
+std::vector<std::pair<int64_t, int64_t>> split_ranges(int64_t size,
+                                                      const std::vector<int64_t>& sizes,
+                                                      std::string_view op);
+std::vector<std::pair<int64_t, int64_t>> chunk_ranges(int64_t size, int64_t chunks);
 
 // ---- elementwise (broadcasting) ---------------------------------------------------------------
 
@@ -218,9 +287,93 @@ inline Tensor tanh(const Tensor& t) {
 inline Tensor relu(const Tensor& t) {
   return call(op::relu, {t});
 }
-// The exact GELU, x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) (torch's default).
-inline Tensor gelu(const Tensor& t) {
-  return call(op::gelu, {t});
+// The exact GELU, x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) (torch's default), or its tanh
+// approximation 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+inline Tensor gelu(const Tensor& t, GeluApproximate approximate = GeluApproximate::None) {
+  return call(approximate == GeluApproximate::Tanh ? op::gelu_tanh : op::gelu, {t});
+}
+inline Tensor erf(const Tensor& t) {
+  return call(op::erf, {t});
+}
+// 1 / (1 + exp(-x)).
+inline Tensor sigmoid(const Tensor& t) {
+  return call(op::sigmoid, {t});
+}
+// x * sigmoid(x).
+inline Tensor silu(const Tensor& t) {
+  return call(op::silu, {t});
+}
+// t to the power c, elementwise (integer inputs give F32).
+inline Tensor pow(const Tensor& t, double c) {
+  return call(op::pow_scalar, {t}, {{}, {c}});
+}
+
+// ---- selecting ----------------------------------------------------------------------------------
+
+// cond ? a : b elementwise, broadcasting all three; cond Bool (Unsupported otherwise).
+inline Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  return call(op::where, {cond, a, b});
+}
+// t with `value` where mask (Bool, broadcastable to t's shape) is true.
+inline Tensor masked_fill(const Tensor& t, const Tensor& mask, double value) {
+  return call(op::masked_fill, {t, mask}, {{0}, {value}});
+}
+// The upper (triu) or lower (tril) triangle of the last two dims, from diagonal k (k > 0 above
+// the main diagonal); the rest 0.
+inline Tensor triu(const Tensor& t, int64_t k = 0) {
+  return call(op::triu, {t}, {{k}, {}});
+}
+inline Tensor tril(const Tensor& t, int64_t k = 0) {
+  return call(op::tril, {t}, {{k}, {}});
+}
+// The index of the largest value along d (the first of ties; NaN counts as largest), I64.
+inline Tensor argmax(const Tensor& t, int64_t d, bool keepdim = false) {
+  return call(op::argmax, {t}, {{d, keepdim ? 1 : 0}, {}});
+}
+// The slices of t along d at the positions of `index` (1-D, integer).
+inline Tensor index_select(const Tensor& t, int64_t d, const Tensor& index) {
+  return call(op::index_select, {t, index}, {{d}, {}});
+}
+// out[..., i, ...] = t[..., index[..., i, ...], ...] along d; index (integer) has t's sizes on the
+// other dims.
+inline Tensor gather(const Tensor& t, int64_t d, const Tensor& index) {
+  return call(op::gather, {t, index}, {{d}, {}});
+}
+// The rows of `weight` [V, D] at `ids` (integer, any shape): [ids..., D].
+inline Tensor embedding(const Tensor& ids, const Tensor& weight) {
+  return call(op::embedding, {ids, weight});
+}
+
+// ---- transformer layers -------------------------------------------------------------------------
+
+// (x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance).
+inline Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                         double eps = 1e-5) {
+  return call(op::layer_norm, {x, weight, bias}, {{}, {eps}});
+}
+// x / sqrt(mean(x^2) + eps) * weight over the last dim.
+inline Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6) {
+  return call(op::rms_norm, {x, weight}, {{}, {eps}});
+}
+// Zeros each element with probability p and scales the others by 1 / (1 - p); element i of the
+// tensor is dropped when philox_uniform(seed, i) < p, so the same seed drops the same elements of
+// the global tensor on any mesh (Note [Mesh-invariant dropout] in ops/nn.cpp).
+inline Tensor dropout(const Tensor& x, double p, uint64_t seed) {
+  return call(op::dropout, {x}, dropout_args(p, seed));
+}
+// The mean (or sum) over rows of logsumexp(logits[i]) - logits[i, target[i]]; logits [N, C],
+// target [N] class indices.
+inline Tensor cross_entropy(const Tensor& logits, const Tensor& target,
+                            LossReduction reduction = LossReduction::Mean) {
+  return call(op::cross_entropy, {logits, target}, {{reduction == LossReduction::Sum ? 1 : 0}, {}});
+}
+// softmax(q k^T scale [+ causal mask]) v for q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv]; the
+// scale defaults to 1 / sqrt(D); causal hides key j from query i when j > i.
+inline Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           bool causal = false,
+                                           std::optional<double> scale = std::nullopt) {
+  return call(op::scaled_dot_product_attention, {q, k, v},
+              attention_args(q.size(-1), causal, scale));
 }
 
 // ---- reductions -------------------------------------------------------------------------------
@@ -324,6 +477,20 @@ inline Tensor expand(const Tensor& t, const Shape& shape) {
 inline Tensor clone(const Tensor& t) {
   return call(op::clone, {t});
 }
+inline Tensor contiguous(const Tensor& t) {
+  return call(op::contiguous, {t});
+}
+// reshape under the names torch also uses: view (our reshape is a view whenever the strides
+// allow it) and flatten (dims start..end merged into one).
+inline Tensor view(const Tensor& t, const Shape& shape) {
+  return call(op::reshape, {t}, {shape, {}});
+}
+inline Tensor flatten(const Tensor& t, int64_t start = 0, int64_t end = -1) {
+  return call(op::reshape, {t}, {flattened_shape(t.shape(), start, end), {}});
+}
+// Pieces along d of the given sizes (split) or of torch.chunk's sizes (chunk): narrow views.
+std::vector<Tensor> split(const Tensor& t, const std::vector<int64_t>& sizes, int64_t d = 0);
+std::vector<Tensor> chunk(const Tensor& t, int64_t chunks, int64_t d = 0);
 // Inverse of pad: a view without the first `before` and last `after` elements along d.
 Tensor unpad(const Tensor& t, int64_t d, int64_t before, int64_t after);
 

@@ -1,5 +1,6 @@
-// spmd/ops/pointwise.cpp: the shared meta and compute of the elementwise entries, and the
-// entries of the ops with a scalar operand (x + c, c - x, x * c, x / c, c / x).
+// spmd/ops/pointwise.cpp: the shared meta and compute of the elementwise entries, the entries of
+// the ops with a scalar operand (x + c, c - x, x * c, x / c, c / x, x ^ c), and where and
+// masked_fill.
 #include <spmd/ops/pointwise.h>
 
 #include <cmath>
@@ -11,13 +12,13 @@
 
 namespace spmd {
 namespace pointwise {
-namespace {
 
-// t converted to `dtype` and broadcast to `shape`; t itself (no new handle) when it already is.
 Tensor as_operand(const Tensor& t, DType dtype, const Shape& shape) {
   if (t.dtype() == dtype && t.shape() == shape) return t;
   return t.to(dtype).expand(shape);
 }
+
+namespace {
 
 DType compute_dtype(std::string_view name, element::Domain domain, DType dtype, const Shape& a,
                     const Shape* b) {
@@ -95,7 +96,7 @@ Tensor binary_derivative(std::string_view name, int index, int wrt, std::span<co
 
 namespace {
 
-enum class ScalarOp { Add, Sub, RSub, Mul, Div, RDiv };
+enum class ScalarOp { Add, Sub, RSub, Mul, Div, RDiv, Pow };
 
 bool is_integral_value(double v) {
   return std::isfinite(v) && v == std::trunc(v);
@@ -113,6 +114,8 @@ constexpr std::string_view scalar_name(ScalarOp op) {
     case ScalarOp::Div:
     case ScalarOp::RDiv:
       return "div";
+    case ScalarOp::Pow:
+      return "pow";
   }
   return "?";
 }
@@ -122,7 +125,7 @@ constexpr std::string_view scalar_name(ScalarOp op) {
 template <ScalarOp op>
 OpMeta scalar_meta(std::span<const InputMeta> in, const OpArgs& args) {
   DType dtype = in[0].dtype;
-  const bool division = op == ScalarOp::Div || op == ScalarOp::RDiv;
+  const bool division = op == ScalarOp::Div || op == ScalarOp::RDiv || op == ScalarOp::Pow;
   if (!is_floating(dtype) && (division || !is_integral_value(args.reals.at(0)))) {
     dtype = DType::F32;
   }
@@ -160,6 +163,9 @@ Tensor scalar_compute(std::span<const Tensor> in, const OpArgs& args, const OpMe
     case ScalarOp::RDiv:
       result = div(s, x);
       break;
+    case ScalarOp::Pow:
+      result = pow(x, s);
+      break;
   }
   return result.to(out.dtype);
 }
@@ -184,6 +190,7 @@ std::optional<Placement> scalar_partial(ScalarOp op, ReduceOp q, double c) {
       if (is_min_max(q)) return c >= 0.0 ? Partial{q} : swap_min_max(q);
       return std::nullopt;
     case ScalarOp::RDiv:
+    case ScalarOp::Pow:
       return std::nullopt;
   }
   return std::nullopt;
@@ -223,6 +230,10 @@ void scalar_backward(BackwardContext& c) {
       // d(k / x)/dx = -k / x^2 = -y / x.
       c.set_grad(0, -(g * c.output() / c.input(0)));
       break;
+    case ScalarOp::Pow:
+      // d(x^k)/dx = k x^(k-1).
+      c.set_grad(0, g * apply(op::pow_scalar, {c.input(0)}, {{}, {k - 1.0}}) * k);
+      break;
   }
 }
 
@@ -240,5 +251,112 @@ const OpDef op::rsub_scalar = scalar_op<ScalarOp::RSub>();
 const OpDef op::mul_scalar = scalar_op<ScalarOp::Mul>();
 const OpDef op::div_scalar = scalar_op<ScalarOp::Div>();
 const OpDef op::rdiv_scalar = scalar_op<ScalarOp::RDiv>();
+const OpDef op::pow_scalar = scalar_op<ScalarOp::Pow>();
+
+// ---- where and masked_fill ----------------------------------------------------------------------
+
+namespace {
+
+void check_condition(std::string_view op, const InputMeta& cond, std::string_view what) {
+  if (cond.dtype != DType::Bool) {
+    throw_error<Unsupported>("{}: the {} must be bool, got {} (shape {}); compare to make one", op,
+                             what, cond.dtype, shape_str(*cond.shape));
+  }
+}
+
+OpMeta where_meta(std::span<const InputMeta> in, const OpArgs&) {
+  check_condition("where", in[0], "condition");
+  Shape shape = broadcast_shapes(broadcast_shapes(*in[0].shape, *in[1].shape, "where"),
+                                 *in[2].shape, "where");
+  checked_numel(shape, "where");
+  return OpMeta{std::move(shape), promote_types(in[1].dtype, in[2].dtype)};
+}
+
+Tensor where_compute(std::span<const Tensor> in, const OpArgs&, const OpMeta& out) {
+  DeviceOps& kernels = kernels_for("where", {&in[0], &in[1], &in[2]});
+  Tensor result = empty(out.shape, out.dtype, in[0].device());
+  kernels.where(result, pointwise::as_operand(in[0], DType::Bool, out.shape),
+                pointwise::as_operand(in[1], out.dtype, out.shape),
+                pointwise::as_operand(in[2], out.dtype, out.shape));
+  return result;
+}
+
+// Shards line up as for any elementwise op; a Partial of both branches passes (the condition
+// picks, per element, the same branch on every rank): where(c, sum a_i, sum b_i) = sum where(c,
+// a_i, b_i), and alike for avg, max and min.
+std::vector<OpStrategy> where_strategies(ShardingInputs in, const OpArgs&, const OpMeta& out) {
+  std::vector<DimOption> options = pointwise_shard_options(in, out);
+  for (ReduceOp o : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+    options.push_back({{Replicate{}, Partial{o}, Partial{o}}, Partial{o}});
+  }
+  return expand_dim_options(in, options);
+}
+
+// The gradient `g` with zeros where `mask` is true (invert: where it is false).
+Var zero_where(const Var& g, const Var& mask, bool invert) {
+  return apply(op::masked_fill, {g, mask}, {{invert ? 1 : 0}, {0.0}});
+}
+
+void where_backward(BackwardContext& c) {
+  const Var& g = c.grad();
+  if (c.needs_grad(1))
+    c.set_grad(1, sum_to(zero_where(g, c.input(0), true), var_shape(c.input(1))));
+  if (c.needs_grad(2)) {
+    c.set_grad(2, sum_to(zero_where(g, c.input(0), false), var_shape(c.input(2))));
+  }
+}
+
+OpMeta masked_fill_meta(std::span<const InputMeta> in, const OpArgs&) {
+  check_condition("masked_fill", in[1], "mask");
+  const Shape shape = broadcast_shapes(*in[0].shape, *in[1].shape, "masked_fill");
+  if (shape != *in[0].shape) {
+    throw_error<ShapeError>(
+        "masked_fill: the mask of shape {} does not broadcast to the input's "
+        "shape {}",
+        shape_str(*in[1].shape), shape_str(*in[0].shape));
+  }
+  if (in[0].dtype == DType::Bool) {
+    throw_error<Unsupported>("masked_fill: dtype bool is not supported (shape {})",
+                             shape_str(shape));
+  }
+  return OpMeta{shape, in[0].dtype};
+}
+
+// args.ints = [invert] (internal: fill where the mask is false), args.reals = [value].
+Tensor masked_fill_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+  DeviceOps& kernels = kernels_for("masked_fill", {&in[0], &in[1]});
+  const bool invert = !args.ints.empty() && args.ints[0] != 0;
+  const Tensor value = full({}, args.reals.at(0), out.dtype, in[0].device()).expand(out.shape);
+  const Tensor x = pointwise::as_operand(in[0], out.dtype, out.shape);
+  Tensor result = empty(out.shape, out.dtype, in[0].device());
+  kernels.where(result, pointwise::as_operand(in[1], DType::Bool, out.shape), invert ? x : value,
+                invert ? value : x);
+  return result;
+}
+
+// P(avg), P(max) and P(min) pass (every rank fills the same value: its average, max and min are
+// that value); P(sum) only when filling with 0.
+std::vector<OpStrategy> masked_fill_strategies(ShardingInputs in, const OpArgs& args,
+                                               const OpMeta& out) {
+  std::vector<DimOption> options = pointwise_shard_options(in, out);
+  for (ReduceOp o : {ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+    options.push_back({{Partial{o}, Replicate{}}, Partial{o}});
+  }
+  if (args.reals.at(0) == 0.0) options.push_back({{Partial{}, Replicate{}}, Partial{}});
+  return expand_dim_options(in, options);
+}
+
+void masked_fill_backward(BackwardContext& c) {
+  const bool invert = !c.args().ints.empty() && c.args().ints[0] != 0;
+  if (c.needs_grad(0)) c.set_grad(0, zero_where(c.grad(), c.input(1), invert));
+}
+
+}  // namespace
+
+const OpDef op::where{"where", where_meta, where_compute, where_strategies,
+                      nullptr, nullptr,    where_backward};
+const OpDef op::masked_fill{
+    "masked_fill", masked_fill_meta, masked_fill_compute,  masked_fill_strategies,
+    nullptr,       nullptr,          masked_fill_backward, /*follow_first_input=*/true};
 
 }  // namespace spmd

@@ -19,6 +19,9 @@
 namespace spmd {
 namespace pointwise {
 
+// t converted to `dtype` and broadcast to `shape`; t itself (no new handle) when it already is.
+Tensor as_operand(const Tensor& t, DType dtype, const Shape& shape);
+
 OpMeta unary_meta(std::string_view name, element::Domain domain, const InputMeta& in);
 Tensor unary_compute(std::string_view name, int index, const Tensor& in, const OpMeta& out);
 // A comparison (`predicate`) gives Bool; its inputs compute in their promoted dtype.
@@ -150,7 +153,8 @@ constexpr OpDef unary_op() {
 }
 
 // The entry of the binary elementwise op (with broadcasting) whose math is functor F (in
-// element::BinaryOps). Comparisons (Bool results) have no backward.
+// element::BinaryOps). Comparisons (Bool results) have no backward. It follows its first input's
+// placements where it can (Note [Following the first input], dtensor/dispatch.cpp).
 template <class F, PartialRule rule>
 constexpr OpDef binary_op() {
   BackwardFn backward = nullptr;
@@ -161,7 +165,8 @@ constexpr OpDef binary_op() {
                &pointwise::binary_strategies_of<rule>,
                nullptr,
                nullptr,
-               backward};
+               backward,
+               /*follow_first_input=*/true};
 }
 
 }  // namespace spmd

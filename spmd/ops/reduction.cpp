@@ -1,4 +1,4 @@
-// spmd/ops/reduction.cpp: the entries of sum, mean, amax and amin.
+// spmd/ops/reduction.cpp: the entries of sum, mean, amax and amin, and argmax.
 //
 // args.ints = [keepdim, dims...] (dims as the user gave them; none: every dim). Sharding: a
 // reduced sharded dim becomes P(sum)/P(avg)/P(max)/P(min); mean gives P(avg) only when every
@@ -253,7 +253,57 @@ void reduction_backward(BackwardContext& c) {
   c.set_grad(0, g);
 }
 
+// ---- argmax -------------------------------------------------------------------------------------
+// args.ints = [dim, keepdim]. The first index of the largest value along dim (NaN counts as the
+// largest, as in torch); I64, no gradient. Sharding: dim whole on every rank, other shards pass.
+
+int64_t argmax_dim(const OpArgs& args, const Shape& shape) {
+  return normalize_dim(args.ints.at(0), std::max<int64_t>(static_cast<int64_t>(shape.size()), 1),
+                       "argmax", shape);
+}
+
+OpMeta argmax_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const Shape& shape = *in[0].shape;
+  const int64_t d = argmax_dim(args, shape);
+  if (shape.empty()) return OpMeta{{}, DType::I64};
+  if (shape[static_cast<size_t>(d)] == 0) {
+    throw_error<ShapeError>("argmax: dim {} of shape {} is empty: there is no largest element", d,
+                            shape_str(shape));
+  }
+  return OpMeta{reduced_shape(shape, {d}, args.ints.at(1) != 0), DType::I64};
+}
+
+Tensor argmax_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+  const Tensor& x = in[0];
+  if (x.dim() == 0) return zeros({}, DType::I64, x.device());
+  const int64_t d = argmax_dim(args, x.shape());
+  const int64_t n = x.size(d);
+  const Tensor m = amax(x, {d}, true);
+  Shape along(static_cast<size_t>(x.dim()), 1);
+  along[static_cast<size_t>(d)] = n;
+  const Tensor index = arange(n, DType::I64).reshape(along).to(x.device());
+  const Tensor nan = call(op::ne, {x, x});
+  const Tensor hit = call(op::where, {nan, nan, call(op::eq, {x, m})});
+  const Tensor candidates =
+      call(op::where, {hit, index, full({}, static_cast<double>(n), DType::I64, x.device())});
+  return amin(candidates, {d}, args.ints.at(1) != 0).view(out.shape);
+}
+
+std::vector<OpStrategy> argmax_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {
+  const int d = static_cast<int>(argmax_dim(args, in[0]->shape()));
+  const bool keep = args.ints.at(1) != 0;
+  return derived_strategies(in, [d, keep](const Placement& p) -> std::optional<Placement> {
+    if (is_partial(p) || is_shard(p, d)) return std::nullopt;
+    if (const Shard* s = std::get_if<Shard>(&p); s != nullptr && s->dim > d && !keep) {
+      return Shard{s->dim - 1};
+    }
+    return p;
+  });
+}
+
 }  // namespace
+
+const OpDef op::argmax{"argmax", argmax_meta, argmax_compute, argmax_strategies};
 
 const OpDef op::sum{"sum",
                     reduction_meta<Reduction::Sum>,

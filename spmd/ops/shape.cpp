@@ -1,4 +1,5 @@
-// spmd/ops/shape.cpp: the entries of transpose, reshape, cat, stack and pad, and unpad.
+// spmd/ops/shape.cpp: the entries of transpose, reshape, cat, stack, pad, narrow, select, permute,
+// unsqueeze, squeeze, expand, clone, contiguous, triu, tril and to, and unpad.
 //
 // Sharding: transpose moves shards with their dims (Partial passes); reshape keeps a shard only
 // when the reshape maps every rank's piece onto the piece the output placement gives it (first
@@ -528,6 +529,60 @@ std::vector<OpStrategy> to_dtype_strategies(ShardingInputs in, const OpArgs&, co
   });
 }
 
+// ---- triu, tril
+// ------------------------------------------------------------------------------------
+// args.ints = [diagonal]. The last two dims are a matrix (row i, column j): triu keeps j - i >= k,
+// tril keeps j - i <= k, the rest becomes 0. Every placement passes: a piece knows its block's
+// global row and column offsets (PieceContext), and the zeros are the same on every rank, so every
+// Partial passes too.
+
+template <bool upper>
+constexpr std::string_view triangle_name() {
+  return upper ? "triu" : "tril";
+}
+
+template <bool upper>
+OpMeta triangle_meta(std::span<const InputMeta> in, const OpArgs&) {
+  const Shape& shape = *in[0].shape;
+  if (shape.size() < 2) {
+    throw_error<ShapeError>("{}: the input must have at least 2 dims (a matrix), got shape {}",
+                            triangle_name<upper>(), shape_str(shape));
+  }
+  return OpMeta{shape, in[0].dtype};
+}
+
+// The triangle of `x`, a block whose element (0, 0) is the global matrix's (row, col).
+template <bool upper>
+Tensor triangle_block(const Tensor& x, int64_t k, int64_t row, int64_t col) {
+  DeviceOps& kernels = kernels_for(triangle_name<upper>(), {&x});
+  const int64_t rows = x.size(-2);
+  const int64_t cols = x.size(-1);
+  std::vector<bool> keep(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t diagonal = (col + j) - (row + i);
+      keep[static_cast<size_t>(i * cols + j)] = upper ? diagonal >= k : diagonal <= k;
+    }
+  }
+  const Tensor mask = from_vector(keep, {rows, cols}).to(x.device()).expand(x.shape());
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  kernels.where(out, mask, x, full({}, 0.0, x.dtype(), x.device()).expand(x.shape()));
+  return out;
+}
+
+template <bool upper>
+Tensor triangle_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+  return triangle_block<upper>(in[0], args.ints.at(0), 0, 0);
+}
+
+template <bool upper>
+Tensor triangle_piece(std::span<const Tensor> pieces, const OpArgs& args,
+                      const PieceContext& where) {
+  const Shape offset = where.output.local_offset(where.coordinate);
+  return triangle_block<upper>(pieces[0], args.ints.at(0), offset[offset.size() - 2],
+                               offset.back());
+}
+
 // ---- backward
 // --------------------------------------------------------------------------------------
 
@@ -583,6 +638,11 @@ void expand_backward(BackwardContext& c) {
 
 void identity_backward(BackwardContext& c) {
   c.set_grad(0, c.grad());
+}
+
+template <bool upper>
+void triangle_backward(BackwardContext& c) {
+  c.set_grad(0, apply(upper ? op::triu : op::tril, {c.grad()}, c.args()));
 }
 
 void to_dtype_backward(BackwardContext& c) {
@@ -745,6 +805,28 @@ const OpDef op::clone{
     nullptr,
     identity_backward};
 
+const OpDef op::contiguous{
+    "contiguous",
+    [](std::span<const InputMeta> in, const OpArgs&) {
+      return OpMeta{*in[0].shape, in[0].dtype};
+    },
+    [](std::span<const Tensor> in, const OpArgs&, const OpMeta&) { return in[0].contiguous(); },
+    keep_placements,
+    nullptr,
+    nullptr,
+    identity_backward};
+
+const OpDef op::triu{
+    "triu",  triangle_meta<true>,    triangle_compute<true>, keep_placements, triangle_piece<true>,
+    nullptr, triangle_backward<true>};
+const OpDef op::tril{"tril",
+                     triangle_meta<false>,
+                     triangle_compute<false>,
+                     keep_placements,
+                     triangle_piece<false>,
+                     nullptr,
+                     triangle_backward<false>};
+
 const OpDef op::to_dtype{"to",
                          to_dtype_meta,
                          [](std::span<const Tensor> in, const OpArgs&, const OpMeta& out) {
@@ -754,6 +836,68 @@ const OpDef op::to_dtype{"to",
                          nullptr,
                          nullptr,
                          to_dtype_backward};
+
+Shape flattened_shape(const Shape& shape, int64_t start, int64_t end) {
+  const int64_t nd = std::max<int64_t>(static_cast<int64_t>(shape.size()), 1);
+  start = normalize_dim(start, nd, "flatten", shape);
+  end = normalize_dim(end, nd, "flatten", shape);
+  if (start > end) {
+    throw_error<ShapeError>("flatten: start dim {} comes after end dim {} (shape {})", start, end,
+                            shape_str(shape));
+  }
+  if (shape.empty()) return {1};
+  Shape out(shape.begin(), shape.begin() + start);
+  int64_t merged = 1;
+  for (int64_t d = start; d <= end; ++d) merged *= shape[static_cast<size_t>(d)];
+  out.push_back(merged);
+  out.insert(out.end(), shape.begin() + end + 1, shape.end());
+  return out;
+}
+
+std::vector<std::pair<int64_t, int64_t>> split_ranges(int64_t size,
+                                                      const std::vector<int64_t>& sizes,
+                                                      std::string_view op) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t start = 0;
+  for (int64_t n : sizes) {
+    if (n < 0) break;
+    out.emplace_back(start, n);
+    start += n;
+  }
+  if (out.size() != sizes.size() || start != size) {
+    throw_error<ShapeError>("{}: sizes {} do not split a dim of size {}", op, shape_str(sizes),
+                            size);
+  }
+  return out;
+}
+
+std::vector<std::pair<int64_t, int64_t>> chunk_ranges(int64_t size, int64_t chunks) {
+  if (chunks <= 0)
+    throw_error<ShapeError>("chunk: the number of chunks must be positive, got {}", chunks);
+  const int64_t step = std::max<int64_t>((size + chunks - 1) / chunks, 1);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t start = 0; start < size; start += step) {
+    out.emplace_back(start, std::min(step, size - start));
+  }
+  if (out.empty()) out.emplace_back(0, 0);
+  return out;
+}
+
+std::vector<Tensor> split(const Tensor& t, const std::vector<int64_t>& sizes, int64_t d) {
+  std::vector<Tensor> out;
+  for (const auto& [start, length] : split_ranges(t.size(d), sizes, "split")) {
+    out.push_back(narrow(t, d, start, length));
+  }
+  return out;
+}
+
+std::vector<Tensor> chunk(const Tensor& t, int64_t chunks, int64_t d) {
+  std::vector<Tensor> out;
+  for (const auto& [start, length] : chunk_ranges(t.size(d), chunks)) {
+    out.push_back(narrow(t, d, start, length));
+  }
+  return out;
+}
 
 Tensor unpad(const Tensor& t, int64_t d, int64_t before, int64_t after) {
   kernels_for("unpad", {&t});

@@ -164,7 +164,7 @@ std::vector<OpStrategy> binary_pointwise_strategies(ShardingInputs in, const OpM
   return expand_dim_options(in, options);
 }
 
-std::vector<OpStrategy> linear_pointwise_strategies(ShardingInputs in, const OpMeta& meta) {
+std::vector<DimOption> pointwise_shard_options(ShardingInputs in, const OpMeta& meta) {
   const size_t n = in.size();
   std::vector<DimOption> options = {{std::vector<Placement>(n, Replicate{}), Replicate{}}};
   for (int o = 0; o < static_cast<int>(meta.shape.size()); ++o) {
@@ -177,6 +177,12 @@ std::vector<OpStrategy> linear_pointwise_strategies(ShardingInputs in, const OpM
     }
     if (any) options.push_back(std::move(option));
   }
+  return options;
+}
+
+std::vector<OpStrategy> linear_pointwise_strategies(ShardingInputs in, const OpMeta& meta) {
+  const size_t n = in.size();
+  std::vector<DimOption> options = pointwise_shard_options(in, meta);
   for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
     DimOption option{std::vector<Placement>(n, Replicate{}), Partial{op}};
     option.inputs[0] = Partial{op};

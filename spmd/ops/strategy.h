@@ -69,6 +69,10 @@ enum class PartialRule {
 std::vector<OpStrategy> unary_pointwise_strategies(ShardingInputs inputs, PartialRule rule);
 std::vector<OpStrategy> binary_pointwise_strategies(ShardingInputs inputs, const OpMeta& out,
                                                     PartialRule rule);
+// The per-mesh-dim options of an elementwise op of any number of inputs broadcast to out's shape:
+// all Replicate, and for each output dim the inputs that have it sharded along it (a broadcast
+// input Replicate). Partial options are the caller's to add before expand_dim_options.
+std::vector<DimOption> pointwise_shard_options(ShardingInputs inputs, const OpMeta& out);
 // An elementwise op of any number of inputs (broadcast to out's shape) that is linear in its
 // first input, as derivatives are (grad * f'(x)): shards pass as for binary ops, and a P(sum) or
 // P(avg) first input passes when every other input is Replicate.

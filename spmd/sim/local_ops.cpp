@@ -258,6 +258,67 @@ LocalTensor full(const World& world, const Shape& shape, double value, DType dty
                      std::vector<Tensor>(world.held_ranks().size(), full(shape, value, dtype)));
 }
 
+namespace {
+
+// The shape every held shard of `t` has (ShapeError naming `op` and two ranks when they differ).
+const Shape& common_shape(const LocalTensor& t, std::string_view op) {
+  if (!t.defined() || t.num_shards() == 0) {
+    throw_error<ShapeError>("{}: the LocalTensor is undefined or holds no rank", op);
+  }
+  const Shape& first = t.shards().front().shape();
+  for (size_t i = 1; i < t.num_shards(); ++i) {
+    if (t.shards()[i].shape() != first) {
+      throw_error<ShapeError>("{}: the shards differ in shape ({} on rank {}, {} on rank {})", op,
+                              shape_str(first), t.ranks().front(), shape_str(t.shards()[i].shape()),
+                              t.ranks()[i]);
+    }
+  }
+  return first;
+}
+
+std::vector<LocalTensor> narrow_pieces(const LocalTensor& t, int64_t d,
+                                       const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                                       SourceLocation loc) {
+  std::vector<LocalTensor> out;
+  for (const auto& [start, length] : ranges) out.push_back(narrow(t, d, start, length, loc));
+  return out;
+}
+
+int64_t common_size(const LocalTensor& t, int64_t d, std::string_view op) {
+  const Shape& shape = common_shape(t, op);
+  return shape[static_cast<size_t>(
+      normalize_dim(d, static_cast<int64_t>(shape.size()), op, shape))];
+}
+
+}  // namespace
+
+LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor& k,
+                                         const LocalTensor& v, bool causal,
+                                         std::optional<double> scale, SourceLocation loc) {
+  const UserCallSite site(loc);
+  return local_call(
+      op::scaled_dot_product_attention, {q, k, v},
+      attention_args(common_size(q, -1, "scaled_dot_product_attention"), causal, scale), loc);
+}
+
+LocalTensor flatten(const LocalTensor& t, int64_t start, int64_t end, SourceLocation loc) {
+  const UserCallSite site(loc);
+  return local_call(op::reshape, {t}, {flattened_shape(common_shape(t, "flatten"), start, end), {}},
+                    loc);
+}
+
+std::vector<LocalTensor> split(const LocalTensor& t, const std::vector<int64_t>& sizes, int64_t d,
+                               SourceLocation loc) {
+  const UserCallSite site(loc);
+  return narrow_pieces(t, d, split_ranges(common_size(t, d, "split"), sizes, "split"), loc);
+}
+
+std::vector<LocalTensor> chunk(const LocalTensor& t, int64_t chunks, int64_t d,
+                               SourceLocation loc) {
+  const UserCallSite site(loc);
+  return narrow_pieces(t, d, chunk_ranges(common_size(t, d, "chunk"), chunks), loc);
+}
+
 void set_local_op_observer(LocalOpObserver observer) {
   g_observer.store(observer, std::memory_order_relaxed);
 }

@@ -248,6 +248,91 @@ inline LocalTensor relu(const LocalTensor& t, SourceLocation loc = SourceLocatio
 inline LocalTensor gelu(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
   return local_call(op::gelu, {t}, {}, loc);
 }
+inline LocalTensor gelu(const LocalTensor& t, GeluApproximate approximate,
+                        SourceLocation loc = SourceLocation::current()) {
+  return local_call(approximate == GeluApproximate::Tanh ? op::gelu_tanh : op::gelu, {t}, {}, loc);
+}
+inline LocalTensor erf(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::erf, {t}, {}, loc);
+}
+inline LocalTensor sigmoid(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::sigmoid, {t}, {}, loc);
+}
+inline LocalTensor silu(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::silu, {t}, {}, loc);
+}
+inline LocalTensor pow(const LocalTensor& t, double c,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::pow_scalar, {t}, {{}, {c}}, loc);
+}
+
+// ---- selecting, indexing and transformer layers (ops/ops.h has their contracts) -----------------
+
+inline LocalTensor where(const LocalTensor& cond, const LocalTensor& a, const LocalTensor& b,
+                         SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::where, {cond, a, b}, {}, loc);
+}
+inline LocalTensor masked_fill(const LocalTensor& t, const LocalTensor& mask, double value,
+                               SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::masked_fill, {t, mask}, {{0}, {value}}, loc);
+}
+inline LocalTensor masked_fill(const LocalTensor& t, const Tensor& mask, double value,
+                               SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::masked_fill, {t, mask}, {{0}, {value}}, loc);
+}
+inline LocalTensor triu(const LocalTensor& t, int64_t k = 0,
+                        SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::triu, {t}, {{k}, {}}, loc);
+}
+inline LocalTensor tril(const LocalTensor& t, int64_t k = 0,
+                        SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::tril, {t}, {{k}, {}}, loc);
+}
+inline LocalTensor argmax(const LocalTensor& t, int64_t d, bool keepdim = false,
+                          SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::argmax, {t}, {{d, keepdim ? 1 : 0}, {}}, loc);
+}
+inline LocalTensor index_select(const LocalTensor& t, int64_t d, const LocalTensor& index,
+                                SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::index_select, {t, index}, {{d}, {}}, loc);
+}
+inline LocalTensor index_select(const LocalTensor& t, int64_t d, const Tensor& index,
+                                SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::index_select, {t, index}, {{d}, {}}, loc);
+}
+inline LocalTensor gather(const LocalTensor& t, int64_t d, const LocalTensor& index,
+                          SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::gather, {t, index}, {{d}, {}}, loc);
+}
+inline LocalTensor embedding(const LocalTensor& ids, const LocalTensor& weight,
+                             SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::embedding, {ids, weight}, {}, loc);
+}
+inline LocalTensor layer_norm(const LocalTensor& x, const LocalTensor& weight,
+                              const LocalTensor& bias, double eps = 1e-5,
+                              SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::layer_norm, {x, weight, bias}, {{}, {eps}}, loc);
+}
+inline LocalTensor rms_norm(const LocalTensor& x, const LocalTensor& weight, double eps = 1e-6,
+                            SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::rms_norm, {x, weight}, {{}, {eps}}, loc);
+}
+// Every rank drops the elements of its own shard as dropout(shard, p, seed) would: ranks with
+// equal shards drop alike (use DTensor dropout for a mask over a global tensor).
+inline LocalTensor dropout(const LocalTensor& x, double p, uint64_t seed,
+                           SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::dropout, {x}, dropout_args(p, seed), loc);
+}
+inline LocalTensor cross_entropy(const LocalTensor& logits, const LocalTensor& target,
+                                 LossReduction reduction = LossReduction::Mean,
+                                 SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::cross_entropy, {logits, target},
+                    {{reduction == LossReduction::Sum ? 1 : 0}, {}}, loc);
+}
+LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor& k,
+                                         const LocalTensor& v, bool causal = false,
+                                         std::optional<double> scale = std::nullopt,
+                                         SourceLocation loc = SourceLocation::current());
 
 inline LocalTensor sum(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
   return local_call(op::sum, {t}, reduction_args({}, false), loc);
@@ -334,6 +419,22 @@ inline LocalTensor expand(const LocalTensor& t, const Shape& shape,
 inline LocalTensor clone(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
   return local_call(op::clone, {t}, {}, loc);
 }
+inline LocalTensor contiguous(const LocalTensor& t,
+                              SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::contiguous, {t}, {}, loc);
+}
+inline LocalTensor view(const LocalTensor& t, const Shape& shape,
+                        SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::reshape, {t}, {shape, {}}, loc);
+}
+// Every rank's shard must have the same shape (ShapeError naming the ranks otherwise).
+LocalTensor flatten(const LocalTensor& t, int64_t start = 0, int64_t end = -1,
+                    SourceLocation loc = SourceLocation::current());
+// Narrow pieces along d (every rank's shard must have the same size along d).
+std::vector<LocalTensor> split(const LocalTensor& t, const std::vector<int64_t>& sizes,
+                               int64_t d = 0, SourceLocation loc = SourceLocation::current());
+std::vector<LocalTensor> chunk(const LocalTensor& t, int64_t chunks, int64_t d = 0,
+                               SourceLocation loc = SourceLocation::current());
 inline LocalTensor eq(const LocalTensor& a, const LocalTensor& b,
                       SourceLocation loc = SourceLocation::current()) {
   return local_call(op::eq, {a, b}, {}, loc);

@@ -66,6 +66,24 @@ class DeviceOps {
   // shape); floating dtypes only, computed stably (max subtracted first).
   virtual void softmax(const Tensor& out, const Tensor& in, int64_t d, bool log) = 0;
 
+  // out = cond ? a : b elementwise: cond Bool, a and b of out's dtype, every operand of out's
+  // shape (broadcast as 0 strides).
+  virtual void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) = 0;
+  // Gather along `dim`: out[p] = in[p with dim replaced by index[p] - offset] where that lies in
+  // [0, in.size(dim)), else 0 (the masked lookup of a vocabulary shard). `index` is I64 of out's
+  // shape (any strides, 0 included); in has out's dtype and, on the other dims, at least out's
+  // sizes. Returns false when some index lies outside [0, limit) (its position gets 0): the caller
+  // reports it.
+  virtual bool gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index,
+                      int64_t offset, int64_t limit) = 0;
+  // Scatter-add along `dim`: out[p with dim replaced by index[p] - offset] += src[p] for every
+  // position p of src where that lies in [0, out.size(dim)); `index` is I64 of src's shape; out
+  // (F32 or F64, src's dtype) has at least src's sizes on the other dims. Returns false when some
+  // index lies outside [0, limit). The CPU adds in src's row-major order; the CUDA kernel adds
+  // atomically (floating sums in another order).
+  virtual bool scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
+                           int64_t offset, int64_t limit) = 0;
+
   // Comparisons of two tensors of one shape and dtype.
   virtual bool equal(const Tensor& a, const Tensor& b) = 0;
   // |a - b| <= atol + rtol * |b| everywhere; equal infinities are close, NaN is never close.

@@ -249,6 +249,68 @@ struct Gelu {
   }
 };
 
+// The error function; erf'(x) = 2 / sqrt(pi) exp(-x^2).
+struct Erf {
+  static constexpr std::string_view name = "erf";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return math_erf(x);
+  }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    const C two_over_sqrt_pi = C(1.12837916709551257390);
+    return two_over_sqrt_pi * math_exp(-x * x);
+  }
+};
+
+// 1 / (1 + exp(-x)).
+struct Sigmoid {
+  static constexpr std::string_view name = "sigmoid";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return C(1) / (C(1) + math_exp(-x));
+  }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    return y * (C(1) - y);
+  }
+};
+
+// x * sigmoid(x) (SwiGLU's gate, torch.nn.functional.silu).
+struct Silu {
+  static constexpr std::string_view name = "silu";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return x / (C(1) + math_exp(-x));
+  }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    const C s = C(1) / (C(1) + math_exp(-x));
+    return s * (C(1) + x * (C(1) - s));
+  }
+};
+
+// GELU's tanh approximation (torch's approximate="tanh", GPT-2's):
+// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+struct GeluTanh {
+  static constexpr std::string_view name = "gelu_tanh";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    const C k = C(0.79788456080286535588);
+    return C(0.5) * x * (C(1) + math_tanh(k * (x + C(0.044715) * x * x * x)));
+  }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    const C k = C(0.79788456080286535588);
+    const C t = math_tanh(k * (x + C(0.044715) * x * x * x));
+    return C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * k * (C(1) + C(0.134145) * x * x);
+  }
+};
+
 // ---- binary ops ----------------------------------------------------------------------------
 
 struct Add {
@@ -464,7 +526,8 @@ struct List {
   static constexpr int size = static_cast<int>(sizeof...(Fs));
 };
 
-using UnaryOps = List<Neg, Abs, Exp, Log, Sqrt, Rsqrt, Tanh, Relu, Gelu>;
+using UnaryOps =
+    List<Neg, Abs, Exp, Log, Sqrt, Rsqrt, Tanh, Relu, Gelu, Erf, Sigmoid, Silu, GeluTanh>;
 using BinaryOps = List<Add, Sub, Mul, Div, Maximum, Minimum, Pow, Eq, Ne, Lt, Le, Gt, Ge>;
 
 namespace detail {

@@ -51,6 +51,17 @@ class ForwardingOps : public DeviceOps {
   void softmax(const Tensor& out, const Tensor& in, int64_t d, bool log) override {
     cpu_ops().softmax(out, in, d, log);
   }
+  void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) override {
+    cpu_ops().where(out, cond, a, b);
+  }
+  bool gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index, int64_t offset,
+              int64_t limit) override {
+    return cpu_ops().gather(out, in, dim, index, offset, limit);
+  }
+  bool scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
+                   int64_t offset, int64_t limit) override {
+    return cpu_ops().scatter_add(out, dim, index, src, offset, limit);
+  }
   bool equal(const Tensor& a, const Tensor& b) override { return cpu_ops().equal(a, b); }
   bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) override {
     return cpu_ops().allclose(a, b, rtol, atol);

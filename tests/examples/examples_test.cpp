@@ -1,5 +1,5 @@
 // The example programs as processes under sim: each one's check passes at the world sizes it
-// supports, and it prints what its banner promises (tp_mlp is what scripts/demo shows first).
+// supports, and it prints what its banner promises (gpt is what scripts/demo shows).
 // The digest tests (CMakeLists.txt) compare the same programs under mpirun.
 #include <gtest/gtest.h>
 
@@ -130,6 +130,20 @@ TEST(Examples, PipelineRunsEveryMicrobatchThroughEveryStage) {
                 {"4 stages x 4 microbatches", "bubble: 12 of 28 stage-ticks idle", "permute"});
   expect_passes("pipeline", 4);
   expect_passes("pipeline", 6);
+}
+
+TEST(Examples, GptTrainsWithTpSpAndFsdpAndMatchesOneDevice) {
+  expect_passes("gpt", 8,
+                {"DeviceMesh((dp=2, tp=4), stride=(4, 1))",
+                 "token embedding (vocabulary parallel) [256, 64] R,S(0)",
+                 "attention query (column-wise: heads over tp) [64, 64] S(0),S(1)",
+                 "reduce_scatter tp", "reduce_scatter dp", "all_gather dp", "loss falls: yes"});
+  // Heads that do not divide over tp (4 over 3) are gathered where a shard cannot hold them.
+  expect_passes("gpt", 6);
+  const CommandResult r =
+      run_command(std::string(SPMD_EXAMPLES_DIR) + "/gpt --spmd-world-size=4 --heads 3 --steps 2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "--d-model 64 must be a multiple of --heads 3")) << r.output;
 }
 
 }  // namespace

@@ -11,11 +11,14 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include <spmd/dtensor/ops.h>
 #include <spmd/ops/autograd.h>
+#include <spmd/ops/user_op.h>
 #include <spmd/sim/local_ops.h>
 #include "tests/dtensor/dtensor_test_support.h"
 #include "tests/support/test_support.h"
@@ -35,6 +38,7 @@ enum class Kind {
   Floating,  // integer and Bool inputs give F32
   Numeric,   // any dtype but Bool (Unsupported)
   Any,       // every dtype
+  Compare,   // every dtype, computed in the promoted dtype, a Bool result
 };
 
 struct OpRow {
@@ -45,6 +49,10 @@ struct OpRow {
   std::function<DTensor(const std::vector<DTensor>&)> on_dtensor;
   bool positive = false;       // inputs must be positive (log, sqrt, divisions)
   bool floating_only = false;  // skipped on integer data
+  // Inputs that are not data: input k -> I64 indices in [0, bound), or a Bool mask. They take
+  // Shard and Replicate placements only, and no gradient.
+  std::map<size_t, int64_t> indices;
+  std::set<size_t> masks;
   // Elementwise rows: the per-element reference and the dtypes the op computes in.
   std::function<double(double)> unary_ref;
   std::function<double(double, double)> binary_ref;
@@ -84,6 +92,28 @@ struct Table {
   }
 };
 
+// A user-defined elementwise op (ops/user_op.h).
+struct Softplus {
+  static constexpr std::string_view name = "softplus";
+  static double f(double x) { return std::log1p(std::exp(x)); }
+  static double df(double x, double) { return 1.0 / (1.0 + std::exp(-x)); }
+};
+const OpDef kSoftplus = user_unary_op<Softplus, PartialRule::NonDecreasing>();
+
+Tensor softplus(const Tensor& x) {
+  return call(kSoftplus, {x});
+}
+LocalTensor softplus(const LocalTensor& x) {
+  return local_call(kSoftplus, {x});
+}
+DTensor softplus(const DTensor& x) {
+  return dispatch(kSoftplus, {x});
+}
+
+double sigmoid_ref(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
+
 Table op_table() {
   Table t;
   // ---- elementwise, one input ----
@@ -114,6 +144,24 @@ Table op_table() {
       "gelu", [](const auto& x) { return gelu(x); },
       [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }, Kind::Floating);
 
+  t.unary(
+      "gelu_tanh", [](const auto& x) { return gelu(x, GeluApproximate::Tanh); },
+      [](double x) {
+        return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+      },
+      Kind::Floating);
+  t.unary(
+      "erf", [](const auto& x) { return erf(x); }, [](double x) { return std::erf(x); },
+      Kind::Floating);
+  t.unary(
+      "sigmoid", [](const auto& x) { return sigmoid(x); }, sigmoid_ref, Kind::Floating);
+  t.unary(
+      "silu", [](const auto& x) { return silu(x); }, [](double x) { return x * sigmoid_ref(x); },
+      Kind::Floating);
+  t.unary(
+      "softplus (user op)", [](const auto& x) { return softplus(x); },
+      [](double x) { return std::log1p(std::exp(x)); }, Kind::Floating);
+
   // ---- elementwise, two inputs with broadcasting ----
   t.binary(
       "add", [](const auto& a, const auto& b) { return a + b; },
@@ -137,6 +185,26 @@ Table op_table() {
       "pow", [](const auto& a, const auto& b) { return pow(a, b); },
       [](double a, double b) { return std::pow(a, b); }, Kind::Floating, true);
 
+  // ---- comparisons: Bool results, no gradient ----
+  t.binary(
+      "eq", [](const auto& a, const auto& b) { return eq(a, b); },
+      [](double a, double b) { return a == b ? 1.0 : 0.0; }, Kind::Compare);
+  t.binary(
+      "ne", [](const auto& a, const auto& b) { return ne(a, b); },
+      [](double a, double b) { return a != b ? 1.0 : 0.0; }, Kind::Compare);
+  t.binary(
+      "lt", [](const auto& a, const auto& b) { return lt(a, b); },
+      [](double a, double b) { return a < b ? 1.0 : 0.0; }, Kind::Compare);
+  t.binary(
+      "le", [](const auto& a, const auto& b) { return le(a, b); },
+      [](double a, double b) { return a <= b ? 1.0 : 0.0; }, Kind::Compare);
+  t.binary(
+      "gt", [](const auto& a, const auto& b) { return gt(a, b); },
+      [](double a, double b) { return a > b ? 1.0 : 0.0; }, Kind::Compare);
+  t.binary(
+      "ge", [](const auto& a, const auto& b) { return ge(a, b); },
+      [](double a, double b) { return a >= b ? 1.0 : 0.0; }, Kind::Compare);
+
   // ---- a tensor and a scalar ----
   for (double c : {2.0, -3.0}) {
     const std::string s = fmt::format("{}", c);
@@ -149,6 +217,75 @@ Table op_table() {
     t.add(row("x/" + s, {{5, 4}}, [c](const auto& x) { return x[0] / c; }));
     t.add(row(s + "/x", {{5, 4}}, [c](const auto& x) { return c / x[0]; })).positive = true;
   }
+
+  t.add(row("x^3", {{5, 4}}, [](const auto& x) { return pow(x[0], 3.0); }));
+  t.add(row("x^0.5", {{5, 4}}, [](const auto& x) { return pow(x[0], 0.5); })).positive = true;
+
+  // ---- selecting ----
+  for (const auto& shapes :
+       std::vector<std::vector<Shape>>{{{5, 4}, {5, 4}, {4}}, {{5, 1}, {5, 4}, {5, 4}}}) {
+    t.add(row("where", shapes, [](const auto& x) { return where(x[0], x[1], x[2]); })).masks = {0};
+  }
+  t.add(row("masked_fill", {{5, 4}, {5, 4}}, [](const auto& x) {
+     return masked_fill(x[0], x[1], -2.0);
+   })).masks = {1};
+  t.add(row("masked_fill 0", {{5, 4}, {4}}, [](const auto& x) {
+     return masked_fill(x[0], x[1], 0.0);
+   })).masks = {1};
+  t.add(row("triu", {{5, 4}}, [](const auto& x) { return triu(x[0]); }));
+  t.add(row("triu", {{3, 5, 6}}, [](const auto& x) { return triu(x[0], 1); }));
+  t.add(row("tril", {{5, 4}}, [](const auto& x) { return tril(x[0]); }));
+  t.add(row("tril", {{3, 5, 6}}, [](const auto& x) { return tril(x[0], -1); }));
+  t.add(row("argmax", {{5, 6}}, [](const auto& x) { return argmax(x[0], 1); }));
+  t.add(row("argmax", {{3, 4, 5}}, [](const auto& x) { return argmax(x[0], 0, true); }));
+  t.add(row("index_select", {{6, 4}, {5}}, [](const auto& x) {
+     return index_select(x[0], 0, x[1]);
+   })).indices = {{1, 6}};
+  t.add(row("index_select", {{3, 4, 2}, {6}}, [](const auto& x) {
+     return index_select(x[0], 1, x[1]);
+   })).indices = {{1, 4}};
+  t.add(row("gather", {{5, 6}, {5, 3}}, [](const auto& x) {
+     return gather(x[0], 1, x[1]);
+   })).indices = {{1, 6}};
+  t.add(row("gather", {{4, 3}, {6, 3}}, [](const auto& x) {
+     return gather(x[0], 0, x[1]);
+   })).indices = {{1, 4}};
+  t.add(row("embedding", {{3, 4}, {7, 5}}, [](const auto& x) {
+     return embedding(x[0], x[1]);
+   })).indices = {{0, 7}};
+  t.add(row("embedding", {{6}, {9, 4}}, [](const auto& x) {
+     return embedding(x[0], x[1]);
+   })).indices = {{0, 9}};
+
+  // ---- transformer layers ----
+  for (const Shape& shape : std::vector<Shape>{{6, 8}, {2, 3, 8}}) {
+    t.add(row("layer_norm", {shape, {8}, {8}}, [](const auto& x) {
+       return layer_norm(x[0], x[1], x[2]);
+     })).floating_only = true;
+    t.add(row("rms_norm", {shape, {8}}, [](const auto& x) {
+       return rms_norm(x[0], x[1]);
+     })).floating_only = true;
+  }
+  t.add(row("dropout", {{6, 8}}, [](const auto& x) {
+     return dropout(x[0], 0.3, 5);
+   })).floating_only = true;
+  {
+    OpRow& r = t.add(row("cross_entropy", {{6, 7}, {6}},
+                         [](const auto& x) { return cross_entropy(x[0], x[1]); }));
+    r.indices = {{1, 7}};
+    r.floating_only = true;
+    OpRow& s = t.add(row("cross_entropy sum", {{5, 6}, {5}}, [](const auto& x) {
+      return cross_entropy(x[0], x[1], LossReduction::Sum);
+    }));
+    s.indices = {{1, 6}};
+    s.floating_only = true;
+  }
+  t.add(row("sdpa causal", {{2, 2, 4, 3}, {2, 2, 4, 3}, {2, 2, 4, 3}}, [](const auto& x) {
+     return scaled_dot_product_attention(x[0], x[1], x[2], true);
+   })).floating_only = true;
+  t.add(row("sdpa", {{2, 3, 4}, {2, 5, 4}, {2, 5, 3}}, [](const auto& x) {
+     return scaled_dot_product_attention(x[0], x[1], x[2], false, 0.7);
+   })).floating_only = true;
 
   // ---- linear algebra ----
   for (const auto& shapes : std::vector<std::vector<Shape>>{{{5, 6}, {6, 3}},
@@ -235,6 +372,18 @@ Table op_table() {
   t.add(row("squeeze", {{5, 1, 4}}, [](const auto& x) { return squeeze(x[0], 1); }));
   t.add(row("expand", {{5, 1}}, [](const auto& x) { return expand(x[0], {2, 5, 4}); }));
   t.add(row("clone", {{5, 4}}, [](const auto& x) { return clone(x[0]); }));
+  t.add(
+      row("contiguous", {{5, 4}}, [](const auto& x) { return contiguous(transpose(x[0], 0, 1)); }));
+  t.add(row("flatten", {{2, 3, 4}}, [](const auto& x) { return flatten(x[0], 1, 2); }));
+  t.add(row("view", {{6, 4}}, [](const auto& x) { return view(x[0], {2, 12}); }));
+  t.add(row("split", {{5, 4}}, [](const auto& x) {
+    const auto pieces = split(x[0], {2, 3}, 0);
+    return cat({pieces[1], pieces[0]}, 0);
+  }));
+  t.add(row("chunk", {{5, 7}}, [](const auto& x) {
+    const auto pieces = chunk(x[0], 3, 1);
+    return cat({pieces[2], pieces[0], pieces[1]}, 1);
+  }));
   t.add(row("pad", {{5, 4}}, [](const auto& x) { return pad(x[0], 1, 2, 1, 0.0); }));
   t.add(row("pad", {{5, 4}}, [](const auto& x) { return pad(x[0], 0, 1, 0, 3.0); }));
   return t;
@@ -244,6 +393,7 @@ Table op_table() {
 // ---------------------------
 
 DType expected_dtype(Kind kind, DType promoted) {
+  if (kind == Kind::Compare) return DType::Bool;
   return kind == Kind::Floating && !is_floating(promoted) ? DType::F32 : promoted;
 }
 
@@ -317,10 +467,13 @@ TEST(OpTable, BinaryElementwiseOpsMatchTheirReferenceForEveryDTypePairAndLayout)
           std::vector<double> want;
           for (int64_t i = 0; i < out.numel(); ++i) {
             const auto index = testing::unravel(i, out_shape);
-            want.push_back(
-                round_to(want_dtype,
-                         r.binary_ref(testing::element(a, testing::broadcast_index(index, sa)),
-                                      testing::element(b, testing::broadcast_index(index, sb)))));
+            double x = testing::element(a, testing::broadcast_index(index, sa));
+            double y = testing::element(b, testing::broadcast_index(index, sb));
+            if (r.kind == Kind::Compare) {  // both sides rounded to the dtype compared in
+              x = round_to(promote_types(da, db), x);
+              y = round_to(promote_types(da, db), y);
+            }
+            want.push_back(round_to(want_dtype, r.binary_ref(x, y)));
           }
           const auto [rtol, atol] = tolerance(r.kind, want_dtype);
           expect_values(out, want, rtol, atol, context);
@@ -334,8 +487,24 @@ TEST(OpTable, BinaryElementwiseOpsMatchTheirReferenceForEveryDTypePairAndLayout)
 
 // ---- every row: LocalTensor against Tensor, shard by shard --------------------------------------
 
-Tensor row_input(const OpRow& r, const Shape& shape, uint64_t seed, DType dtype) {
-  Tensor g = testing::int_valued(shape, seed, dtype);
+// Input k of a row that is an index or a mask (else undefined).
+Tensor special_input(const OpRow& r, size_t k, uint64_t seed) {
+  const Shape& shape = r.shapes[k];
+  if (auto it = r.indices.find(k); it != r.indices.end()) {
+    return call(op::to_dtype, {rand(shape, seed, DType::F64) * static_cast<double>(it->second)},
+                {{static_cast<int64_t>(DType::I64)}, {}});
+  }
+  if (r.masks.count(k) != 0) return lt(rand(shape, seed, DType::F64), full({}, 0.5, DType::F64));
+  return Tensor();
+}
+
+bool is_data(const OpRow& r, size_t k) {
+  return r.indices.count(k) == 0 && r.masks.count(k) == 0;
+}
+
+Tensor row_input(const OpRow& r, size_t k, uint64_t seed, DType dtype) {
+  if (!is_data(r, k)) return special_input(r, k, seed);
+  Tensor g = testing::int_valued(r.shapes[k], seed, dtype);
   return r.positive ? abs(g) + 1.0 : g;
 }
 
@@ -347,11 +516,10 @@ TEST(OpTable, LocalTensorOpsEqualTheTensorOpOnEveryShard) {
     std::vector<LocalTensor> per_rank;
     std::vector<LocalTensor> replicated;
     for (size_t k = 0; k < r.shapes.size(); ++k) {
-      const Shape shape = r.shapes[k];
       per_rank.push_back(LocalTensor::from_fn(world, [&](int rank) {
-        return row_input(r, shape, 100 * k + static_cast<uint64_t>(rank), DType::F32);
+        return row_input(r, k, 100 * k + static_cast<uint64_t>(rank), DType::F32);
       }));
-      replicated.push_back(LocalTensor::replicate(world, row_input(r, shape, 7 + k, DType::F32)));
+      replicated.push_back(LocalTensor::replicate(world, row_input(r, k, 7 + k, DType::F32)));
     }
     const LocalTensor got = r.on_local(per_rank);
     ASSERT_EQ(got.ranks(), world.held_ranks());
@@ -388,17 +556,18 @@ void check_dtensor_rows(DType dtype, uint64_t seed) {
         std::vector<Tensor> globals;
         std::vector<DTensor> inputs;
         std::string placements_text;
-        for (const Shape& shape : r.shapes) {
-          const Tensor g = row_input(r, shape, rng() % 10000, dtype);
+        for (size_t k = 0; k < r.shapes.size(); ++k) {
+          const Shape& shape = r.shapes[k];
+          const Tensor g = row_input(r, k, rng() % 10000, dtype);
           const Placements kinds = testing::all_placement_kinds(static_cast<int>(shape.size()));
           Placements p;
           for (size_t i = 0; i < mesh_shape.size(); ++i) {
-            // Partials a third of the time, each kind otherwise equally likely.
+            // Partials a third of the time (data only), each kind otherwise equally likely.
             const size_t n_plain = shape.size() + 1;
             // (Integer Partial(product) pieces of a known decomposition would not be integers.)
             const size_t n_partial = dtype == DType::F32 ? 5 : 4;
-            p.push_back(rng() % 3 == 0 ? kinds[n_plain + rng() % n_partial]
-                                       : kinds[rng() % n_plain]);
+            p.push_back(rng() % 3 == 0 && is_data(r, k) ? kinds[n_plain + rng() % n_partial]
+                                                        : kinds[rng() % n_plain]);
           }
           placements_text += " " + to_string(p);
           globals.push_back(g);
@@ -429,10 +598,18 @@ TEST(OpTable, DTensorOpsMatchFullTensorOpsOnIntegers) {
 
 // ---- gradients: every row's Tensor backward against central finite differences (F64) ------------
 
-// Random non-integer data (no ties or kinks: relu, abs, maximum and amax are smooth there).
-Tensor smooth_input(const OpRow& r, const Shape& shape, uint64_t seed) {
-  Tensor g = randn(shape, seed, DType::F64);
+// Random non-integer data (no ties or kinks: relu, abs, maximum and amax are smooth there), or the
+// row's index or mask input.
+Tensor smooth_input(const OpRow& r, size_t k, uint64_t seed) {
+  if (!is_data(r, k)) return special_input(r, k, seed);
+  Tensor g = randn(r.shapes[k], seed, DType::F64);
   return r.positive ? abs(g) + 0.5 : g;
+}
+
+// `t` marked as a leaf when it is data.
+Tensor leaf(const OpRow& r, size_t k, Tensor t) {
+  if (is_data(r, k)) t.requires_grad_();
+  return t;
 }
 
 // sum(out * w): a scalar whose gradient is w pushed back through the op.
@@ -446,13 +623,14 @@ TEST(OpTable, TensorGradientsMatchFiniteDifferences) {
     SCOPED_TRACE(r.name);
     std::vector<Tensor> inputs;
     for (size_t k = 0; k < r.shapes.size(); ++k) {
-      inputs.push_back(smooth_input(r, r.shapes[k], 50 + k).requires_grad_());
+      inputs.push_back(leaf(r, k, smooth_input(r, k, 50 + k)));
     }
     const Tensor out = r.on_tensor(inputs);
     if (!is_floating(out.dtype())) continue;
     const Tensor w = randn(out.shape(), 99, DType::F64);
     backward(weighted_loss(out, w));
     for (size_t k = 0; k < inputs.size(); ++k) {
+      if (!is_data(r, k)) continue;
       // An input the op does not use gets no gradient: zeros.
       const Tensor grad =
           inputs[k].grad().defined() ? inputs[k].grad() : zeros(inputs[k].shape(), DType::F64);
@@ -500,7 +678,9 @@ TEST(OpTable, TensorMethodsAreRecorded) {
 std::vector<Tensor> tensor_gradients(const OpRow& r, const std::vector<Tensor>& values,
                                      const Tensor& w) {
   std::vector<Tensor> leaves;
-  for (const Tensor& v : values) leaves.push_back(v.detach().clone().requires_grad_());
+  for (size_t k = 0; k < values.size(); ++k) {
+    leaves.push_back(leaf(r, k, values[k].detach().clone()));
+  }
   backward(r.on_tensor(leaves), w);
   std::vector<Tensor> grads;
   for (const Tensor& leaf : leaves) {
@@ -516,10 +696,10 @@ TEST(OpTable, LocalTensorGradientsEqualTheTensorGradientsOnEveryShard) {
     SCOPED_TRACE(r.name);
     std::vector<LocalTensor> inputs;
     for (size_t k = 0; k < r.shapes.size(); ++k) {
-      const Shape shape = r.shapes[k];
-      inputs.push_back(LocalTensor::from_fn(world, [&](int rank) {
-                         return smooth_input(r, shape, 10 * k + static_cast<uint64_t>(rank));
-                       }).requires_grad_());
+      LocalTensor in = LocalTensor::from_fn(world, [&](int rank) {
+        return smooth_input(r, k, 10 * k + static_cast<uint64_t>(rank));
+      });
+      inputs.push_back(is_data(r, k) ? in.requires_grad_() : in);
     }
     const LocalTensor out = r.on_local(inputs);
     if (!is_floating(out.dtype())) continue;
@@ -532,6 +712,7 @@ TEST(OpTable, LocalTensorGradientsEqualTheTensorGradientsOnEveryShard) {
       for (const LocalTensor& in : inputs) values.push_back(in.shard(rank));
       const std::vector<Tensor> want = tensor_gradients(r, values, w.shard(rank));
       for (size_t k = 0; k < inputs.size(); ++k) {
+        if (!is_data(r, k)) continue;
         const LocalTensor grad = inputs[k].grad();
         const Tensor got = grad.defined() ? grad.shard(rank) : zeros(want[k].shape(), DType::F64);
         EXPECT_TRUE(allclose(got, want[k], 1e-12, 1e-12))
@@ -575,17 +756,21 @@ void check_dtensor_gradients(const World& world, DType dtype) {
         std::vector<DTensor> inputs;
         std::string placements_text;
         for (size_t k = 0; k < r.shapes.size(); ++k) {
-          const Tensor g = smooth_input(r, r.shapes[k], testing::mix(seed, k)).to(dtype);
+          const bool data = is_data(r, k);
+          Tensor g = smooth_input(r, k, testing::mix(seed, k));
+          if (data) g = g.to(dtype);
           const Placements kinds = testing::all_placement_kinds(static_cast<int>(g.dim()));
+          // Indices and masks: Shard or Replicate.
+          const size_t n_kinds = data ? kinds.size() : static_cast<size_t>(g.dim()) + 1;
           Placements p;
           for (size_t i = 0; i < kMeshes[m].size(); ++i) {
             const uint64_t pick = testing::mix(seed, 100 + 10 * k + i);
-            p.push_back(kinds[pick % kinds.size()]);
+            p.push_back(kinds[pick % n_kinds]);
           }
           placements_text += " " + to_string(p);
           globals.push_back(g);
-          inputs.push_back(
-              testing::make_dtensor(g, *mesh, p, testing::mix(seed, 1000 + k)).requires_grad_());
+          DTensor in = testing::make_dtensor(g, *mesh, p, testing::mix(seed, 1000 + k));
+          inputs.push_back(data ? in.requires_grad_() : in);
         }
         SCOPED_TRACE(
             fmt::format("{} {} on {} with{}", r.name, dtype, mesh->to_string(), placements_text));
@@ -595,6 +780,7 @@ void check_dtensor_gradients(const World& world, DType dtype) {
         const std::vector<Tensor> want = tensor_gradients(r, globals, w);
         backward(out, distribute_tensor(w, *mesh, Placements(mesh->ndim(), Replicate{})));
         for (size_t k = 0; k < inputs.size(); ++k) {
+          if (!is_data(r, k)) continue;
           const DTensor grad = inputs[k].grad();
           if (!grad.defined()) {
             EXPECT_TRUE(equal(want[k], zeros(want[k].shape(), dtype))) << "input " << k;

@@ -73,6 +73,20 @@ class RecordingOps : public DeviceOps {
     ++calls[log ? "log_softmax" : "softmax"];
     cpu_ops().softmax(out, in, d, log);
   }
+  void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) override {
+    ++calls["where"];
+    cpu_ops().where(out, cond, a, b);
+  }
+  bool gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index, int64_t offset,
+              int64_t limit) override {
+    ++calls["gather"];
+    return cpu_ops().gather(out, in, dim, index, offset, limit);
+  }
+  bool scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
+                   int64_t offset, int64_t limit) override {
+    ++calls["scatter_add"];
+    return cpu_ops().scatter_add(out, dim, index, src, offset, limit);
+  }
   bool equal(const Tensor& a, const Tensor& b) override {
     ++calls["equal"];
     return cpu_ops().equal(a, b);

@@ -414,6 +414,57 @@ class CudaOps final : public DeviceOps {
         name, device);
   }
 
+  void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) override {
+    SPMD_CHECK(cond.dtype() == DType::Bool && a.dtype() == out.dtype() && b.dtype() == out.dtype());
+    const int device = index_of(out);
+    set_device(device);
+    elementwise<4>({out, cond, a, b}, [&](const Indexer<4>& ix, const std::array<Tensor, 4>& t) {
+      check_kernel(
+          ck::where(elt(out.dtype()), t[0].data_ptr(), static_cast<const bool*>(t[1].data_ptr()),
+                    t[2].data_ptr(), t[3].data_ptr(), ix, t[0].numel(), stream(device)),
+          "where", device);
+    });
+  }
+
+  bool gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index, int64_t offset,
+              int64_t limit) override {
+    SPMD_CHECK(index.dtype() == DType::I64 && out.dtype() == in.dtype());
+    SPMD_CHECK(index.shape() == out.shape() && in.dim() == out.dim());
+    const int device = index_of(out);
+    set_device(device);
+    Strides base = in.strides();
+    base[static_cast<size_t>(dim)] = 0;
+    const Indexer<3> ix =
+        indexer_or_throw<3>("gather", out.shape(), {&out.strides(), &index.strides(), &base});
+    return with_flag(out, [&](unsigned int* bad) {
+      check_kernel(
+          ck::gather(elt(out.dtype()), out.data_ptr(),
+                     static_cast<const int64_t*>(index.data_ptr()), in.data_ptr(), ix, out.numel(),
+                     offset, limit, in.size(dim), in.stride(dim), bad, stream(device)),
+          "gather", device);
+    });
+  }
+
+  bool scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
+                   int64_t offset, int64_t limit) override {
+    SPMD_CHECK(index.dtype() == DType::I64 && out.dtype() == src.dtype());
+    SPMD_CHECK(index.shape() == src.shape() && out.dim() == src.dim());
+    SPMD_CHECK(out.dtype() == DType::F32 || out.dtype() == DType::F64);
+    const int device = index_of(out);
+    set_device(device);
+    Strides base = out.strides();
+    base[static_cast<size_t>(dim)] = 0;
+    const Indexer<3> ix =
+        indexer_or_throw<3>("scatter_add", src.shape(), {&src.strides(), &index.strides(), &base});
+    return with_flag(out, [&](unsigned int* bad) {
+      check_kernel(ck::scatter_add(elt(out.dtype()), out.data_ptr(),
+                                   static_cast<const int64_t*>(index.data_ptr()), src.data_ptr(),
+                                   ix, src.numel(), offset, limit, out.size(dim), out.stride(dim),
+                                   bad, stream(device)),
+                   "scatter_add", device);
+    });
+  }
+
   bool equal(const Tensor& a, const Tensor& b) override {
     return compare(ck::Compare::Equal, a, b, 0, 0).flag == 0;
   }
@@ -434,6 +485,22 @@ class CudaOps final : public DeviceOps {
   }
 
  private:
+  // Runs launch(flag) with a zeroed device flag and returns whether it stayed 0 (a sync point:
+  // the index kernels report indices out of range through it).
+  template <class Launch>
+  static bool with_flag(const Tensor& like, Launch&& launch) {
+    const int device = index_of(like);
+    const Tensor flag =
+        empty({static_cast<int64_t>(sizeof(unsigned int))}, DType::Bool, like.device());
+    auto* bad = static_cast<unsigned int*>(flag.data_ptr());
+    check(cudaMemsetAsync(bad, 0, sizeof(unsigned int), stream(device)), "cudaMemsetAsync", device);
+    launch(bad);
+    unsigned int host = 0;
+    memcpy_async(&host, bad, sizeof host, cudaMemcpyDeviceToHost, device);
+    synchronize(device);
+    return host == 0;
+  }
+
   // Runs one comparison kernel into a zeroed device result and copies the result back.
   static ck::CompareResult compare(ck::Compare what, const Tensor& a, const Tensor& b, double rtol,
                                    double atol) {

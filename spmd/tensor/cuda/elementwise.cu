@@ -1,6 +1,7 @@
-// spmd/tensor/cuda/elementwise.cu: fill, copy with conversion, binary and unary elementwise kernels
-// and the comparisons (tensor/cuda/kernels.h). One thread per element, grid-stride loops; the
-// arithmetic is tensor/element_ops.h's, the same functors the CPU kernels run.
+// spmd/tensor/cuda/elementwise.cu: fill, copy with conversion, binary and unary elementwise
+// kernels, where, gather and scatter-add along a dim, and the comparisons (tensor/cuda/kernels.h).
+// One thread per element, grid-stride loops; the arithmetic is tensor/element_ops.h's, the same
+// functors the CPU kernels run.
 #include <spmd/tensor/cuda/kernels.h>
 
 namespace spmd::cuda_kernels {
@@ -204,6 +205,53 @@ using DerivativeA = BinaryDerivative<F, 0>;
 template <class F>
 using DerivativeB = BinaryDerivative<F, 1>;
 
+// ---- where, gather, scatter-add ------------------------------------------------------------
+
+template <class T>
+__global__ void where_kernel(T* out, const bool* cond, const T* a, const T* b, Indexer<4> ix,
+                             int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    int64_t off[4];
+    ix.offsets(i, off);
+    out[off[0]] = cond[off[1]] ? a[off[2]] : b[off[3]];
+  }
+}
+
+template <class T>
+__global__ void gather_kernel(T* out, const int64_t* index, const T* in, Indexer<3> ix, int64_t n,
+                              int64_t offset, int64_t limit, int64_t size, int64_t step,
+                              unsigned int* bad) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    int64_t off[3];
+    ix.offsets(i, off);
+    const int64_t v = index[off[1]];
+    if (v < 0 || v >= limit) {
+      atomicOr(bad, 1u);
+      out[off[0]] = convert<T>(0.0f);
+      continue;
+    }
+    const int64_t j = v - offset;
+    out[off[0]] = j >= 0 && j < size ? in[off[2] + j * step] : convert<T>(0.0f);
+  }
+}
+
+template <class T>
+__global__ void scatter_add_kernel(T* out, const int64_t* index, const T* src, Indexer<3> ix,
+                                   int64_t n, int64_t offset, int64_t limit, int64_t size,
+                                   int64_t step, unsigned int* bad) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    int64_t off[3];
+    ix.offsets(i, off);
+    const int64_t v = index[off[1]];
+    if (v < 0 || v >= limit) {
+      atomicOr(bad, 1u);
+      continue;
+    }
+    const int64_t j = v - offset;
+    if (j >= 0 && j < size) atomicAdd(&out[off[2] + j * step], src[off[0]]);
+  }
+}
+
 // ---- comparisons ---------------------------------------------------------------------------
 
 template <class T>
@@ -318,6 +366,49 @@ cudaError_t binary_backward(int op, int wrt, Elt type, void* out, const void* gr
     element::visit<element::BinaryOps>(op, launch);
     return launch.result;
   });
+}
+
+cudaError_t where(Elt type, void* out, const bool* cond, const void* a, const void* b,
+                  const Indexer<4>& ix, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatch(type, [&](auto tag) {
+    using T = decltype(tag);
+    where_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
+        static_cast<T*>(out), cond, static_cast<const T*>(a), static_cast<const T*>(b), ix, n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t gather(Elt type, void* out, const int64_t* index, const void* in, const Indexer<3>& ix,
+                   int64_t n, int64_t offset, int64_t limit, int64_t size, int64_t step,
+                   unsigned int* bad, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatch(type, [&](auto tag) {
+    using T = decltype(tag);
+    gather_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<T*>(out), index,
+                                                             static_cast<const T*>(in), ix, n,
+                                                             offset, limit, size, step, bad);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t scatter_add(Elt type, void* out, const int64_t* index, const void* src,
+                        const Indexer<3>& ix, int64_t n, int64_t offset, int64_t limit,
+                        int64_t size, int64_t step, unsigned int* bad, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (type == Elt::F32) {
+    scatter_add_kernel<float><<<blocks_for(n), kThreads, 0, stream>>>(
+        static_cast<float*>(out), index, static_cast<const float*>(src), ix, n, offset, limit, size,
+        step, bad);
+    return cudaGetLastError();
+  }
+  if (type == Elt::F64) {
+    scatter_add_kernel<double><<<blocks_for(n), kThreads, 0, stream>>>(
+        static_cast<double*>(out), index, static_cast<const double*>(src), ix, n, offset, limit,
+        size, step, bad);
+    return cudaGetLastError();
+  }
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t compare(Compare what, Elt type, const void* a, const void* b, const Indexer<2>& ix,

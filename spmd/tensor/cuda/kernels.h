@@ -71,6 +71,23 @@ cudaError_t unary_backward(int op, Elt type, void* out, const void* grad, const 
 cudaError_t binary_backward(int op, int wrt, Elt type, void* out, const void* grad, const void* a,
                             const void* b, const Indexer<4>& ix, int64_t n, cudaStream_t stream);
 
+// out = cond ? a : b; operands 0 = out, 1 = cond (bool), 2 = a, 3 = b.
+cudaError_t where(Elt type, void* out, const bool* cond, const void* a, const void* b,
+                  const Indexer<4>& ix, int64_t n, cudaStream_t stream);
+
+// Gather along one dim (DeviceOps::gather): operands 0 = out, 1 = index (int64), 2 = in with the
+// gathered dim's stride 0; `step` and `size` are that dim's stride and size in `in`. Sets *bad to 1
+// where an index lies outside [0, limit).
+cudaError_t gather(Elt type, void* out, const int64_t* index, const void* in, const Indexer<3>& ix,
+                   int64_t n, int64_t offset, int64_t limit, int64_t size, int64_t step,
+                   unsigned int* bad, cudaStream_t stream);
+
+// Scatter-add along one dim (DeviceOps::scatter_add), atomically; F32 and F64 only: operands 0 =
+// src, 1 = index (int64), 2 = out with the scattered dim's stride 0.
+cudaError_t scatter_add(Elt type, void* out, const int64_t* index, const void* src,
+                        const Indexer<3>& ix, int64_t n, int64_t offset, int64_t limit,
+                        int64_t size, int64_t step, unsigned int* bad, cudaStream_t stream);
+
 // What compare() computes over element pairs (operands 0 = a, 1 = b).
 enum class Compare : uint8_t { Equal, AllClose, MaxAbsDiff, HasNonfinite };
 // Device-side result of compare(): zero it before the launch.

@@ -1,8 +1,9 @@
 // spmd/tensor/kernels/cpu_kernels.h: the CPU kernels behind cpu_ops() (tensor/device_ops.h).
 //
 // Internal to tensor/. Each function has the contract of the DeviceOps method of the same name;
-// the three translation units split them by weight: elementwise.cpp (fill, copy, binary,
-// unary, comparisons), reduce.cpp (reductions, softmax), matmul.cpp (Eigen).
+// the translation units split them by weight: elementwise.cpp (fill, copy, binary, unary, where,
+// comparisons), index.cpp (gather, scatter_add), reduce.cpp (reductions, softmax), matmul.cpp
+// (Eigen).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@ void unary_backward(int op, const Tensor& out, const Tensor& grad, const Tensor&
                     const Tensor& result);
 void binary_backward(int op, int wrt, const Tensor& out, const Tensor& grad, const Tensor& a,
                      const Tensor& b);
+void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b);
 bool equal(const Tensor& a, const Tensor& b);
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol);
 double max_abs_diff(const Tensor& a, const Tensor& b);
@@ -29,5 +31,10 @@ void reduce(Reduction op, const Tensor& out, const Tensor& in, const std::vector
 void softmax(const Tensor& out, const Tensor& in, int64_t d, bool log);
 
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta);
+
+bool gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index, int64_t offset,
+            int64_t limit);
+bool scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
+                 int64_t offset, int64_t limit);
 
 }  // namespace spmd::cpu_kernels

@@ -287,6 +287,24 @@ void binary_backward(int op, int wrt, const Tensor& out, const Tensor& grad, con
   });
 }
 
+void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+  SPMD_CHECK(cond.dtype() == DType::Bool && a.dtype() == out.dtype() && b.dtype() == out.dtype());
+  dispatch_dtype(out.dtype(), [&]<class T>() {
+    StridedLoop<4> loop(out.shape(), {&out.strides(), &cond.strides(), &a.strides(), &b.strides()});
+    T* po = at<T>(out);
+    const bool* pc = at<bool>(cond);
+    const T* pa = at<T>(a);
+    const T* pb = at<T>(b);
+    loop.parallel_runs(kElementwiseGrain, [&](const auto& off, const auto& st, int64_t n) {
+      T* o = po + off[0];
+      const bool* c = pc + off[1];
+      const T* x = pa + off[2];
+      const T* y = pb + off[3];
+      for (int64_t i = 0; i < n; ++i) o[i * st[0]] = c[i * st[1]] ? x[i * st[2]] : y[i * st[3]];
+    });
+  });
+}
+
 bool equal(const Tensor& a, const Tensor& b) {
   bool same = true;
   dispatch_dtype(a.dtype(),

@@ -14,6 +14,7 @@
 
 #include <spmd/ops/ops.h>
 #include <spmd/tensor/cuda/device.h>
+#include <spmd/tensor/device_ops.h>
 #include <spmd/tensor/random.h>
 
 namespace spmd {
@@ -174,8 +175,88 @@ TEST(CudaOps, UnaryOpsMatchTheCpu) {
       expect_matches(sqrt(abs(v.make(a))), sqrt(abs(v.make(ga))), 0.0, "sqrt " + what);
       expect_matches(tanh(v.make(a)), tanh(v.make(ga)), tol, "tanh " + what);
       expect_matches(gelu(v.make(a)), gelu(v.make(ga)), tol, "gelu " + what);
+      expect_matches(gelu(v.make(a), GeluApproximate::Tanh),
+                     gelu(v.make(ga), GeluApproximate::Tanh), tol, "gelu_tanh " + what);
+      expect_matches(erf(v.make(a)), erf(v.make(ga)), tol, "erf " + what);
+      expect_matches(sigmoid(v.make(a)), sigmoid(v.make(ga)), tol, "sigmoid " + what);
+      expect_matches(silu(v.make(a)), silu(v.make(ga)), tol, "silu " + what);
     }
   }
+}
+
+TEST(CudaOps, WhereMatchesTheCpu) {
+  for (DType dtype : kAllDTypes) {
+    const Tensor a = random_tensor({4, 6}, dtype, 21, true);
+    const Tensor b = random_tensor({4, 6}, dtype, 22);
+    const Tensor c = gt_zero(random_tensor({4, 6}, DType::F32, 23));
+    for (const View& v : views()) {
+      const std::string what = fmt::format("where {} {}", dtype, v.name);
+      expect_matches(where(v.make(c), v.make(a), b),
+                     where(v.make(c.to(kGpu)), v.make(a.to(kGpu)), b.to(kGpu)), 0.0, what);
+    }
+  }
+}
+
+// The gather and scatter-add kernels, with a block offset (the masked lookup of a vocabulary
+// shard) and without, and the index ops built on them.
+TEST(CudaOps, GatherAndScatterAddMatchTheCpu) {
+  const Tensor table = random_tensor({10, 6}, DType::F32, 31);
+  const Tensor ids = from_vector<int64_t>({0, 9, 3, 3, 7, 1, 5, 2}, {8});
+  const Tensor index = ids.reshape({8, 1}).expand({8, 6});
+  for (int64_t offset : {0, 4}) {
+    const Tensor block = table.narrow(0, offset, 4);
+    Tensor out = zeros({8, 6});
+    Tensor gout = zeros({8, 6}, DType::F32, kGpu);
+    ASSERT_TRUE(cpu_ops().gather(out, block, 0, index, offset, 10));
+    ASSERT_TRUE(
+        kernels_for("test", kGpu).gather(gout, block.to(kGpu), 0, index.to(kGpu), offset, 10));
+    expect_matches(out, gout, 0.0, fmt::format("gather at offset {}", offset));
+    const Tensor src = random_tensor({8, 6}, DType::F64, 32);
+    Tensor acc = zeros({4, 6}, DType::F64);
+    Tensor gacc = zeros({4, 6}, DType::F64, kGpu);
+    ASSERT_TRUE(cpu_ops().scatter_add(acc, 0, index, src, offset, 10));
+    ASSERT_TRUE(
+        kernels_for("test", kGpu).scatter_add(gacc, 0, index.to(kGpu), src.to(kGpu), offset, 10));
+    expect_matches(acc, gacc, 1e-12, fmt::format("scatter_add at offset {}", offset));
+  }
+  Tensor gout = zeros({8, 6}, DType::F32, kGpu);
+  EXPECT_FALSE(kernels_for("test", kGpu)
+                   .gather(gout, table.to(kGpu), 0, index.to(kGpu), 0, 9));  // 9 is out of range
+  expect_matches(index_select(table, 1, from_vector<int64_t>({5, 0, 2})),
+                 index_select(table.to(kGpu), 1, from_vector<int64_t>({5, 0, 2}).to(kGpu)), 0.0,
+                 "index_select");
+  expect_matches(embedding(ids.reshape({2, 4}), table),
+                 embedding(ids.reshape({2, 4}).to(kGpu), table.to(kGpu)), 0.0, "embedding");
+  const Tensor g = random_tensor({2, 4, 6}, DType::F32, 33);
+  expect_matches(
+      call(op::embedding_backward, {g, ids.reshape({2, 4}), table}),
+      call(op::embedding_backward, {g.to(kGpu), ids.reshape({2, 4}).to(kGpu), table.to(kGpu)}),
+      1e-6, "embedding_backward");
+}
+
+// The transformer ops are built from other ops: on the GPU they run those ops' kernels.
+TEST(CudaOps, TransformerOpsMatchTheCpu) {
+  const Tensor x = random_tensor({2, 5, 8}, DType::F64, 41);
+  const Tensor w = random_tensor({8}, DType::F64, 42);
+  const Tensor b = random_tensor({8}, DType::F64, 43);
+  auto gpu = [](const Tensor& t) { return t.to(kGpu); };
+  expect_matches(layer_norm(x, w, b), layer_norm(gpu(x), gpu(w), gpu(b)), 1e-12, "layer_norm");
+  expect_matches(rms_norm(x, w), rms_norm(gpu(x), gpu(w)), 1e-12, "rms_norm");
+  expect_matches(dropout(x, 0.3, 7), dropout(gpu(x), 0.3, 7), 0.0, "dropout");
+  expect_matches(triu(x, 1), triu(gpu(x), 1), 0.0, "triu");
+  expect_matches(argmax(x, 2), argmax(gpu(x), 2), 0.0, "argmax");
+  const Tensor q = random_tensor({2, 3, 5, 4}, DType::F64, 44);
+  expect_matches(scaled_dot_product_attention(q, q * 0.5, q + 1.0, true),
+                 scaled_dot_product_attention(gpu(q), gpu(q) * 0.5, gpu(q) + 1.0, true), 1e-12,
+                 "scaled_dot_product_attention");
+  const Tensor logits = random_tensor({6, 7}, DType::F64, 45);
+  const Tensor target = from_vector<int64_t>({0, 6, 3, 3, 1, 2}, {6});
+  expect_matches(cross_entropy(logits, target), cross_entropy(gpu(logits), gpu(target)), 1e-12,
+                 "cross_entropy");
+  expect_matches(
+      call(op::cross_entropy_backward, {ones({}, DType::F64), logits, target}),
+      call(op::cross_entropy_backward, {ones({}, DType::F64, kGpu), gpu(logits), gpu(target)}),
+      1e-12, "cross_entropy_backward");
 }
 
 TEST(CudaOps, ReductionsMatchTheCpu) {

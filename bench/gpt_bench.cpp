@@ -1,0 +1,100 @@
+// bench/gpt_bench.cpp: what simulating 8 ranks costs over computing the same training step once.
+//
+// BM_gpt_step: one training step of examples/gpt's model (forward, backward, clip_grad_norm,
+// AdamW; F32, dropout on) with tensor + sequence parallelism on a (dp=2, tp=4) mesh under sim,
+// against the same step on full tensors (autograd on Tensors), timed in the same run,
+// interleaved, best of 3 rounds each:
+//   sim_ms           the sharded step (8 ranks' pieces, the collectives, propagation, autograd)
+//   single_ms        the step on full tensors
+//   sim_over_single  sim_ms / single_ms (goal <= 1.5)
+// The model is larger than the example's default (d_model 256, sequence 128, batch 8), so that
+// each op's arithmetic outweighs its fixed cost as it does in real training. BM_gpt_step_toy is
+// the same step at the example's own shape (d_model 64, sequence 32), where the fixed cost per op
+// dominates. bench/peers/torch_gpt.py times both steps in PyTorch's LocalTensorMode
+// (scripts/bench --peers).
+//
+//   build/bench/bench/gpt_bench
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+
+#include "examples/gpt_model.h"
+
+namespace spmd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The benchmark's shape (toy: the example's default one), F32.
+gpt_model::Config bench_config(bool toy) {
+  gpt_model::Config c;
+  if (!toy) {
+    c.d_model = 256;
+    c.heads = 8;
+    c.seq = 128;
+  }
+  c.dtype = DType::F32;
+  return c;
+}
+
+// Synthetic bytes: the benchmark reads no file.
+std::string bench_text() {
+  std::string text;
+  for (int i = 0; i < 20000; ++i) text.push_back(static_cast<char>('a' + (i * 7 + i / 13) % 26));
+  return text;
+}
+
+// Milliseconds of one call of fn (after one warm-up call).
+double time_ms(const std::function<void()>& fn) {
+  const auto start = Clock::now();
+  fn();
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+void gpt_step(benchmark::State& state, bool toy) {
+  const gpt_model::Config c = bench_config(toy);
+  const std::string text = bench_text();
+  World world = World::sim(8);
+  const gpt_model::ModelLayout layout{init_device_mesh(world, {2, 4}, {"dp", "tp"}), false};
+  gpt_model::Model<DTensor> sim = gpt_model::init_model<DTensor>(c, &layout);
+  gpt_model::Model<Tensor> single = gpt_model::init_model<Tensor>(c, nullptr);
+  std::vector<DTensor*> sim_params = sim.params();
+  std::vector<Tensor*> single_params = single.params();
+  AdamW<DTensor> sim_opt(sim_params, gpt_model::adamw_options(c));
+  AdamW<Tensor> single_opt(single_params, gpt_model::adamw_options(c));
+  const Tensor tokens = gpt_model::batch_tokens(c, text, 0);
+  const DTensor sim_tokens = gpt_model::place_tokens<DTensor>(tokens, &layout);
+  int64_t step = 0;
+  auto sim_step = [&] {
+    gpt_model::train_step(c, gpt_model::Parallel{}, sim, sim_opt, sim_params, sim_tokens, step++);
+  };
+  auto single_step = [&] {
+    gpt_model::train_step(c, gpt_model::Single{}, single, single_opt, single_params, tokens,
+                          step++);
+  };
+  sim_step();
+  single_step();
+  for (auto _ : state) sim_step();
+  double sim_ms = 1e300, single_ms = 1e300;
+  for (int round = 0; round < 3; ++round) {
+    sim_ms = std::min(sim_ms, time_ms(sim_step));
+    single_ms = std::min(single_ms, time_ms(single_step));
+  }
+  state.counters["sim_ms"] = sim_ms;
+  state.counters["single_ms"] = single_ms;
+  state.counters["sim_over_single"] = sim_ms / single_ms;
+}
+void BM_gpt_step(benchmark::State& state) {
+  gpt_step(state, false);
+}
+BENCHMARK(BM_gpt_step)->Unit(benchmark::kMillisecond)->Iterations(2);
+
+void BM_gpt_step_toy(benchmark::State& state) {
+  gpt_step(state, true);
+}
+BENCHMARK(BM_gpt_step_toy)->Unit(benchmark::kMillisecond)->Iterations(5);
+
+}  // namespace
+}  // namespace spmd

@@ -1,0 +1,281 @@
+// examples/gpt_model.h: the GPT of examples/gpt.cpp, shared with bench/gpt_bench.cpp.
+//
+// One model definition, a template over the tensor type: Tensor runs it on one device, DTensor on
+// a (dp, tp) mesh, where `Parallel` adds the redistributions of tensor, sequence and (optionally)
+// FSDP parallelism (nn/parallel.h) and `Single` adds nothing. Parameters come from mesh-invariant
+// random DTensors and dropout masks are mesh-invariant, so both runs compute the same model.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <spmd/spmd.h>
+
+namespace gpt_model {
+
+using namespace spmd;
+
+// The model's shape and the training run.
+struct Config {
+  int64_t layers = 2;
+  int64_t d_model = 64;
+  int64_t heads = 4;
+  int64_t seq = 32;
+  int64_t vocab = 256;
+  int64_t batch = 8;
+  int64_t steps = 8;
+  double lr = 3e-3;
+  double dropout = 0.1;
+  double clip = 1.0;
+  DType dtype = DType::F64;
+  std::string mode = "both";  // sp, fsdp or both
+  bool check = true;
+  std::string data;  // the training text
+  uint64_t seed = 1234;
+};
+
+// ---- data ---------------------------------------------------------------------------------------
+
+// Step `step`'s batch: B windows of S + 1 bytes (token = byte mod vocab), as [B, S + 1] I64.
+inline Tensor batch_tokens(const Config& c, const std::string& text, int64_t step) {
+  const int64_t span = c.seq + 1;
+  const int64_t n = static_cast<int64_t>(text.size());
+  if (n <= span) {
+    throw_error<ConfigError>("gpt: the text has {} bytes, fewer than --seq + 1 = {}", n, span);
+  }
+  std::vector<int64_t> tokens;
+  tokens.reserve(static_cast<size_t>(c.batch * span));
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const int64_t start = ((step * c.batch + b) * 7919) % (n - span);
+    for (int64_t i = 0; i < span; ++i) {
+      tokens.push_back(static_cast<unsigned char>(text[static_cast<size_t>(start + i)]) % c.vocab);
+    }
+  }
+  return from_vector(tokens, {c.batch, span});
+}
+
+// ---- the model, once for Tensor and DTensor -------------------------------------------------
+
+template <class T>
+struct Block {
+  T ln1_w, ln1_b, wq, wk, wv, wo, bo, ln2_w, ln2_b, w1, b1, w2, b2;
+};
+
+template <class T>
+struct Model {
+  T wte, wpe, lnf_w, lnf_b, head;
+  std::vector<Block<T>> blocks;
+
+  std::vector<T*> params() {
+    std::vector<T*> out = {&wte, &wpe};
+    for (Block<T>& b : blocks) {
+      for (T* p : {&b.ln1_w, &b.ln1_b, &b.wq, &b.wk, &b.wv, &b.wo, &b.bo, &b.ln2_w, &b.ln2_b, &b.w1,
+                   &b.b1, &b.w2, &b.b2}) {
+        out.push_back(p);
+      }
+    }
+    for (T* p : {&lnf_w, &lnf_b, &head}) out.push_back(p);
+    return out;
+  }
+};
+
+// What a parameter is, for its placements.
+enum class Role { Vocab, Replicated, Colwise, ColwiseBias, Rowwise };
+
+// Where the parallel runs put things: the mesh, and whether parameters are FSDP-sharded.
+struct ModelLayout {
+  DeviceMesh mesh;
+  bool fsdp = false;
+
+  Placements placements(Role role, const Shape& shape) const {
+    Placements p = replicate_placements(mesh);
+    switch (role) {
+      case Role::Vocab:
+      case Role::Rowwise:
+        p = rowwise_placements(mesh, "tp");
+        break;
+      case Role::Colwise:
+        p = colwise_placements(mesh, "tp");
+        break;
+      case Role::ColwiseBias:
+        p = colwise_bias_placements(mesh, "tp");
+        break;
+      case Role::Replicated:
+        break;
+    }
+    return fsdp ? fsdp_placements(p, shape, mesh, "dp") : p;
+  }
+};
+
+// One parameter: normal(0, std) from `seed`, or `fill` when std is 0; mesh-invariant (a DTensor's
+// pieces are the single-device tensor's blocks).
+template <class T>
+T make_param(const ModelLayout* layout, Role role, const Shape& shape, uint64_t seed, double std,
+             double fill, DType dtype) {
+  if constexpr (std::is_same_v<T, Tensor>) {
+    if (std == 0.0) return full(shape, fill, dtype);
+    return (randn(shape, seed, DType::F64) * std).to(dtype);
+  } else {
+    const Placements placements = layout->placements(role, shape);
+    if (std != 0.0)
+      return to(randn(shape, layout->mesh, placements, seed, DType::F64) * std, dtype);
+    auto spec = std::make_shared<const DTensorSpec>(layout->mesh, placements, shape, dtype);
+    return dtensor_from_blocks("make_param", spec, [&](const Shape&, const Shape& size) {
+      return full(size, fill, dtype);
+    });
+  }
+}
+
+template <class T>
+Model<T> init_model(const Config& c, const ModelLayout* layout) {
+  const int64_t d = c.d_model;
+  const double std = 0.02;
+  const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
+  uint64_t seed = c.seed;
+  auto param = [&](Role role, const Shape& shape, double s, double fill = 0.0) {
+    return make_param<T>(layout, role, shape, ++seed, s, fill, c.dtype);
+  };
+  Model<T> m;
+  m.wte = param(Role::Vocab, {c.vocab, d}, std);
+  m.wpe = param(Role::Replicated, {c.seq, d}, std);
+  for (int64_t l = 0; l < c.layers; ++l) {
+    Block<T> b;
+    b.ln1_w = param(Role::Replicated, {d}, 0.0, 1.0);
+    b.ln1_b = param(Role::Replicated, {d}, 0.0);
+    b.wq = param(Role::Colwise, {d, d}, std);
+    b.wk = param(Role::Colwise, {d, d}, std);
+    b.wv = param(Role::Colwise, {d, d}, std);
+    b.wo = param(Role::Rowwise, {d, d}, out_std);
+    b.bo = param(Role::Replicated, {d}, 0.0);
+    b.ln2_w = param(Role::Replicated, {d}, 0.0, 1.0);
+    b.ln2_b = param(Role::Replicated, {d}, 0.0);
+    b.w1 = param(Role::Colwise, {d, 4 * d}, std);
+    b.b1 = param(Role::ColwiseBias, {4 * d}, 0.0);
+    b.w2 = param(Role::Rowwise, {4 * d, d}, out_std);
+    b.b2 = param(Role::Replicated, {d}, 0.0);
+    m.blocks.push_back(std::move(b));
+  }
+  m.lnf_w = param(Role::Replicated, {d}, 0.0, 1.0);
+  m.lnf_b = param(Role::Replicated, {d}, 0.0);
+  m.head = param(Role::Colwise, {d, c.vocab}, std);
+  for (T* p : m.params()) p->requires_grad_();
+  return m;
+}
+
+// The redistributions of the parallel runs; nothing on one device.
+struct Single {
+  Tensor use(const Tensor& p) const { return p; }
+  Tensor into_tp(const Tensor& x) const { return x; }
+  Tensor out_of_tp(const Tensor& partial, const Tensor& bias) const { return partial + bias; }
+  Tensor into_sp(const Tensor& x) const { return x; }
+};
+
+struct Parallel {
+  bool fsdp = false;
+  // FSDP: the parameter gathered over dp before its use.
+  DTensor use(const DTensor& p) const { return fsdp ? fsdp_unshard(p, "dp") : p; }
+  // Into a tensor-parallel region: the sequence gathered over tp.
+  DTensor into_tp(const DTensor& x) const {
+    return x.redistribute(with_placement(x.placements(), x.mesh(), "tp", Replicate{}));
+  }
+  // Out of it: the row-wise partial sums reduce-scattered over the sequence.
+  DTensor out_of_tp(const DTensor& partial, const DTensor& bias) const {
+    return sequence_parallel(partial, "tp", 1) + bias;
+  }
+  DTensor into_sp(const DTensor& x) const { return sequence_parallel(x, "tp", 1); }
+};
+
+// Dropout seeds: one per (step, site), the same in every run.
+inline uint64_t dropout_seed(const Config& c, int64_t step, int64_t site) {
+  return c.seed * 1000003ULL + static_cast<uint64_t>(step) * 1009ULL + static_cast<uint64_t>(site);
+}
+
+template <class T, class P>
+T attention(const Config& c, const P& par, const Block<T>& b, const T& h) {
+  const int64_t B = c.batch, S = c.seq, H = c.heads, D = c.d_model / c.heads;
+  const T hg = par.into_tp(h);
+  auto heads = [&](const T& w) {
+    return permute(reshape(matmul(hg, par.use(w)), {B, S, H, D}), {0, 2, 1, 3});
+  };
+  const T o = scaled_dot_product_attention(heads(b.wq), heads(b.wk), heads(b.wv), true);
+  const T merged = reshape(permute(o, {0, 2, 1, 3}), {B, S, c.d_model});
+  return par.out_of_tp(matmul(merged, par.use(b.wo)), par.use(b.bo));
+}
+
+template <class T, class P>
+T mlp(const P& par, const Block<T>& b, const T& h) {
+  const T u = matmul(par.into_tp(h), par.use(b.w1)) + par.use(b.b1);
+  return par.out_of_tp(matmul(gelu(u, GeluApproximate::Tanh), par.use(b.w2)), par.use(b.b2));
+}
+
+// The loss of one batch ([B, S + 1] tokens): mean cross-entropy of the next token.
+template <class T, class P>
+T forward(const Config& c, const P& par, const Model<T>& m, const T& tokens, int64_t step) {
+  const int64_t B = c.batch, S = c.seq;
+  const T ids = narrow(tokens, 1, 0, S);
+  const T targets = reshape(narrow(tokens, 1, 1, S), {B * S});
+  int64_t site = 0;
+  auto drop = [&](const T& x) { return dropout(x, c.dropout, dropout_seed(c, step, site++)); };
+  T x = par.into_sp(embedding(ids, par.use(m.wte)));
+  x = drop(x + par.use(m.wpe));
+  for (const Block<T>& b : m.blocks) {
+    x = x + drop(attention(c, par, b, layer_norm(x, par.use(b.ln1_w), par.use(b.ln1_b))));
+    x = x + drop(mlp(par, b, layer_norm(x, par.use(b.ln2_w), par.use(b.ln2_b))));
+  }
+  const T h = layer_norm(x, par.use(m.lnf_w), par.use(m.lnf_b));
+  const T logits = matmul(par.into_tp(h), par.use(m.head));
+  return cross_entropy(reshape(logits, {B * S, c.vocab}), targets);
+}
+
+inline double scalar(const Tensor& t) {
+  return t.to(DType::F64).item<double>();
+}
+inline double scalar(const DTensor& t) {
+  return t.full_tensor().to(DType::F64).item<double>();
+}
+
+// The batch as the run places it: a DTensor split over dp, replicated over tp.
+template <class T>
+T place_tokens(const Tensor& tokens, const ModelLayout* layout) {
+  if constexpr (std::is_same_v<T, Tensor>) {
+    return tokens;
+  } else {
+    return distribute_tensor(tokens, layout->mesh, {Shard{0}, Replicate{}});
+  }
+}
+
+// One training step on `tokens` ([B, S + 1]): forward, backward, gradient clipping, AdamW.
+// Returns the loss before the update.
+template <class T, class P>
+double train_step(const Config& c, const P& par, Model<T>& model, AdamW<T>& opt,
+                  const std::vector<T*>& params, const T& tokens, int64_t step) {
+  const T loss = forward(c, par, model, tokens, step);
+  const double value = scalar(loss);
+  backward(loss);
+  clip_grad_norm(params, c.clip);
+  opt.step();
+  return value;
+}
+
+inline AdamWOptions adamw_options(const Config& c) {
+  return AdamWOptions{.lr = c.lr, .weight_decay = 0.1};
+}
+
+// Trains for c.steps steps on `text`; returns each step's loss.
+template <class T, class P>
+std::vector<double> train(const Config& c, const std::string& text, const P& par, Model<T>& model,
+                          const ModelLayout* layout) {
+  std::vector<T*> params = model.params();
+  AdamW<T> opt(params, adamw_options(c));
+  std::vector<double> losses;
+  for (int64_t step = 0; step < c.steps; ++step) {
+    const T tokens = place_tokens<T>(batch_tokens(c, text, step), layout);
+    losses.push_back(train_step(c, par, model, opt, params, tokens, step));
+  }
+  return losses;
+}
+
+}  // namespace gpt_model

@@ -1,0 +1,218 @@
+// spmd/nn/optim.cpp: SGD, AdamW and clip_grad_norm (nn/optim.h).
+#include <spmd/nn/optim.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include <spmd/core/error.h>
+#include <spmd/dtensor/ops.h>
+#include <spmd/ops/ops.h>
+#include <spmd/sim/local_ops.h>
+
+namespace spmd {
+namespace {
+
+template <class P>
+void check_params(const std::vector<P*>& params, const char* op) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i] == nullptr || !params[i]->defined()) {
+      throw_error<Error>("{}: parameter {} is null or undefined", op, i);
+    }
+  }
+}
+
+// Replaces *p by `value` as a new leaf (no gradient).
+template <class P>
+void assign_leaf(P* p, const P& value) {
+  P leaf = value.detach();
+  leaf.requires_grad_();
+  *p = leaf;
+}
+
+template <class P>
+void drop_grads(const std::vector<P*>& params) {
+  for (P* p : params) {
+    if (p->requires_grad()) assign_leaf(p, *p);
+  }
+}
+
+// The gradient of a leaf, replaced (clip_grad_norm).
+void set_grad(Tensor* p, const Tensor& g) {
+  p->autograd()->grad = g;
+}
+void set_grad(DTensor* p, const DTensor& g) {
+  static_cast<DTensorAutogradMeta&>(*p->autograd()).dtensor_grad = g;
+}
+
+}  // namespace
+
+Tensor zeros_like(const Tensor& t) {
+  return zeros(t.shape(), t.dtype(), t.device());
+}
+
+DTensor zeros_like(const DTensor& t) {
+  const DType dtype = t.dtype();
+  return dtensor_from_blocks("zeros_like", t.spec_ptr(), [dtype](const Shape&, const Shape& size) {
+    return zeros(size, dtype);
+  });
+}
+
+// ---- SGD --------------------------------------------------------------------------------------
+
+template <class P>
+SGD<P>::SGD(std::vector<P*> params, SGDOptions options)
+    : params_(std::move(params)), options_(options), momentum_(params_.size()) {
+  check_params(params_, "SGD");
+}
+
+template <class P>
+void SGD<P>::step(SourceLocation loc) {
+  const UserCallSite site(loc);
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    P* p = params_[i];
+    P g = p->grad();
+    if (!g.defined()) continue;
+    if (options_.weight_decay != 0.0) g = g + *p * options_.weight_decay;
+    if (options_.momentum != 0.0) {
+      P& b = momentum_[i];
+      b = b.defined() ? b * options_.momentum + g : g;
+      g = b;
+    }
+    assign_leaf(p, *p - g * options_.lr);
+  }
+}
+
+template <class P>
+void SGD<P>::zero_grad() {
+  drop_grads(params_);
+}
+
+// ---- AdamW ------------------------------------------------------------------------------------
+
+template <class P>
+AdamW<P>::AdamW(std::vector<P*> params, AdamWOptions options)
+    : params_(std::move(params)), options_(options), m_(params_.size()), v_(params_.size()) {
+  check_params(params_, "AdamW");
+}
+
+template <class P>
+void AdamW<P>::step(SourceLocation loc) {
+  const UserCallSite site(loc);
+  NoGradGuard no_grad;
+  ++steps_;
+  const AdamWOptions& o = options_;
+  const double t = static_cast<double>(steps_);
+  const double step_size = o.lr / (1.0 - std::pow(o.beta1, t));
+  const double sqrt_correction = std::sqrt(1.0 - std::pow(o.beta2, t));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    P* p = params_[i];
+    const P g = p->grad();
+    if (!g.defined()) continue;
+    if (!m_[i].defined()) {
+      m_[i] = zeros_like(*p);
+      v_[i] = zeros_like(*p);
+    }
+    m_[i] = m_[i] * o.beta1 + g * (1.0 - o.beta1);
+    v_[i] = v_[i] * o.beta2 + g * g * (1.0 - o.beta2);
+    const P denom = sqrt(v_[i]) * (1.0 / sqrt_correction) + o.eps;
+    P value = o.weight_decay != 0.0 ? *p * (1.0 - o.lr * o.weight_decay) : *p;
+    assign_leaf(p, value - m_[i] / denom * step_size);
+  }
+}
+
+template <class P>
+void AdamW<P>::zero_grad() {
+  drop_grads(params_);
+}
+
+template class SGD<Tensor>;
+template class SGD<DTensor>;
+template class AdamW<Tensor>;
+template class AdamW<DTensor>;
+
+// ---- clip_grad_norm ---------------------------------------------------------------------------
+
+namespace {
+
+template <class P>
+void scale_grads(const std::vector<P*>& params, double total, double max_norm) {
+  const double coefficient = max_norm / (total + 1e-6);
+  if (coefficient >= 1.0) return;
+  NoGradGuard no_grad;
+  for (P* p : params) {
+    const P g = p->grad();
+    if (g.defined()) set_grad(p, g * coefficient);
+  }
+}
+
+}  // namespace
+
+double clip_grad_norm(const std::vector<Tensor*>& params, double max_norm, SourceLocation loc) {
+  const UserCallSite site(loc);
+  check_params(params, "clip_grad_norm");
+  NoGradGuard no_grad;
+  double squares = 0.0;
+  for (Tensor* p : params) {
+    const Tensor g = p->grad();
+    if (g.defined()) squares += sum(g.to(DType::F64) * g.to(DType::F64)).item<double>();
+  }
+  const double total = std::sqrt(squares);
+  scale_grads(params, total, max_norm);
+  return total;
+}
+
+double clip_grad_norm(const std::vector<DTensor*>& params, double max_norm, SourceLocation loc) {
+  const UserCallSite site(loc);
+  check_params(params, "clip_grad_norm");
+  NoGradGuard no_grad;
+  // Per mesh: every gradient's sum of squares made P(sum) on every mesh dim (a Replicate value is
+  // partitioned, locally), added up, then reduced once.
+  std::vector<DeviceMesh> meshes;
+  std::vector<DTensor> partial;
+  for (DTensor* p : params) {
+    const DTensor g = p->grad();
+    if (!g.defined()) continue;
+    const DTensor g64 = to(g, DType::F64);
+    const DTensor squares = sum(g64 * g64);
+    const DTensor as_partial =
+        squares.redistribute(Placements(squares.placements().size(), Partial{}));
+    auto it = std::find(meshes.begin(), meshes.end(), g.mesh());
+    if (it == meshes.end()) {
+      meshes.push_back(g.mesh());
+      partial.push_back(as_partial);
+    } else {
+      DTensor& acc = partial[static_cast<size_t>(it - meshes.begin())];
+      acc = acc + as_partial;
+    }
+  }
+  if (meshes.empty()) return 0.0;
+  // Every rank adds the totals of the meshes (its sibling of each) it belongs to.
+  std::vector<LocalTensor> per_mesh;
+  for (const DTensor& p : partial) {
+    per_mesh.push_back(p.redistribute(Placements(p.placements().size(), Replicate{})).to_local());
+  }
+  double squares = 0.0;
+  int first_rank = -1;
+  for (int rank : per_mesh[0].ranks()) {
+    double rank_squares = 0.0;
+    for (const LocalTensor& t : per_mesh) {
+      if (t.holds(rank)) rank_squares += t.shard(rank).item<double>();
+    }
+    if (first_rank < 0) {
+      first_rank = rank;
+      squares = rank_squares;
+    } else if (rank_squares != squares) {
+      throw_error<DivergenceError>(
+          "clip_grad_norm: the gradients' squared norm differs between ranks {} ({}) and {} ({}): "
+          "sibling meshes hold different parameters (pipeline stages?); reduce the stages' totals "
+          "over their mesh dim and scale the gradients yourself",
+          first_rank, squares, rank, rank_squares);
+    }
+  }
+  const double total = std::sqrt(squares);
+  scale_grads(params, total, max_norm);
+  return total;
+}
+
+}  // namespace spmd

@@ -1,0 +1,76 @@
+// spmd/nn/parallel.h: parallel styles as plain functions, for models that are structs of DTensor
+// parameters (no module classes).
+//
+// Each style is two things: where a parameter lives (its placements, so that the mesh-invariant
+// initializers of dtensor/random.h create it shard by shard) and what happens to the activations
+// around its use (a few redistributions). The math in between is ordinary DTensor ops; autograd
+// turns every redistribution into its transpose in the backward (docs/concepts.md, "Autograd").
+//
+//   tensor parallelism over `tp` (Megatron-LM; PyTorch's ColwiseParallel and RowwiseParallel):
+//     h = colwise_linear(x, w1, b1, "tp");          // w1 [d, 4d] S(1): x Replicate -> h S(-1)
+//     y = rowwise_linear(gelu(h), w2, b2, "tp",     // w2 [4d, d] S(0): partial sums reduced:
+//                        Shard{1});                 //   Replicate (all_reduce) or, with
+//                                                   //   sequence parallelism, S(seq)
+//                                                   //   (reduce_scatter)
+//   sequence parallelism (PyTorch's SequenceParallel): between the tensor-parallel regions the
+//     activations (norms, dropout, residual adds) are sharded along the sequence over tp;
+//     colwise_linear gathers them (all_gather) on the way in, rowwise_linear scatters on the way
+//     out.
+//   FSDP over `dp` (PyTorch's fully_shard): every parameter is stored sharded over dp as well
+//     (fsdp_placements), gathered just before use (fsdp_unshard: all_gather), and its gradient,
+//     arriving P(sum) over dp, is reduce-scattered back to the shard by the gather's backward.
+#pragma once
+
+#include <cstdint>
+
+#include <spmd/core/call_site.h>
+#include <spmd/dtensor/dtensor.h>
+#include <spmd/mesh/device_mesh.h>
+#include <spmd/ops/placement.h>
+
+namespace spmd {
+
+// `p` on mesh dim `dim` of `mesh`, Replicate on the others.
+Placements placed_on(const DeviceMesh& mesh, MeshDim dim, Placement p);
+// `placements` with mesh dim `dim` of `mesh` replaced by `p`.
+Placements with_placement(const Placements& placements, const DeviceMesh& mesh, MeshDim dim,
+                          Placement p);
+
+// ---- where parameters live ----------------------------------------------------------------------
+
+// A weight [in, out] used as x @ w, split by columns over tp (Shard(1)); its bias [out] (Shard(0)).
+Placements colwise_placements(const DeviceMesh& mesh, MeshDim tp);
+Placements colwise_bias_placements(const DeviceMesh& mesh, MeshDim tp);
+// A weight [in, out] split by rows over tp (Shard(0)); also an embedding table [vocab, dim] split
+// by vocabulary rows (Megatron's VocabParallelEmbedding: embedding() then gives P(sum)).
+Placements rowwise_placements(const DeviceMesh& mesh, MeshDim tp);
+// Replicate everywhere (a row-wise layer's bias, norm weights).
+Placements replicate_placements(const DeviceMesh& mesh);
+// `placements` of a parameter of `shape` with FSDP over dp added: its first dim that no placement
+// shards is split over dp (uneven pieces allowed). `placements` must be Replicate on dp; a
+// parameter with no free dim (every dim sharded already) stays Replicate on dp.
+Placements fsdp_placements(const Placements& placements, const Shape& shape, const DeviceMesh& mesh,
+                           MeshDim dp);
+
+// ---- what happens around their use --------------------------------------------------------------
+
+// x @ w (+ bias) with w column-wise over tp: x is made Replicate over tp first (sequence-parallel
+// shards are gathered: all_gather), the result is sharded on its last dim over tp. An undefined
+// bias is none.
+DTensor colwise_linear(const DTensor& x, const DTensor& w, const DTensor& bias, MeshDim tp,
+                       SourceLocation loc = SourceLocation::current());
+// x @ w (+ bias) with w row-wise over tp and x sharded on its last dim over tp (a column-wise
+// output): each rank's partial sums are reduced to `output` over tp: Replicate{} (all_reduce) or
+// Shard{seq} (reduce_scatter: sequence parallelism). The bias (Replicate) is added after.
+DTensor rowwise_linear(const DTensor& x, const DTensor& w, const DTensor& bias, MeshDim tp,
+                       Placement output, SourceLocation loc = SourceLocation::current());
+// Into the sequence-parallel layout: x sharded along `seq_dim` over tp (from Replicate: a local
+// chunk; from P(sum): reduce_scatter).
+DTensor sequence_parallel(const DTensor& x, MeshDim tp, int seq_dim,
+                          SourceLocation loc = SourceLocation::current());
+// The parameter gathered over dp for its use (all_gather); recorded by autograd, so its gradient
+// is reduce-scattered back to the FSDP shard.
+DTensor fsdp_unshard(const DTensor& param, MeshDim dp,
+                     SourceLocation loc = SourceLocation::current());
+
+}  // namespace spmd

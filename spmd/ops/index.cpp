@@ -1,0 +1,357 @@
+// spmd/ops/index.cpp: the entries that pick elements by index: index_select, gather and embedding,
+// and the scatter-adds of their backward.
+//
+// Note [Masked lookup]
+// An index op whose table is sharded along the indexed dim runs on every rank with the whole
+// index: each rank looks up the indices that fall in its block of the table (its piece's offset
+// along that dim, PieceContext::inputs) and writes 0 for the others, so the ranks' results add up
+// to the lookup on the full table: the output is P(sum). This is Megatron-LM's vocabulary-parallel
+// embedding, and the gather of the target logit in its vocabulary-parallel cross-entropy. The
+// backward scatters the gradient into the rows of the rank's own block (a gradient sharded like
+// the table, without communication). The table rides along as the last input of the backward
+// entries, unused by the math: its placements are what the gradient's strategy follows.
+//
+// Indices outside [0, size of the dim) are a ShapeError naming the op and the size.
+#include <algorithm>
+
+#include <spmd/core/error.h>
+#include <spmd/ops/autograd.h>
+#include <spmd/ops/ops.h>
+#include <spmd/ops/strategy.h>
+#include <spmd/tensor/device_ops.h>
+#include <spmd/tensor/factory.h>
+
+namespace spmd {
+namespace {
+
+void check_indices(std::string_view op, const InputMeta& index, std::string_view what) {
+  if (index.dtype != DType::I64 && index.dtype != DType::I32) {
+    throw_error<Unsupported>("{}: the {} must be I64 or I32, got {} (shape {})", op, what,
+                             index.dtype, shape_str(*index.shape));
+  }
+}
+
+[[noreturn]] void out_of_range(std::string_view op, int64_t dim, int64_t size, const Shape& shape) {
+  throw_error<ShapeError>("{}: an index lies outside [0, {}) (dim {} of shape {})", op, size, dim,
+                          shape_str(shape));
+}
+
+// The piece's offset along `dim` of sharded input `k`, and the input's global size there (the
+// Tensor op: offset 0, its own size).
+struct Block {
+  int64_t offset = 0;
+  int64_t limit = 0;
+};
+
+Block input_block(const PieceContext* where, size_t k, int64_t dim, const Tensor& piece) {
+  if (where == nullptr || where->inputs.empty()) return {0, piece.size(dim)};
+  const ShardingSpec& spec = *where->inputs[k];
+  return {spec.local_offset(where->coordinate)[static_cast<size_t>(dim)],
+          spec.shape()[static_cast<size_t>(dim)]};
+}
+
+Block output_block(const PieceContext* where, int64_t dim, const Shape& shape) {
+  if (where == nullptr) return {0, shape[static_cast<size_t>(dim)]};
+  return {where->output.local_offset(where->coordinate)[static_cast<size_t>(dim)],
+          where->output.shape()[static_cast<size_t>(dim)]};
+}
+
+// The accumulation dtype of a scatter-add into `dtype`.
+DType accumulation_dtype(DType dtype) {
+  return dtype == DType::F64 ? DType::F64 : DType::F32;
+}
+
+// gather of `in` along `dim` into a new tensor of `shape` (index I64 of that shape).
+Tensor gather_into(std::string_view op, const Tensor& in, int64_t dim, const Tensor& index,
+                   const Shape& shape, Block block) {
+  DeviceOps& kernels = kernels_for(op, {&in, &index});
+  Tensor out = empty(shape, in.dtype(), in.device());
+  if (!kernels.gather(out, in, dim, index, block.offset, block.limit)) {
+    out_of_range(op, dim, block.limit, in.shape());
+  }
+  return out;
+}
+
+// Zeros of `shape` plus src scattered along `dim` (index I64 of src's shape), in src's dtype.
+Tensor scatter_into(std::string_view op, const Tensor& src, int64_t dim, const Tensor& index,
+                    const Shape& shape, Block block) {
+  DeviceOps& kernels = kernels_for(op, {&src, &index});
+  const DType acc = accumulation_dtype(src.dtype());
+  Tensor out = zeros(shape, acc, src.device());
+  if (!kernels.scatter_add(out, dim, index, src.to(acc), block.offset, block.limit)) {
+    out_of_range(op, dim, block.limit, shape);
+  }
+  return out.to(src.dtype());
+}
+
+std::vector<Placement> all_of(size_t n, Placement p) {
+  return std::vector<Placement>(n, p);
+}
+
+// ---- index_select -------------------------------------------------------------------------------
+// args.ints = [dim]; inputs (x, index [n]).
+
+int64_t select_dim(const OpArgs& args, const Shape& shape, std::string_view op) {
+  return normalize_dim(args.ints.at(0), std::max<int64_t>(static_cast<int64_t>(shape.size()), 1),
+                       op, shape);
+}
+
+OpMeta index_select_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const Shape& shape = *in[0].shape;
+  if (shape.empty()) {
+    throw_error<ShapeError>("index_select: the input must have at least one dim (shape [])");
+  }
+  check_indices("index_select", in[1], "index");
+  if (in[1].shape->size() != 1) {
+    throw_error<ShapeError>("index_select: the index must be 1-D, got shape {} (input shape {})",
+                            shape_str(*in[1].shape), shape_str(shape));
+  }
+  const int64_t d = select_dim(args, shape, "index_select");
+  Shape out = shape;
+  out[static_cast<size_t>(d)] = (*in[1].shape)[0];
+  return OpMeta{std::move(out), in[0].dtype};
+}
+
+// The 1-D index viewed along `dim` of an `out`-shaped walk.
+Tensor index_along(const Tensor& index, int64_t dim, const Shape& out) {
+  Shape view(out.size(), 1);
+  view[static_cast<size_t>(dim)] = index.numel();
+  return index.to(DType::I64).reshape(view).expand(out);
+}
+
+Tensor index_select_run(std::span<const Tensor> in, const OpArgs& args, const Shape& out,
+                        const PieceContext* where) {
+  const int64_t d = select_dim(args, in[0].shape(), "index_select");
+  return gather_into("index_select", in[0], d, index_along(in[1], d, out), out,
+                     input_block(where, 0, d, in[0]));
+}
+
+std::vector<OpStrategy> index_select_strategies(ShardingInputs in, const OpArgs& args,
+                                                const OpMeta&) {
+  const int d = static_cast<int>(select_dim(args, in[0]->shape(), "index_select"));
+  std::vector<DimOption> options = {{{Replicate{}, Replicate{}}, Replicate{}}};
+  for (int k = 0; k < static_cast<int>(in[0]->ndim()); ++k) {
+    if (k != d) options.push_back({{Shard{k}, Replicate{}}, Shard{k}});
+  }
+  options.push_back({{Replicate{}, Shard{0}}, Shard{d}});
+  if (in[0]->dtype() != DType::Bool) options.push_back({{Shard{d}, Replicate{}}, Partial{}});
+  for (ReduceOp o : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+    options.push_back({{Partial{o}, Replicate{}}, Partial{o}});
+  }
+  return expand_dim_options(in, options);
+}
+
+void index_select_derivative(BackwardContext& c) {
+  if (c.needs_grad(0)) {
+    c.set_grad(0, apply(op::index_select_backward, {c.grad(), c.input(1), c.input(0)}, c.args()));
+  }
+}
+
+// (grad, index, x) -> the gradient of x: grad scattered into zeros of x's shape.
+OpMeta scatter_meta(std::span<const InputMeta> in, const OpArgs&) {
+  return OpMeta{*in[2].shape, in[0].dtype};
+}
+
+Tensor index_select_backward_run(std::span<const Tensor> in, const OpArgs& args, const Shape& out,
+                                 const PieceContext* where) {
+  const int64_t d = select_dim(args, out, "index_select");
+  return scatter_into("index_select", in[0], d, index_along(in[1], d, in[0].shape()), out,
+                      output_block(where, d, out));
+}
+
+std::vector<OpStrategy> index_select_backward_strategies(ShardingInputs in, const OpArgs& args,
+                                                         const OpMeta&) {
+  const int d = static_cast<int>(select_dim(args, in[2]->shape(), "index_select"));
+  const Placement R = Replicate{};
+  std::vector<DimOption> options = {{all_of(3, R), R}};
+  for (int k = 0; k < static_cast<int>(in[2]->ndim()); ++k) {
+    if (k != d) options.push_back({{Shard{k}, R, Shard{k}}, Shard{k}});
+  }
+  options.push_back({{Shard{d}, Shard{0}, R}, Partial{}});
+  options.push_back({{R, R, Shard{d}}, Shard{d}});
+  for (ReduceOp o : {ReduceOp::Sum, ReduceOp::Avg})
+    options.push_back({{Partial{o}, R, R}, Partial{o}});
+  return expand_dim_options(in, options);
+}
+
+// ---- gather -------------------------------------------------------------------------------------
+// args.ints = [dim]; inputs (x, index), the index of x's rank with x's sizes except along dim.
+
+OpMeta gather_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const Shape& shape = *in[0].shape;
+  const Shape& index = *in[1].shape;
+  check_indices("gather", in[1], "index");
+  if (shape.empty() || index.size() != shape.size()) {
+    throw_error<ShapeError>(
+        "gather: the index (shape {}) must have as many dims as the input (shape {}), at least 1",
+        shape_str(index), shape_str(shape));
+  }
+  const int64_t d = select_dim(args, shape, "gather");
+  for (size_t k = 0; k < shape.size(); ++k) {
+    if (static_cast<int64_t>(k) != d && index[k] != shape[k]) {
+      throw_error<ShapeError>(
+          "gather: the index (shape {}) must have the input's sizes (shape {}) on every dim but "
+          "dim {}",
+          shape_str(index), shape_str(shape), d);
+    }
+  }
+  return OpMeta{index, in[0].dtype};
+}
+
+Tensor gather_run(std::span<const Tensor> in, const OpArgs& args, const Shape& out,
+                  const PieceContext* where) {
+  const int64_t d = select_dim(args, in[0].shape(), "gather");
+  return gather_into("gather", in[0], d, in[1].to(DType::I64), out,
+                     input_block(where, 0, d, in[0]));
+}
+
+std::vector<OpStrategy> gather_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {
+  const int d = static_cast<int>(select_dim(args, in[0]->shape(), "gather"));
+  const Placement R = Replicate{};
+  std::vector<DimOption> options = {{{R, R}, R}};
+  for (int k = 0; k < static_cast<int>(in[0]->ndim()); ++k) {
+    if (k != d) options.push_back({{Shard{k}, Shard{k}}, Shard{k}});
+  }
+  options.push_back({{R, Shard{d}}, Shard{d}});
+  if (in[0]->dtype() != DType::Bool) options.push_back({{Shard{d}, R}, Partial{}});
+  for (ReduceOp o : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+    options.push_back({{Partial{o}, R}, Partial{o}});
+  }
+  return expand_dim_options(in, options);
+}
+
+void gather_derivative(BackwardContext& c) {
+  if (c.needs_grad(0)) {
+    c.set_grad(0, apply(op::gather_backward, {c.grad(), c.input(1), c.input(0)}, c.args()));
+  }
+}
+
+Tensor gather_backward_run(std::span<const Tensor> in, const OpArgs& args, const Shape& out,
+                           const PieceContext* where) {
+  const int64_t d = select_dim(args, out, "gather");
+  return scatter_into("gather", in[0], d, in[1].to(DType::I64), out, output_block(where, d, out));
+}
+
+std::vector<OpStrategy> gather_backward_strategies(ShardingInputs in, const OpArgs& args,
+                                                   const OpMeta&) {
+  const int d = static_cast<int>(select_dim(args, in[2]->shape(), "gather"));
+  const Placement R = Replicate{};
+  std::vector<DimOption> options = {{all_of(3, R), R}};
+  for (int k = 0; k < static_cast<int>(in[2]->ndim()); ++k) {
+    if (k != d) options.push_back({{Shard{k}, Shard{k}, Shard{k}}, Shard{k}});
+  }
+  options.push_back({{Shard{d}, Shard{d}, R}, Partial{}});
+  options.push_back({{R, R, Shard{d}}, Shard{d}});
+  for (ReduceOp o : {ReduceOp::Sum, ReduceOp::Avg})
+    options.push_back({{Partial{o}, R, R}, Partial{o}});
+  return expand_dim_options(in, options);
+}
+
+// ---- embedding ----------------------------------------------------------------------------------
+// inputs (ids [*], weight [V, D]) -> [*, D].
+
+OpMeta embedding_meta(std::span<const InputMeta> in, const OpArgs&) {
+  check_indices("embedding", in[0], "ids");
+  const Shape& weight = *in[1].shape;
+  if (weight.size() != 2) {
+    throw_error<ShapeError>("embedding: the table must be 2-D [rows, dim], got shape {}",
+                            shape_str(weight));
+  }
+  Shape out = *in[0].shape;
+  out.push_back(weight[1]);
+  checked_numel(out, "embedding");
+  return OpMeta{std::move(out), in[1].dtype};
+}
+
+// The ids as the I64 index of a gather along dim 0 of an [N, D] walk.
+Tensor row_index(const Tensor& ids, int64_t width) {
+  return ids.to(DType::I64).reshape({ids.numel(), 1}).expand({ids.numel(), width});
+}
+
+Tensor embedding_run(std::span<const Tensor> in, const OpArgs&, const Shape& out,
+                     const PieceContext* where) {
+  const Tensor& ids = in[0];
+  const Tensor& weight = in[1];
+  const int64_t width = weight.size(1);
+  const Tensor rows = gather_into("embedding", weight, 0, row_index(ids, width),
+                                  {ids.numel(), width}, input_block(where, 1, 0, weight));
+  return rows.view(out);
+}
+
+std::vector<OpStrategy> embedding_strategies(ShardingInputs in, const OpArgs&, const OpMeta&) {
+  const int nd = static_cast<int>(in[0]->ndim());
+  const Placement R = Replicate{};
+  std::vector<DimOption> options = {{{R, R}, R}};
+  for (int k = 0; k < nd; ++k) options.push_back({{Shard{k}, R}, Shard{k}});
+  options.push_back({{R, Shard{0}}, Partial{}});
+  options.push_back({{R, Shard{1}}, Shard{nd}});
+  for (ReduceOp o : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+    options.push_back({{R, Partial{o}}, Partial{o}});
+  }
+  return expand_dim_options(in, options);
+}
+
+void embedding_derivative(BackwardContext& c) {
+  if (c.needs_grad(1)) {
+    c.set_grad(1, apply(op::embedding_backward, {c.grad(), c.input(0), c.input(1)}));
+  }
+}
+
+Tensor embedding_backward_run(std::span<const Tensor> in, const OpArgs&, const Shape& out,
+                              const PieceContext* where) {
+  const Tensor& grad = in[0];
+  const Tensor& ids = in[1];
+  const int64_t width = grad.size(-1);
+  return scatter_into("embedding", grad.reshape({ids.numel(), width}), 0, row_index(ids, width),
+                      out, output_block(where, 0, out));
+}
+
+std::vector<OpStrategy> embedding_backward_strategies(ShardingInputs in, const OpArgs&,
+                                                      const OpMeta&) {
+  const int nd = static_cast<int>(in[1]->ndim());
+  const Placement R = Replicate{};
+  std::vector<DimOption> options = {{all_of(3, R), R}};
+  for (int k = 0; k < nd; ++k) options.push_back({{Shard{k}, Shard{k}, R}, Partial{}});
+  options.push_back({{R, R, Shard{0}}, Shard{0}});
+  options.push_back({{Shard{nd}, R, Shard{1}}, Shard{1}});
+  for (ReduceOp o : {ReduceOp::Sum, ReduceOp::Avg})
+    options.push_back({{Partial{o}, R, R}, Partial{o}});
+  return expand_dim_options(in, options);
+}
+
+// The compute and piece functions of an entry from one function of (inputs, args, output shape,
+// where the pieces sit: null for full tensors).
+using IndexRun = Tensor (*)(std::span<const Tensor>, const OpArgs&, const Shape&,
+                            const PieceContext*);
+
+template <IndexRun run>
+Tensor compute_of(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+  return run(in, args, out.shape, nullptr);
+}
+template <IndexRun run>
+Tensor piece_of(std::span<const Tensor> pieces, const OpArgs& args, const PieceContext& where) {
+  return run(pieces, args, where.local_shape, &where);
+}
+
+}  // namespace
+
+const OpDef op::index_select{
+    "index_select",          index_select_meta,          compute_of<index_select_run>,
+    index_select_strategies, piece_of<index_select_run>, nullptr,
+    index_select_derivative};
+const OpDef op::index_select_backward{
+    "index_select_backward", scatter_meta, compute_of<index_select_backward_run>,
+    index_select_backward_strategies, piece_of<index_select_backward_run>};
+const OpDef op::gather{"gather",          gather_meta,          compute_of<gather_run>,
+                       gather_strategies, piece_of<gather_run>, nullptr,
+                       gather_derivative};
+const OpDef op::gather_backward{"gather_backward", scatter_meta, compute_of<gather_backward_run>,
+                                gather_backward_strategies, piece_of<gather_backward_run>};
+const OpDef op::embedding{"embedding",          embedding_meta,          compute_of<embedding_run>,
+                          embedding_strategies, piece_of<embedding_run>, nullptr,
+                          embedding_derivative};
+const OpDef op::embedding_backward{"embedding_backward", scatter_meta,
+                                   compute_of<embedding_backward_run>,
+                                   embedding_backward_strategies, piece_of<embedding_backward_run>};
+
+}  // namespace spmd

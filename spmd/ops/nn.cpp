@@ -1,0 +1,496 @@
+// spmd/ops/nn.cpp: the entries of a transformer's layers: layer_norm, rms_norm, dropout,
+// cross_entropy and scaled_dot_product_attention, and the entries their backward uses.
+//
+// Each computes on Tensors with other ops (so it runs on every device that has their kernels) and
+// shards as its entry says: the norms and attention keep the shards of their batch dims (and
+// attention those of its heads), dropout keeps every shard, cross_entropy shards over rows, and
+// over classes through its composite form (Note [Vocabulary-parallel cross-entropy]).
+#include <cmath>
+#include <limits>
+
+#include <spmd/core/error.h>
+#include <spmd/ops/autograd.h>
+#include <spmd/ops/ops.h>
+#include <spmd/ops/strategy.h>
+#include <spmd/tensor/device_ops.h>
+#include <spmd/tensor/factory.h>
+#include <spmd/tensor/random.h>
+
+namespace spmd {
+namespace {
+
+void check_floating(std::string_view op, const InputMeta& in, std::string_view what) {
+  if (!is_floating(in.dtype)) {
+    throw_error<Unsupported>("{}: the {} must be floating, got {} (shape {})", op, what, in.dtype,
+                             shape_str(*in.shape));
+  }
+}
+
+// Strategies of an op over the rows of its first `n_rows` inputs (each of the first input's
+// shape, or broadcastable to it by leading dims): shards of every dim but the last pass; the
+// other inputs (per-feature vectors) are Replicate.
+std::vector<OpStrategy> rowwise_strategies(ShardingInputs in, size_t n_rows) {
+  const size_t n = in.size();
+  const int nd = static_cast<int>(in[0]->ndim());
+  std::vector<DimOption> options = {{std::vector<Placement>(n, Replicate{}), Replicate{}}};
+  for (int d = 0; d + 1 < nd; ++d) {
+    DimOption o{std::vector<Placement>(n, Replicate{}), Shard{d}};
+    for (size_t t = 0; t < n_rows; ++t) o.inputs[t] = Shard{d};
+    options.push_back(std::move(o));
+  }
+  return expand_dim_options(in, options);
+}
+
+double eps_arg(std::string_view op, const OpArgs& args) {
+  const double eps = args.reals.at(0);
+  if (!(eps >= 0.0)) throw_error<ConfigError>("{}: eps must be >= 0, got {}", op, eps);
+  return eps;
+}
+
+// ---- layer_norm and rms_norm --------------------------------------------------------------------
+// Normalized over the last dim. args.reals = [eps]. layer_norm: inputs (x, weight, bias);
+// rms_norm: (x, weight). Their backward entries (grad, x, weight) with args.ints = [mode]: mode 0
+// the input's gradient, mode 1 grad * x_hat (summed over the rows: the weight's gradient).
+
+template <bool rms>
+constexpr std::string_view norm_name() {
+  return rms ? "rms_norm" : "layer_norm";
+}
+
+template <bool rms>
+OpMeta norm_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  constexpr std::string_view name = norm_name<rms>();
+  const Shape& x = *in[0].shape;
+  check_floating(name, in[0], "input");
+  eps_arg(name, args);
+  if (x.empty()) throw_error<ShapeError>("{}: the input must have at least one dim", name);
+  DType dtype = in[0].dtype;
+  for (size_t k = 1; k < in.size(); ++k) {
+    if (*in[k].shape != Shape{x.back()}) {
+      throw_error<ShapeError>("{}: the {} must have shape [{}] (the input's last dim), got {}",
+                              name, k == 1 ? "weight" : "bias", x.back(), shape_str(*in[k].shape));
+    }
+    dtype = promote_types(dtype, in[k].dtype);
+  }
+  return OpMeta{x, dtype};
+}
+
+// x normalized over its last dim (no affine), and 1 / its standard deviation (or RMS).
+struct Normalized {
+  Tensor x_hat;
+  Tensor rstd;
+};
+
+template <bool rms>
+Normalized normalize(const Tensor& x, double eps) {
+  if constexpr (rms) {
+    const Tensor rstd = rsqrt(mean(x * x, {-1}, true) + eps);
+    return {x * rstd, rstd};
+  } else {
+    const Tensor centered = x - mean(x, {-1}, true);
+    const Tensor rstd = rsqrt(mean(centered * centered, {-1}, true) + eps);
+    return {centered * rstd, rstd};
+  }
+}
+
+template <bool rms>
+Tensor norm_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+  const Tensor y = normalize<rms>(in[0].to(out.dtype), args.reals[0]).x_hat * in[1].to(out.dtype);
+  if constexpr (rms) {
+    return y;
+  } else {
+    return y + in[2].to(out.dtype);
+  }
+}
+
+template <bool rms>
+OpMeta norm_backward_meta(std::span<const InputMeta> in, const OpArgs&) {
+  return OpMeta{*in[1].shape, promote_types(promote_types(in[0].dtype, in[1].dtype), in[2].dtype)};
+}
+
+// mode 0: dx = rstd (gw - mean(gw) - x_hat mean(gw x_hat)) with gw = g w (rms: without the
+// mean(gw) term); mode 1: g x_hat.
+template <bool rms>
+Tensor norm_backward_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+  const Tensor g = in[0].to(out.dtype);
+  const Normalized n = normalize<rms>(in[1].to(out.dtype), args.reals.at(0));
+  if (args.ints.at(0) == 1) return g * n.x_hat;
+  const Tensor gw = g * in[2].to(out.dtype);
+  Tensor inner = gw - n.x_hat * mean(gw * n.x_hat, {-1}, true);
+  if constexpr (!rms) inner = inner - mean(gw, {-1}, true);
+  return n.rstd * inner;
+}
+
+template <bool rms>
+void norm_backward(BackwardContext& c) {
+  const OpDef& derivative = rms ? op::rms_norm_backward : op::layer_norm_backward;
+  const std::vector<double> eps = {c.args().reals.at(0)};
+  const Var& g = c.grad();
+  if (c.needs_grad(0)) c.set_grad(0, apply(derivative, {g, c.input(0), c.input(1)}, {{0}, eps}));
+  if (c.needs_grad(1)) {
+    c.set_grad(1, sum_to(apply(derivative, {g, c.input(0), c.input(1)}, {{1}, eps}),
+                         var_shape(c.input(1))));
+  }
+  if (!rms && c.needs_grad(2)) c.set_grad(2, sum_to(g, var_shape(c.input(2))));
+}
+
+// ---- dropout ------------------------------------------------------------------------------------
+// args.reals = [p], args.seed. Note [Mesh-invariant dropout]: element i (flat row-major index of
+// the global tensor) is dropped when philox_uniform(seed, i) < p (tensor/random.h), so the mask is
+// a function of the global index alone: every rank generates its own block's, and any mesh and
+// placements drop the same elements as one device. Kept elements are scaled by 1 / (1 - p).
+
+OpMeta dropout_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  check_floating("dropout", in[0], "input");
+  const double p = args.reals.at(0);
+  if (!(p >= 0.0 && p <= 1.0)) {
+    throw_error<ConfigError>("dropout: the probability must lie in [0, 1], got {} (shape {})", p,
+                             shape_str(*in[0].shape));
+  }
+  return OpMeta{*in[0].shape, in[0].dtype};
+}
+
+// Dropout of `x`, the block at `offset` of a global tensor of shape `global`.
+Tensor dropout_block(const Tensor& x, const OpArgs& args, const Shape& global,
+                     const Shape& offset) {
+  const double p = args.reals[0];
+  if (p == 0.0) return x.clone();
+  DeviceOps& kernels = kernels_for("dropout", {&x});
+  const Tensor u = rand_block(global, args.seed, offset, x.shape(), DType::F64);
+  const Tensor keep = ge(u, full({}, p, DType::F64)).to(x.device());
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  const Tensor kept = p < 1.0 ? x * (1.0 / (1.0 - p)) : x;
+  kernels.where(out, keep, kept, full({}, 0.0, x.dtype(), x.device()).expand(x.shape()));
+  return out;
+}
+
+Tensor dropout_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+  return dropout_block(in[0], args, in[0].shape(), Shape(static_cast<size_t>(in[0].dim()), 0));
+}
+
+Tensor dropout_piece(std::span<const Tensor> pieces, const OpArgs& args,
+                     const PieceContext& where) {
+  return dropout_block(pieces[0], args, where.output.shape(),
+                       where.output.local_offset(where.coordinate));
+}
+
+// Linear with a non-negative factor per element: shards, sums, averages, maxima and minima pass.
+std::vector<OpStrategy> dropout_strategies(ShardingInputs in, const OpArgs&, const OpMeta&) {
+  return derived_strategies(in, [](const Placement& p) -> std::optional<Placement> {
+    if (const Partial* q = std::get_if<Partial>(&p); q != nullptr && q->op == ReduceOp::Product) {
+      return std::nullopt;
+    }
+    return p;
+  });
+}
+
+// The same mask on the gradient (the same args, seed included).
+void dropout_backward(BackwardContext& c) {
+  if (c.needs_grad(0)) c.set_grad(0, apply(op::dropout, {c.grad()}, c.args()));
+}
+
+// ---- cross_entropy ------------------------------------------------------------------------------
+// inputs (logits [N, C], target [N] integer); args.ints = [reduction] (0 mean, 1 sum). The loss of
+// row i is logsumexp_c(logits[i, c]) - logits[i, target[i]].
+//
+// Note [Vocabulary-parallel cross-entropy]
+// With the classes sharded (logits Shard(1) on some mesh dim, as a column-parallel output layer
+// leaves them) the op runs as its composite form, Megatron-LM's vocabulary-parallel loss written
+// with table ops: the row maximum (amax, P(max) -> all_reduce max), exp of the shifted logits, the
+// sum of exponentials (P(sum) -> all_reduce), and the target's logit by a masked gather (P(sum) ->
+// all_reduce): three all_reduces of N values, and the logits are never gathered. Its backward is
+// that of its ops (the gather's scatters into each rank's own classes). Otherwise the op is one
+// entry: rows shard, and the mean divides every rank's partial sum by the global row count, so the
+// sum over ranks is the mean even for uneven rows.
+
+int64_t reduction_kind(const OpArgs& args) {
+  return args.ints.empty() ? 0 : args.ints[0];
+}
+
+OpMeta cross_entropy_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const Shape& logits = *in[0].shape;
+  const Shape& target = *in[1].shape;
+  check_floating("cross_entropy", in[0], "logits");
+  if (in[1].dtype != DType::I64 && in[1].dtype != DType::I32) {
+    throw_error<Unsupported>(
+        "cross_entropy: the target must be I64 or I32 class indices, got {} "
+        "(shape {})",
+        in[1].dtype, shape_str(target));
+  }
+  if (logits.size() != 2 || target.size() != 1 || target[0] != logits[0]) {
+    throw_error<ShapeError>(
+        "cross_entropy: expects logits [N, C] and target [N], got logits {} and target {}",
+        shape_str(logits), shape_str(target));
+  }
+  const int64_t r = reduction_kind(args);
+  if (r != 0 && r != 1) {
+    throw_error<ConfigError>("cross_entropy: reduction {} is neither mean (0) nor sum (1)", r);
+  }
+  return OpMeta{{}, in[0].dtype};
+}
+
+// The summed losses of these rows divided by `divisor`.
+Tensor cross_entropy_rows(const Tensor& logits, const Tensor& target, double divisor) {
+  const Tensor shifted = logits - amax(logits, {1}, true);
+  const Tensor lse = log(sum(exp(shifted), {1}));
+  const Tensor picked =
+      call(op::gather, {shifted, target.to(DType::I64).unsqueeze(1)}, {{1}, {}}).reshape({-1});
+  return sum(lse - picked) * (1.0 / divisor);
+}
+
+double loss_divisor(const OpArgs& args, int64_t rows) {
+  return reduction_kind(args) == 0 ? static_cast<double>(rows) : 1.0;
+}
+
+Tensor cross_entropy_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+  return cross_entropy_rows(in[0], in[1], loss_divisor(args, in[1].numel()));
+}
+
+Tensor cross_entropy_piece(std::span<const Tensor> pieces, const OpArgs& args,
+                           const PieceContext& where) {
+  return cross_entropy_rows(pieces[0], pieces[1], loss_divisor(args, where.inputs[1]->shape()[0]));
+}
+
+std::vector<OpStrategy> cross_entropy_strategies(ShardingInputs in, const OpArgs&, const OpMeta&) {
+  return expand_dim_options(
+      in, {{{Replicate{}, Replicate{}}, Replicate{}}, {{Shard{0}, Shard{0}}, Partial{}}});
+}
+
+bool classes_sharded(ShardingInputs in, const OpArgs&) {
+  for (const Placement& p : in[0]->placements()) {
+    if (is_shard(p, 1)) return true;
+  }
+  return false;
+}
+
+Var cross_entropy_composite(std::span<const Var> in, const OpArgs& args) {
+  const Var& logits = in[0];
+  const Var& target = in[1];
+  const int64_t rows = var_shape(logits)[0];
+  const Var max = apply(op::amax, {logits}, reduction_args({1}, true)).detach();
+  const Var shifted = logits - max;
+  const Var lse =
+      apply(op::log, {apply(op::sum, {apply(op::exp, {shifted})}, reduction_args({1}, false))});
+  const Var index = apply(op::unsqueeze, {target}, {{1}, {}});
+  const Var picked =
+      apply(op::reshape, {apply(op::gather, {shifted, index}, {{1}, {}})}, {{rows}, {}});
+  const Var total = apply(op::sum, {lse - picked}, reduction_args({}, false));
+  return total * (1.0 / loss_divisor(args, rows));
+}
+
+void cross_entropy_derivative(BackwardContext& c) {
+  if (c.needs_grad(0)) {
+    c.set_grad(0, apply(op::cross_entropy_backward, {c.grad(), c.input(0), c.input(1)}, c.args()));
+  }
+}
+
+// (grad [], logits, target) -> grad * (softmax(logits) - one_hot(target)) / divisor.
+OpMeta cross_entropy_backward_meta(std::span<const InputMeta> in, const OpArgs&) {
+  return OpMeta{*in[1].shape, in[1].dtype};
+}
+
+Tensor cross_entropy_gradient(const Tensor& grad, const Tensor& logits, const Tensor& target,
+                              double divisor) {
+  const int64_t classes = logits.size(1);
+  const Tensor one_hot = eq(arange(classes, DType::I64).reshape({1, classes}).to(logits.device()),
+                            target.to(DType::I64).reshape({-1, 1}));
+  const Tensor delta = softmax(logits, 1) - one_hot.to(logits.dtype());
+  return delta * (grad.to(logits.dtype()) * (1.0 / divisor));
+}
+
+Tensor cross_entropy_backward_compute(std::span<const Tensor> in, const OpArgs& args,
+                                      const OpMeta&) {
+  return cross_entropy_gradient(in[0], in[1], in[2], loss_divisor(args, in[2].numel()));
+}
+
+Tensor cross_entropy_backward_piece(std::span<const Tensor> pieces, const OpArgs& args,
+                                    const PieceContext& where) {
+  return cross_entropy_gradient(pieces[0], pieces[1], pieces[2],
+                                loss_divisor(args, where.inputs[2]->shape()[0]));
+}
+
+std::vector<OpStrategy> cross_entropy_backward_strategies(ShardingInputs in, const OpArgs&,
+                                                          const OpMeta&) {
+  const Placement R = Replicate{};
+  return expand_dim_options(in, {{{R, R, R}, R},
+                                 {{R, Shard{0}, Shard{0}}, Shard{0}},
+                                 {{Partial{}, R, R}, Partial{}},
+                                 {{Partial{ReduceOp::Avg}, R, R}, Partial{ReduceOp::Avg}}});
+}
+
+// ---- scaled_dot_product_attention ---------------------------------------------------------------
+// inputs (q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv]) with the same leading dims (batch,
+// heads); args.ints = [causal], args.reals = [scale]. softmax(q k^T * scale, masked) v; the causal
+// mask hides key j from query i when j > i (torch's top-left alignment). attention_probs (q, k)
+// is the softmax alone, which the backward recomputes instead of saving. Sharding: the leading
+// dims (batch, heads: the tensor-parallel split of attention) pass; the query rows may be sharded
+// with keys and values whole (each piece masks with its rows' global offset); a Partial of v
+// passes (the output is linear in v).
+
+void check_attention(std::span<const InputMeta> in) {
+  const Shape& q = *in[0].shape;
+  const Shape& k = *in[1].shape;
+  for (size_t t = 0; t < in.size(); ++t)
+    check_floating("scaled_dot_product_attention", in[t], "input");
+  bool ok = q.size() >= 2 && k.size() == q.size() && q.back() == k.back();
+  for (size_t d = 0; ok && d + 2 < q.size(); ++d) ok = q[d] == k[d];
+  if (in.size() == 3) {
+    const Shape& v = *in[2].shape;
+    ok = ok && v.size() == q.size() && v[v.size() - 2] == k[k.size() - 2];
+    for (size_t d = 0; ok && d + 2 < q.size(); ++d) ok = q[d] == v[d];
+  }
+  if (!ok) {
+    throw_error<ShapeError>(
+        "scaled_dot_product_attention: expects q [..., Sq, D], k [..., Sk, D] and v [..., Sk, Dv] "
+        "with equal leading dims, got q {}, k {}{}",
+        shape_str(q), shape_str(k), in.size() == 3 ? ", v " + shape_str(*in[2].shape) : "");
+  }
+}
+
+OpMeta attention_meta(std::span<const InputMeta> in, const OpArgs&) {
+  check_attention(in);
+  Shape out = *in[0].shape;
+  out.back() = in[2].shape->back();
+  DType dtype = promote_types(promote_types(in[0].dtype, in[1].dtype), in[2].dtype);
+  return OpMeta{std::move(out), dtype};
+}
+
+OpMeta attention_probs_meta(std::span<const InputMeta> in, const OpArgs&) {
+  check_attention(in);
+  Shape out = *in[0].shape;
+  out.back() = (*in[1].shape)[in[1].shape->size() - 2];
+  return OpMeta{std::move(out), promote_types(in[0].dtype, in[1].dtype)};
+}
+
+// The attention weights of queries whose first row is global row `row`.
+Tensor attention_weights(const Tensor& q, const Tensor& k, const OpArgs& args, int64_t row) {
+  Tensor scores = matmul(q, k.transpose(-1, -2)) * args.reals.at(0);
+  if (args.ints.at(0) != 0) {
+    const int64_t rows = q.size(-2);
+    const int64_t cols = k.size(-2);
+    std::vector<bool> hidden(static_cast<size_t>(rows * cols));
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) hidden[static_cast<size_t>(i * cols + j)] = j > row + i;
+    }
+    scores = masked_fill(scores, from_vector(hidden, {rows, cols}).to(q.device()),
+                         -std::numeric_limits<double>::infinity());
+  }
+  return softmax(scores, -1);
+}
+
+int64_t query_offset(const PieceContext* where) {
+  if (where == nullptr) return 0;
+  const Shape offset = where->inputs[0]->local_offset(where->coordinate);
+  return offset[offset.size() - 2];
+}
+
+Tensor attention_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+  return matmul(attention_weights(in[0].to(out.dtype), in[1].to(out.dtype), args, 0),
+                in[2].to(out.dtype));
+}
+
+Tensor attention_piece(std::span<const Tensor> in, const OpArgs& args, const PieceContext& where) {
+  const DType dtype = promote_types(promote_types(in[0].dtype(), in[1].dtype()), in[2].dtype());
+  return matmul(attention_weights(in[0].to(dtype), in[1].to(dtype), args, query_offset(&where)),
+                in[2].to(dtype));
+}
+
+Tensor attention_probs_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+  return attention_weights(in[0].to(out.dtype), in[1].to(out.dtype), args, 0);
+}
+
+Tensor attention_probs_piece(std::span<const Tensor> in, const OpArgs& args,
+                             const PieceContext& where) {
+  const DType dtype = promote_types(in[0].dtype(), in[1].dtype());
+  return attention_weights(in[0].to(dtype), in[1].to(dtype), args, query_offset(&where));
+}
+
+std::vector<OpStrategy> attention_strategies(ShardingInputs in, const OpArgs&, const OpMeta&) {
+  const size_t n = in.size();
+  const int nd = static_cast<int>(in[0]->ndim());
+  std::vector<DimOption> options = {{std::vector<Placement>(n, Replicate{}), Replicate{}}};
+  for (int d = 0; d + 2 < nd; ++d)
+    options.push_back({std::vector<Placement>(n, Shard{d}), Shard{d}});
+  DimOption rows{std::vector<Placement>(n, Replicate{}), Shard{nd - 2}};
+  rows.inputs[0] = Shard{nd - 2};
+  options.push_back(std::move(rows));
+  if (n == 3) {
+    for (ReduceOp o : {ReduceOp::Sum, ReduceOp::Avg}) {
+      options.push_back({{Replicate{}, Replicate{}, Partial{o}}, Partial{o}});
+    }
+  }
+  return expand_dim_options(in, options);
+}
+
+Var transposed(const Var& v) {
+  return apply(op::transpose, {v}, {{-1, -2}, {}});
+}
+
+// With p the weights and g the output's gradient: dv = p^T g; ds = p (dp - rowsum(dp p)) for
+// dp = g v^T; dq = ds k scale; dk = ds^T q scale.
+void attention_backward(BackwardContext& c) {
+  const Var& q = c.input(0);
+  const Var& k = c.input(1);
+  const Var& v = c.input(2);
+  const Var& g = c.grad();
+  const double scale = c.args().reals.at(0);
+  const Var p = apply(op::attention_probs, {q, k}, c.args());
+  if (c.needs_grad(2)) c.set_grad(2, apply(op::matmul, {transposed(p), g}));
+  if (!c.needs_grad(0) && !c.needs_grad(1)) return;
+  const Var dp = apply(op::matmul, {g, transposed(v)});
+  const Var ds = p * (dp - apply(op::sum, {dp * p}, reduction_args({-1}, true)));
+  if (c.needs_grad(0)) c.set_grad(0, apply(op::matmul, {ds, k}) * scale);
+  if (c.needs_grad(1)) c.set_grad(1, apply(op::matmul, {transposed(ds), q}) * scale);
+}
+
+}  // namespace
+
+OpArgs attention_args(int64_t head_dim, bool causal, std::optional<double> scale) {
+  const double s =
+      scale ? *scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(head_dim, 1)));
+  return OpArgs{{causal ? 1 : 0}, {s}};
+}
+
+const OpDef op::layer_norm{
+    "layer_norm",
+    norm_meta<false>,
+    norm_compute<false>,
+    [](ShardingInputs in, const OpArgs&, const OpMeta&) { return rowwise_strategies(in, 1); },
+    nullptr,
+    nullptr,
+    norm_backward<false>};
+const OpDef op::layer_norm_backward{
+    "layer_norm_backward", norm_backward_meta<false>, norm_backward_compute<false>,
+    [](ShardingInputs in, const OpArgs&, const OpMeta&) { return rowwise_strategies(in, 2); }};
+const OpDef op::rms_norm{
+    "rms_norm",
+    norm_meta<true>,
+    norm_compute<true>,
+    [](ShardingInputs in, const OpArgs&, const OpMeta&) { return rowwise_strategies(in, 1); },
+    nullptr,
+    nullptr,
+    norm_backward<true>};
+const OpDef op::rms_norm_backward{
+    "rms_norm_backward", norm_backward_meta<true>, norm_backward_compute<true>,
+    [](ShardingInputs in, const OpArgs&, const OpMeta&) { return rowwise_strategies(in, 2); }};
+const OpDef op::dropout{"dropout",     dropout_meta, dropout_compute, dropout_strategies,
+                        dropout_piece, nullptr,      dropout_backward};
+const OpDef op::cross_entropy{"cross_entropy",          cross_entropy_meta,
+                              cross_entropy_compute,    cross_entropy_strategies,
+                              cross_entropy_piece,      nullptr,
+                              cross_entropy_derivative, false,
+                              cross_entropy_composite,  classes_sharded};
+const OpDef op::cross_entropy_backward{
+    "cross_entropy_backward", cross_entropy_backward_meta, cross_entropy_backward_compute,
+    cross_entropy_backward_strategies, cross_entropy_backward_piece};
+const OpDef op::scaled_dot_product_attention{"scaled_dot_product_attention",
+                                             attention_meta,
+                                             attention_compute,
+                                             attention_strategies,
+                                             attention_piece,
+                                             nullptr,
+                                             attention_backward};
+const OpDef op::attention_probs{"attention_probs", attention_probs_meta, attention_probs_compute,
+                                attention_strategies, attention_probs_piece};
+
+}  // namespace spmd

@@ -1,0 +1,282 @@
+// The nn module (nn/parallel.h, nn/optim.h) against full tensors and closed forms: the parallel
+// styles' placements and collectives, FSDP's gather and reduce-scatter, SGD with momentum and
+// AdamW (DTensor parameters equal Tensor parameters step for step, state placed like the
+// parameter, no communication in a step), and clip_grad_norm across the parameters of one mesh
+// and of several.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include <spmd/collectives/trace.h>
+#include <spmd/dtensor/ops.h>
+#include <spmd/dtensor/random.h>
+#include <spmd/nn/optim.h>
+#include <spmd/nn/parallel.h>
+#include "tests/support/test_support.h"
+#include "tests/support/world_env.h"
+
+namespace spmd {
+namespace {
+
+using testing::expect_throws;
+
+// "op dim" of the collectives rank `rank` took part in since `start` trace records.
+std::vector<std::string> collectives_since(size_t start, int rank) {
+  std::vector<std::string> out;
+  const std::vector<TraceRecord> records = trace().records();
+  for (size_t i = start; i < records.size(); ++i) {
+    if (records[i].rank == rank) out.push_back(records[i].op + " " + records[i].dim_name);
+  }
+  return out;
+}
+
+// Where a test's collectives start in the trace. The trace is a ring buffer (the earlier tests
+// of this process can fill it, and then its size stops growing): it is cleared first, except
+// under threads, where every rank shares it (and the tests check no order there).
+size_t trace_start(const World& world) {
+  if (world.backend_name() != "threads") trace().clear();
+  return trace().records().size();
+}
+
+DeviceMesh dp_tp(const World& world) {
+  return init_device_mesh(world, {2, world.size() / 2}, {"dp", "tp"});
+}
+
+SPMD_TEST(ParallelStyles, PlacementsOfEachStyle) {
+  World world = testing::test_world(8);
+  const DeviceMesh mesh = dp_tp(world);
+  EXPECT_EQ(colwise_placements(mesh, "tp"), (Placements{Replicate{}, Shard{1}}));
+  EXPECT_EQ(colwise_bias_placements(mesh, "tp"), (Placements{Replicate{}, Shard{0}}));
+  EXPECT_EQ(rowwise_placements(mesh, "tp"), (Placements{Replicate{}, Shard{0}}));
+  EXPECT_EQ(replicate_placements(mesh), (Placements{Replicate{}, Replicate{}}));
+  // FSDP takes the first dim tensor parallelism leaves free.
+  EXPECT_EQ(fsdp_placements(colwise_placements(mesh, "tp"), {8, 32}, mesh, "dp"),
+            (Placements{Shard{0}, Shard{1}}));
+  EXPECT_EQ(fsdp_placements(rowwise_placements(mesh, "tp"), {32, 8}, mesh, "dp"),
+            (Placements{Shard{1}, Shard{0}}));
+  EXPECT_EQ(fsdp_placements(replicate_placements(mesh), {8}, mesh, "dp"),
+            (Placements{Shard{0}, Replicate{}}));
+  EXPECT_EQ(fsdp_placements(colwise_bias_placements(mesh, "tp"), {8}, mesh, "dp"),
+            (Placements{Replicate{}, Shard{0}}));
+  expect_throws<PlacementError>(
+      [&] {
+        fsdp_placements({Shard{0}, Replicate{}}, {8, 4}, mesh, "dp");
+      },
+      {"fsdp_placements", "Replicate on the FSDP dim dp"});
+}
+
+// A Megatron MLP with sequence parallelism: x [B, S, H] sharded over the sequence on tp; the
+// column-wise layer gathers it, the row-wise one reduce-scatters back. Values and gradients equal
+// the full tensors'; the collectives over tp are one all_gather forward, one reduce_scatter, and
+// their transposes backward, plus the all_reduce of the replicated output bias's gradient (summed
+// over the sequence shards, as Megatron's sequence parallelism all-reduces it).
+SPMD_TEST(ParallelStyles, SequenceParallelMlpMatchesFullTensors) {
+  World world = testing::test_world(8);
+  const DeviceMesh mesh = dp_tp(world);
+  const int64_t tp = mesh.size("tp");
+  const Shape xs = {2, 2 * tp, 6};
+  const Tensor x = randn(xs, 1, DType::F64);
+  const Tensor w1 = randn({6, 4 * tp}, 2, DType::F64);
+  const Tensor b1 = randn({4 * tp}, 3, DType::F64);
+  const Tensor w2 = randn({4 * tp, 6}, 4, DType::F64);
+  const Tensor b2 = randn({6}, 5, DType::F64);
+  DTensor dw1 = distribute_tensor(w1, mesh, colwise_placements(mesh, "tp"));
+  DTensor db1 = distribute_tensor(b1, mesh, colwise_bias_placements(mesh, "tp"));
+  DTensor dw2 = distribute_tensor(w2, mesh, rowwise_placements(mesh, "tp"));
+  DTensor db2 = distribute_tensor(b2, mesh, replicate_placements(mesh));
+  for (DTensor* p : {&dw1, &db1, &dw2, &db2}) p->requires_grad_();
+  DTensor dx = distribute_tensor(x, mesh, {Shard{0}, Shard{1}});
+  dx.requires_grad_();
+  const size_t start = trace_start(world);
+  const DTensor h = colwise_linear(dx, dw1, db1, "tp");
+  EXPECT_EQ(h.placements(), (Placements{Shard{0}, Shard{2}}));
+  const DTensor y = rowwise_linear(gelu(h), dw2, db2, "tp", Shard{1});
+  EXPECT_EQ(y.placements(), (Placements{Shard{0}, Shard{1}}));
+  const DTensor loss = sum(y * y);
+  backward(loss);
+  std::vector<std::string> tp_collectives;
+  for (const std::string& c : collectives_since(start, world.held_ranks()[0])) {
+    if (c.ends_with(" tp")) tp_collectives.push_back(c);
+  }
+  if (world.backend_name() != "threads") {  // (threads: one shared trace, in no rank's order)
+    EXPECT_EQ(tp_collectives,
+              (std::vector<std::string>{"all_gather tp", "reduce_scatter tp", "all_reduce tp",
+                                        "all_gather tp", "reduce_scatter tp"}));
+  }
+  // The same on full tensors.
+  Tensor fx = x.clone().requires_grad_();
+  Tensor fw1 = w1.clone().requires_grad_(), fb1 = b1.clone().requires_grad_();
+  Tensor fw2 = w2.clone().requires_grad_(), fb2 = b2.clone().requires_grad_();
+  const Tensor fy = matmul(gelu(matmul(fx, fw1) + fb1), fw2) + fb2;
+  backward(sum(fy * fy));
+  EXPECT_TRUE(allclose(y.full_tensor(), fy, 1e-12, 1e-12));
+  EXPECT_TRUE(allclose(dx.grad().full_tensor(), fx.grad(), 1e-10, 1e-10));
+  EXPECT_EQ(dx.grad().placements(), dx.placements());
+  EXPECT_TRUE(allclose(dw1.grad().full_tensor(), fw1.grad(), 1e-10, 1e-10));
+  EXPECT_TRUE(allclose(db1.grad().full_tensor(), fb1.grad(), 1e-10, 1e-10));
+  EXPECT_TRUE(allclose(dw2.grad().full_tensor(), fw2.grad(), 1e-10, 1e-10));
+  EXPECT_TRUE(allclose(db2.grad().full_tensor(), fb2.grad(), 1e-10, 1e-10));
+  for (DTensor* p : {&dw1, &db1, &dw2, &db2}) EXPECT_EQ(p->grad().placements(), p->placements());
+}
+
+// FSDP: the parameter is stored split over dp, gathered for use (all_gather), and its gradient,
+// P(sum) over dp, comes back reduce-scattered to the shard.
+SPMD_TEST(ParallelStyles, FsdpGathersForUseAndReduceScattersTheGradient) {
+  World world = testing::test_world(8);
+  const DeviceMesh mesh = dp_tp(world);
+  const Tensor w = randn({6, 8}, 1, DType::F64);
+  const Tensor x = randn({4, 6}, 2, DType::F64);
+  DTensor p = distribute_tensor(
+      w, mesh, fsdp_placements(colwise_placements(mesh, "tp"), w.shape(), mesh, "dp"));
+  p.requires_grad_();
+  EXPECT_EQ(p.placements(), (Placements{Shard{0}, Shard{1}}));
+  const size_t start = trace_start(world);
+  const DTensor used = fsdp_unshard(p, "dp");
+  EXPECT_EQ(used.placements(), (Placements{Replicate{}, Shard{1}}));
+  const DTensor y = matmul(distribute_tensor(x, mesh, {Shard{0}, Replicate{}}), used);
+  backward(sum(y));
+  if (world.backend_name() != "threads") {
+    EXPECT_EQ(collectives_since(start, world.held_ranks()[0]),
+              (std::vector<std::string>{"all_gather dp", "reduce_scatter dp"}));
+  }
+  EXPECT_EQ(p.grad().placements(), p.placements());
+  const Tensor leaf = w.clone().requires_grad_();
+  backward(sum(matmul(x, leaf)));
+  EXPECT_TRUE(allclose(p.grad().full_tensor(), leaf.grad(), 1e-12, 1e-12));
+}
+
+// ---- optimizers ------------------------------------------------------------------------------
+
+// Gradients of sum((x w)^2) for a few steps; the DTensor parameter (placed `placements`) must
+// follow the Tensor one, and the state must have the parameter's placements.
+template <class Make>
+void compare_optimizer(const World& world, const Placements& placements, Make make) {
+  const DeviceMesh mesh = dp_tp(world);
+  const Tensor w0 = randn({6, 8}, 1, DType::F64);
+  const Tensor x = randn({4, 6}, 2, DType::F64);
+  Tensor tw = w0.clone().requires_grad_();
+  DTensor dw = distribute_tensor(w0, mesh, placements);
+  dw.requires_grad_();
+  auto t_opt = make(std::vector<Tensor*>{&tw});
+  auto d_opt = make(std::vector<DTensor*>{&dw});
+  const DTensor dx = distribute_tensor(x, mesh, {Replicate{}, Replicate{}});
+  for (int step = 0; step < 3; ++step) {
+    const Tensor ty = matmul(x, tw);
+    backward(sum(ty * ty));
+    t_opt.step();
+    const DTensor dy = matmul(dx, dw);
+    backward(sum(dy * dy));
+    const size_t start = trace_start(world);
+    d_opt.step();
+    if (world.backend_name() != "threads") {  // (threads: the backward's records land late)
+      EXPECT_TRUE(collectives_since(start, world.held_ranks()[0]).empty()) << "step " << step;
+    }
+    EXPECT_EQ(dw.placements(), placements);
+    EXPECT_TRUE(dw.requires_grad());
+    EXPECT_FALSE(dw.grad().defined());
+    EXPECT_TRUE(allclose(dw.full_tensor(), tw, 1e-12, 1e-12)) << "step " << step;
+  }
+}
+
+SPMD_TEST(Optimizers, SgdWithMomentumMatchesTheClosedFormAndTensors) {
+  World world = testing::test_world(8);
+  // One parameter, gradient 2 w (loss w^2): b1 = 2 w0, w1 = w0 - lr b1; b2 = m b1 + 2 w1.
+  const double lr = 0.1, m = 0.9;
+  Tensor w = full({3}, 1.5, DType::F64).requires_grad_();
+  SGD opt(std::vector<Tensor*>{&w}, {.lr = lr, .momentum = m});
+  backward(sum(w * w));
+  opt.step();
+  const double w1 = 1.5 - lr * 3.0;
+  EXPECT_TRUE(allclose(w, full({3}, w1, DType::F64), 1e-15, 0));
+  backward(sum(w * w));
+  opt.step();
+  EXPECT_TRUE(allclose(w, full({3}, w1 - lr * (m * 3.0 + 2 * w1), DType::F64), 1e-15, 0));
+
+  const DeviceMesh mesh = dp_tp(world);
+  for (const Placements& p : {Placements{Replicate{}, Shard{1}}, Placements{Shard{0}, Shard{1}},
+                              Placements{Replicate{}, Replicate{}}}) {
+    SCOPED_TRACE(to_string(p));
+    compare_optimizer(world, p, [](auto params) {
+      return SGD(params, {.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01});
+    });
+  }
+  DTensor d = distribute_tensor(randn({6, 8}, 1, DType::F64), mesh, {Shard{0}, Shard{1}});
+  d.requires_grad_();
+  SGD dopt(std::vector<DTensor*>{&d}, {.lr = 0.1, .momentum = 0.5});
+  backward(sum(d * d));
+  dopt.step();
+  EXPECT_EQ(dopt.momentum_buffer(0).placements(), d.placements());
+}
+
+SPMD_TEST(Optimizers, AdamWMatchesTheClosedFormAndTensors) {
+  World world = testing::test_world(8);
+  // The first step moves every element by lr * g / (|g| + eps) after the decay: about lr.
+  const double lr = 0.01, wd = 0.1;
+  Tensor w = from_vector<double>({2.0, -1.0, 0.5}).requires_grad_();
+  AdamW opt(std::vector<Tensor*>{&w}, {.lr = lr, .weight_decay = wd});
+  backward(sum(w * w));
+  opt.step();
+  std::vector<double> want;
+  for (double v : {2.0, -1.0, 0.5}) {
+    const double g = 2 * v;
+    want.push_back(v * (1 - lr * wd) - lr * g / (std::abs(g) + 1e-8));
+  }
+  EXPECT_TRUE(allclose(w, from_vector(want), 1e-12, 1e-12)) << w;
+  EXPECT_EQ(opt.steps(), 1);
+
+  const DeviceMesh mesh = dp_tp(world);
+  for (const Placements& p : {Placements{Replicate{}, Shard{0}}, Placements{Shard{1}, Shard{0}}}) {
+    SCOPED_TRACE(to_string(p));
+    compare_optimizer(world, p, [](auto params) { return AdamW(params, {.lr = 0.02}); });
+  }
+  DTensor d = distribute_tensor(randn({6, 8}, 1, DType::F64), mesh, {Shard{0}, Shard{1}});
+  d.requires_grad_();
+  AdamW dopt(std::vector<DTensor*>{&d});
+  backward(sum(d * d));
+  dopt.step();
+  EXPECT_EQ(dopt.exp_avg(0).placements(), d.placements());
+  EXPECT_EQ(dopt.exp_avg_sq(0).placements(), d.placements());
+}
+
+// ---- clip_grad_norm --------------------------------------------------------------------------
+
+SPMD_TEST(ClipGradNorm, TheNormOfAllGradientsTogetherOnOneMeshAndSeveral) {
+  World world = testing::test_world(8);
+  const DeviceMesh mesh = dp_tp(world);
+  const Tensor a = randn({6, 8}, 1, DType::F64);
+  const Tensor b = randn({5}, 2, DType::F64);
+  // Gradients 2a and 2b (loss sum(a^2) + sum(b^2)): total 2 sqrt(|a|^2 + |b|^2).
+  const double total = 2 * std::sqrt(sum(a * a).item<double>() + sum(b * b).item<double>());
+  {
+    DTensor pa = distribute_tensor(a, mesh, {Shard{0}, Shard{1}});
+    DTensor pb = distribute_tensor(b, mesh, {Replicate{}, Replicate{}});
+    pa.requires_grad_();
+    pb.requires_grad_();
+    backward(sum(pa * pa));
+    backward(sum(pb * pb));
+    EXPECT_NEAR(clip_grad_norm({&pa, &pb}, 1e9), total, 1e-10);
+    // Clipping to 1 scales every gradient by 1 / total.
+    EXPECT_NEAR(clip_grad_norm({&pa, &pb}, 1.0), total, 1e-10);
+    EXPECT_TRUE(allclose(pa.grad().full_tensor(), a * (2.0 / (total + 1e-6)), 1e-10, 1e-12));
+    EXPECT_NEAR(clip_grad_norm({&pa, &pb}, 1e9), total / (total + 1e-6), 1e-10);
+  }
+  {
+    // On two meshes (slices of one root, each with siblings that are replicas): each counted once.
+    DTensor pa = distribute_tensor(a, mesh["tp"], {Shard{1}});
+    DTensor pb = distribute_tensor(b, mesh["dp"], {Shard{0}});
+    pa.requires_grad_();
+    pb.requires_grad_();
+    backward(sum(pa * pa));
+    backward(sum(pb * pb));
+    EXPECT_NEAR(clip_grad_norm({&pa, &pb}, 1e9), total, 1e-10);
+  }
+  Tensor ta = a.clone().requires_grad_();
+  Tensor tb = b.clone().requires_grad_();
+  backward(sum(ta * ta));
+  backward(sum(tb * tb));
+  EXPECT_NEAR(clip_grad_norm({&ta, &tb}, 1.0), total, 1e-10);
+  EXPECT_TRUE(allclose(ta.grad(), a * (2.0 / (total + 1e-6)), 1e-10, 1e-12));
+}
+
+}  // namespace
+}  // namespace spmd
