@@ -11,6 +11,7 @@
 # Every backend runs the example a second time with --spmd-debug=all (the checks that backend
 # supports, docs/debugging.md): a correct program gets no report and the same digest.
 string(REPLACE "|" ";" args "${ARGS}")
+string(REPLACE "|" ";" debug_args "${DEBUG_ARGS}")
 
 include("${CMAKE_CURRENT_LIST_DIR}/run_digest.cmake")
 
@@ -44,11 +45,18 @@ endif()
 if(SPMD_CLI AND NOT THREADS_TRACE STREQUAL "OFF")
   trace_diff("threads" "${TRACE_DIR}/threads.json")
 endif()
+# The digest the --spmd-debug=all runs must print: sim's, or with DEBUG_ARGS a plain sim run's.
+set(reference "${sim}")
+if(debug_args)
+  run_digest(reference "sim ${debug_args}" ${PROGRAM} ${args} ${debug_args} --spmd-backend=sim
+             --spmd-world-size=${NPROCS})
+endif()
 foreach(backend sim threads)
-  run_digest(checked "${backend} --spmd-debug=all" ${PROGRAM} ${args} --spmd-backend=${backend}
-             --spmd-world-size=${NPROCS} --spmd-debug=all)
-  if(NOT sim STREQUAL checked)
-    message(FATAL_ERROR "digests differ: sim ${sim}, ${backend} --spmd-debug=all ${checked}")
+  run_digest(checked "${backend} --spmd-debug=all" ${PROGRAM} ${args} ${debug_args}
+             --spmd-backend=${backend} --spmd-world-size=${NPROCS} --spmd-debug=all)
+  if(NOT reference STREQUAL checked)
+    message(FATAL_ERROR "digests differ: sim ${debug_args} ${reference}, ${backend} "
+                        "--spmd-debug=all ${checked}")
   endif()
 endforeach()
 if(NOT MPIEXEC)
@@ -64,8 +72,9 @@ if(SPMD_CLI)
   trace_diff("mpirun -n ${NPROCS}" "${TRACE_DIR}/mpi.json")
 endif()
 run_digest(checked "mpirun -n ${NPROCS} --spmd-debug=all" ${MPIEXEC} ${NUMPROC_FLAG} ${NPROCS}
-           ${PROGRAM} ${args} --spmd-backend=mpi --spmd-debug=all)
-if(NOT sim STREQUAL checked)
-  message(FATAL_ERROR "digests differ: sim ${sim}, mpirun -n ${NPROCS} --spmd-debug=all ${checked}")
+           ${PROGRAM} ${args} ${debug_args} --spmd-backend=mpi --spmd-debug=all)
+if(NOT reference STREQUAL checked)
+  message(FATAL_ERROR "digests differ: sim ${debug_args} ${reference}, mpirun -n ${NPROCS} "
+                      "--spmd-debug=all ${checked}")
 endif()
 message(STATUS "sim, threads and mpirun -n ${NPROCS}, with and without --spmd-debug=all, agree: ${sim}")

@@ -13,7 +13,6 @@
 #include <spmd/nn/optim.h>
 #include <spmd/nn/parallel.h>
 #include "tests/support/test_support.h"
-#include "tests/support/world_env.h"
 
 namespace spmd {
 namespace {
@@ -43,7 +42,6 @@ DeviceMesh dp_tp(const World& world) {
 }
 
 SPMD_TEST(ParallelStyles, PlacementsOfEachStyle) {
-  World world = testing::test_world(8);
   const DeviceMesh mesh = dp_tp(world);
   EXPECT_EQ(colwise_placements(mesh, "tp"), (Placements{Replicate{}, Shard{1}}));
   EXPECT_EQ(colwise_bias_placements(mesh, "tp"), (Placements{Replicate{}, Shard{0}}));
@@ -71,7 +69,6 @@ SPMD_TEST(ParallelStyles, PlacementsOfEachStyle) {
 // their transposes backward, plus the all_reduce of the replicated output bias's gradient (summed
 // over the sequence shards, as Megatron's sequence parallelism all-reduces it).
 SPMD_TEST(ParallelStyles, SequenceParallelMlpMatchesFullTensors) {
-  World world = testing::test_world(8);
   const DeviceMesh mesh = dp_tp(world);
   const int64_t tp = mesh.size("tp");
   const Shape xs = {2, 2 * tp, 6};
@@ -122,7 +119,6 @@ SPMD_TEST(ParallelStyles, SequenceParallelMlpMatchesFullTensors) {
 // FSDP: the parameter is stored split over dp, gathered for use (all_gather), and its gradient,
 // P(sum) over dp, comes back reduce-scattered to the shard.
 SPMD_TEST(ParallelStyles, FsdpGathersForUseAndReduceScattersTheGradient) {
-  World world = testing::test_world(8);
   const DeviceMesh mesh = dp_tp(world);
   const Tensor w = randn({6, 8}, 1, DType::F64);
   const Tensor x = randn({4, 6}, 2, DType::F64);
@@ -179,7 +175,6 @@ void compare_optimizer(const World& world, const Placements& placements, Make ma
 }
 
 SPMD_TEST(Optimizers, SgdWithMomentumMatchesTheClosedFormAndTensors) {
-  World world = testing::test_world(8);
   // One parameter, gradient 2 w (loss w^2): b1 = 2 w0, w1 = w0 - lr b1; b2 = m b1 + 2 w1.
   const double lr = 0.1, m = 0.9;
   Tensor w = full({3}, 1.5, DType::F64).requires_grad_();
@@ -209,7 +204,6 @@ SPMD_TEST(Optimizers, SgdWithMomentumMatchesTheClosedFormAndTensors) {
 }
 
 SPMD_TEST(Optimizers, AdamWMatchesTheClosedFormAndTensors) {
-  World world = testing::test_world(8);
   // The first step moves every element by lr * g / (|g| + eps) after the decay: about lr.
   const double lr = 0.01, wd = 0.1;
   Tensor w = from_vector<double>({2.0, -1.0, 0.5}).requires_grad_();
@@ -241,7 +235,6 @@ SPMD_TEST(Optimizers, AdamWMatchesTheClosedFormAndTensors) {
 // ---- clip_grad_norm --------------------------------------------------------------------------
 
 SPMD_TEST(ClipGradNorm, TheNormOfAllGradientsTogetherOnOneMeshAndSeveral) {
-  World world = testing::test_world(8);
   const DeviceMesh mesh = dp_tp(world);
   const Tensor a = randn({6, 8}, 1, DType::F64);
   const Tensor b = randn({5}, 2, DType::F64);
