@@ -91,6 +91,13 @@ class TimeoutError : public CommError {
   using CommError::CommError;
   std::string_view type_name() const noexcept override { return "TimeoutError"; }
 };
+// A tensor allocation failed: the message names the op, the shape and dtype, and the bytes
+// (Note [Out of memory] in tensor/factory.h).
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+  std::string_view type_name() const noexcept override { return "OutOfMemoryError"; }
+};
 // Valid input that this build, backend or dtype does not support.
 class Unsupported : public Error {
  public:

@@ -1,8 +1,9 @@
 // Fault drills as processes (the program is tests/runtime/fault_drill.cpp): under threads a rank
 // stuck outside any collective while the others wait is a TimeoutError with every rank's state;
 // SIGINT and SIGTERM print where the run is (sim, threads) before it ends by the signal; spmdrun
-// signals each rank's process group and leaves no child of a rank behind. Each drill asserts the
-// report and a non-zero exit; the ctest timeout is the bound on "it ends".
+// signals each rank's process group and leaves no child of a rank behind; a run out of memory is
+// an OutOfMemoryError naming the op, the shape and the bytes (Note [Out of memory]). Each drill
+// asserts the report and a non-zero exit; the ctest timeout is the bound on "it ends".
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -97,6 +98,39 @@ TEST(Timeout, BadValuesAreConfigErrorsNamingTheFlag) {
   EXPECT_EQ(r.output,
             "ConfigError: SPMD_TIMEOUT=soon: the timeout must be a positive number of seconds, "
             "got 'soon'\n");
+}
+
+// ---- out of memory: the op, the shape and the bytes ------------------------------------------
+
+// The drill's 4 TiB request fails on any machine: an address-space limit makes sure of it where
+// the kernel would grant it (overcommit), and under ASan the allocator returns null instead of
+// aborting.
+std::string oom_command(const std::string& args) {
+#if defined(__SANITIZE_ADDRESS__)
+  const std::string limit;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  const std::string limit;
+#else
+  const std::string limit = "ulimit -v 16777216; ";
+#endif
+#else
+  const std::string limit = "ulimit -v 16777216; ";
+#endif
+  return limit + drill_command(args, "ASAN_OPTIONS=allocator_may_return_null=1");
+}
+
+TEST(OutOfMemory, AnOpThatCannotAllocateNamesTheOpTheShapeAndTheBytes) {
+  for (const std::string backend : {"sim", "threads"}) {
+    CommandResult r =
+        run_command(oom_command("--spmd-backend=" + backend + " --spmd-world-size=4 --drill=oom"));
+    EXPECT_EQ(r.exit_code, 1) << backend << r.output;
+    EXPECT_TRUE(contains(r.output,
+                         "OutOfMemoryError: add: out of memory allocating a [1048576, 1048576] "
+                         "f32 tensor of 4398046511104 bytes (4 TiB) on cpu"))
+        << backend << r.output;
+    EXPECT_FALSE(contains(r.output, "bad_alloc")) << backend << r.output;
+  }
 }
 
 // ---- signals: where the run is, then the conventional exit -----------------------------------
