@@ -76,15 +76,31 @@ class CollectiveMismatchError : public Error {
   using Error::Error;
   std::string_view type_name() const noexcept override { return "CollectiveMismatchError"; }
 };
-// A collective that can never complete under the threads backend: a member of its group has
-// finished without making the call, or every unfinished rank waits in a collective that lacks a
-// member (Note [Threads deadlock detection] in backends/threads/backend.h). A
+// A collective that can never complete: a member of its group has finished without making the
+// call (threads; mpi: Note [Exit notices] in backends/mpi/backend.h), or every unfinished rank
+// waits in a collective that lacks a member (Note [Threads deadlock detection] in
+// backends/threads/backend.h). A
 // CollectiveMismatchError: on a cluster it is the same bug, a rank that did not make the call its
 // peers made.
 class DeadlockError : public CollectiveMismatchError {
  public:
   using CollectiveMismatchError::CollectiveMismatchError;
   std::string_view type_name() const noexcept override { return "DeadlockError"; }
+};
+// A rank waited for its peers longer than --spmd-timeout (SPMD_TIMEOUT): a peer is stuck outside
+// the collective (an endless loop, a wait on something else) or is much slower than the timeout
+// allows. The message names the collective, its file:line and what is known of every rank.
+class TimeoutError : public CommError {
+ public:
+  using CommError::CommError;
+  std::string_view type_name() const noexcept override { return "TimeoutError"; }
+};
+// A tensor allocation failed: the message names the op, the shape and dtype, and the bytes
+// (Note [Out of memory] in tensor/factory.h).
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+  std::string_view type_name() const noexcept override { return "OutOfMemoryError"; }
 };
 // Valid input that this build, backend or dtype does not support.
 class Unsupported : public Error {

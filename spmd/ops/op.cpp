@@ -6,6 +6,7 @@
 #include <spmd/core/error.h>
 #include <spmd/core/hash.h>
 #include <spmd/ops/autograd.h>
+#include <spmd/tensor/factory.h>
 
 namespace spmd {
 
@@ -50,6 +51,7 @@ OpMeta op_meta(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& ar
 }
 
 Tensor call(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args) {
+  const AllocationScope allocating(op.name);  // Note [Out of memory] in tensor/factory.h
   const OpMeta meta = op_meta(op, inputs, args);
   if (!grad_enabled() || !is_floating(meta.dtype) ||
       std::none_of(inputs.begin(), inputs.end(),

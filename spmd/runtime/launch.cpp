@@ -3,21 +3,27 @@
 #include <spmd/runtime/launch.h>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include <fmt/ranges.h>
 
+#include <spmd/collectives/fingerprint.h>
 #include <spmd/collectives/trace.h>
 #include <spmd/collectives/trace_export.h>
 #include <spmd/core/error.h>
 #include <spmd/debug/checks.h>
+#include <spmd/runtime/signal_report.h>
 #include <spmd/sim/backend_driver.h>
 #include <spmd/sim/topology.h>
 
@@ -30,6 +36,11 @@ using Program = std::function<int(World&)>;
 constexpr int kLaunchErrorCode = 2;
 // Exit code of a program that threw.
 constexpr int kProgramErrorCode = 1;
+// Collectives a signal report lists under sim (Note [Signal reports]).
+constexpr size_t kReportedCollectives = 5;
+// How long run_rank_threads still waits for the ranks running when the run timed out (Note
+// [Threads timeout]): those that reach a collective now fail at once.
+constexpr std::chrono::seconds kAbandonGrace{1};
 
 // The World of the calling rank thread while run_rank_threads() runs its program, else null.
 thread_local const World* t_rank_world = nullptr;
@@ -59,7 +70,7 @@ WorldRequest world_request(const LaunchOptions& options) {
   request.world_size = options.world_size;
   request.world_size_source = options.world_size_source;
   request.debug = resolved_debug(options);
-  request.timeout_s = options.nccl_timeout_s;
+  request.timeout_s = options.timeout_s.value_or(kDefaultTimeoutSeconds);
   request.gpus_per_process = options.gpus_per_process;
   request.launcher = detect_launcher();
   return request;
@@ -139,6 +150,55 @@ std::string rank_prefix(const World& world) {
   return "";
 }
 
+// ---- Note [Signal reports] ------------------------------------------------------------------
+
+// "interrupted by SIGINT", "terminated by SIGTERM".
+std::string signal_headline(int signal) {
+  return fmt::format("{} by {}", signal == SIGINT ? "interrupted" : "terminated",
+                     signal_name(signal));
+}
+
+// "all_reduce over 'tp' [4, 8] f32 op=sum at train.cpp:42 (pending)".
+std::string event_text(const TraceEvent& e) {
+  return fmt::format("{} over '{}' {} {}{}{} at {} ({})", e.kind, e.dim_name, shape_str(e.shape),
+                     e.dtype, e.detail.empty() ? "" : " ", e.detail, call_site_text(e.file, e.line),
+                     e.end_ns == 0 ? "pending" : "completed");
+}
+
+// Where a sim run is: in or outside a collective, and the last few collectives.
+std::string sim_state() {
+  const std::vector<TraceEvent> events = trace().events();
+  if (events.empty()) return "before any collective";
+  std::string out =
+      events.back().end_ns == 0 ? "in the last collective below" : "outside any collective";
+  const size_t shown = std::min(kReportedCollectives, events.size());
+  out += fmt::format("; the last {} collective(s), oldest first:", shown);
+  for (size_t i = events.size() - shown; i < events.size(); ++i) {
+    out += "\n  " + event_text(events[i]);
+  }
+  return out;
+}
+
+void print_report(const std::string& text) {
+  std::fputs(text.c_str(), stderr);
+  std::fflush(stderr);
+}
+
+// The report of a world's process (sim, mpi, nccl).
+void report_signal(const World& world, int signal) {
+  const std::string headline = signal_headline(signal);
+  const std::string prefix = ranks_prefix(world.held_ranks());
+  if (has_flight_recorder(world)) {
+    const std::string state =
+        world.state().session ? world.state().session->describe_state() : std::string();
+    print_report(
+        fmt::format("{}{}{}{}\n", prefix, headline, state.empty() ? "" : " while ", state));
+    dump_flight_recorder(world, headline);
+    return;
+  }
+  print_report(fmt::format("{}{} {}\n", prefix, headline, sim_state()));
+}
+
 // launch() under threads: runs the rank threads, prints each failure once (ranks with the same
 // error together, in the order they failed), writes the trace, returns the exit code.
 int run_threads(const LaunchOptions& options, const Program& program) {
@@ -168,9 +228,19 @@ int run_threads(const LaunchOptions& options, const Program& program) {
     std::sort(ranks.begin(), ranks.end());
     report_error(errors[i], ranks);
   }
-  int code = failed.empty() ? 0 : kProgramErrorCode;
+  std::vector<int> abandoned;
+  for (const RankOutcome& o : outcomes) {
+    if (o.abandoned) abandoned.push_back(o.rank);
+  }
+  int code = failed.empty() && abandoned.empty() ? 0 : kProgramErrorCode;
   for (const RankOutcome& o : outcomes) {
     if (code == 0 && o.code != 0) code = o.code;
+  }
+  if (!abandoned.empty()) {
+    print_report(fmt::format(
+        "{}still running when the run timed out; the process ends without waiting for {} (the "
+        "TimeoutError above says where each rank is)\n",
+        ranks_prefix(abandoned), abandoned.size() == 1 ? "it" : "them"));
   }
   if (!options.trace_path.empty()) {
     try {
@@ -179,6 +249,12 @@ int run_threads(const LaunchOptions& options, const Program& program) {
       report_error(std::current_exception(), std::vector<int>{});
       if (code == 0) code = kProgramErrorCode;
     }
+  }
+  if (!abandoned.empty()) {
+    // A rank thread still runs the program, which may use anything the process would destroy
+    // on the way out: end here, without running destructors.
+    std::fflush(nullptr);
+    std::_Exit(code);
   }
   return code;
 }
@@ -279,54 +355,145 @@ void finish_world(const World& world) {
   if (world.state().session) world.state().session->finish();
 }
 
+namespace {
+
+// What the rank threads of one run share. Held by each thread too, so a thread that is
+// abandoned (Note [Threads timeout]) finds it alive whenever it ends.
+struct RankThreads {
+  Program program;
+  std::shared_ptr<BackendSession> session;
+  std::mutex mutex;
+  std::condition_variable ended;
+  std::vector<RankOutcome> outcomes;
+  std::vector<bool> done;
+  size_t running = 0;
+  uint64_t failures = 0;
+};
+
+}  // namespace
+
 std::vector<RankOutcome> run_rank_threads(const LaunchOptions& options,
                                           const std::function<int(World&)>& program) {
   std::vector<World> worlds = start_worlds(driver_of(options), options);
-  const std::shared_ptr<BackendSession> session = worlds.front().state().session;
-  std::vector<RankOutcome> outcomes(worlds.size());
-  for (size_t i = 0; i < worlds.size(); ++i) outcomes[i].rank = worlds[i].held_ranks().front();
-  std::atomic<uint64_t> failures{0};
+  auto run = std::make_shared<RankThreads>();
+  run->program = program;
+  run->session = worlds.front().state().session;
+  run->outcomes.resize(worlds.size());
+  run->done.resize(worlds.size());
+  std::vector<int> all_ranks;
+  for (size_t i = 0; i < worlds.size(); ++i) {
+    run->outcomes[i].rank = worlds[i].held_ranks().front();
+    for (int rank : worlds[i].held_ranks()) all_ranks.push_back(rank);
+  }
+  std::sort(all_ranks.begin(), all_ranks.end());
   // Each thread owns its world and drops it before reporting the rank finished.
-  auto finished = [&](const std::vector<int>& ranks, const std::string& how) {
-    if (!session) return;
-    for (int rank : ranks) session->rank_finished(rank, how);
-  };
-  auto run_world = [&](size_t index, World world) {
-    RankOutcome& outcome = outcomes[index];
+  auto run_world = [run](size_t index, World world) {
     const std::vector<int> ranks = world.held_ranks();
+    int code = 0;
+    std::exception_ptr error;
     std::string how = "returned";
     t_rank_world = &world;
     try {
-      outcome.code = program(world);
+      code = run->program(world);
     } catch (...) {
-      outcome.error = std::current_exception();
-      outcome.failure_order = failures++;
-      how = fmt::format("threw {}", error_type(outcome.error));
+      error = std::current_exception();
+      how = fmt::format("threw {}", error_type(error));
+      std::lock_guard lock(run->mutex);
+      run->outcomes[index].failure_order = run->failures++;
     }
     t_rank_world = nullptr;
     world = World();
-    finished(ranks, how);
+    if (run->session) {
+      for (int rank : ranks) run->session->rank_finished(rank, how);
+    }
+    {
+      std::lock_guard lock(run->mutex);
+      run->outcomes[index].code = code;
+      run->outcomes[index].error = error;
+      run->done[index] = true;
+      --run->running;
+    }
+    run->ended.notify_all();
   };
-  std::vector<std::thread> threads;
-  threads.reserve(worlds.size());
+  // Note [Signal reports]: every rank's state.
+  SignalReport report([run, all_ranks](int signal) {
+    const std::string state = run->session ? run->session->describe_state() : std::string();
+    print_report(fmt::format("{}{}; {}\n", ranks_prefix(all_ranks), signal_headline(signal),
+                             state.empty() ? sim_state() : state));
+  });
+  std::vector<std::thread> threads(worlds.size());
   for (size_t i = 0; i < worlds.size(); ++i) {
     try {
-      threads.emplace_back(run_world, i, std::move(worlds[i]));
+      {
+        std::lock_guard lock(run->mutex);
+        ++run->running;
+      }
+      threads[i] = std::thread(run_world, i, std::move(worlds[i]));
     } catch (...) {
       // The worlds without a thread count as finished, so the started ones do not wait for them.
-      for (size_t j = i; j < worlds.size(); ++j) {
-        outcomes[j].error = std::current_exception();
-        outcomes[j].failure_order = failures++;
-        const std::vector<int> ranks =
-            worlds[j].defined() ? worlds[j].held_ranks() : std::vector<int>{outcomes[j].rank};
-        worlds[j] = World();
-        finished(ranks, "never started: its thread could not be created");
+      const std::exception_ptr error = std::current_exception();
+      std::vector<int> unstarted;
+      {
+        std::lock_guard lock(run->mutex);
+        --run->running;
+        for (size_t j = i; j < worlds.size(); ++j) {
+          run->outcomes[j].error = error;
+          run->outcomes[j].failure_order = run->failures++;
+          run->done[j] = true;
+          const std::vector<int> ranks = worlds[j].defined()
+                                             ? worlds[j].held_ranks()
+                                             : std::vector<int>{run->outcomes[j].rank};
+          unstarted.insert(unstarted.end(), ranks.begin(), ranks.end());
+          worlds[j] = World();
+        }
+      }
+      if (run->session) {
+        for (int rank : unstarted) {
+          run->session->rank_finished(rank, "never started: its thread could not be created");
+        }
       }
       break;
     }
   }
-  for (std::thread& t : threads) t.join();
-  if (session) session->finish();
+  // Every thread ends, unless the run timed out (Note [Threads timeout]): then the threads still
+  // running get a short grace and are abandoned.
+  {
+    std::unique_lock lock(run->mutex);
+    while (run->running > 0) {
+      if (run->ended.wait_for(lock, std::chrono::milliseconds(100),
+                              [&] { return run->running == 0; })) {
+        break;
+      }
+      lock.unlock();
+      const bool abandon = run->session && run->session->abandon_running_ranks();
+      lock.lock();
+      if (abandon) {
+        run->ended.wait_for(lock, kAbandonGrace, [&] { return run->running == 0; });
+        break;
+      }
+    }
+  }
+  std::vector<RankOutcome> outcomes;
+  bool any_abandoned = false;
+  {
+    std::lock_guard lock(run->mutex);
+    for (size_t i = 0; i < threads.size(); ++i) {
+      if (!threads[i].joinable()) continue;
+      if (run->done[i]) continue;
+      run->outcomes[i].abandoned = true;
+      any_abandoned = true;
+    }
+    outcomes = run->outcomes;
+  }
+  for (size_t i = 0; i < threads.size(); ++i) {
+    if (!threads[i].joinable()) continue;
+    if (outcomes[i].abandoned) {
+      threads[i].detach();
+    } else {
+      threads[i].join();
+    }
+  }
+  if (run->session && !any_abandoned) run->session->finish();
   return outcomes;
 }
 
@@ -369,8 +536,13 @@ int launch_program(int& argc, char** argv, const std::function<int(World&)>& pro
     if (driver_of(options).thread_per_world) return run_threads(options, program);
     world = make_world(options);
     failure_code = kProgramErrorCode;
-    const int code = run_program(world, program);
-    finish_world(world);
+    int code = 0;
+    {
+      // Note [Signal reports]; also while MPI_Finalize waits for the other ranks.
+      SignalReport report([world](int signal) { report_signal(world, signal); });
+      code = run_program(world, program);
+      finish_world(world);
+    }
     return code;
   } catch (...) {
     report_error(std::current_exception(), world);

@@ -12,10 +12,11 @@
 // launch() removes its --spmd-* flags from argv (runtime/options.h lists them), builds the world,
 // runs `program` (once under sim, mpi and nccl; once per rank thread under threads), writes the
 // Chrome trace if --spmd-trace was given, shuts the backend down (MPI_Finalize) and returns the
-// exit code: the program's (0 for a void program), 1 when it threw, 2 when the launch itself was
-// wrong (bad flag, a backend this build lacks, a missing launcher, a world size that disagrees
-// with the launcher). Nothing escapes: an exception is printed to stderr with the rank(s) it
-// happened on,
+// exit code: the program's (0 for a void program), 1 when it threw or a wait timed out, 2 when
+// the launch itself was wrong (bad flag, a backend this build lacks, a missing launcher, a world
+// size that disagrees with the launcher). SIGINT and SIGTERM print where the run is before the
+// process ends by the signal (Note [Signal reports] in runtime/signal_report.h). Nothing escapes:
+// an exception is printed to stderr with the rank(s) it happened on,
 //     [rank 3] CommError: all_reduce over mesh dim 'tp' (group ranks [0, 1, 2, 3]): ...
 // and under a real backend one failing process ends the whole job (MPI_Abort) rather than leave
 // the others waiting in a collective. Under threads each rank thread's failure is printed once,
@@ -89,15 +90,24 @@ struct RankOutcome {
   int code = 0;                // what the program returned
   std::exception_ptr error;    // what it threw, if it did
   uint64_t failure_order = 0;  // among the ranks that threw: 0 for the first, 1 for the next, ...
+  // The rank's thread was still running when the run timed out (Note [Threads timeout] in
+  // backends/threads/backend.h) and was given up on: it is detached and may still run the
+  // program; code and error say nothing.
+  bool abandoned = false;
 };
 
 // The threads backend's run: `program` once per world that options.backend's driver starts, each on
 // its own thread. Under threads that is options.world_size worlds (default 8), each holding its
 // rank (rank 0 is the coordinator) with a ThreadsBackend sharing one hub
 // (backends/threads/backend.h), with the debug options and topology applied. Returns when every
-// thread has ended, one outcome per world, by rank. Prints nothing and writes no trace file
-// (launch() does both). A rank's failure reaches its peers (BackendSession::rank_finished) as a
-// DeadlockError in whatever collective still waits for it, so no thread is left waiting.
+// thread has ended, one outcome per world, by rank. Writes no trace file and prints nothing but
+// the report of a signal (Note [Signal reports] in runtime/signal_report.h: every rank's state),
+// launch() does the rest. A rank's failure reaches its peers (BackendSession::rank_finished) as a
+// DeadlockError in whatever collective still waits for it, so no thread is left waiting. When a
+// wait times out (--spmd-timeout; Note [Threads timeout]) the threads still running get a
+// second to end and are then abandoned (RankOutcome::abandoned): detached, still running the
+// program, so the caller must end the process without returning to what the program uses
+// (launch() prints the reports and calls std::_Exit).
 std::vector<RankOutcome> run_rank_threads(const LaunchOptions& options,
                                           const std::function<int(World&)>& program);
 

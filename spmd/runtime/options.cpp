@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 
 #include <spmd/core/env.h>
@@ -15,20 +16,22 @@ namespace {
 struct FlagSpec {
   std::string_view flag;
   const char* variable;
+  bool alias = false;  // an older name, accepted but not listed
 };
+// The environment is read in this order, so a variable later in the list wins over an alias
+// before it (SPMD_TIMEOUT over SPMD_NCCL_TIMEOUT).
 constexpr FlagSpec kFlags[] = {
-    {"--spmd-backend", "SPMD_BACKEND"},
-    {"--spmd-world-size", "SPMD_WORLD_SIZE"},
-    {"--spmd-trace", "SPMD_TRACE"},
-    {"--spmd-debug", "SPMD_DEBUG"},
-    {"--spmd-topology", "SPMD_TOPOLOGY"},
-    {"--spmd-nccl-timeout", "SPMD_NCCL_TIMEOUT"},
-    {"--spmd-gpus-per-process", "SPMD_GPUS_PER_PROCESS"},
+    {"--spmd-backend", "SPMD_BACKEND"},   {"--spmd-world-size", "SPMD_WORLD_SIZE"},
+    {"--spmd-trace", "SPMD_TRACE"},       {"--spmd-debug", "SPMD_DEBUG"},
+    {"--spmd-topology", "SPMD_TOPOLOGY"}, {"--spmd-nccl-timeout", "SPMD_NCCL_TIMEOUT", true},
+    {"--spmd-timeout", "SPMD_TIMEOUT"},   {"--spmd-gpus-per-process", "SPMD_GPUS_PER_PROCESS"},
 };
 
 std::string valid_flags() {
   std::string out;
-  for (const FlagSpec& f : kFlags) out += fmt::format("{}{}", out.empty() ? "" : ", ", f.flag);
+  for (const FlagSpec& f : kFlags) {
+    if (!f.alias) out += fmt::format("{}{}", out.empty() ? "" : ", ", f.flag);
+  }
   return out;
 }
 
@@ -64,14 +67,14 @@ void apply(LaunchOptions& o, std::string_view flag, const std::string& value,
     o.debug = parse_debug_options(value, source);
   } else if (flag == "--spmd-topology") {
     o.topology_path = value;
-  } else if (flag == "--spmd-nccl-timeout") {
+  } else if (flag == "--spmd-timeout" || flag == "--spmd-nccl-timeout") {
     char* end = nullptr;
     const double seconds = std::strtod(value.c_str(), &end);
-    if (value.empty() || *end != '\0' || !(seconds > 0)) {
+    if (value.empty() || *end != '\0' || !(seconds > 0) || !std::isfinite(seconds)) {
       throw_error<ConfigError>("{}: the timeout must be a positive number of seconds, got '{}'",
                                source, value);
     }
-    o.nccl_timeout_s = seconds;
+    o.timeout_s = seconds;
   } else if (flag == "--spmd-gpus-per-process") {
     const auto n = parse_int(value);
     if (!n || *n < 1) {

@@ -8,8 +8,11 @@
 //   --spmd-trace=path                     SPMD_TRACE       (Chrome trace JSON written at exit)
 //   --spmd-debug=all or a list of check,replicate,fingerprint,nan[:allow-inf],divergence SPMD_DEBUG
 //   --spmd-topology=file.json             SPMD_TOPOLOGY    (the cost model's topology)
-//   --spmd-nccl-timeout=S                 SPMD_NCCL_TIMEOUT (nccl: seconds before a stuck
-//                                                           collective ends the run; default 300)
+//   --spmd-timeout=S                      SPMD_TIMEOUT     (seconds a rank may wait for its peers
+//                                                           before the run is reported and ended,
+//                                                           every backend; default 300)
+//   --spmd-nccl-timeout=S                 SPMD_NCCL_TIMEOUT (the older name of --spmd-timeout;
+//                                                           SPMD_TIMEOUT wins over it)
 //   --spmd-gpus-per-process=K             SPMD_GPUS_PER_PROCESS (nccl: ranks, one GPU each,
 //                                                           per process; default 1)
 // Both `--spmd-x=value` and `--spmd-x value` are accepted; parsing stops at `--`.
@@ -41,8 +44,10 @@ struct LaunchOptions {
   std::optional<int> world_size;
   std::string trace_path;  // empty: no trace file
   DebugOptions debug;
-  std::string topology_path;             // empty: the default topology
-  std::optional<double> nccl_timeout_s;  // Note [NCCL watchdog]; default 300
+  std::string topology_path;  // empty: the default topology
+  // --spmd-timeout: how long a rank may wait for its peers (WorldRequest::timeout_s); nullopt:
+  // kDefaultTimeoutSeconds.
+  std::optional<double> timeout_s;
   int gpus_per_process = 1;
   // Where each setting came from, for messages: "--spmd-world-size=8", "SPMD_WORLD_SIZE=8" or
   // empty for the default.

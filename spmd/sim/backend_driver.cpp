@@ -43,6 +43,14 @@ void BackendSession::rank_finished(int, const std::string&) {}
 
 void BackendSession::finish() {}
 
+std::string BackendSession::describe_state() {
+  return "";
+}
+
+bool BackendSession::abandon_running_ranks() {
+  return false;
+}
+
 const std::vector<KnownBackend>& known_backends() {
 #define SPMD_KNOWN_BACKEND(name, target, option, built) KnownBackend{name, target, option, built},
   static const std::vector<KnownBackend> known = {SPMD_BACKEND_CATALOG(SPMD_KNOWN_BACKEND)};

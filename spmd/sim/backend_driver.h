@@ -33,6 +33,9 @@
 
 namespace spmd {
 
+// --spmd-timeout's default: seconds a rank may wait for its peers.
+inline constexpr double kDefaultTimeoutSeconds = 300.0;
+
 // What launch() (or make_world(), or World::sim) asks a driver for.
 struct WorldRequest {
   // --spmd-world-size / SPMD_WORLD_SIZE; nullopt: the backend's default (sim and threads: 8;
@@ -44,9 +47,9 @@ struct WorldRequest {
   // Stored in every world (a real backend reads fingerprint when it is created). The observers of
   // the other checks are installed by runtime/ afterwards (set_debug, debug/checks.h).
   DebugOptions debug;
-  // How long a rank may wait for its peers before the run is ended (nccl: Note [NCCL watchdog]);
-  // nullopt: the backend's default.
-  std::optional<double> timeout_s;
+  // --spmd-timeout: how long a rank may wait for its peers before the run is reported and ended
+  // (threads: Note [Threads timeout]; mpi: Note [MPI watchdog]; nccl: Note [NCCL watchdog]).
+  double timeout_s = kDefaultTimeoutSeconds;
   // Ranks per process, one GPU each (nccl: --spmd-gpus-per-process).
   int gpus_per_process = 1;
   // The launcher that started this process (detect_launcher()), if any.
@@ -65,6 +68,15 @@ class BackendSession {
   // rendezvous still held; mpi: MPI_Finalize; nccl: its communicators, then MPI_Finalize when MPI
   // was started). No world of the session may run a collective afterwards. Idempotent.
   virtual void finish();
+  // Where the session's ranks are now, for the report of a signal (Note [Signal reports] in
+  // runtime/signal_report.h): threads: every rank's state; mpi: whether this process waits in a
+  // collective (which, at which file:line, for how long) or runs outside one. Empty when the
+  // backend knows nothing beyond the trace. Called from another thread while the ranks run.
+  virtual std::string describe_state();
+  // The ranks still running will not be waited for: the run has failed in a way they cannot
+  // notice (threads: Note [Threads timeout]), so whoever joins their threads should give up on
+  // them. Called from another thread while the ranks run.
+  virtual bool abandon_running_ranks();
 };
 
 struct BackendDriver {

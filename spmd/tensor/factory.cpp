@@ -2,14 +2,61 @@
 #include <spmd/tensor/factory.h>
 
 #include <algorithm>
+#include <iterator>
+#include <new>
 
 #include <spmd/core/error.h>
 
 namespace spmd {
 
+namespace {
+
+// The op named by the calling thread's outermost AllocationScope; empty outside any.
+thread_local std::string_view t_allocating_op;
+
+// "4 TiB", "1.5 GiB", "512 MiB", "12 KiB", "100 bytes".
+std::string bytes_text(std::size_t bytes) {
+  constexpr const char* kUnits[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double value = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
+    value /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? fmt::format("{} bytes", bytes) : fmt::format("{:.3g} {}", value, kUnits[unit]);
+}
+
+// Note [Out of memory].
+[[noreturn]] void throw_out_of_memory(const Shape& shape, DType dtype, Device device,
+                                      std::size_t bytes, std::string_view why) {
+  throw_error<OutOfMemoryError>(
+      "{}: out of memory allocating a {} {} tensor of {} bytes ({}) on {}{}{}",
+      t_allocating_op.empty() ? std::string_view("empty") : t_allocating_op, shape_str(shape),
+      dtype, bytes, bytes_text(bytes), device_str(device), why.empty() ? "" : ": ", why);
+}
+
+}  // namespace
+
+AllocationScope::AllocationScope(std::string_view op) : previous_(t_allocating_op) {
+  if (previous_.empty()) t_allocating_op = op;
+}
+
+AllocationScope::~AllocationScope() {
+  t_allocating_op = previous_;
+}
+
 Tensor empty(const Shape& shape, DType dtype, Device device) {
   const int64_t numel = checked_numel(shape, "empty");
-  auto storage = Storage::allocate(static_cast<std::size_t>(numel) * itemsize(dtype), device);
+  const std::size_t bytes = static_cast<std::size_t>(numel) * itemsize(dtype);
+  std::shared_ptr<Storage> storage;
+  try {
+    storage = Storage::allocate(bytes, device);
+  } catch (const std::bad_alloc&) {
+    throw_out_of_memory(shape, dtype, device, bytes, "");
+  } catch (const OutOfMemoryError& e) {
+    // A device allocator's own report (cudaMalloc's error).
+    throw_out_of_memory(shape, dtype, device, bytes, e.what());
+  }
   return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
 

@@ -5,14 +5,40 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include <spmd/tensor/tensor.h>
 
 namespace spmd {
 
+// Note [Out of memory]
+// A tensor the allocator cannot provide is an OutOfMemoryError, not a bare std::bad_alloc:
+//     OutOfMemoryError: add: out of memory allocating a [1048576, 1048576] f32 tensor of
+//     4398046511104 bytes (4 TiB) on cpu
+// The op is the outermost AllocationScope of the calling thread: call() (ops/op.h) opens one
+// for every op-table entry, so the LocalTensor and DTensor forms of an op name it too, and an op
+// computed from other ops is named itself; without one the factory is named ("empty").
+// Before failing, the CPU allocator gives its cached blocks back and tries once more. Linux may
+// grant an allocation it cannot back (overcommit): touching it later ends the process by the OOM
+// killer (SIGKILL), which no program can turn into an error; the launcher (mpirun, spmdrun) then
+// reports the killed rank.
+class AllocationScope {
+ public:
+  // Names `op` unless an outer scope of this thread already names one. `op` must outlive the
+  // scope (op names are string literals).
+  explicit AllocationScope(std::string_view op);
+  ~AllocationScope();
+  AllocationScope(const AllocationScope&) = delete;
+  AllocationScope& operator=(const AllocationScope&) = delete;
+
+ private:
+  std::string_view previous_;
+};
+
 // Uninitialized elements. ShapeError naming the op and the shape for a negative size or an
-// element count (or byte size) that does not fit in int64.
+// element count (or byte size) that does not fit in int64; OutOfMemoryError when the memory
+// cannot be had (Note [Out of memory]).
 Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = {});
 Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = {});
 Tensor ones(const Shape& shape, DType dtype = DType::F32, Device device = {});

@@ -67,6 +67,11 @@ class CpuCache {
       }
     }
     void* block = std::aligned_alloc(kAlignment, size);
+    if (block == nullptr) {
+      // Note [Out of memory] (tensor/factory.h): the cached blocks go back first.
+      release();
+      block = std::aligned_alloc(kAlignment, size);
+    }
     if (block == nullptr) throw std::bad_alloc();
     return block;
   }

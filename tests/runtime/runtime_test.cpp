@@ -58,6 +58,8 @@ ScopedEnv clean_env() {
                     {"SPMD_TRACE", std::nullopt},
                     {"SPMD_DEBUG", std::nullopt},
                     {"SPMD_TOPOLOGY", std::nullopt},
+                    {"SPMD_TIMEOUT", std::nullopt},
+                    {"SPMD_NCCL_TIMEOUT", std::nullopt},
                     {"SPMD_RANK", std::nullopt},
                     {"OMPI_COMM_WORLD_RANK", std::nullopt},
                     {"OMPI_COMM_WORLD_SIZE", std::nullopt},
@@ -170,6 +172,43 @@ TEST(LaunchOptions, BadValuesAreConfigErrors) {
   expect_throws<ConfigError>([&] { parse({"p", "--spmd-trace"}); }, {"needs a value"});
   ScopedEnv bad({{"SPMD_BACKEND", "cuda"}});
   expect_throws<ConfigError>([&] { parse({"p"}); }, {"unknown backend 'cuda' (SPMD_BACKEND=cuda)"});
+}
+
+TEST(LaunchOptions, TimeoutFlagAndItsOlderName) {
+  auto env = clean_env();
+  auto parse = [](std::vector<std::string> a) {
+    Args args(std::move(a));
+    return parse_launch_options(args.argc, args.pointers.data());
+  };
+  EXPECT_FALSE(parse({"p"}).timeout_s.has_value());
+  EXPECT_EQ(parse({"p", "--spmd-timeout=2.5"}).timeout_s, 2.5);
+  EXPECT_EQ(parse({"p", "--spmd-timeout", "7"}).timeout_s, 7.0);
+  // The nccl backend's older name still works; the later flag wins.
+  EXPECT_EQ(parse({"p", "--spmd-nccl-timeout=30"}).timeout_s, 30.0);
+  EXPECT_EQ(parse({"p", "--spmd-nccl-timeout=30", "--spmd-timeout=4"}).timeout_s, 4.0);
+  {
+    ScopedEnv vars({{"SPMD_TIMEOUT", "9"}, {"SPMD_NCCL_TIMEOUT", "12.5"}});
+    EXPECT_EQ(parse({"p"}).timeout_s, 9.0);  // SPMD_TIMEOUT wins over the older name
+    EXPECT_EQ(parse({"p", "--spmd-timeout=3"}).timeout_s, 3.0);
+  }
+  for (const char* bad : {"0", "-1", "abc", "5s", "", "inf", "nan"}) {
+    expect_throws<ConfigError>(
+        [&] {
+          parse({"p", std::string("--spmd-timeout=") + bad});
+        },
+        {"--spmd-timeout=", "positive number of seconds"});
+    if (*bad == '\0') continue;  // an empty variable counts as unset
+    ScopedEnv var({{"SPMD_TIMEOUT", bad}});
+    expect_throws<ConfigError>([&] { parse({"p"}); }, {"SPMD_TIMEOUT=", "positive number"});
+  }
+  // Only the current name is listed among the valid flags.
+  try {
+    parse({"p", "--spmd-timeuot=3"});
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--spmd-timeout"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("--spmd-nccl-timeout"), std::string::npos) << e.what();
+  }
 }
 
 TEST(LaunchOptions, DebugList) {

@@ -15,6 +15,16 @@ struct CommandResult {
 // Runs `command` through /bin/sh with stderr merged into stdout (for every command of the line).
 CommandResult run_command(const std::string& command);
 
+// Runs `command` as run_command does, in a process group of its own; once its output holds
+// `marker` `count` times, waits `delay_s` and sends `signal` to the group (the shell and what it
+// started). After `limit_s` the group is killed (SIGKILL) and the output ends with
+// "[run_command_signalled: killed after the limit]".
+CommandResult run_command_signalled(const std::string& command, const std::string& marker,
+                                    int count, int signal, double delay_s, double limit_s = 60.0);
+
+// Whether process `pid` still exists (a zombie counts as gone).
+bool process_alive(int pid);
+
 // The OpenMPI environment of the mpi tests (notes §5), as "VAR=value ..." for a command prefix.
 std::string mpi_env_prefix();
 

@@ -3,11 +3,17 @@
 //   spmdrun -n 8 [--tag-output] [--timeout S] [--] ./train --spmd-backend=nccl
 //
 // Starts N processes of the program (posix_spawnp) with SPMD_RANK, SPMD_WORLD_SIZE,
-// SPMD_LOCAL_RANK and SPMD_LOCAL_WORLD_SIZE set, which launch() reads (runtime/options.h). It
-// forwards SIGINT, SIGTERM and SIGHUP to them; with --tag-output each line a rank prints is
-// prefixed with "[rank] ". As soon as one process exits non-zero or dies by a signal, the others
-// get SIGTERM (SIGKILL 5 s later) and spmdrun exits non-zero: the failed process's exit code, or
-// 128 + its signal. --timeout S stops everything after S seconds with exit code 124.
+// SPMD_LOCAL_RANK and SPMD_LOCAL_WORLD_SIZE set, which launch() reads (runtime/options.h). Each
+// rank is the leader of a process group of its own, so what it starts belongs to its rank: the
+// signals spmdrun forwards (SIGINT, SIGTERM, SIGHUP; the ranks start with their default
+// handling) and the ones it sends to stop a rank reach the whole group. With --tag-output each
+// line a rank prints is prefixed with "[rank] ". As soon as one process exits non-zero or dies by
+// a signal, the others get SIGTERM (SIGKILL 5 s later) and spmdrun exits non-zero: the failed
+// process's exit code, or 128 + its signal. --timeout S stops everything after S seconds with exit
+// code 124. When the ranks have ended, whatever is left in their groups (a child a rank started
+// and did not wait for) gets SIGTERM, and SIGKILL 2 s later, so nothing of the job outlives it.
+// Being in groups of their own, the ranks are not in the terminal's foreground group: Ctrl-C
+// reaches spmdrun, which forwards it, and a rank that reads the terminal is stopped (SIGTTIN).
 //
 // It is a launcher for backends that bootstrap themselves (nccl); MPI jobs need mpirun or srun.
 // Built with NCCL, it also calls ncclGetUniqueId once (no GPU needed) and passes the id to every
@@ -52,9 +58,11 @@ constexpr const char* kUsage =
     "  --timeout S     stop every rank after S seconds (exit code 124)\n"
     "  -h, --help      this text\n"
     "\n"
-    "SIGINT, SIGTERM and SIGHUP are forwarded to the ranks. When a rank exits non-zero or dies\n"
-    "by a signal, the others are stopped (SIGTERM, then SIGKILL after 5 s) and spmdrun exits\n"
-    "with that rank's exit code (128 + signal for a signal).\n";
+    "Each rank runs in a process group of its own. SIGINT, SIGTERM and SIGHUP are forwarded to\n"
+    "the ranks' groups. When a rank exits non-zero or dies by a signal, the others are stopped\n"
+    "(SIGTERM, then SIGKILL after 5 s) and spmdrun exits with that rank's exit code (128 +\n"
+    "signal for a signal). Processes a rank leaves behind in its group are stopped when the\n"
+    "ranks have ended.\n";
 
 struct Options {
   int n = 0;
@@ -236,9 +244,33 @@ std::string describe_status(int status) {
   return "stopped";
 }
 
+// Signals every rank's process group: the rank and what it started. A group outlives its
+// leader while a member lives (its pid is not reused meanwhile); kill() fails for empty ones.
 void signal_all(std::vector<Child>& children, int sig) {
   for (const Child& c : children) {
-    if (c.running) kill(c.pid, sig);
+    if (c.pid > 0) kill(-c.pid, sig);
+  }
+}
+
+// Whether any rank's group still has a process in it.
+bool any_group_alive(const std::vector<Child>& children) {
+  for (const Child& c : children) {
+    if (c.pid > 0 && kill(-c.pid, 0) == 0) return true;
+  }
+  return false;
+}
+
+// The ranks have ended: stops what they left in their groups (SIGTERM, SIGKILL after 2 s).
+void stop_leftovers(std::vector<Child>& children) {
+  if (!any_group_alive(children)) return;
+  signal_all(children, SIGTERM);
+  const auto kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (any_group_alive(children)) {
+    if (std::chrono::steady_clock::now() > kill_at) {
+      signal_all(children, SIGKILL);
+      break;
+    }
+    usleep(20000);
   }
 }
 
@@ -271,6 +303,16 @@ int main(int argc, char** argv) {
 
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
+    // Its own process group (pgroup 0: the child's pid), with the forwarded signals handled by
+    // default even where spmdrun's own caller ignores them (a background job of a script).
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    sigset_t defaults;
+    sigemptyset(&defaults);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&defaults, sig);
+    posix_spawnattr_setsigdefault(&attributes, &defaults);
+    posix_spawnattr_setpgroup(&attributes, 0);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF);
     int pipes[2][2] = {{-1, -1}, {-1, -1}};
     if (options.tag_output) {
       for (int k = 0; k < 2; ++k) {
@@ -283,8 +325,9 @@ int main(int argc, char** argv) {
     }
     pid_t pid = -1;
     const int err =
-        posix_spawnp(&pid, child_argv[0], &actions, nullptr, child_argv.data(), envp.data());
+        posix_spawnp(&pid, child_argv[0], &actions, &attributes, child_argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attributes);
     for (auto& p : pipes) {
       if (p[1] >= 0) close(p[1]);
     }
@@ -364,6 +407,7 @@ int main(int argc, char** argv) {
       kill_at = Clock::time_point{};
     }
   }
+  stop_leftovers(children);
   // What the ranks wrote last (a descendant keeping a pipe open only delays this by 1 s).
   const auto drain_until = Clock::now() + std::chrono::seconds(1);
   for (bool open = true; open && Clock::now() < drain_until;) {

@@ -3,8 +3,18 @@
 #include <spmd/backends/mpi/backend.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <type_traits>
 
 #include <fmt/ranges.h>
@@ -12,15 +22,32 @@
 #include <spmd/collectives/blocks.h>
 #include <spmd/collectives/fingerprint.h>
 #include <spmd/collectives/reduce_kernels.h>
+#include <spmd/collectives/trace.h>
+#include <spmd/collectives/trace_export.h>
 #include <spmd/collectives/validate.h>
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
 #include <spmd/ops/ops.h>
+#include <spmd/sim/world.h>
 
 namespace spmd {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 // ---- the process's MPI state ----------------------------------------------------------------
+
+// What another process said when its program returned (Note [Exit notices]).
+struct ExitNotice {
+  std::string how;   // "returned from the program"
+  std::string last;  // its last collective (format_record), or empty
+  // Communicators it created, and its calls on the first calls.size() of them (a notice lists at
+  // most kNoticeCommunicators; on a later one its count is unknown).
+  uint64_t created = 0;
+  std::vector<uint64_t> calls;
+};
+
+struct Watchdog;
 
 struct MpiState {
   bool initialized_here = false;  // we called MPI_Init_thread, so we call MPI_Finalize
@@ -33,6 +60,17 @@ struct MpiState {
   MPI_Op op_product = MPI_OP_NULL;
   MPI_Op op_min = MPI_OP_NULL;
   MPI_Op op_max = MPI_OP_NULL;
+
+  // Note [Exit notices]: the main thread's alone.
+  MPI_Comm notices = MPI_COMM_NULL;  // created with the first MpiBackend
+  std::vector<uint64_t> calls;       // per communicator number: this process's calls on it
+  std::map<int, ExitNotice> exited;  // notices received, by sender
+  std::vector<char> notice;          // this process's, alive while its sends may be in flight
+  // A polled wait failed; its request cannot be cancelled and stays pending, with its buffers.
+  std::string failed;
+  std::vector<std::shared_ptr<void>> parked;
+
+  std::unique_ptr<Watchdog> watchdog;  // Note [MPI watchdog]
 };
 
 MpiState& state() {
@@ -66,6 +104,15 @@ void check_mpi(int code, const char* call, Context&& context) {
 
 void check_mpi(int code, const char* call) {
   check_mpi(code, call, [] { return std::string("mpi backend"); });
+}
+
+// This process's world as reports see it (the flight recorder's dump).
+World describing_world() {
+  auto world = std::make_shared<WorldState>();
+  world->size = state().size;
+  world->held_ranks = {state().rank};
+  world->backend_name = "mpi";
+  return World(std::move(world));
 }
 
 // ---- datatypes and ops ----------------------------------------------------------------------
@@ -211,9 +258,10 @@ struct Call {
   CollectiveCall what;
   Tensor input;  // this rank's input, contiguous
   MPI_Datatype type;
-  int n;      // group size
-  int index;  // this rank's group rank
-  int rank;   // this process's rank
+  int n;              // group size
+  int index;          // this rank's group rank
+  int rank;           // this process's rank
+  uint64_t sequence;  // this call's number on the communicator
 
   std::string describe() const { return describe_call(what); }
   auto context() const {
@@ -221,6 +269,334 @@ struct Call {
   }
   MPI_Comm comm_handle() const { return comm->comm(); }
 };
+
+// ---- the activity, read by the watchdog and by signal reports (Note [MPI watchdog]) ----------
+
+class Activity {
+ public:
+  enum class Kind { Running, Collective, Split, Finishing };
+
+  // The main thread waits in `call` (from `site`), in `step`.
+  void begin(const Call& call, const CallSite& site, const char* step) {
+    std::lock_guard lock(mutex_);
+    kind_ = Kind::Collective;
+    call_ = &call;
+    site_ = &site;
+    step_ = step;
+    since_ = Clock::now();
+  }
+  // The main thread creates the communicator of mesh dim `dim`.
+  void begin_split(const std::string& dim) {
+    std::lock_guard lock(mutex_);
+    kind_ = Kind::Split;
+    split_ = dim;
+    since_ = Clock::now();
+  }
+  void step(const char* step) {
+    std::lock_guard lock(mutex_);
+    step_ = step;
+  }
+  void end() {
+    std::lock_guard lock(mutex_);
+    kind_ = Kind::Running;
+    call_ = nullptr;
+    site_ = nullptr;
+    last_end_ = Clock::now();
+  }
+  void finishing() {
+    std::lock_guard lock(mutex_);
+    kind_ = Kind::Finishing;
+    since_ = Clock::now();
+  }
+
+  // Note [MPI watchdog]: the report of a wait older than `timeout_s`, or nullopt.
+  std::optional<std::string> overdue(double timeout_s) const {
+    std::lock_guard lock(mutex_);
+    if (kind_ != Kind::Collective && kind_ != Kind::Split) return std::nullopt;
+    const double age = seconds_since(since_);
+    if (age <= timeout_s) return std::nullopt;
+    if (kind_ == Kind::Split) {
+      return fmt::format(
+          "creating the communicator of mesh dim '{}' has waited {:.1f} s (--spmd-timeout={}): "
+          "MPI_Comm_split takes every process, and one has not reached it (it runs elsewhere, "
+          "waits in a collective, or is much slower); each rank's report says where it is",
+          split_, age, timeout_s);
+    }
+    const bool exchange = step_ == kSignatureExchange;
+    return fmt::format(
+        "{} at {} has waited {:.1f} s (--spmd-timeout={}) in {}: {}", call_->describe(),
+        site_text(), age, timeout_s, step_,
+        exchange ? "a member of the group has not made this call (it runs elsewhere, waits in "
+                   "another collective, or is much slower); each rank's report says where it is"
+                 : "every member made the call, but the data has not arrived");
+  }
+
+  // "waiting 3.2 s in ... at train.cpp:42 (the signature exchange)", "running outside any
+  // collective (the last one ended 1.5 s ago)", ...
+  std::string text() const {
+    std::lock_guard lock(mutex_);
+    switch (kind_) {
+      case Kind::Collective:
+        return fmt::format("waiting {:.1f} s in {} at {} ({})", seconds_since(since_),
+                           call_->describe(), site_text(), step_);
+      case Kind::Split:
+        return fmt::format(
+            "waiting {:.1f} s to create the communicator of mesh dim '{}' "
+            "(MPI_Comm_split, which takes every process)",
+            seconds_since(since_), split_);
+      case Kind::Finishing:
+        return fmt::format(
+            "finishing for {:.1f} s: the program returned, and the process waits for the other "
+            "ranks' programs to end before MPI_Finalize",
+            seconds_since(since_));
+      case Kind::Running:
+        break;
+    }
+    if (last_end_ == Clock::time_point{}) return "running, before any collective";
+    return fmt::format("running outside any collective (the last one ended {:.1f} s ago)",
+                       seconds_since(last_end_));
+  }
+
+  static constexpr const char* kSignatureExchange = "the signature exchange";
+
+ private:
+  static double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  }
+  std::string site_text() const {
+    return call_site_text(site_->location.file_name(), site_->location.line());
+  }
+
+  mutable std::mutex mutex_;
+  Kind kind_ = Kind::Running;
+  const Call* call_ = nullptr;      // Collective: alive until end() (the main thread's)
+  const CallSite* site_ = nullptr;  // Collective
+  const char* step_ = "";
+  std::string split_;  // Split: the mesh dim
+  Clock::time_point since_{};
+  Clock::time_point last_end_{};
+};
+
+Activity& activity() {
+  static Activity a;
+  return a;
+}
+
+// Ends the activity when the wait ends, however it ends.
+struct ActivityScope {
+  ActivityScope(const Call& call, const CallSite& site) {
+    activity().begin(call, site, Activity::kSignatureExchange);
+  }
+  explicit ActivityScope(const std::string& split_dim) { activity().begin_split(split_dim); }
+  ~ActivityScope() { activity().end(); }
+  ActivityScope(const ActivityScope&) = delete;
+  ActivityScope& operator=(const ActivityScope&) = delete;
+};
+
+// ---- the watchdog thread (Note [MPI watchdog]) ----------------------------------------------
+
+constexpr std::chrono::milliseconds kWatchdogInterval{100};
+
+// Prints the timeout, dumps the flight recorder and ends the job. Never returns.
+[[noreturn]] void report_timeout(const std::string& message) {
+  // This process has reported: the SIGTERM mpirun sends while the job ends must not report it
+  // again (Note [Signal reports]).
+  for (int sig : {SIGINT, SIGTERM}) std::signal(sig, SIG_IGN);
+  const int rank = state().rank;
+  fmt::print(stderr, "[rank {}] TimeoutError: {}\n", rank, message);
+  std::fflush(stderr);
+  dump_flight_recorder(describing_world(), "TimeoutError: " + message);
+  std::fflush(nullptr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);  // MPI_Abort does not return; in case it does
+}
+
+struct Watchdog {
+  explicit Watchdog(double timeout) : timeout_s(timeout), thread([this] { run(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mutex);
+      stop = true;
+    }
+    wake.notify_all();
+    thread.join();
+  }
+  void run() {
+    std::unique_lock lock(mutex);
+    while (!wake.wait_for(lock, kWatchdogInterval, [this] { return stop; })) {
+      if (std::optional<std::string> message = activity().overdue(timeout_s)) {
+        lock.unlock();
+        report_timeout(*message);
+      }
+    }
+  }
+
+  double timeout_s;
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stop = false;
+  std::thread thread;  // last: starts once the members above exist
+};
+
+// ---- exit notices (Note [Exit notices]) -----------------------------------------------------
+
+constexpr int kExitTag = 7301;
+constexpr uint32_t kNoticeMagic = 0x5350'4d44;  // "SPMD"
+// Per-communicator counts a notice carries at most: the notice stays far below the eager limit
+// of OpenMPI's transports (4 KB on shared memory), so its sends complete without a receiver.
+constexpr size_t kNoticeCommunicators = 256;
+constexpr size_t kNoticeText = 1024;
+
+struct NoticeHeader {
+  uint32_t magic;
+  uint32_t created;  // communicators created
+  uint32_t listed;   // counts that follow (uint64_t each)
+  uint32_t how_bytes;
+  uint32_t last_bytes;
+};
+
+std::vector<char> encode_notice(const std::string& how, const std::string& last) {
+  const MpiState& s = state();
+  const std::string h = how.substr(0, kNoticeText);
+  const std::string l = last.substr(0, kNoticeText);
+  NoticeHeader header{kNoticeMagic, static_cast<uint32_t>(s.calls.size()),
+                      static_cast<uint32_t>(std::min(s.calls.size(), kNoticeCommunicators)),
+                      static_cast<uint32_t>(h.size()), static_cast<uint32_t>(l.size())};
+  std::vector<char> out(sizeof header + header.listed * sizeof(uint64_t) + h.size() + l.size());
+  char* p = out.data();
+  std::memcpy(p, &header, sizeof header);
+  p += sizeof header;
+  std::memcpy(p, s.calls.data(), header.listed * sizeof(uint64_t));
+  p += header.listed * sizeof(uint64_t);
+  std::memcpy(p, h.data(), h.size());
+  std::memcpy(p + h.size(), l.data(), l.size());
+  return out;
+}
+
+std::optional<ExitNotice> decode_notice(const std::vector<char>& bytes) {
+  NoticeHeader header{};
+  if (bytes.size() < sizeof header) return std::nullopt;
+  std::memcpy(&header, bytes.data(), sizeof header);
+  const size_t counts = header.listed * sizeof(uint64_t);
+  if (header.magic != kNoticeMagic ||
+      bytes.size() != sizeof header + counts + header.how_bytes + header.last_bytes) {
+    return std::nullopt;
+  }
+  ExitNotice n;
+  n.created = header.created;
+  n.calls.resize(header.listed);
+  const char* p = bytes.data() + sizeof header;
+  std::memcpy(n.calls.data(), p, counts);
+  p += counts;
+  n.how.assign(p, header.how_bytes);
+  n.last.assign(p + header.how_bytes, header.last_bytes);
+  return n;
+}
+
+// Receives every notice that has arrived.
+void read_notices() {
+  MpiState& s = state();
+  if (s.notices == MPI_COMM_NULL) return;
+  for (;;) {
+    int flag = 0;
+    MPI_Status status;
+    check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kExitTag, s.notices, &flag, &status), "MPI_Iprobe");
+    if (!flag) return;
+    int bytes = 0;
+    check_mpi(MPI_Get_count(&status, MPI_BYTE, &bytes), "MPI_Get_count");
+    std::vector<char> buffer(static_cast<size_t>(std::max(bytes, 0)));
+    check_mpi(MPI_Recv(buffer.data(), bytes, MPI_BYTE, status.MPI_SOURCE, kExitTag, s.notices,
+                       MPI_STATUS_IGNORE),
+              "MPI_Recv");
+    if (std::optional<ExitNotice> notice = decode_notice(buffer)) {
+      s.exited[status.MPI_SOURCE] = std::move(*notice);
+    }
+  }
+}
+
+std::string last_collective_clause(const ExitNotice& n) {
+  return n.last.empty() ? "it made no collective call"
+                        : fmt::format("its last collective: {}", n.last);
+}
+
+// Why `call` can never complete, when a member's exit notice says it never made it.
+std::optional<std::string> exited_member(const Call& call, const CallSite& site) {
+  const MpiState& s = state();
+  if (s.exited.empty()) return std::nullopt;
+  const size_t number = static_cast<size_t>(call.comm->number());
+  for (int member : call.comm->members()) {
+    const auto it = s.exited.find(member);
+    if (it == s.exited.end()) continue;
+    const ExitNotice& n = it->second;
+    uint64_t made = 0;
+    if (number < n.created) {
+      if (number >= n.calls.size()) continue;  // not listed: unknown, the watchdog decides
+      made = n.calls[number];
+    }
+    if (made > call.sequence) continue;  // it made this call, and its data is on the way
+    return fmt::format(
+        "{} at {} can never complete: rank {} {} after {} call(s) on this communicator, without "
+        "making this one (call #{}); {}",
+        call.describe(), call_site_text(site.location.file_name(), site.location.line()), member,
+        n.how, made, call.sequence, last_collective_clause(n));
+  }
+  return std::nullopt;
+}
+
+// Why the split creating communicator `number` can never complete, when a process's exit notice
+// says it created fewer communicators.
+std::optional<std::string> exited_before_split(size_t number, const std::string& dim) {
+  for (const auto& [rank, n] : state().exited) {
+    if (n.created > number) continue;
+    return fmt::format(
+        "creating the communicator of mesh dim '{}' (MPI_Comm_split, which takes every process) "
+        "can never complete: rank {} {} after creating {} communicator(s); {}",
+        dim, rank, n.how, n.created, last_collective_clause(n));
+  }
+  return std::nullopt;
+}
+
+// Waits for `request` without blocking in MPI (Note [Exit notices]): polls it, and reads exit
+// notices while it is pending; when `doomed()` says a rank it needs is gone, the request and
+// `buffers` are parked for good and the wait ends with DeadlockError.
+template <class Doomed>
+void wait_polled(MPI_Request& request, const char* call, const std::shared_ptr<void>& buffers,
+                 Doomed&& doomed) {
+  int done = 0;
+  check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), call);
+  if (done) return;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point next_look = start;
+  for (;;) {
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), call);
+    if (done) return;
+    const Clock::time_point now = Clock::now();
+    if (now >= next_look) {
+      read_notices();
+      if (std::optional<std::string> why = doomed()) {
+        MpiState& s = state();
+        s.parked.push_back(buffers);
+        s.failed = *why;
+        throw DeadlockError(*why);
+      }
+      next_look = now + std::chrono::milliseconds(1);
+    }
+    // A peer that is not there yet: look less often, leaving the core to the ranks that work.
+    if (now - start > std::chrono::milliseconds(10)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+void check_usable(const std::string& what) {
+  const MpiState& s = state();
+  if (!s.failed.empty()) {
+    throw_error<CommError>(
+        "{}: the mpi backend failed earlier ({}); the job cannot continue (a collective request "
+        "is still pending)",
+        what, s.failed);
+  }
+}
 
 int count_of(const Call& call, int64_t elements) {
   if (elements > INT_MAX) {
@@ -230,31 +606,41 @@ int count_of(const Call& call, int64_t elements) {
   return static_cast<int>(elements);
 }
 
+// The signature exchange's buffers: they must outlive a request that is given up on.
+struct SignatureBuffers {
+  CollectiveFingerprint mine;
+  std::vector<CollectiveFingerprint> all;
+};
+
 void exchange_signatures(const Call& call, const CollectiveOptions& options, const CallSite& site,
                          bool fingerprint) {
   FingerprintInput input{&options, &call.input, site.dim_name, &call.comm->members()};
   if (fingerprint) {
     input.with_site = true;
-    input.sequence = call.comm->next_call();
+    input.sequence = call.sequence;
     input.location = site.location;
   }
-  const CollectiveFingerprint mine = make_fingerprint(input);
-  std::vector<CollectiveFingerprint> all(static_cast<size_t>(call.n));
-  check_mpi(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE,
-                          call.comm_handle()),
-            "MPI_Allgather", call.context());
-  check_fingerprints(call.what, all, call.comm->members(), fingerprint);
+  auto buffers = std::make_shared<SignatureBuffers>();
+  buffers->mine = make_fingerprint(input);
+  buffers->all.resize(static_cast<size_t>(call.n));
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallgather(&buffers->mine, sizeof buffers->mine, MPI_BYTE, buffers->all.data(),
+                           sizeof buffers->mine, MPI_BYTE, call.comm_handle(), &request),
+            "MPI_Iallgather", call.context());
+  wait_polled(request, "MPI_Iallgather", buffers, [&] { return exited_member(call, site); });
+  check_fingerprints(call.what, buffers->all, call.comm->members(), fingerprint);
 }
 
-Call begin_call(Communicator& comm, const LocalTensor& x, const CollectiveOptions& options,
-                const CallSite& site, int rank, bool fingerprint) {
+// The call's checks and buffers; nothing is exchanged yet.
+Call prepare_call(Communicator& comm, const LocalTensor& x, const CollectiveOptions& options,
+                  const CallSite& site, int rank) {
   const CollectiveKind kind = kind_of(options);
   auto* mpi_comm = dynamic_cast<MpiCommunicator*>(&comm);
   SPMD_CHECK(mpi_comm != nullptr);
   Call call{mpi_comm, CollectiveCall{kind, site.dim_name, &mpi_comm->members()},
             Tensor{}, MPI_DATATYPE_NULL,
             0,        mpi_comm->index(),
-            rank};
+            rank,     0};
   if (mpi_comm->comm() == MPI_COMM_NULL) {
     throw_error<CommError>("{}: rank {} is not in the mesh of dim '{}'", kind, rank, site.dim_name);
   }
@@ -264,10 +650,11 @@ Call begin_call(Communicator& comm, const LocalTensor& x, const CollectiveOption
         "input holds ranks {}",
         call.describe(), rank, x.ranks());
   }
+  check_usable(call.describe());
   call.input = x.shards()[0].contiguous();
   call.type = mpi_type(call.input.dtype());
   call.n = static_cast<int>(mpi_comm->members().size());
-  exchange_signatures(call, options, site, fingerprint);
+  call.sequence = mpi_comm->next_call();
   return call;
 }
 
@@ -367,7 +754,18 @@ void mpi_initialize() {
 
 void mpi_finalize() {
   MpiState& s = state();
+  s.watchdog.reset();  // first: the thread may call MPI_Abort
   if (s.finalized || !mpi_alive()) return;
+  if (!s.failed.empty()) {
+    fmt::print(stderr,
+               "[rank {}] the mpi backend failed earlier ({}); a collective request is still "
+               "pending, so MPI cannot finish: the job is aborted\n",
+               s.rank, s.failed);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  // The notices' sends may still be in flight; freeing the communicator waits for them.
+  if (s.notices != MPI_COMM_NULL) MPI_Comm_free(&s.notices);
   free_types_and_ops();
   if (s.initialized_here) {
     MPI_Finalize();
@@ -391,11 +789,74 @@ void mpi_abort(int code) {
   if (mpi_alive()) MPI_Abort(MPI_COMM_WORLD, code);
 }
 
+namespace {
+
+// Note [Exit notices]: tells every other process that this one's program has ended.
+void send_exit_notice(const std::string& how) {
+  MpiState& s = state();
+  if (s.notices == MPI_COMM_NULL || !mpi_alive() || !s.notice.empty() || s.size < 2) return;
+  std::string last;
+  std::vector<TraceEvent> events = trace().events();
+  for (auto it = events.rbegin(); it != events.rend(); ++it) {
+    const bool mine = std::any_of(it->participants.begin(), it->participants.end(),
+                                  [&](const TraceParticipant& p) { return p.rank == s.rank; });
+    if (!mine) continue;
+    Trace window;
+    window.set_capacity(0);
+    window.begin(std::move(*it));
+    for (const TraceRecord& r : window.records()) {
+      if (r.rank == s.rank) last = format_record(r);
+    }
+    break;
+  }
+  s.notice = encode_notice(how, last);
+  for (int rank = 0; rank < s.size; ++rank) {
+    if (rank == s.rank) continue;
+    MPI_Request request = MPI_REQUEST_NULL;
+    // Small enough to be sent eagerly: it completes without a receiver; a failure on the way out
+    // only costs the peers the prompt report.
+    if (MPI_Isend(s.notice.data(), static_cast<int>(s.notice.size()), MPI_BYTE, rank, kExitTag,
+                  s.notices, &request) == MPI_SUCCESS) {
+      MPI_Request_free(&request);
+    }
+  }
+}
+
+}  // namespace
+
+void mpi_finish_program(const std::string& how) {
+  MpiState& s = state();
+  send_exit_notice(how);
+  activity().finishing();
+  if (s.notices != MPI_COMM_NULL && s.failed.empty() && mpi_alive()) {
+    // Every process's program has ended before any calls MPI_Finalize: a process inside
+    // MPI_Finalize when the job is aborted (a peer that waited for this one reports it) can leave
+    // OpenMPI 4.1's mpirun hung or crashed, while one waiting here is ended like any other.
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (MPI_Ibarrier(s.notices, &request) == MPI_SUCCESS) {
+      for (int done = 0; !done;) {
+        if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+        if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
+  }
+  mpi_finalize();
+}
+
+std::string mpi_activity() {
+  return activity().text();
+}
+
 // ---- communicators --------------------------------------------------------------------------
 
 MpiCommunicator::MpiCommunicator(GroupFamily family, CommOptions options, MPI_Comm comm,
-                                 int world_rank)
-    : Communicator(std::move(family), std::move(options)), comm_(comm), world_rank_(world_rank) {
+                                 int world_rank, int number)
+    : Communicator(std::move(family), std::move(options)),
+      comm_(comm),
+      world_rank_(world_rank),
+      number_(number) {
+  std::vector<uint64_t>& calls = state().calls;
+  if (calls.size() <= static_cast<size_t>(number)) calls.resize(static_cast<size_t>(number) + 1);
   if (auto where = this->family().locate(world_rank)) {
     group_ = where->group;
     index_ = static_cast<int>(where->index);
@@ -407,11 +868,21 @@ MpiCommunicator::~MpiCommunicator() {
   if (comm_ != MPI_COMM_NULL && mpi_alive()) MPI_Comm_free(&comm_);
 }
 
-MpiBackend::MpiBackend(bool fingerprint) : fingerprint_(fingerprint) {
+uint64_t MpiCommunicator::next_call() {
+  return state().calls[static_cast<size_t>(number_)]++;
+}
+
+MpiBackend::MpiBackend(bool fingerprint, double timeout_s) : fingerprint_(fingerprint) {
   if (!mpi_alive()) throw_error<InternalError>("MpiBackend: mpi_initialize() was not called");
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &world_), "MPI_Comm_dup");
   check_mpi(MPI_Comm_rank(world_, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(world_, &size_), "MPI_Comm_size");
+  MpiState& s = state();
+  if (s.notices == MPI_COMM_NULL) {
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &s.notices), "MPI_Comm_dup");
+  }
+  s.watchdog.reset();
+  s.watchdog = std::make_unique<Watchdog>(timeout_s);
 }
 
 MpiBackend::~MpiBackend() {
@@ -423,12 +894,26 @@ std::shared_ptr<Communicator> MpiBackend::make_communicator(const GroupFamily& f
   const auto where = family.locate(rank_);
   const int color = where ? static_cast<int>(where->group) : MPI_UNDEFINED;
   const int key = where ? static_cast<int>(where->index) : 0;
+  const std::string what =
+      fmt::format("creating the communicator of mesh dim '{}'", family.dim_name());
+  check_usable(what);
+  const size_t number = state().calls.size();
   MPI_Comm comm = MPI_COMM_NULL;
-  check_mpi(MPI_Comm_split(world_, color, key, &comm), "MPI_Comm_split", [&] {
-    return fmt::format("communicator of mesh dim '{}', color {} key {}", family.dim_name(), color,
-                       key);
-  });
-  auto result = std::make_shared<MpiCommunicator>(family, options, comm, rank_);
+  {
+    // Every process first meets in a polled barrier, so a process whose program has returned
+    // is reported instead of leaving the others in MPI_Comm_split (Note [Exit notices]).
+    ActivityScope scope(family.dim_name());
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Ibarrier(world_, &request), "MPI_Ibarrier", [&] { return what; });
+    wait_polled(request, "MPI_Ibarrier", nullptr,
+                [&] { return exited_before_split(number, family.dim_name()); });
+    check_mpi(MPI_Comm_split(world_, color, key, &comm), "MPI_Comm_split", [&] {
+      return fmt::format("communicator of mesh dim '{}', color {} key {}", family.dim_name(), color,
+                         key);
+    });
+  }
+  auto result =
+      std::make_shared<MpiCommunicator>(family, options, comm, rank_, static_cast<int>(number));
   if (where) {
     int comm_rank = -1;
     int comm_size = -1;
@@ -687,7 +1172,10 @@ WorkPtr run(const Call& c, const LocalTensor& x, const BarrierOptions&) {
 
 WorkPtr MpiBackend::issue(Communicator& comm, const LocalTensor& x,
                           const CollectiveOptions& options, const CallSite& site) {
-  const Call c = begin_call(comm, x, options, site, rank_, fingerprint_);
+  const Call c = prepare_call(comm, x, options, site, rank_);
+  ActivityScope scope(c, site);
+  exchange_signatures(c, options, site, fingerprint_);
+  activity().step("the data exchange");
   return std::visit([&](const auto& o) { return run(c, x, o); }, options);
 }
 

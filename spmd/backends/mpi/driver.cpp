@@ -11,7 +11,9 @@ namespace {
 
 class MpiSession final : public BackendSession {
  public:
-  void finish() override { mpi_finalize(); }
+  // Note [Exit notices]: the peers still waiting for this rank learn that it returned.
+  void finish() override { mpi_finish_program("returned from the program"); }
+  std::string describe_state() override { return mpi_activity(); }
 };
 
 std::vector<World> start_mpi(const WorldRequest& request) {
@@ -43,7 +45,7 @@ std::vector<World> start_mpi(const WorldRequest& request) {
   state->held_ranks = {mpi_world_rank()};
   state->coordinator = mpi_world_rank() == 0;
   state->backend_name = "mpi";
-  state->backend = std::make_shared<MpiBackend>(request.debug.fingerprint);
+  state->backend = std::make_shared<MpiBackend>(request.debug.fingerprint, request.timeout_s);
   state->session = std::make_shared<MpiSession>();
   state->debug = request.debug;
   return {World(std::move(state))};

@@ -161,10 +161,12 @@ class NcclRuntime {
 
   // Throws CommError with `message` after noting that the backend failed (the watchdog then
   // stays quiet about communicator errors, which the caller reports).
+  // E: CommError, or TimeoutError for a wait that reached the deadline.
+  template <class E = CommError>
   [[noreturn]] void fail(const std::string& message) {
     failed = true;
     watchdog->set_quiet(true);
-    throw_error<CommError>("{}", message);
+    throw_error<E>("{}", message);
   }
 
   void check_usable(std::string_view what) {
@@ -213,10 +215,10 @@ class NcclRuntime {
       }
       if (!pending) return;
       if (Clock::now() > deadline) {
-        fail(
-            fmt::format("{}: not complete after {} s on {} (--spmd-nccl-timeout): a peer may "
+        fail<TimeoutError>(
+            fmt::format("{}: not complete after {} s on {} (--spmd-timeout={}): a peer may "
                         "have died, hung, or be waiting in a different collective",
-                        what(), timeout_s, label()));
+                        what(), timeout_s, label(), timeout_s));
       }
       backoff.pause();
     }
@@ -260,10 +262,10 @@ class NcclRuntime {
         }
       }
       if (Clock::now() > deadline) {
-        fail(
-            fmt::format("{}: not complete after {} s on {} (--spmd-nccl-timeout): a peer may "
+        fail<TimeoutError>(
+            fmt::format("{}: not complete after {} s on {} (--spmd-timeout={}): a peer may "
                         "have died, hung, or be waiting in a different collective",
-                        what(), timeout_s, label()));
+                        what(), timeout_s, label(), timeout_s));
       }
       backoff.pause();
     }

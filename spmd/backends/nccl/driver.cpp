@@ -21,7 +21,6 @@
 namespace spmd {
 namespace {
 
-constexpr double kDefaultTimeoutSeconds = 300.0;
 // Note [NCCL device placement]: a rank's tensors live on its GPU.
 constexpr const char* kDeviceType = "cuda";
 
@@ -86,7 +85,7 @@ std::vector<World> start_nccl(const WorldRequest& request) {
   config.world_size = world_size;
   for (int i = 0; i < per_process; ++i) config.ranks.push_back(process_rank * per_process + i);
   config.devices = devices;
-  config.timeout_s = request.timeout_s.value_or(kDefaultTimeoutSeconds);
+  config.timeout_s = request.timeout_s;
   config.fingerprint = request.debug.fingerprint;
   config.native_alltoall_gather_scatter = use_native_alltoall_gather_scatter(
       version, env_value("SPMD_NCCL_P2P_COLLECTIVES").value_or("0") == "1");

@@ -108,7 +108,7 @@ std::string Watchdog::check_once() {
     const double age = std::chrono::duration<double>(Clock::now() - p.start).count();
     if (age > timeout_s_) {
       return fmt::format(
-          "{} has not completed after {:.0f} s (--spmd-nccl-timeout={}): a peer may have died, "
+          "{} has not completed after {:.0f} s (--spmd-timeout={}): a peer may have died, "
           "hung, or be waiting in a different collective",
           p.what, age, timeout_s_);
     }

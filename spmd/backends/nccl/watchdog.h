@@ -15,7 +15,8 @@
 //     is older than the timeout, or a communicator reports an error, it calls on_failure, which
 //     prints the rank's last collectives, aborts every communicator (ncclCommAbort makes spinning
 //     kernels exit) and ends the process with exit code 1, so spmdrun or mpirun stops the others.
-// The timeout is --spmd-nccl-timeout=S (SPMD_NCCL_TIMEOUT, default 300 s).
+// The timeout is --spmd-timeout=S (SPMD_TIMEOUT, default 300 s; --spmd-nccl-timeout is its older
+// name).
 #pragma once
 
 #include <cuda_runtime_api.h>

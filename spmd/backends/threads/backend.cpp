@@ -3,6 +3,7 @@
 #include <spmd/backends/threads/backend.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <optional>
@@ -57,7 +58,7 @@ struct Call {
 };
 
 enum class Status { Pending, Computing, Done, Failed };
-enum class Failure { None, Mismatch, Deadlock, Raised };
+enum class Failure { None, Mismatch, Deadlock, Timeout, Raised };
 
 struct Rendezvous {
   std::shared_ptr<ThreadsFamily> family;
@@ -68,7 +69,7 @@ struct Rendezvous {
   size_t arrived = 0;
   Status status = Status::Pending;
   Failure failure = Failure::None;
-  std::string error;            // Mismatch, Deadlock
+  std::string error;            // Mismatch, Deadlock, Timeout
   std::exception_ptr raised;    // Raised: what computing the result threw
   std::vector<Tensor> outputs;  // Done: by group index
   std::condition_variable settled;
@@ -284,7 +285,8 @@ struct ThreadsHub::Impl {
     }
   };
 
-  explicit Impl(int world_size) : ranks_(static_cast<size_t>(world_size)) {}
+  Impl(int world_size, double timeout_s)
+      : ranks_(static_cast<size_t>(world_size)), timeout_s_(timeout_s) {}
 
   std::shared_ptr<ThreadsFamily> family(const GroupFamily& family, const CommOptions& options);
   std::shared_ptr<Rendezvous> arrive(const std::shared_ptr<ThreadsFamily>& family, int64_t group,
@@ -293,11 +295,14 @@ struct ThreadsHub::Impl {
   bool settled(const Rendezvous& rv);
   void finished(int rank, const std::string& how);
   void close();
+  std::string describe();
+  bool timed_out();
 
  private:
   void fail(Rendezvous& rv, Failure failure, std::string error);
   void fail_if_doomed(Rendezvous& rv);
   void check_deadlock();
+  void time_out(int rank, Rendezvous& rv);
   template <class Fn>
   void for_each_pending(Fn&& fn);
   std::string rank_states() const;
@@ -308,6 +313,8 @@ struct ThreadsHub::Impl {
   std::mutex mutex_;
   std::unordered_map<FamilyKey, std::shared_ptr<ThreadsFamily>, FamilyKeyHash> families_;
   std::vector<RankState> ranks_;
+  const double timeout_s_;
+  bool timed_out_ = false;
 };
 
 std::shared_ptr<ThreadsFamily> ThreadsHub::Impl::family(const GroupFamily& family,
@@ -400,8 +407,16 @@ Tensor ThreadsHub::Impl::await(const std::shared_ptr<Rendezvous>& rv, int index,
     state.phase = RankState::Phase::Waiting;
     state.waiting_on = rv;
     check_deadlock();
-    rv->settled.wait(lock,
-                     [&] { return rv->status == Status::Done || rv->status == Status::Failed; });
+    // Capped so the deadline cannot overflow the clock (a billion seconds is forever here).
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(std::min(timeout_s_, 1e9)));
+    auto settled = [&] { return rv->status == Status::Done || rv->status == Status::Failed; };
+    while (!rv->settled.wait_until(lock, deadline, settled)) {
+      // Note [Threads timeout]: only a rendezvous that still lacks a member; one whose result
+      // is being computed completes.
+      if (rv->status == Status::Pending) time_out(rank, *rv);
+    }
     state.phase = RankState::Phase::Running;
     state.waiting_on.reset();
   }
@@ -412,6 +427,8 @@ Tensor ThreadsHub::Impl::await(const std::shared_ptr<Rendezvous>& rv, int index,
       throw CollectiveMismatchError(rv->error);
     case Failure::Deadlock:
       throw DeadlockError(rv->error);
+    case Failure::Timeout:
+      throw TimeoutError(rv->error);
     case Failure::Raised:
       std::rethrow_exception(rv->raised);
   }
@@ -490,6 +507,38 @@ void ThreadsHub::Impl::check_deadlock() {
   for (Rendezvous* rv : stuck) fail(*rv, Failure::Deadlock, report);
 }
 
+// Note [Threads timeout].
+void ThreadsHub::Impl::time_out(int rank, Rendezvous& rv) {
+  const auto me = std::find(rv.members.begin(), rv.members.end(), rank);
+  const Call& call = *rv.calls[static_cast<size_t>(me - rv.members.begin())];
+  std::vector<std::string> lacking;
+  for (int member : rv.missing()) {
+    const RankState& state = ranks_[static_cast<size_t>(member)];
+    lacking.push_back(fmt::format("rank {} ({})", member,
+                                  state.phase == RankState::Phase::Running
+                                      ? "running: it has not reached this call"
+                                      : "waiting in another collective"));
+  }
+  const std::string report = fmt::format(
+      "{} ({}): rank {} has waited {} s (--spmd-timeout={}) and the call still lacks {}\n{}{}",
+      call.text(), rv.where(), rank, timeout_s_, timeout_s_, fmt::join(lacking, ", "),
+      rank_states(), pairing_note(rv));
+  timed_out_ = true;
+  std::vector<Rendezvous*> stuck;
+  for_each_pending([&](Rendezvous& r) { stuck.push_back(&r); });
+  for (Rendezvous* r : stuck) fail(*r, Failure::Timeout, report);
+}
+
+std::string ThreadsHub::Impl::describe() {
+  std::lock_guard lock(mutex_);
+  return rank_states();
+}
+
+bool ThreadsHub::Impl::timed_out() {
+  std::lock_guard lock(mutex_);
+  return timed_out_;
+}
+
 std::string ThreadsHub::Impl::rank_states() const {
   std::string out = "rank states:";
   for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -563,7 +612,8 @@ void ThreadsHub::Impl::close() {
   families_.clear();
 }
 
-ThreadsHub::ThreadsHub(int world_size) : impl_(std::make_unique<Impl>(world_size)) {}
+ThreadsHub::ThreadsHub(int world_size, double timeout_s)
+    : impl_(std::make_unique<Impl>(world_size, timeout_s)) {}
 ThreadsHub::~ThreadsHub() = default;
 
 void ThreadsHub::rank_finished(int rank, const std::string& how) {
@@ -572,6 +622,14 @@ void ThreadsHub::rank_finished(int rank, const std::string& how) {
 
 void ThreadsHub::close() {
   impl_->close();
+}
+
+std::string ThreadsHub::describe() {
+  return impl_->describe();
+}
+
+bool ThreadsHub::timed_out() {
+  return impl_->timed_out();
 }
 
 // ---- work, communicators, backend -----------------------------------------------------------

@@ -42,6 +42,21 @@
 // Both fail with DeadlockError in every member that arrived. A member that has not arrived but is
 // still running is waited for: it may yet arrive, and if it blocks elsewhere instead, the second
 // case applies.
+//
+// Note [Threads timeout]
+// A member that is still running but never arrives (an endless loop, a wait on something the
+// other ranks will never do) is the one case the states cannot decide. A rank that has waited in
+// a rendezvous longer than --spmd-timeout (SPMD_TIMEOUT, default 300 s) ends the wait: every
+// rendezvous still pending fails with TimeoutError in every member that arrived, with the report
+//     all_reduce over 'dp' [4] f32 op=sum at train.cpp:42 (call #3 of group ranks [0, 1, 2, 3]):
+//     rank 0 has waited 300 s (--spmd-timeout=300) and the call still lacks rank 3 (running: it
+//     has not reached this call)
+//     rank states:
+//       rank 0: waits in ...
+//       rank 3: running; its last collective: ...
+// and the hub is marked timed out (timed_out()), so launch() does not wait long for the ranks
+// still running: it reports them and ends the process (run_rank_threads, runtime/launch.h).
+// Collectives computing their result never time out; only rendezvous that lack a member do.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +68,7 @@
 
 #include <spmd/collectives/backend.h>
 #include <spmd/core/error.h>
+#include <spmd/sim/backend_driver.h>
 
 namespace spmd {
 
@@ -60,7 +76,8 @@ namespace spmd {
 // every rank. Thread-safe. Created by the launcher for `world_size` ranks, all running.
 class ThreadsHub {
  public:
-  explicit ThreadsHub(int world_size);
+  // `timeout_s`: Note [Threads timeout].
+  explicit ThreadsHub(int world_size, double timeout_s = kDefaultTimeoutSeconds);
   ~ThreadsHub();
   ThreadsHub(const ThreadsHub&) = delete;
   ThreadsHub& operator=(const ThreadsHub&) = delete;
@@ -72,6 +89,11 @@ class ThreadsHub {
   // Drops every rendezvous still held (and the inputs deposited there). For the launcher, after
   // every rank thread has been joined.
   void close();
+  // "rank states:" and a line per rank: running (and its last collective), waiting in which
+  // collective at which file:line and which ranks it lacks, or finished and how.
+  std::string describe();
+  // A wait reached the timeout (Note [Threads timeout]).
+  bool timed_out();
 
   struct Impl;  // backends/threads/backend.cpp
   Impl& impl() { return *impl_; }

@@ -19,6 +19,9 @@ class ThreadsSession final : public BackendSession {
   explicit ThreadsSession(std::shared_ptr<ThreadsHub> hub) : hub_(std::move(hub)) {}
   void rank_finished(int rank, const std::string& how) override { hub_->rank_finished(rank, how); }
   void finish() override { hub_->close(); }
+  std::string describe_state() override { return hub_->describe(); }
+  // Note [Threads timeout]: the waits have failed; a rank still running is not waited for.
+  bool abandon_running_ranks() override { return hub_->timed_out(); }
 
  private:
   std::shared_ptr<ThreadsHub> hub_;
@@ -30,7 +33,7 @@ std::vector<World> start_threads(const WorldRequest& request) {
     throw_error<ConfigError>("{}: the threads backend needs a world size of at least 1, got {}",
                              request.world_size_source, size);
   }
-  auto hub = std::make_shared<ThreadsHub>(size);
+  auto hub = std::make_shared<ThreadsHub>(size, request.timeout_s);
   auto session = std::make_shared<ThreadsSession>(hub);
   std::vector<World> worlds;
   worlds.reserve(static_cast<size_t>(size));

@@ -102,10 +102,13 @@ class CudaAllocator final : public DeviceAllocator {
         std::lock_guard lock(pool.mutex);
         in_use = pool.in_use;
       }
-      throw_error<Error>(
+      const std::string message = fmt::format(
           "cudaMalloc of {} bytes failed on {}: {} ({}); the caching allocator holds {} bytes in "
           "live tensors",
           size, gpu::where(device), cudaGetErrorString(error), cudaGetErrorName(error), in_use);
+      // Note [Out of memory] (tensor/factory.h): empty() adds the op and the shape.
+      if (error == cudaErrorMemoryAllocation) throw OutOfMemoryError(message);
+      throw Error(message);
     }
     std::lock_guard lock(pool.mutex);
     pool.in_use += size;

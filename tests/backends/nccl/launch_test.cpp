@@ -57,7 +57,7 @@ TEST(NcclLaunch, FlagsAndVariables) {
   setenv("SPMD_NCCL_TIMEOUT", "12.5", 1);
   setenv("SPMD_GPUS_PER_PROCESS", "2", 1);
   LaunchOptions env = launch_options_from_env();
-  EXPECT_EQ(env.nccl_timeout_s, 12.5);
+  EXPECT_EQ(env.timeout_s, 12.5);
   EXPECT_EQ(env.gpus_per_process, 2);
   unsetenv("SPMD_NCCL_TIMEOUT");
   unsetenv("SPMD_GPUS_PER_PROCESS");
@@ -69,9 +69,9 @@ TEST(NcclLaunch, FlagsAndVariables) {
   int argc = 4;
   LaunchOptions flags = parse_launch_options(argc, argv);
   EXPECT_EQ(argc, 1);
-  EXPECT_EQ(flags.nccl_timeout_s, 30.0);
+  EXPECT_EQ(flags.timeout_s, 30.0);
   EXPECT_EQ(flags.gpus_per_process, 4);
-  EXPECT_FALSE(launch_options_from_env().nccl_timeout_s.has_value());
+  EXPECT_FALSE(launch_options_from_env().timeout_s.has_value());
   for (const char* bad : {"0", "-1", "abc", "5s"}) {
     setenv("SPMD_NCCL_TIMEOUT", bad, 1);
     expect_throws<ConfigError>([] { launch_options_from_env(); },
