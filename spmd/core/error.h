@@ -82,6 +82,14 @@ class DeadlockError : public CollectiveMismatchError {
   using CollectiveMismatchError::CollectiveMismatchError;
   std::string_view type_name() const noexcept override { return "DeadlockError"; }
 };
+// A tensor allocation failed: the message names the operation, the shape and dtype when known,
+// and the bytes asked for. Raised where memory is allocated (Storage::allocate, and the factories
+// and ops above it add what they know) instead of a bare std::bad_alloc.
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+  std::string_view type_name() const noexcept override { return "OutOfMemoryError"; }
+};
 // Valid input that this build, backend or dtype does not support.
 class Unsupported : public Error {
  public:

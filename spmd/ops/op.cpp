@@ -48,19 +48,37 @@ OpMeta op_meta(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& ar
   return op.meta(std::span<const InputMeta>(metas, inputs.size()), args);
 }
 
+namespace {
+
+// op.compute, with an allocation that fails reported as the op's: its name, the result's shape,
+// dtype and bytes.
+Tensor compute(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args,
+               const OpMeta& meta) {
+  try {
+    return op.compute(inputs, args, meta);
+  } catch (const OutOfMemoryError& e) {
+    throw_error<OutOfMemoryError>(
+        "{}: out of memory computing a result of shape {} {} ({} bytes): {}", op.name,
+        shape_str(meta.shape), meta.dtype,
+        static_cast<std::size_t>(shape_numel(meta.shape)) * itemsize(meta.dtype), e.what());
+  }
+}
+
+}  // namespace
+
 Tensor call(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args) {
   const OpMeta meta = op_meta(op, inputs, args);
   if (!grad_enabled() || !is_floating(meta.dtype) ||
       std::none_of(inputs.begin(), inputs.end(),
                    [](const Tensor& t) { return t.requires_grad(); })) {
-    return op.compute(inputs, args, meta);
+    return compute(op, inputs, args, meta);
   }
   // Note [Autograd]: the computation itself records nothing (its inner ops and Tensor methods run
   // with grad mode off); the op is one node.
   Tensor out;
   {
     NoGradGuard no_grad;
-    out = op.compute(inputs, args, meta);
+    out = compute(op, inputs, args, meta);
   }
   const std::vector<Var> vars(inputs.begin(), inputs.end());
   return record(op.name, &op, vars, args, out).value<Tensor>();
