@@ -71,6 +71,7 @@ Prepared prepare(const LocalTensor& x, Communicator& comm, const World& world, s
                  bool traced = true) {
   const CollectiveKind kind = kind_of(options);
   if (!x.defined()) throw_error<CommError>("{}: the input LocalTensor is undefined", kind);
+  check_input_ranks(kind, dim_name, x.ranks(), world);
   Prepared p;
   p.comm = &comm;
   p.backend = &world.backend();

@@ -305,7 +305,12 @@ void compute(GroupView& g, const BarrierOptions&) {
 }  // namespace
 
 void compute_group(GroupView& g, const CollectiveOptions& options) {
-  std::visit([&](const auto& o) { compute(g, o); }, options);
+  try {
+    std::visit([&](const auto& o) { compute(g, o); }, options);
+  } catch (const OutOfMemoryError& e) {
+    throw_error<OutOfMemoryError>("{}: out of memory for the result: {}", describe_call(g.call),
+                                  e.what());
+  }
 }
 
 }  // namespace spmd

@@ -124,7 +124,12 @@ std::string summary_table(std::span<const TraceRecord> records) {
       rows.push_back(TraceSummaryRow{r.op, r.dim_name});
       row = rows.end() - 1;
     }
-    row->bytes += r.bytes;
+    if (__builtin_add_overflow(row->bytes, r.bytes, &row->bytes)) {
+      throw_error<ConfigError>(
+          "summary_table: the bytes of {} over mesh dim '{}' add up to more than an int64 holds "
+          "(a record of rank {} has {} bytes)",
+          r.op, r.dim_name, r.rank, r.bytes);
+    }
     const double took = r.end_us > 0.0 ? r.end_us - r.start_us : 0.0;
     auto [it, first] =
         measured.try_emplace(CallKey{r.op, r.dim_name, r.group_ranks, r.sequence}, took);

@@ -2,7 +2,7 @@
 #include <spmd/collectives/validate.h>
 
 #include <algorithm>
-#include <numeric>
+#include <limits>
 
 #include <spmd/core/error.h>
 
@@ -34,7 +34,23 @@ void check_divisible(const CollectiveCall& call, int rank, const Tensor& x, int6
   }
 }
 
+// The result of gathering `group_size` inputs along dim d must make a shape.
+void check_gathered(const CollectiveCall& call, int rank, const Tensor& x, int64_t d,
+                    int64_t group_size) {
+  const int64_t limit = std::numeric_limits<int64_t>::max() / 8;
+  if (x.numel() > limit / group_size) {
+    fail(call, rank, x,
+         fmt::format("the result of {} inputs along dim {} has too many elements", group_size, d));
+  }
+}
+
 void check_op(const CollectiveCall& call, int rank, const Tensor& x, ReduceOp op) {
+  if (!is_valid(op)) {
+    throw_error<Unsupported>(
+        "{}: rank {} (input shape {} {}): {} is not a reduce op (sum, avg, product, min, max, "
+        "band, bor, bxor)",
+        describe_call(call), rank, shape_str(x.shape()), x.dtype(), reduce_op_str(op));
+  }
   if (is_bitwise(op) && is_floating(x.dtype())) {
     fail(call, rank, x,
          fmt::format("reduce op {} is defined for integer and bool dtypes only", op));
@@ -65,18 +81,41 @@ void check_splits(const CollectiveCall& call, int rank, const Tensor& x,
     }
     return;
   }
+  if (!splits.is_uniform() &&
+      !std::binary_search(splits.ranks().begin(), splits.ranks().end(), rank)) {
+    fail(
+        call, rank, x,
+        fmt::format("{} has no entry for rank {} (it holds ranks {})", name, rank, splits.ranks()));
+  }
   const std::vector<int64_t>& s = splits.at(rank);
   if (static_cast<int64_t>(s.size()) != group_size) {
     fail(
         call, rank, x,
         fmt::format("{} {} has {} entries, the group has {} ranks", name, s, s.size(), group_size));
   }
+  int64_t total = 0;
   for (int64_t v : s) {
     if (v < 0) fail(call, rank, x, fmt::format("{} {} has a negative size", name, s));
+    if (__builtin_add_overflow(total, v, &total)) {
+      fail(call, rank, x, fmt::format("{} {} add up to more than an int64 holds", name, s));
+    }
+  }
+  if (x.dim() == 0) fail(call, rank, x, "needs at least 1 dim");
+  if (!must_sum_to_rows) {
+    // The rows this rank receives, times the elements of one row, must make a shape.
+    Shape out = x.shape();
+    out[0] = total;
+    int64_t numel = 1;
+    for (int64_t size : out) {
+      if (size != 0 && numel > std::numeric_limits<int64_t>::max() / 8 / size) {
+        fail(call, rank, x,
+             fmt::format("{} {} add up to {} rows, too many elements for the result", name, s,
+                         total));
+      }
+      numel *= size;
+    }
   }
   if (must_sum_to_rows) {
-    if (x.dim() == 0) fail(call, rank, x, "needs at least 1 dim");
-    const int64_t total = std::accumulate(s.begin(), s.end(), int64_t{0});
     if (total != x.size(0)) {
       fail(call, rank, x,
            fmt::format("{} {} add up to {} but the input has {} rows", name, s, total, x.size(0)));
@@ -91,9 +130,9 @@ void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t,
   check_op(call, rank, x, o.op);
 }
 
-void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t,
+void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
            const AllGatherOptions& o) {
-  check_dim(call, rank, x, o.gather_dim, "gather_dim");
+  check_gathered(call, rank, x, check_dim(call, rank, x, o.gather_dim, "gather_dim"), group_size);
 }
 
 void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
@@ -128,7 +167,7 @@ void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_
 void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
            const GatherOptions& o) {
   check_root(call, rank, x, o.dst, "dst", group_size);
-  check_dim(call, rank, x, o.gather_dim, "gather_dim");
+  check_gathered(call, rank, x, check_dim(call, rank, x, o.gather_dim, "gather_dim"), group_size);
 }
 
 void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
@@ -169,6 +208,26 @@ std::string describe_call(const CollectiveCall& call) {
                        *call.group);
   }
   return fmt::format("{} over mesh dim '{}'", call.kind, call.dim_name);
+}
+
+void check_input_ranks(CollectiveKind kind, const std::string& dim_name,
+                       const std::vector<int>& ranks, const World& world) {
+  if (ranks.empty()) return;
+  const std::vector<int>& held = world.held_ranks();
+  // A world holding all its ranks (sim) holds exactly 0..size-1; ranks are never negative.
+  if (static_cast<int>(held.size()) == world.size() && ranks.back() < world.size()) return;
+  auto it = held.begin();
+  for (int rank : ranks) {
+    it = std::lower_bound(it, held.end(), rank);
+    if (it == held.end() || *it != rank) {
+      throw_error<CommError>(
+          "{}: the input holds rank {}, which the mesh's world (a {} world of {} ranks holding "
+          "{}) does not hold; was the LocalTensor made for another World?",
+          describe_call(CollectiveCall{kind, dim_name}), rank, world.backend_name(), world.size(),
+          held.size() == static_cast<size_t>(world.size()) ? fmt::format("0..{}", world.size() - 1)
+                                                           : fmt::format("{}", held));
+    }
+  }
 }
 
 void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <spmd/collectives/types.h>
+#include <spmd/sim/world.h>
 #include <spmd/tensor/tensor.h>
 
 namespace spmd {
@@ -25,6 +26,11 @@ struct CollectiveCall {
 // "all_reduce over mesh dim 'tp' (group ranks [0, 1])".
 std::string describe_call(const CollectiveCall& call);
 
+// Checks that the mesh's world holds every rank of the input (`ranks`, ascending): a LocalTensor
+// made for another World (a larger sim world, another rank thread's) would otherwise lose the
+// ranks the mesh cannot see. CommError naming the call, the first such rank and the world.
+void check_input_ranks(CollectiveKind kind, const std::string& dim_name,
+                       const std::vector<int>& ranks, const World& world);
 // Checks one rank's input against options that need no other rank's data: dims in range,
 // divisibility by the group size, src/dst/destinations in range, split sizes that add up, reduce
 // ops valid for the dtype. `group_size` is the size of the rank's group.

@@ -2,8 +2,10 @@
 #include <spmd/debug/trace_file.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -16,45 +18,155 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-template <class T>
-T get_or(const json& object, const char* key, T fallback) {
-  auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return fallback;
-  return it->get<T>();
+// A JSON value for a message: scalars as written (long strings cut), containers by their size
+// (dumping one would recurse as deep as it nests).
+std::string shown(const json& value) {
+  if (value.is_array()) return fmt::format("an array of {} items", value.size());
+  if (value.is_object()) return fmt::format("an object of {} keys", value.size());
+  if (value.is_null()) return "missing";
+  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  constexpr size_t kShown = 80;
+  if (text.size() > kShown) text = text.substr(0, kShown) + "...";
+  return text;
 }
 
-TraceFileInfo parse_info(const json& other) {
+// Reads the fields of one JSON object of a trace file, checking each value's type and range:
+// ConfigError naming the file, the object (an event by its index, or otherData) and the field.
+class FieldReader {
+ public:
+  FieldReader(const json& object, const std::string& source, std::string where)
+      : object_(object), source_(source), where_(std::move(where)) {}
+
+  const json* find(const char* key) const {
+    auto it = object_.find(key);
+    if (it == object_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  std::string string(const char* key, std::string fallback) const {
+    const json* v = find(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_string()) fail(key, *v, "a string");
+    return v->get<std::string>();
+  }
+
+  // An integer in [lo, hi].
+  int64_t integer(const char* key, int64_t fallback, int64_t lo, int64_t hi) const {
+    const json* v = find(key);
+    if (v == nullptr) return fallback;
+    return integer_value(key, *v, lo, hi);
+  }
+
+  uint64_t unsigned_integer(const char* key, uint64_t fallback) const {
+    const json* v = find(key);
+    if (v == nullptr) return fallback;
+    if (v->is_number_unsigned()) return v->get<uint64_t>();
+    if (v->is_number_integer() && v->get<int64_t>() >= 0) return v->get<uint64_t>();
+    fail(key, *v, "a non-negative integer");
+  }
+
+  // A finite number >= 0.
+  double non_negative(const char* key, double fallback) const {
+    const json* v = find(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() < 0.0) {
+      fail(key, *v, "a finite number >= 0");
+    }
+    return v->get<double>();
+  }
+
+  // A list of integers in [lo, hi].
+  std::vector<int64_t> integers(const char* key, int64_t lo, int64_t hi) const {
+    const json* v = find(key);
+    if (v == nullptr) return {};
+    if (!v->is_array()) fail(key, *v, fmt::format("a list of integers in [{}, {}]", lo, hi));
+    std::vector<int64_t> out;
+    out.reserve(v->size());
+    for (const json& item : *v) {
+      if (!is_integer_in(item, lo, hi)) {
+        fail(key, *v, fmt::format("a list of integers in [{}, {}]", lo, hi));
+      }
+      out.push_back(item.is_number_unsigned() ? static_cast<int64_t>(item.get<uint64_t>())
+                                              : item.get<int64_t>());
+    }
+    return out;
+  }
+
+  std::vector<int> ranks(const char* key) const {
+    std::vector<int> out;
+    for (int64_t r : integers(key, 0, std::numeric_limits<int>::max())) {
+      out.push_back(static_cast<int>(r));
+    }
+    return out;
+  }
+
+  [[noreturn]] void fail(const char* key, const json& value, std::string_view expected) const {
+    throw_error<ConfigError>("trace file '{}': {}: \"{}\" is {}, expected {}", source_, where_, key,
+                             shown(value), expected);
+  }
+
+ private:
+  static bool is_integer_in(const json& v, int64_t lo, int64_t hi) {
+    if (v.is_number_unsigned()) {
+      return hi >= 0 && v.get<uint64_t>() <= static_cast<uint64_t>(hi);
+    }
+    return v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+  }
+
+  int64_t integer_value(const char* key, const json& v, int64_t lo, int64_t hi) const {
+    if (!is_integer_in(v, lo, hi)) fail(key, v, fmt::format("an integer in [{}, {}]", lo, hi));
+    return v.is_number_unsigned() ? static_cast<int64_t>(v.get<uint64_t>()) : v.get<int64_t>();
+  }
+
+  const json& object_;
+  const std::string& source_;
+  std::string where_;
+};
+
+constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
+
+TraceFileInfo parse_info(const json& other, const std::string& source) {
   TraceFileInfo info;
-  if (!other.is_object()) return info;
-  info.kind = get_or<std::string>(other, "kind", "trace");
-  info.reason = get_or<std::string>(other, "reason", "");
-  info.ranks = get_or<std::vector<int>>(other, "ranks", {});
-  info.world_size = get_or<int>(other, "world_size", 0);
-  info.backend = get_or<std::string>(other, "backend", "");
-  info.capacity = get_or<uint64_t>(other, "capacity", 0);
-  info.first_event = get_or<uint64_t>(other, "first_event", 0);
+  if (other.is_null()) return info;
+  const FieldReader f(other, source, "otherData");
+  if (!other.is_object()) f.fail("otherData", other, "an object");
+  info.kind = f.string("kind", "trace");
+  info.reason = f.string("reason", "");
+  info.ranks = f.ranks("ranks");
+  info.world_size = static_cast<int>(f.integer("world_size", 0, 0, kMaxInt));
+  info.backend = f.string("backend", "");
+  info.capacity = f.unsigned_integer("capacity", 0);
+  info.first_event = f.unsigned_integer("first_event", 0);
   return info;
 }
 
-TraceRecord parse_record(const json& e) {
+TraceRecord parse_record(const FieldReader& f, const std::string& source, size_t index) {
   TraceRecord r;
-  r.op = get_or<std::string>(e, "name", "");
-  r.rank = get_or<int>(e, "tid", 0);
-  r.start_us = get_or<double>(e, "ts", 0.0);
-  if (get_or<std::string>(e, "ph", "") == "X")
-    r.end_us = r.start_us + get_or<double>(e, "dur", 0.0);
-  const json args = e.value("args", json::object());
-  r.sequence = get_or<uint64_t>(args, "seq", 0);
-  r.dim_name = get_or<std::string>(args, "dim", get_or<std::string>(e, "cat", ""));
-  r.detail = get_or<std::string>(args, "detail", "");
-  r.group_ranks = get_or<std::vector<int>>(args, "group", {});
-  r.shape = get_or<Shape>(args, "shape", {});
-  r.dtype = get_or<std::string>(args, "dtype", "");
-  r.bytes = get_or<int64_t>(args, "bytes", 0);
-  r.file = get_or<std::string>(args, "file", "");
-  r.line = get_or<uint32_t>(args, "line", 0);
-  r.function = get_or<std::string>(args, "function", "");
-  r.estimate_us = get_or<double>(args, "estimate_us", 0.0);
+  r.op = f.string("name", "");
+  if (r.op.empty()) {
+    const json* name = f.find("name");
+    f.fail("name", name ? *name : json(), "the collective's name");
+  }
+  r.rank = static_cast<int>(f.integer("tid", 0, 0, kMaxInt));
+  r.start_us = f.non_negative("ts", 0.0);
+  if (f.string("ph", "") == "X") r.end_us = r.start_us + f.non_negative("dur", 0.0);
+  const json* args = f.find("args");
+  if (args != nullptr && !args->is_object()) f.fail("args", *args, "an object");
+  static const json kNoArgs = json::object();
+  const FieldReader a(args != nullptr ? *args : kNoArgs, source,
+                      fmt::format("event {} ({}, rank {}) args", index, r.op, r.rank));
+  r.sequence = a.unsigned_integer("seq", 0);
+  r.dim_name = a.string("dim", f.string("cat", ""));
+  r.detail = a.string("detail", "");
+  r.group_ranks = a.ranks("group");
+  r.shape = a.integers("shape", 0, kMaxInt64);
+  r.dtype = a.string("dtype", "");
+  r.bytes = a.integer("bytes", 0, 0, kMaxInt64);
+  r.file = a.string("file", "");
+  r.line = static_cast<uint32_t>(a.integer("line", 0, 0, std::numeric_limits<uint32_t>::max()));
+  r.function = a.string("function", "");
+  r.estimate_us = a.non_negative("estimate_us", 0.0);
   return r;
 }
 
@@ -143,17 +255,14 @@ TraceFile parse_trace_json(std::string_view text, const std::string& source) {
   TraceFile out;
   out.paths.push_back(source);
   out.infos.push_back(
-      parse_info(doc.is_object() ? doc.value("otherData", json::object()) : json::object()));
-  try {
-    for (const json& e : *events) {
-      if (!e.is_object()) continue;
-      const std::string ph = get_or<std::string>(e, "ph", "");
-      if (ph != "X" && ph != "i" && ph != "I") continue;
-      out.records.push_back(parse_record(e));
-    }
-  } catch (const json::exception& e) {
-    throw_error<ConfigError>("trace file '{}' has an event of an unexpected form: {}", source,
-                             e.what());
+      parse_info(doc.is_object() ? doc.value("otherData", json()) : json(), source));
+  size_t index = 0;
+  for (const json& e : *events) {
+    const FieldReader f(e, source, fmt::format("event {}", index));
+    if (!e.is_object()) f.fail("traceEvents", e, "an object per event");
+    const std::string ph = f.string("ph", "");
+    if (ph == "X" || ph == "i" || ph == "I") out.records.push_back(parse_record(f, source, index));
+    ++index;
   }
   std::stable_sort(out.records.begin(), out.records.end(),
                    [](const TraceRecord& a, const TraceRecord& b) { return a.rank < b.rank; });

@@ -142,7 +142,7 @@ std::string footer(const DTensorSpec& spec, const std::vector<Block>& blocks) {
       out += fmt::format(
           "\n(P): partial values; along mesh dim {} ('{}') each block is the {} of its ranks' "
           "pieces",
-          i, spec.mesh().dim_name(i), reduce_op_name(p->op));
+          i, spec.mesh().dim_name(i), reduce_op_str(p->op));
     }
   }
   for (const Block& b : blocks) {
@@ -209,6 +209,8 @@ std::string rank_ranges(const std::vector<int>& ranks) {
 }
 
 std::string visualize_sharding(const DTensor& tensor, const VisualizeOptions& options) {
+  if (!tensor.defined())
+    throw_error<PlacementError>("visualize_sharding: the DTensor is undefined");
   const DTensorSpec& spec = tensor.spec();
   const std::vector<Block> blocks = blocks_of(spec);
   const int64_t ndim = spec.ndim();

@@ -135,7 +135,11 @@ void check_has_ranks(const DTensorSpec& spec, const char* op) {
 
 DTensor::DTensor(LocalTensor local, SpecPtr spec)
     : local_(std::move(local)), spec_(std::move(spec)) {
-  SPMD_CHECK(spec_ != nullptr);
+  if (spec_ == nullptr) throw_error<PlacementError>("DTensor: the spec is null");
+  if (!local_.defined()) {
+    throw_error<PlacementError>("DTensor: the LocalTensor is undefined (spec {})",
+                                spec_->to_string());
+  }
 }
 
 void DTensor::check_defined(const char* op) const {
@@ -201,7 +205,7 @@ DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner 
   const UserCallSite site(loc);
   check_defined("redistribute");
   if (placements == spec_->placements()) return *this;
-  DTensorSpec target = spec_->with_placements(placements);
+  DTensorSpec target = spec_->with_placements(placements, "DTensor::redistribute");
   if (target == *spec_) return *this;
   auto plan = cached_redistribute_plan(*spec_, target, planner);
   DTensor out(execute_redistribute(local_, *spec_, *plan),
@@ -285,7 +289,8 @@ DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh,
     throw_error<PlacementError>("distribute_tensor: the tensor is undefined (placements {})",
                                 to_string(placements));
   }
-  auto spec = std::make_shared<const DTensorSpec>(mesh, placements, global.shape(), global.dtype());
+  auto spec = std::make_shared<const DTensorSpec>(mesh, placements, global.shape(), global.dtype(),
+                                                  "distribute_tensor");
   return dtensor_from_blocks("distribute_tensor", std::move(spec),
                              [&](const Shape& offset, const Shape& size) {
                                Tensor view = global;
@@ -393,8 +398,10 @@ DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements place
     throw_error<PlacementError>("DTensor::from_local: the LocalTensor is undefined (mesh {})",
                                 mesh.to_string());
   }
+  if (global_shape) checked_numel(*global_shape, "DTensor::from_local");
   // Validates the placements against the pieces' dim count before anything else.
-  DTensorSpec probe(mesh, placements, Shape(static_cast<size_t>(local.dim()), 0), local.dtype());
+  DTensorSpec probe(mesh, placements, Shape(static_cast<size_t>(local.dim()), 0), local.dtype(),
+                    "DTensor::from_local");
   check_has_ranks(probe, "DTensor::from_local");
   const std::vector<int>& ranks = probe.rank_info().ranks;
   if (local.ranks() != ranks) {
@@ -409,8 +416,8 @@ DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements place
         "DTensor::from_local: global shape {} has {} dims but the pieces have {} (held shapes {})",
         shape_str(shape), shape.size(), local.dim(), held_shapes(local));
   }
-  auto spec = std::make_shared<const DTensorSpec>(std::move(mesh), probe.placements(),
-                                                  std::move(shape), local.dtype());
+  auto spec = std::make_shared<const DTensorSpec>(
+      std::move(mesh), probe.placements(), std::move(shape), local.dtype(), "DTensor::from_local");
   const DTensorSpec::RankInfo& info = spec->rank_info();
   for (size_t r = 0; r < info.ranks.size(); ++r) {
     if (local.shards()[r].shape() != info.local_shapes[r]) {

@@ -12,7 +12,7 @@ DTensor random_dtensor(const char* op, BlockFn block_fn, const Shape& global,
                        const DeviceMesh& mesh, const Placements& placements, uint64_t seed,
                        DType dtype) {
   checked_numel(global, op);
-  auto spec = std::make_shared<const DTensorSpec>(mesh, placements, global, dtype);
+  auto spec = std::make_shared<const DTensorSpec>(mesh, placements, global, dtype, op);
   return dtensor_from_blocks(op, std::move(spec), [&](const Shape& offset, const Shape& size) {
     return block_fn(global, seed, offset, size, dtype);
   });

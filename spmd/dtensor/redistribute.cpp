@@ -31,6 +31,13 @@ namespace {
 
 std::atomic<int> g_default_planner{-1};
 
+void check_planner(RedistributePlanner planner, std::string_view op) {
+  if (planner != RedistributePlanner::Greedy && planner != RedistributePlanner::MinCost) {
+    throw_error<Unsupported>("{}: RedistributePlanner({}) is not a planner (greedy, min_cost)", op,
+                             static_cast<int>(planner));
+  }
+}
+
 RedistributePlanner planner_from_env() {
   if (auto value = env_value("SPMD_REDISTRIBUTE_PLANNER")) {
     if (*value == "min_cost" || *value == "min-cost") return RedistributePlanner::MinCost;
@@ -54,6 +61,7 @@ RedistributePlanner default_redistribute_planner() {
 }
 
 void set_default_redistribute_planner(RedistributePlanner planner) {
+  check_planner(planner, "set_default_redistribute_planner");
   g_default_planner.store(static_cast<int>(planner), std::memory_order_relaxed);
 }
 
@@ -178,12 +186,24 @@ struct CostContext {
     st.to = to;
     st.kind = *direct_kind(st.from, to);
     const int64_t k = spec.mesh_shape()[static_cast<size_t>(i)];
-    const int64_t local_bytes = shape_numel(padded_shape(state, spec.mesh_shape(), spec.shape())) *
-                                static_cast<int64_t>(itemsize(spec.dtype()));
+    // Padding rounds each sharded dim up, so a spec at the edge of int64 can overflow here.
+    int64_t local_bytes = static_cast<int64_t>(itemsize(spec.dtype()));
+    bool overflow = false;
+    for (int64_t n : padded_shape(state, spec.mesh_shape(), spec.shape())) {
+      overflow = overflow || __builtin_mul_overflow(local_bytes, n, &local_bytes);
+    }
+    int64_t gathered_bytes = 0;
+    overflow = overflow || __builtin_mul_overflow(local_bytes, k, &gathered_bytes);
+    if (overflow) {
+      throw_error<ShapeError>(
+          "plan_redistribute: the bytes a step moves overflow int64 ({} {} with placements {} on "
+          "mesh {})",
+          shape_str(spec.shape()), spec.dtype(), spmd::to_string(state), spec.mesh().to_string());
+    }
     CollectiveKind collective = CollectiveKind::AllGather;
     switch (st.kind) {
       case StepKind::AllGather:
-        st.bytes = local_bytes * k;
+        st.bytes = gathered_bytes;
         collective = CollectiveKind::AllGather;
         break;
       case StepKind::AllReduce:
@@ -478,6 +498,7 @@ PlanCache& plan_cache() {
 std::shared_ptr<const RedistributePlan> cached_redistribute_plan(const DTensorSpec& from,
                                                                  const DTensorSpec& to,
                                                                  RedistributePlanner planner) {
+  check_planner(planner, "plan_redistribute");
   const Topology& topology = from.mesh().world().topology();
   std::size_t hash = from.hash();
   hash_combine(hash, to.hash());

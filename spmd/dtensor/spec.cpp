@@ -16,42 +16,52 @@ std::vector<int64_t> shape_of(const DeviceMesh& mesh) {
 }
 }  // namespace
 
-DTensorSpec::DTensorSpec(DeviceMesh mesh, Placements placements, Shape shape, DType dtype)
+DTensorSpec::DTensorSpec(DeviceMesh mesh, Placements placements, Shape shape, DType dtype,
+                         std::string_view op)
     : ShardingSpec(std::move(placements), std::move(shape), dtype, shape_of(mesh)),
       mesh_(std::move(mesh)) {
   if (!mesh_.defined()) {
-    throw_error<PlacementError>("DTensorSpec: the mesh is undefined (placements {}, shape {})",
+    throw_error<PlacementError>("{}: the mesh is undefined (placements {}, shape {})", op,
                                 spmd::to_string(placements_), shape_str(shape_));
   }
   if (static_cast<int>(placements_.size()) != mesh_.ndim()) {
     throw_error<PlacementError>(
-        "DTensorSpec: {} placements {} for the {}-d mesh {} (one placement per mesh dim), shape "
+        "{}: {} placements {} for the {}-d mesh {} (one placement per mesh dim), shape "
         "{}",
-        placements_.size(), spmd::to_string(placements_), mesh_.ndim(), mesh_.to_string(),
+        op, placements_.size(), spmd::to_string(placements_), mesh_.ndim(), mesh_.to_string(),
         shape_str(shape_));
   }
+  check_dtype(dtype_, op);
   for (int64_t s : shape_) {
     if (s < 0) {
-      throw_error<ShapeError>("DTensorSpec: negative size in shape {} (placements {}, mesh {})",
+      throw_error<ShapeError>("{}: negative size in shape {} (placements {}, mesh {})", op,
                               shape_str(shape_), spmd::to_string(placements_), mesh_.to_string());
     }
+  }
+  try {
+    checked_numel(shape_, op);
+  } catch (const ShapeError&) {
+    throw_error<ShapeError>(
+        "{}: shape {} has too many elements for an int64 count of its {} bytes "
+        "(placements {}, mesh {})",
+        op, shape_str(shape_), dtype_, spmd::to_string(placements_), mesh_.to_string());
   }
   const int64_t nd = static_cast<int64_t>(shape_.size());
   for (size_t i = 0; i < placements_.size(); ++i) {
     if (const Shard* s = std::get_if<Shard>(&placements_[i])) {
       if (s->dim < 0 || s->dim >= nd) {
         throw_error<PlacementError>(
-            "DTensorSpec: placement {} on mesh dim {} ({}) shards dim {} of a {}-d tensor of "
+            "{}: placement {} on mesh dim {} ({}) shards dim {} of a {}-d tensor of "
             "shape {} (placements {}, mesh {})",
-            spmd::to_string(placements_[i]), i, mesh_.dim_name(static_cast<int>(i)), s->dim, nd,
+            op, spmd::to_string(placements_[i]), i, mesh_.dim_name(static_cast<int>(i)), s->dim, nd,
             shape_str(shape_), spmd::to_string(placements_), mesh_.to_string());
       }
     } else if (const Partial* p = std::get_if<Partial>(&placements_[i])) {
       if (!is_partial_op(p->op)) {
         throw_error<PlacementError>(
-            "DTensorSpec: Partial({}) on mesh dim {} is not a valid Partial (sum, avg, product, "
+            "{}: Partial({}) on mesh dim {} is not a valid Partial (sum, avg, product, "
             "min or max), shape {}, mesh {}",
-            reduce_op_name(p->op), i, shape_str(shape_), mesh_.to_string());
+            op, reduce_op_str(p->op), i, shape_str(shape_), mesh_.to_string());
       }
     }
   }
@@ -81,8 +91,8 @@ bool DTensorSpec::operator==(const DTensorSpec& other) const {
          placements_ == other.placements_ && mesh_ == other.mesh_;
 }
 
-DTensorSpec DTensorSpec::with_placements(Placements placements) const {
-  return DTensorSpec(mesh_, std::move(placements), shape_, dtype_);
+DTensorSpec DTensorSpec::with_placements(Placements placements, std::string_view op) const {
+  return DTensorSpec(mesh_, std::move(placements), shape_, dtype_, op);
 }
 
 std::size_t DTensorSpec::RankInfo::index_of(int rank) const {

@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <spmd/mesh/device_mesh.h>
@@ -38,8 +39,10 @@ class DTensorSpec : public ShardingSpec {
   // Validates and normalizes (negative Shard dims count from the end). PlacementError naming the
   // mesh, the placements and the shape when the mesh is undefined, the number of placements is
   // not the mesh's ndim, a Shard dim is out of range, or a Partial carries a bitwise op;
-  // ShapeError for a negative size.
-  DTensorSpec(DeviceMesh mesh, Placements placements, Shape shape, DType dtype);
+  // ShapeError for a negative size or an element count (or byte count) beyond int64; Unsupported
+  // for a DType that is not one. Messages start with `op`, the operation that makes the spec.
+  DTensorSpec(DeviceMesh mesh, Placements placements, Shape shape, DType dtype,
+              std::string_view op = "DTensorSpec");
   DTensorSpec(const DTensorSpec& other);
   DTensorSpec& operator=(const DTensorSpec& other);
 
@@ -48,8 +51,8 @@ class DTensorSpec : public ShardingSpec {
   std::size_t hash() const { return hash_; }
   bool operator==(const DTensorSpec& other) const;
 
-  // The same spec with other placements (validated).
-  DTensorSpec with_placements(Placements placements) const;
+  // The same spec with other placements (validated; errors start with `op`).
+  DTensorSpec with_placements(Placements placements, std::string_view op = "DTensorSpec") const;
 
   // The held ranks of the mesh's world that the mesh contains (the ranks a DTensor of this spec
   // holds), with each one's coordinate, local shape and offset. Computed once.

@@ -190,7 +190,13 @@ DeviceMesh DeviceMesh::from_ranks(const World& world, const std::vector<int64_t>
   constexpr std::string_view op = "DeviceMesh::from_ranks";
   validate_shape(shape, op);
   validate_names(dim_names, shape.size(), op);
-  int64_t numel = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+  int64_t numel = 1;
+  for (int64_t s : shape) {
+    if (__builtin_mul_overflow(numel, s, &numel)) {
+      throw_error<MeshError>("{}: the size of mesh shape {} overflows int64 ({} ranks given)", op,
+                             shape_text(shape), ranks.size());
+    }
+  }
   if (numel != static_cast<int64_t>(ranks.size())) {
     throw_error<MeshError>("{}: shape {} needs {} ranks, got {}", op, shape_text(shape), numel,
                            ranks.size());
@@ -516,7 +522,12 @@ DeviceMesh DeviceMesh::unflatten(MeshDim dim, const std::vector<int64_t>& sizes,
   int64_t product = 1;
   for (int64_t s : sizes) {
     if (s < 1) throw_error<MeshError>("{}: sizes {} include {}", source(), shape_text(sizes), s);
-    product *= s;
+    if (__builtin_mul_overflow(product, s, &product)) {
+      throw_error<MeshError>(
+          "{}: sizes {} multiply to more than an int64 holds, but the dim has {} "
+          "ranks",
+          source(), shape_text(sizes), spmd::size(dims_[d]));
+    }
   }
   if (product != spmd::size(dims_[d])) {
     throw_error<MeshError>("{}: sizes {} multiply to {} but the dim has {} ranks", source(),
@@ -697,6 +708,13 @@ std::string DeviceMesh::to_json() const {
 
 DeviceMesh DeviceMesh::from_json(const World& world, std::string_view text) {
   constexpr std::string_view op = "DeviceMesh::from_json";
+  auto parse_saved = [&](const std::string& layout, const std::string& what) {
+    try {
+      return Layout::parse(layout);
+    } catch (const MeshError& e) {
+      throw_error<MeshError>("{}: {}: {}", op, what, e.what());
+    }
+  };
   try {
     nlohmann::json j = nlohmann::json::parse(text);
     if (j.value("format", "") != "spmdsim.DeviceMesh" || j.value("version", 0) != 1) {
@@ -715,12 +733,15 @@ DeviceMesh DeviceMesh::from_json(const World& world, std::string_view text) {
         world, j.at("device_type").get<std::string>(),
         RankMap::make(std::move(ranks), world.size(), op), root_shape, root_names);
     for (const auto& [name, value] : j.at("flattened").items()) {
-      Layout l = Layout::parse(value.get<std::string>());
+      if (name.empty()) throw_error<MeshError>("{}: a flattened dim has an empty name", op);
+      Layout l = parse_saved(value.get<std::string>(), fmt::format("flattened dim '{}'", name));
       make(universe, {l}, {name}, op, [&] { return fmt::format("flattened dim '{}'", name); });
       universe->register_flattened(name, l);
     }
     std::vector<Layout> dims;
-    for (const auto& d : j.at("dims")) dims.push_back(Layout::parse(d.get<std::string>()));
+    for (const auto& d : j.at("dims")) {
+      dims.push_back(parse_saved(d.get<std::string>(), fmt::format("dim {}", dims.size())));
+    }
     auto names = j.at("dim_names").get<std::vector<std::string>>();
     validate_names(names, dims.size(), op);
     if (dims.empty()) throw_error<MeshError>("{}: the mesh has no dims", op);
@@ -728,6 +749,10 @@ DeviceMesh DeviceMesh::from_json(const World& world, std::string_view text) {
                 [] { return std::string("the saved mesh"); });
   } catch (const nlohmann::json::exception& e) {
     throw_error<MeshError>("{}: invalid document: {}", op, e.what());
+  } catch (const MeshError& e) {
+    // Errors of the layouts and rank maps built from the document name the document's operation.
+    if (std::string_view(e.what()).starts_with(op)) throw;
+    throw_error<MeshError>("{}: {}", op, e.what());
   }
 }
 

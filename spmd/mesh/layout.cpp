@@ -2,6 +2,7 @@
 #include <spmd/mesh/layout.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <ostream>
 #include <utility>
@@ -56,8 +57,9 @@ std::vector<ModeSpan> top_level_spans(const std::string& structure) {
   return spans;
 }
 
+// ceil(a / b) for a >= 0, b >= 1, without forming a + b - 1 (which overflows near int64's end).
 int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
+  return a / b + (a % b != 0 ? 1 : 0);
 }
 
 // The moving leaves (size > 1) sorted by (stride, size).
@@ -122,6 +124,16 @@ std::string coord_str(int64_t index, const Layout& layout) {
       op, layout);
 }
 
+// OutOfMemoryError naming `op` when listing `count` offsets of `layout` would pass
+// kMaxListedOffsets.
+void check_listable(std::string_view op, int64_t count, const Layout& layout) {
+  if (count > kMaxListedOffsets) {
+    throw_error<OutOfMemoryError>(
+        "{}: listing the {} offsets of layout {} takes {} bytes; at most {} offsets are listed", op,
+        count, layout, static_cast<uint64_t>(count) * sizeof(int64_t), kMaxListedOffsets);
+  }
+}
+
 // ---- parsing ------------------------------------------------------------------------------
 
 class Parser {
@@ -164,9 +176,12 @@ class Parser {
     return Layout::from_modes(modes);
   }
 
-  void tuple(std::string& structure, std::vector<int64_t>& values) {
+  void tuple(std::string& structure, std::vector<int64_t>& values, int depth = 0) {
     skip_spaces();
     if (peek() == '(') {
+      if (depth == kMaxLayoutDepth) {
+        fail(fmt::format("tuples nested deeper than {} levels", kMaxLayoutDepth));
+      }
       ++pos_;
       structure += kOpen;
       skip_spaces();
@@ -177,7 +192,7 @@ class Parser {
           skip_spaces();
           if (peek() == ')') break;  // Python's trailing comma: (8,)
         }
-        tuple(structure, values);
+        tuple(structure, values, depth + 1);
         skip_spaces();
         first = false;
       }
@@ -212,7 +227,10 @@ class Parser {
     while (pos_ < text_.size() && text_[pos_] == ' ') ++pos_;
   }
   [[noreturn]] void fail(std::string_view what) {
-    throw_error<MeshError>("Layout::parse: {} at position {} of '{}'", what, pos_, text_);
+    // A long text is shown by its start: the position says where the fault is.
+    constexpr size_t kShown = 200;
+    throw_error<MeshError>("Layout::parse: {} at position {} of '{}{}'", what, pos_,
+                           text_.substr(0, kShown), text_.size() > kShown ? "..." : "");
   }
 
   std::string_view text_;
@@ -504,7 +522,10 @@ bool is_tractable(const Layout& layout) {
   int64_t current = 1;
   for (const Leaf& l : sorted_moving_leaves(layout)) {
     if (l.stride < current || l.stride % current != 0) return false;
-    current = l.size * l.stride;
+    // Past int64 no further mode can start at a multiple: saturate.
+    if (__builtin_mul_overflow(l.size, l.stride, &current)) {
+      current = std::numeric_limits<int64_t>::max();
+    }
   }
   return true;
 }
@@ -521,11 +542,18 @@ Layout complement(const Layout& layout, int64_t world) {
       throw_not_tractable("complement", filter(layout));
     }
     modes.push_back({l.stride / current, current});
-    current = l.size * l.stride;
+    if (__builtin_mul_overflow(l.size, l.stride, &current)) {
+      throw_error<MeshError>("complement: layout {} reaches beyond int64", layout);
+    }
   }
   modes.push_back({ceil_div(world, current), current});
   std::reverse(modes.begin(), modes.end());
-  return coalesce(from_leaves(modes));
+  try {
+    return coalesce(from_leaves(modes));
+  } catch (const MeshError& e) {
+    throw_error<MeshError>("complement: the complement of {} in a world of {}: {}", layout, world,
+                           e.what());
+  }
 }
 
 bool check_non_overlap(const Layout& layout) {
@@ -548,6 +576,7 @@ bool check_non_overlap(const Layout& layout) {
 }
 
 std::vector<int64_t> codomain(const Layout& layout) {
+  check_listable("codomain", size(layout), layout);
   const auto& sizes = layout.leaf_sizes();
   const auto& strides = layout.leaf_strides();
   std::vector<int64_t> out;
@@ -585,6 +614,7 @@ Layout exact_complement(std::string_view op, const Layout& layout, int64_t world
 
 std::vector<std::vector<int64_t>> global_ranks(const Layout& layout, int64_t world) {
   Layout c = exact_complement("global_ranks", layout, world);
+  check_listable("global_ranks", world, layout);
   std::vector<int64_t> inner = codomain(layout);
   std::vector<std::vector<int64_t>> out;
   for (int64_t offset : codomain(c)) {

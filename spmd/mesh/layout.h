@@ -42,6 +42,12 @@
 
 namespace spmd {
 
+// The deepest nesting Layout::parse reads; a mesh's layouts nest a few levels at most.
+inline constexpr int kMaxLayoutDepth = 64;
+// The most offsets codomain and global_ranks list (512 MiB of them): more than any world's ranks,
+// so a larger request is a mistake that would otherwise exhaust memory (OutOfMemoryError).
+inline constexpr int64_t kMaxListedOffsets = int64_t{1} << 26;
+
 class Layout {
  public:
   // The empty tuple ():(), whose size is 1 and whose only offset is 0.
@@ -60,7 +66,8 @@ class Layout {
   // make_layout): from_modes({8:1, (2,2):(4,1)}) = (8,(2,2)):(1,(4,1)).
   static Layout from_modes(const std::vector<Layout>& modes);
   // Parses the printed form ("8:1", "(2,4):(4,1)", "((2,2)):((4,1))", "(8,):(1,)").
-  // MeshError naming the text and the position on malformed input.
+  // MeshError naming the text and the position on malformed input, including tuples nested more
+  // than kMaxLayoutDepth deep (the parser recurses once per level).
   static Layout parse(std::string_view text);
 
   // A single size:stride rather than a tuple.
@@ -177,12 +184,14 @@ bool check_non_overlap(const Layout& layout);
 // L(0), L(1), ..., L(size-1): every offset in lexicographic coordinate order (PyTorch's
 // all_ranks_from_zero).
 // Example: codomain((2,3):(3,1)) = [0..5]; codomain((2,3):(1,2)) = [0,2,4,1,3,5].
+// @pre size(L) <= kMaxListedOffsets; otherwise OutOfMemoryError.
 std::vector<int64_t> codomain(const Layout& layout);
 
 // The groups of `world` positions that L's coordinates span, one per offset of
 // complement(L, world), in the complement's lexicographic order:
 // [[c + l for l in codomain(L)] for c in codomain(complement(L, world))].
 // @pre L tractable and size(complement(L, world)) * size(L) = world; otherwise MeshError.
+// @pre world <= kMaxListedOffsets; otherwise OutOfMemoryError.
 // @post the groups partition [0, world).
 // Example: global_ranks(4:2, 8) = [[0,2,4,6],[1,3,5,7]];
 //          global_ranks((2,2):(4,1), 8) = [[0,1,4,5],[2,3,6,7]].

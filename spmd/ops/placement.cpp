@@ -18,7 +18,7 @@ bool is_partial_op(ReduceOp op) {
 std::string to_string(const Placement& p) {
   if (const Shard* s = std::get_if<Shard>(&p)) return fmt::format("S({})", s->dim);
   if (is_replicate(p)) return "R";
-  return fmt::format("P({})", reduce_op_name(std::get<Partial>(p).op));
+  return fmt::format("P({})", reduce_op_str(std::get<Partial>(p).op));
 }
 
 std::string to_string(const Placements& placements) {

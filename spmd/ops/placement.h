@@ -109,21 +109,24 @@ std::ostream& operator<<(std::ostream& os, const Placements& placements);
 // @pre size >= 0, num_chunks >= 1, 0 <= index < num_chunks.
 // shard_size(5, 4, i) = 2, 2, 1, 0.
 inline int64_t shard_size(int64_t size, int64_t num_chunks, int64_t index) {
-  const int64_t chunk = (size + num_chunks - 1) / num_chunks;
-  const int64_t start = chunk * index;
-  if (start >= size) return 0;
-  return start + chunk <= size ? chunk : size - start;
+  // Written so that no intermediate overflows, whatever the size: ceil without size + k - 1, and
+  // a start past the end (or beyond int64) gives an empty chunk.
+  const int64_t chunk = size / num_chunks + (size % num_chunks != 0 ? 1 : 0);
+  int64_t start = 0;
+  if (__builtin_mul_overflow(chunk, index, &start) || start >= size) return 0;
+  return chunk <= size - start ? chunk : size - start;
 }
 // Offset of chunk `index` (its first element; `size` for an empty chunk).
 // shard_offset(5, 4, i) = 0, 2, 4, 5.
 inline int64_t shard_offset(int64_t size, int64_t num_chunks, int64_t index) {
-  const int64_t chunk = (size + num_chunks - 1) / num_chunks;
-  const int64_t start = chunk * index;
+  const int64_t chunk = size / num_chunks + (size % num_chunks != 0 ? 1 : 0);
+  int64_t start = 0;
+  if (__builtin_mul_overflow(chunk, index, &start)) return size;
   return start < size ? start : size;
 }
 // The padded chunk size ceil(size / num_chunks): the size of chunk 0.
 inline int64_t shard_capacity(int64_t size, int64_t num_chunks) {
-  return (size + num_chunks - 1) / num_chunks;
+  return size / num_chunks + (size % num_chunks != 0 ? 1 : 0);
 }
 
 }  // namespace spmd

@@ -133,6 +133,7 @@ OpMeta scalar_meta(std::span<const InputMeta> in, const OpArgs& args) {
     throw_error<Unsupported>("{}: arithmetic on bool is not supported (shapes {} and [])",
                              scalar_name(op), shape_str(*in[0].shape));
   }
+  check_fill_value(args.reals.at(0), dtype, scalar_name(op));
   return OpMeta{*in[0].shape, dtype};
 }
 

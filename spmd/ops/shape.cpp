@@ -302,6 +302,7 @@ OpMeta pad_meta(std::span<const InputMeta> in, const OpArgs& args) {
                             shape_str(shape), before, after);
   }
   checked_numel(out, "pad");
+  check_fill_value(args.reals.at(0), in[0].dtype, "pad");
   return OpMeta{std::move(out), in[0].dtype};
 }
 
@@ -349,8 +350,8 @@ OpMeta narrow_meta(std::span<const InputMeta> in, const OpArgs& args) {
   const int64_t size = shape[static_cast<size_t>(d)];
   if (start < 0 || length < 0 || start > size - length) {
     throw_error<ShapeError>(
-        "narrow: range [{}, {}) is out of bounds for dim {} of size {} (shape {})", start,
-        start + length, d, size, shape_str(shape));
+        "narrow: start {} and length {} are out of bounds for dim {} of size {} (shape {})", start,
+        length, d, size, shape_str(shape));
   }
   Shape out = shape;
   out[static_cast<size_t>(d)] = length;

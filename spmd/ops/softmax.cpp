@@ -1,7 +1,8 @@
 // spmd/ops/softmax.cpp: the entries of softmax and log_softmax along args.ints[0].
 //
-// Computed stably (max subtracted first); integer inputs give F32. Sharding: the softmax dim must
-// be whole on every rank (never sharded, never Partial); other dims keep their shards.
+// Computed stably (max subtracted first); integer inputs give F32; Bool is refused. Sharding: the
+// softmax dim must be whole on every rank (never sharded, never Partial); other dims keep their
+// shards.
 #include <spmd/core/error.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
@@ -19,6 +20,10 @@ constexpr std::string_view softmax_name() {
 template <bool log>
 OpMeta softmax_meta(std::span<const InputMeta> in, const OpArgs& args) {
   const Shape& shape = *in[0].shape;
+  if (in[0].dtype == DType::Bool) {
+    throw_error<Unsupported>("{}: dtype bool is not supported (shape {}); convert with to() first",
+                             softmax_name<log>(), shape_str(shape));
+  }
   normalize_dim(args.ints.at(0), std::max<int64_t>(static_cast<int64_t>(shape.size()), 1),
                 softmax_name<log>(), shape);
   return OpMeta{shape, is_floating(in[0].dtype) ? in[0].dtype : DType::F32};
@@ -31,7 +36,7 @@ Tensor softmax_compute(std::span<const Tensor> in, const OpArgs& args, const OpM
   // A 0-d tensor is a softmax over one element.
   const Tensor x = t.dim() == 0 ? t.unsqueeze(0) : t;
   const int64_t d = normalize_dim(args.ints[0], x.dim(), softmax_name<log>(), t.shape());
-  Tensor result = empty(x.shape(), out.dtype, t.device());
+  Tensor result = empty_for(softmax_name<log>(), x.shape(), out.dtype, t.device());
   kernels.softmax(result, x.to(out.dtype), d, log);
   return t.dim() == 0 ? result.view({}) : result;
 }

@@ -35,6 +35,9 @@ std::string valid_flags() {
   return out;
 }
 
+// Longer timeouts overflow the clocks' integer nanoseconds; no run waits a billion seconds.
+constexpr double kMaxTimeoutSeconds = 1e9;
+
 std::optional<int> parse_int(std::string_view text) {
   int value = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
@@ -70,9 +73,10 @@ void apply(LaunchOptions& o, std::string_view flag, const std::string& value,
   } else if (flag == "--spmd-timeout" || flag == "--spmd-nccl-timeout") {
     char* end = nullptr;
     const double seconds = std::strtod(value.c_str(), &end);
-    if (value.empty() || *end != '\0' || !(seconds > 0) || !std::isfinite(seconds)) {
-      throw_error<ConfigError>("{}: the timeout must be a positive number of seconds, got '{}'",
-                               source, value);
+    if (value.empty() || *end != '\0' || !(seconds > 0) || !(seconds <= kMaxTimeoutSeconds)) {
+      throw_error<ConfigError>(
+          "{}: the timeout must be a positive number of seconds up to {}, got '{}'", source,
+          kMaxTimeoutSeconds, value);
     }
     o.timeout_s = seconds;
   } else if (flag == "--spmd-gpus-per-process") {

@@ -210,10 +210,14 @@ void LocalTensor::set_shard(int rank, Tensor t) {
   const size_t i = index_of(rank);
   if (!t.defined())
     throw_error<Error>("LocalTensor::set_shard: tensor for rank {} is undefined", rank);
-  if (t.dtype() != dtype() || t.dim() != dim()) {
-    throw_error<Error>(
-        "LocalTensor::set_shard: rank {} gets {} {} but the LocalTensor holds {} with {} dims",
-        rank, t.dtype(), shape_str(t.shape()), dtype(), dim());
+  if (t.dtype() != dtype()) {
+    throw_error<Error>("LocalTensor::set_shard: rank {} gets {} {} but the LocalTensor holds {}",
+                       rank, t.dtype(), shape_str(t.shape()), dtype());
+  }
+  if (t.dim() != dim()) {
+    throw_error<ShapeError>(
+        "LocalTensor::set_shard: rank {} gets shape {} but the LocalTensor's shards have {} dims",
+        rank, shape_str(t.shape()), dim());
   }
   shards_[i] = std::move(t);
   update_replicated();

@@ -2,6 +2,7 @@
 #include <spmd/sim/topology.h>
 
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -11,12 +12,22 @@
 namespace spmd {
 namespace {
 
+constexpr uint64_t kMaxDevices = std::numeric_limits<int>::max();
+
+// A JSON value for a message: scalars as written, containers by their type (dumping one would
+// recurse as deep as it nests).
+std::string shown(const nlohmann::json& v) {
+  if (v.is_structured()) return fmt::format("an {}", v.type_name());
+  std::string text = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return text.size() > 80 ? text.substr(0, 80) + "..." : text;
+}
+
 double positive(const nlohmann::json& j, const char* key, double fallback, const char* where) {
   if (!j.contains(key)) return fallback;
   const auto& v = j.at(key);
   if (!v.is_number() || v.get<double>() <= 0) {
     throw_error<ConfigError>("Topology: '{}{}' must be a positive number, got {}", where, key,
-                             v.dump());
+                             shown(v));
   }
   return v.get<double>();
 }
@@ -43,7 +54,7 @@ Topology Topology::from_json(const std::string& text) {
     throw_error<ConfigError>("Topology: malformed JSON: {}", e.what());
   }
   if (!j.is_object())
-    throw_error<ConfigError>("Topology: expected a JSON object, got {}", j.dump());
+    throw_error<ConfigError>("Topology: expected a JSON object, got {}", shown(j));
   for (const auto& [key, value] : j.items()) {
     if (key != "devices_per_host" && key != "intra_host" && key != "inter_host" &&
         key != "base_latency_us") {
@@ -56,9 +67,12 @@ Topology Topology::from_json(const std::string& text) {
   Topology t;
   if (j.contains("devices_per_host")) {
     const auto& v = j.at("devices_per_host");
-    if (!v.is_number_integer() || v.get<int64_t>() < 1) {
-      throw_error<ConfigError>("Topology: 'devices_per_host' must be an integer >= 1, got {}",
-                               v.dump());
+    const bool in_range = v.is_number_unsigned()
+                              ? v.get<uint64_t>() >= 1 && v.get<uint64_t>() <= kMaxDevices
+                              : v.is_number_integer() && v.get<int64_t>() >= 1;
+    if (!in_range) {
+      throw_error<ConfigError>("Topology: 'devices_per_host' must be an integer in [1, {}], got {}",
+                               kMaxDevices, shown(v));
     }
     t.devices_per_host = v.get<int>();
   }
@@ -69,7 +83,7 @@ Topology Topology::from_json(const std::string& text) {
       throw_error<ConfigError>(
           "Topology: '{}' must be an object with bandwidth_gbps and "
           "latency_us, got {}",
-          level, link.dump());
+          level, shown(link));
     }
     const std::string where = std::string(level) + ".";
     const bool intra = std::string_view(level) == "intra_host";
@@ -82,7 +96,7 @@ Topology Topology::from_json(const std::string& text) {
     const auto& v = j.at("base_latency_us");
     if (!v.is_number() || v.get<double>() < 0) {
       throw_error<ConfigError>("Topology: 'base_latency_us' must be a number >= 0, got {}",
-                               v.dump());
+                               shown(v));
     }
     t.base_latency_us = v.get<double>();
   }

@@ -111,6 +111,18 @@ const Topology& World::topology() const {
 
 void World::set_topology(std::shared_ptr<const Topology> topology) {
   checked("set_topology");
+  if (topology != nullptr) {
+    const Topology& t = *topology;
+    // The cost model divides by these (Topology::from_json checks the same).
+    if (t.devices_per_host < 1 || !(t.intra_host_bandwidth_gbps > 0) ||
+        !(t.inter_host_bandwidth_gbps > 0) || !(t.intra_host_latency_us >= 0) ||
+        !(t.inter_host_latency_us >= 0) || !(t.base_latency_us >= 0)) {
+      throw_error<ConfigError>(
+          "World::set_topology: devices_per_host must be >= 1, bandwidths > 0 and latencies >= 0, "
+          "got {}",
+          t.to_json());
+    }
+  }
   state_->topology = std::move(topology);
 }
 

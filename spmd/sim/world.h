@@ -65,7 +65,8 @@ class World {
   explicit World(std::shared_ptr<WorldState> state);
 
   // A lockstep simulated world holding ranks 0..world_size-1, from the sim backend's driver.
-  // ConfigError when world_size < 1, or when the program does not link the sim backend.
+  // ConfigError when world_size < 1 or above 2^24 (the sim backend's limit), or when the program
+  // does not link the sim backend.
   static World sim(int world_size);
 
   bool defined() const { return state_ != nullptr; }
@@ -92,6 +93,7 @@ class World {
   const std::shared_ptr<Backend>& backend_ptr() const;
   // The topology the cost model uses (the default one unless set).
   const Topology& topology() const;
+  // ConfigError for devices_per_host < 1, a bandwidth that is not > 0, or a negative latency.
   void set_topology(std::shared_ptr<const Topology> topology);
   const DebugOptions& debug() const;
   // Stores `debug` and keeps `hooks` (debug/'s observers) alive as long as the world. Call

@@ -15,6 +15,12 @@ bool equal(const Tensor& a, const Tensor& b) {
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
   DeviceOps& kernels = kernels_for("allclose", {&a, &b});
+  if (!(rtol >= 0.0) || !(atol >= 0.0)) {
+    throw_error<Unsupported>(
+        "allclose: tolerances must be non-negative numbers, got rtol {} and atol {} (shapes {} "
+        "and {})",
+        rtol, atol, shape_str(a.shape()), shape_str(b.shape()));
+  }
   if (a.shape() != b.shape()) return false;
   const DType dtype = promote_types(a.dtype(), b.dtype());
   return kernels.allclose(a.to(dtype), b.to(dtype), rtol, atol);

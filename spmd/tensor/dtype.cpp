@@ -6,6 +6,8 @@
 #include <ostream>
 #include <string>
 
+#include <spmd/core/error.h>
+
 namespace spmd {
 
 std::size_t itemsize(DType dtype) {
@@ -30,6 +32,27 @@ std::string_view dtype_name(DType dtype) {
       return "bool";
   }
   return "?";
+}
+
+void check_dtype(DType dtype, std::string_view op) {
+  if (!is_valid(dtype)) {
+    throw_error<Unsupported>("{}: DType({}) is not a dtype (f32, f64, bf16, f16, i32, i64, bool)",
+                             op, static_cast<int>(dtype));
+  }
+}
+
+void check_fill_value(double value, DType dtype, std::string_view op) {
+  if (!is_integral(dtype)) return;
+  // 2^63 and 2^31 are exact doubles. i32 holds [-2^31, 2^31); i64 also takes 2^63, the double
+  // that INT64_MAX rounds to (it saturates back to INT64_MAX).
+  const bool wide = dtype == DType::I64;
+  const double limit = wide ? 0x1p63 : 0x1p31;
+  if (!(value >= -limit && (value < limit || (wide && value == limit)))) {
+    throw_error<Unsupported>(
+        "{}: the value {} cannot be held by dtype {} (integers in [{}, {}])", op, value, dtype,
+        wide ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int32_t>::min(),
+        wide ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int32_t>::max());
+  }
 }
 
 std::optional<DType> parse_dtype(std::string_view name) {

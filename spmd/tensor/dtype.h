@@ -32,6 +32,17 @@ std::optional<DType> parse_dtype(std::string_view name);
 // Writes dtype_name (so gtest and iostreams print names, not numbers).
 std::ostream& operator<<(std::ostream& os, DType dtype);
 
+// Whether `dtype` is one of kAllDTypes (not an integer cast to DType).
+inline bool is_valid(DType dtype) {
+  return static_cast<uint8_t>(dtype) <= static_cast<uint8_t>(DType::Bool);
+}
+// Unsupported naming `op` and the value, DType(42), unless is_valid(dtype).
+void check_dtype(DType dtype, std::string_view op);
+// Unsupported naming `op`, the value and the dtype when an integer dtype cannot hold `value` (a
+// fill value or scalar): NaN, an infinity, or a number outside its range. Fractions truncate
+// toward zero, as in a cast; floating and Bool dtypes take any value.
+void check_fill_value(double value, DType dtype, std::string_view op);
+
 inline bool is_floating(DType d) {
   return d == DType::F32 || d == DType::F64 || d == DType::BF16 || d == DType::F16;
 }

@@ -45,39 +45,61 @@ AllocationScope::~AllocationScope() {
   t_allocating_op = previous_;
 }
 
-Tensor empty(const Shape& shape, DType dtype, Device device) {
-  const int64_t numel = checked_numel(shape, "empty");
+Tensor empty_for(std::string_view op, const Shape& shape, DType dtype, Device device) {
+  check_dtype(dtype, op);
+  const int64_t numel = checked_numel(shape, op);
   const std::size_t bytes = static_cast<std::size_t>(numel) * itemsize(dtype);
+  if (!device.is_cpu() && device_allocator(device.type) == nullptr) {
+    throw_error<Unsupported>("{}: no allocator is registered for device {} (shape {} {})", op,
+                             device, shape_str(shape), dtype);
+  }
+  // Names `op` unless an op-table call of this thread already names its op (Note [Out of memory]).
+  const AllocationScope scope(op);
   std::shared_ptr<Storage> storage;
   try {
     storage = Storage::allocate(bytes, device);
   } catch (const std::bad_alloc&) {
     throw_out_of_memory(shape, dtype, device, bytes, "");
   } catch (const OutOfMemoryError& e) {
-    // A device allocator's own report (cudaMalloc's error).
-    throw_out_of_memory(shape, dtype, device, bytes, e.what());
+    // The CPU allocator's report adds nothing; a device allocator's (cudaMalloc's error) does.
+    throw_out_of_memory(shape, dtype, device, bytes, device.is_cpu() ? "" : e.what());
   }
   return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
 
-Tensor zeros(const Shape& shape, DType dtype, Device device) {
-  return full(shape, 0.0, dtype, device);
+Tensor empty(const Shape& shape, DType dtype, Device device) {
+  return empty_for("empty", shape, dtype, device);
 }
 
-Tensor ones(const Shape& shape, DType dtype, Device device) {
-  return full(shape, 1.0, dtype, device);
-}
+namespace {
 
-Tensor full(const Shape& shape, double value, DType dtype, Device device) {
-  Tensor out = empty(shape, dtype, device);
+Tensor full_for(std::string_view op, const Shape& shape, double value, DType dtype, Device device) {
+  check_dtype(dtype, op);
+  check_fill_value(value, dtype, op);
+  Tensor out = empty_for(op, shape, dtype, device);
   out.fill_(value);
   return out;
 }
 
+}  // namespace
+
+Tensor zeros(const Shape& shape, DType dtype, Device device) {
+  return full_for("zeros", shape, 0.0, dtype, device);
+}
+
+Tensor ones(const Shape& shape, DType dtype, Device device) {
+  return full_for("ones", shape, 1.0, dtype, device);
+}
+
+Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  return full_for("full", shape, value, dtype, device);
+}
+
 Tensor arange(int64_t n, DType dtype) {
   if (n < 0) throw_error<ShapeError>("arange: n must be non-negative, got {}", n);
+  check_dtype(dtype, "arange");
   if (dtype == DType::Bool) throw_error<Unsupported>("arange: dtype bool is not supported");
-  Tensor out = empty({n}, dtype);
+  Tensor out = empty_for("arange", {n}, dtype);
   dispatch_dtype(dtype, [&]<class T>() {
     T* p = out.data<T>();
     for (int64_t i = 0; i < n; ++i) p[i] = convert_element<T>(i);
@@ -97,7 +119,7 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape) {
     throw_error<ShapeError>("from_vector: {} values do not fill shape {} ({} elements)",
                             values.size(), shape_str(actual), numel);
   }
-  Tensor out = empty(actual, dtype_of<T>());
+  Tensor out = empty_for("from_vector", actual, dtype_of<T>());
   std::copy(values.begin(), values.end(), out.data<T>());
   return out;
 }

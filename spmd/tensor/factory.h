@@ -37,9 +37,13 @@ class AllocationScope {
 };
 
 // Uninitialized elements. ShapeError naming the op and the shape for a negative size or an
-// element count (or byte size) that does not fit in int64; OutOfMemoryError when the memory
-// cannot be had (Note [Out of memory]).
+// element count (or byte size) that does not fit in int64; OutOfMemoryError naming the op, the
+// shape, the dtype and the bytes when the memory cannot be had (Note [Out of memory]); Unsupported
+// for a DType that is not one. The factories below check the same and name themselves; full and
+// fill_ also refuse a value the dtype cannot hold (check_fill_value: NaN into i32).
 Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = {});
+// empty() whose errors name `op` (the operation that needs the buffer) instead of "empty".
+Tensor empty_for(std::string_view op, const Shape& shape, DType dtype, Device device = {});
 Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = {});
 Tensor ones(const Shape& shape, DType dtype = DType::F32, Device device = {});
 Tensor full(const Shape& shape, double value, DType dtype = DType::F32, Device device = {});

@@ -44,6 +44,7 @@ T round_uniform(double v) {
 }
 
 void check_random_dtype(const char* op, DType dtype) {
+  check_dtype(dtype, op);
   if (!is_floating(dtype)) {
     throw_error<Unsupported>("{}: dtype {} is not supported (floating dtypes only)", op, dtype);
   }
@@ -64,7 +65,7 @@ Tensor random_block(const char* op, const Shape& global, const Shape& start, con
     throw_error<ShapeError>("{}: block at {} of sizes {} does not lie inside shape {}", op,
                             shape_str(start), shape_str(sizes), shape_str(global));
   }
-  Tensor out = empty(sizes, dtype);
+  Tensor out = empty_for(op, sizes, dtype);
   const int64_t numel = out.numel();
   const Strides global_strides = contiguous_strides(global);
   const std::size_t nd = sizes.size();

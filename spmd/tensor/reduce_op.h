@@ -6,6 +6,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include <spmd/core/format.h>
@@ -14,8 +15,16 @@ namespace spmd {
 
 enum class ReduceOp { Sum, Avg, Product, Min, Max, BAnd, BOr, BXor };
 
-// "sum", "avg", "product", "min", "max", "band", "bor", "bxor".
+// "sum", "avg", "product", "min", "max", "band", "bor", "bxor"; "?" for a value that is none.
 std::string_view reduce_op_name(ReduceOp op);
+// reduce_op_name, or "ReduceOp(42)" for a value that is no ReduceOp (how fmt prints one).
+std::string reduce_op_str(ReduceOp op);
+// Whether `op` is one of the enumerators (not an integer cast to ReduceOp).
+inline bool is_valid(ReduceOp op) {
+  return static_cast<unsigned>(op) <= static_cast<unsigned>(ReduceOp::BXor);
+}
+// Unsupported naming `op_name` (the operation) and the value unless is_valid(op).
+void check_reduce_op(ReduceOp op, std::string_view op_name);
 // Inverse of reduce_op_name (also "prod"); nullopt for anything else.
 std::optional<ReduceOp> parse_reduce_op(std::string_view name);
 // BAnd, BOr, BXor: defined for integer and Bool dtypes only.
@@ -25,4 +34,4 @@ inline bool is_bitwise(ReduceOp op) {
 
 }  // namespace spmd
 
-SPMD_FORMAT_AS_TEXT(spmd::ReduceOp, spmd::reduce_op_name(value))
+SPMD_FORMAT_AS_TEXT(spmd::ReduceOp, spmd::reduce_op_str(value))

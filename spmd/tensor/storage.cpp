@@ -4,7 +4,9 @@
 #include <array>
 #include <atomic>
 #include <bit>
+#include <cstddef>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <new>
@@ -27,6 +29,18 @@ std::ostream& operator<<(std::ostream& os, Device device) {
 namespace {
 
 std::array<std::atomic<DeviceAllocator*>, 2> g_device_allocators{};
+
+// "4 GiB", "1.5 MiB": a byte count at a glance, beside the exact number.
+std::string bytes_str(std::size_t nbytes) {
+  constexpr std::array<const char*, 7> kUnits = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double value = static_cast<double>(nbytes);
+  std::size_t unit = 0;
+  while (value >= 1024.0 && unit + 1 < kUnits.size()) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return fmt::format("{:.3g} {}", value, kUnits[unit]);
+}
 
 // Note [CPU caching allocator]
 // Memory-bound ops write fresh results: a 64 MiB buffer from aligned_alloc is a new mmap, and
@@ -142,8 +156,19 @@ DeviceAllocator* device_allocator(DeviceType type) {
 
 std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device) {
   void* data = nullptr;
+  if (nbytes > static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max())) {
+    throw_error<OutOfMemoryError>(
+        "Storage::allocate: cannot allocate {} bytes ({}) on {}: more than "
+        "any allocation can hold",
+        nbytes, bytes_str(nbytes), device);
+  }
   if (device.is_cpu()) {
-    data = cpu_cache().allocate(nbytes);
+    try {
+      data = cpu_cache().allocate(nbytes);
+    } catch (const std::bad_alloc&) {
+      throw_error<OutOfMemoryError>("Storage::allocate: cannot allocate {} bytes ({}) on {}",
+                                    nbytes, bytes_str(nbytes), device);
+    }
   } else {
     DeviceAllocator* allocator = device_allocator(device.type);
     if (allocator == nullptr) {

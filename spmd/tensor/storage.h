@@ -57,7 +57,8 @@ DeviceAllocator* device_allocator(DeviceType type);
 class Storage {
  public:
   // A new uninitialised buffer of `nbytes` on `device`. Throws Unsupported for a device type
-  // with no registered allocator.
+  // with no registered allocator, and OutOfMemoryError naming the bytes and the device when the
+  // allocation fails (never a bare std::bad_alloc).
   static std::shared_ptr<Storage> allocate(std::size_t nbytes, Device device = {});
   ~Storage();
   Storage(const Storage&) = delete;

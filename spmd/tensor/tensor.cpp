@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 #include <optional>
 #include <ostream>
 
@@ -120,25 +121,41 @@ std::shared_ptr<const Tensor::Meta> Tensor::empty_meta() {
 Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Strides strides, int64_t offset,
                DType dtype)
     : storage_(std::move(storage)), offset_(offset), dtype_(dtype) {
-  SPMD_CHECK(storage_ != nullptr);
-  SPMD_CHECK_EQ(shape.size(), strides.size());
-  SPMD_CHECK_GE(offset_, 0);
-  int64_t numel = 1;
-  for (int64_t s : shape) {
-    SPMD_CHECK_GE(s, 0);
-    SPMD_CHECK(!__builtin_mul_overflow(numel, s, &numel));
+  auto fail = [&](std::string_view why) {
+    throw_error<ShapeError>("Tensor: {} (shape {}, strides {}, offset {}, storage of {} bytes)",
+                            why, shape_str(shape), shape_str(strides), offset,
+                            storage_ ? storage_->nbytes() : 0);
+  };
+  if (storage_ == nullptr) fail("the storage is null");
+  check_dtype(dtype_, "Tensor");
+  if (shape.size() != strides.size()) {
+    fail(fmt::format("{} strides for {} dims", strides.size(), shape.size()));
   }
+  if (offset_ < 0) fail(fmt::format("offset {} is negative", offset_));
+  const int64_t numel = checked_numel(shape, "Tensor");
   if (numel > 0) {
-    const Extent e = extent_of(shape, strides, offset_);
-    SPMD_CHECK_GE(e.lo, 0);
-    SPMD_CHECK_LE(static_cast<std::size_t>(e.hi) * spmd::itemsize(dtype_), storage_->nbytes());
+    // The lowest and highest element offsets the view reaches, in checked arithmetic.
+    int64_t lo = offset_;
+    int64_t hi = offset_;
+    bool overflow = false;
+    for (std::size_t d = 0; d < shape.size() && !overflow; ++d) {
+      int64_t span = 0;
+      overflow = __builtin_mul_overflow(shape[d] - 1, strides[d], &span) ||
+                 __builtin_add_overflow(span < 0 ? lo : hi, span, span < 0 ? &lo : &hi);
+    }
+    int64_t end_bytes = 0;
+    overflow = overflow || __builtin_add_overflow(hi, 1, &hi) ||
+               __builtin_mul_overflow(hi, static_cast<int64_t>(spmd::itemsize(dtype_)), &end_bytes);
+    if (overflow || static_cast<std::size_t>(end_bytes) > storage_->nbytes()) {
+      fail("the view reaches past the end of the storage");
+    }
+    if (lo < 0) fail("the view reaches before the start of the storage");
   }
   meta_ = std::make_shared<const Meta>(Meta{std::move(shape), std::move(strides), numel});
 }
 
-void Tensor::check_defined(const char* op) const {
-  if (!defined())
-    throw_error<Error>("Tensor::{}: the tensor is undefined (default-constructed)", op);
+void Tensor::undefined_error(const char* op) {
+  throw_error<Error>("Tensor::{}: the tensor is undefined (default-constructed)", op);
 }
 
 Tensor Tensor::as_view(Shape shape, Strides strides, int64_t offset) const {
@@ -220,6 +237,7 @@ Device Tensor::device() const {
 }
 
 bool Tensor::is_contiguous() const {
+  check_defined("is_contiguous");
   if (meta_->numel == 0) return true;
   int64_t expected = 1;
   for (std::size_t d = meta_->shape.size(); d-- > 0;) {
@@ -249,8 +267,8 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   const int64_t size = meta_->shape[ud];
   if (start < 0 || length < 0 || start > size - length) {
     throw_error<ShapeError>(
-        "narrow: range [{}, {}) is out of bounds for dim {} of size {} (shape {})", start,
-        start + length, d, size, shape_str(meta_->shape));
+        "narrow: start {} and length {} are out of bounds for dim {} of size {} (shape {})", start,
+        length, d, size, shape_str(meta_->shape));
   }
   Shape shape = meta_->shape;
   shape[ud] = length;
@@ -285,14 +303,29 @@ std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
   }
   d = normalize_dim(d, dim(), "chunk", meta_->shape);
   const int64_t size = meta_->shape[static_cast<std::size_t>(d)];
-  std::vector<Tensor> pieces;
-  if (size == 0) {  // torch.chunk: `chunks` empty pieces
-    for (int64_t i = 0; i < chunks; ++i) pieces.push_back(narrow(d, 0, 0));
-    return pieces;
+  // ceil(size / chunks) without forming size + chunks - 1, which overflows for huge counts.
+  const int64_t piece = size / chunks + (size % chunks != 0 ? 1 : 0);
+  // torch.chunk: a dim of size 0 gives `chunks` empty pieces.
+  const int64_t count = size == 0 ? chunks : size / piece + (size % piece != 0 ? 1 : 0);
+  if (count > kMaxChunks) {
+    throw_error<ShapeError>(
+        "chunk: {} chunks of dim {} of size {} (shape {}) would be {} tensors; at most {}", chunks,
+        d, size, shape_str(meta_->shape), count, kMaxChunks);
   }
-  const int64_t piece = (size + chunks - 1) / chunks;
-  for (int64_t start = 0; start < size; start += piece) {
-    pieces.push_back(narrow(d, start, std::min(piece, size - start)));
+  std::vector<Tensor> pieces;
+  try {
+    pieces.reserve(static_cast<std::size_t>(count));
+    if (size == 0) {
+      for (int64_t i = 0; i < chunks; ++i) pieces.push_back(narrow(d, 0, 0));
+      return pieces;
+    }
+    for (int64_t start = 0; start < size; start += std::min(piece, size - start)) {
+      pieces.push_back(narrow(d, start, std::min(piece, size - start)));
+    }
+  } catch (const std::bad_alloc&) {
+    // Up to kMaxChunks handles (and a shape each) may still not fit in what memory is left.
+    throw_error<OutOfMemoryError>("chunk: no memory for {} pieces of dim {} of size {} (shape {})",
+                                  count, d, size, shape_str(meta_->shape));
   }
   return pieces;
 }
@@ -367,7 +400,7 @@ Tensor Tensor::reshape(const Shape& shape) const {
   if (std::optional<Strides> strides = view_strides(meta_->shape, meta_->strides, target)) {
     result = as_view(target, std::move(*strides), offset_);
   } else {
-    Tensor copy = empty(meta_->shape, dtype_, device());
+    Tensor copy = empty_for("reshape", meta_->shape, dtype_, device());
     copy.copy_(*this);
     result = copy.as_view(target, contiguous_strides(target), copy.offset_);
   }
@@ -462,15 +495,16 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::clone() const {
   check_defined("clone");
-  Tensor out = empty(meta_->shape, dtype_, device());
+  Tensor out = empty_for("clone", meta_->shape, dtype_, device());
   out.copy_(*this);
   return tracked(TensorMethod::Clone, {}, std::move(out));
 }
 
 Tensor Tensor::to(DType dtype) const {
   check_defined("to");
+  check_dtype(dtype, "to");
   if (dtype == dtype_) return *this;
-  Tensor out = empty(meta_->shape, dtype, device());
+  Tensor out = empty_for("to", meta_->shape, dtype, device());
   out.copy_(*this);
   return tracked(TensorMethod::Cast, {static_cast<int64_t>(dtype)}, std::move(out));
 }
@@ -478,9 +512,30 @@ Tensor Tensor::to(DType dtype) const {
 Tensor Tensor::to(Device device) const {
   check_defined("to");
   if (device == this->device()) return *this;
-  Tensor out = empty(meta_->shape, dtype_, device);
+  Tensor out = empty_for("to", meta_->shape, dtype_, device);
   out.copy_(*this);
   return out;
+}
+
+void Tensor::check_integral_values(const char* op, DType to) const {
+  const Tensor host = this->to(cpu()).to(DType::F64).contiguous();
+  const double* p = host.data<double>();
+  const double limit = to == DType::I64 ? 0x1p63 : 0x1p31;
+  for (int64_t i = 0; i < meta_->numel; ++i) {
+    const double v = p[i];
+    // As check_fill_value: i64 also takes 2^63, the double INT64_MAX rounds to.
+    if (v >= -limit && (v < limit || (to == DType::I64 && v == limit))) continue;
+    std::vector<int64_t> index(meta_->shape.size());
+    int64_t rest = i;
+    for (std::size_t d = index.size(); d-- > 0;) {
+      index[d] = rest % meta_->shape[d];
+      rest /= meta_->shape[d];
+    }
+    throw_error<Unsupported>(
+        "{}: element {} (index {}) is {}, which {} cannot hold (tensor shape {} {}); to({}) casts "
+        "with saturation and NaN as 0",
+        op, i, shape_str(index), v, to, shape_str(meta_->shape), dtype_, to);
+  }
 }
 
 template <class T>
@@ -490,6 +545,9 @@ T Tensor::item() const {
     throw_error<ShapeError>("item: a tensor of shape {} has {} elements, not 1",
                             shape_str(meta_->shape), meta_->numel);
   }
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (is_floating(dtype_)) check_integral_values("item", dtype_of<T>());
+  }
   if (!device().is_cpu()) return to(cpu()).item<T>();
   return dispatch_dtype(dtype_, [&]<class S>() { return convert_element<T>(*data<S>()); });
 }
@@ -497,6 +555,9 @@ T Tensor::item() const {
 template <class T>
 std::vector<T> Tensor::to_vector() const {
   check_defined("to_vector");
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (is_floating(dtype_)) check_integral_values("to_vector", dtype_of<T>());
+  }
   const Tensor host = to(cpu()).to(dtype_of<T>()).contiguous();
   const T* p = host.data<T>();
   return std::vector<T>(p, p + meta_->numel);
@@ -518,6 +579,7 @@ SPMD_INSTANTIATE_ELEMENT_ACCESS(bool)
 
 Tensor& Tensor::fill_(double value) {
   DeviceOps& kernels = kernels_for("fill_", {this});
+  check_fill_value(value, dtype_, "fill_");
   check_in_place("fill_");
   if (has_broadcast_dim(meta_->shape, meta_->strides)) {
     throw_error<ShapeError>(
@@ -705,9 +767,10 @@ class Printer {
 
 std::string Tensor::to_string() const {
   if (!defined()) return "tensor(undefined)";
-  const Tensor host = to(cpu());
   const std::string prefix = "tensor(";
-  std::string out = prefix + Printer(host, prefix.size()).body();
+  // No elements: nothing to lay out (a dim of size 2^40 beside a 0 would list 2^40 indices).
+  std::string out =
+      prefix + (meta_->numel == 0 ? std::string("[]") : Printer(to(cpu()), prefix.size()).body());
   out += fmt::format(", shape={}, dtype={}", shape_str(meta_->shape), dtype_);
   if (!device().is_cpu()) out += fmt::format(", device={}", device());
   out += ')';

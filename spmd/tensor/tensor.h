@@ -38,24 +38,38 @@ class Tensor {
  public:
   // An undefined tensor: defined() is false; everything but defined() and assignment throws.
   Tensor() = default;
-  // A view of `storage`; CHECKs that every reachable element lies inside the storage.
+  // A view of `storage`. ShapeError naming the shape, strides, offset and storage size when the
+  // storage is null, the strides do not match the dims, a size or the offset is negative, the
+  // element count overflows, or an element the view reaches lies outside the storage;
+  // Unsupported for a DType that is not one.
   Tensor(std::shared_ptr<Storage> storage, Shape shape, Strides strides, int64_t offset,
          DType dtype);
 
-  // ---- metadata ---------------------------------------------------------------------------
+  // ---- metadata (each an Error naming it on an undefined tensor) ----------------------------
   bool defined() const { return storage_ != nullptr; }
-  const Shape& shape() const { return meta_->shape; }
-  int64_t dim() const { return static_cast<int64_t>(meta_->shape.size()); }
-  int64_t numel() const { return meta_->numel; }
-  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return defined_meta("shape").shape; }
+  int64_t dim() const { return static_cast<int64_t>(defined_meta("dim").shape.size()); }
+  int64_t numel() const { return defined_meta("numel").numel; }
+  DType dtype() const {
+    check_defined("dtype");
+    return dtype_;
+  }
   // Size of dim d; negative d counts from the end. ShapeError when out of range.
   int64_t size(int64_t d) const;
-  const Strides& strides() const { return meta_->strides; }
+  const Strides& strides() const { return defined_meta("strides").strides; }
   int64_t stride(int64_t d) const;
-  int64_t storage_offset() const { return offset_; }
+  int64_t storage_offset() const {
+    check_defined("storage_offset");
+    return offset_;
+  }
   Device device() const;
-  std::size_t itemsize() const { return spmd::itemsize(dtype_); }
-  std::size_t nbytes() const { return static_cast<std::size_t>(meta_->numel) * itemsize(); }
+  std::size_t itemsize() const {
+    check_defined("itemsize");
+    return spmd::itemsize(dtype_);
+  }
+  std::size_t nbytes() const {
+    return static_cast<std::size_t>(defined_meta("nbytes").numel) * spmd::itemsize(dtype_);
+  }
   bool is_contiguous() const;
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   // Same storage, offset, shape, strides and dtype: the two handles are the same view.
@@ -79,8 +93,11 @@ class Tensor {
   // Index `index` of dim d, removing that dim.
   Tensor select(int64_t d, int64_t index) const;
   // torch.chunk: each chunk has ceil(size / chunks) elements along d, the last ones may be
-  // shorter, and fewer than `chunks` chunks come back when the size runs out.
+  // shorter, and fewer than `chunks` chunks come back when the size runs out. A dim of size 0
+  // gives `chunks` empty pieces. ShapeError for more than kMaxChunks pieces (chunk(INT64_MAX) of
+  // an empty dim must not exhaust memory), OutOfMemoryError when the pieces' handles do not fit.
   std::vector<Tensor> chunk(int64_t chunks, int64_t d = 0) const;
+  static constexpr int64_t kMaxChunks = int64_t{1} << 24;
   // Consecutive pieces of the given sizes along d; the sizes must add up to size(d).
   std::vector<Tensor> split(const std::vector<int64_t>& sizes, int64_t d = 0) const;
   Tensor transpose(int64_t a, int64_t b) const;
@@ -104,13 +121,17 @@ class Tensor {
   // A copy on `device` (this tensor itself when already there).
   Tensor to(Device device) const;
   // The single element of a tensor with numel() == 1, converted to T; ShapeError otherwise.
+  // Unsupported, naming the value, when T is an integer type that cannot hold it (NaN, an
+  // infinity or out of range): to() is the cast that saturates and sends NaN to 0.
   template <class T>
   T item() const;
-  // All elements in row-major order, converted to T.
+  // All elements in row-major order, converted to T; Unsupported naming the first element an
+  // integer T cannot hold, as item().
   template <class T>
   std::vector<T> to_vector() const;
 
   // ---- in place ---------------------------------------------------------------------------
+  // Unsupported when an integer dtype cannot hold `value` (check_fill_value: NaN into i32).
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }
   // Copies `src` (broadcast to this shape, converted to this dtype) into this view.
@@ -134,7 +155,16 @@ class Tensor {
   std::string to_string() const;
 
  private:
-  void check_defined(const char* op) const;
+  // An Error naming `op` for an undefined tensor. Inline: the accessors above are on every op's
+  // path.
+  void check_defined(const char* op) const {
+    if (!defined()) [[unlikely]]
+      undefined_error(op);
+  }
+  [[noreturn]] static void undefined_error(const char* op);
+  // Unsupported naming `op` and the first element that the integer type `to` cannot hold
+  // (this tensor is floating).
+  void check_integral_values(const char* op, DType to) const;
   // Another view of this tensor's storage.
   Tensor as_view(Shape shape, Strides strides, int64_t offset) const;
   // `result` of `method` on this tensor, recorded on the tape when this tensor takes part in
@@ -152,6 +182,10 @@ class Tensor {
     Strides strides;
     int64_t numel = 0;
   };
+  const Meta& defined_meta(const char* op) const {
+    check_defined(op);
+    return *meta_;
+  }
   static std::shared_ptr<const Meta> empty_meta();
 
   std::shared_ptr<Storage> storage_;

@@ -175,7 +175,7 @@ TEST(DTensorOps, ErrorsNameOpMeshPlacementsAndShapes) {
   expect_throws<ShapeError>([&] { sum(a, {2}); }, {"sum", "[4, 5]"});
   expect_throws<ShapeError>([&] { reshape(a, {3, 3}); }, {"reshape", "[3, 3]", "[4, 5]", "S(0),R"});
   expect_throws<PlacementError>([&] { a.redistribute({Shard{0}}); },
-                                {"DTensorSpec", "1 placements", "2-d mesh", "[4, 5]"});
+                                {"DTensor::redistribute", "1 placements", "2-d mesh", "[4, 5]"});
   expect_throws<PlacementError>(
       [&] {
         a.redistribute({Shard{3}, Replicate{}});

@@ -550,7 +550,7 @@ TEST(FromLocal, RejectsPiecesThatDoNotFollowTorchChunk) {
   expect_throws<PlacementError>([&] { DTensor::from_local(local, *mesh, {Replicate{}}); },
                                 {"from_local", "differs between ranks"});
   expect_throws<PlacementError>([&] { DTensor::from_local(local, *mesh, {Shard{2}}); },
-                                {"DTensorSpec", "S(2)", "2-d tensor"});
+                                {"DTensor::from_local", "S(2)", "2-d tensor"});
 }
 
 TEST(DistributeTensor, SharesBuffersOfReplicatedPieces) {

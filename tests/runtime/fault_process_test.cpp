@@ -91,13 +91,16 @@ TEST(Timeout, BadValuesAreConfigErrorsNamingTheFlag) {
   CommandResult r = drill("--spmd-timeout=0");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_EQ(r.output,
-            "ConfigError: --spmd-timeout=0: the timeout must be a positive number of seconds, got "
+            "ConfigError: --spmd-timeout=0: the timeout must be a positive number of seconds up to "
+            "1000000000, got "
             "'0'\n");
   r = run_command(drill_command("", "SPMD_TIMEOUT=soon"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_EQ(r.output,
-            "ConfigError: SPMD_TIMEOUT=soon: the timeout must be a positive number of seconds, "
-            "got 'soon'\n");
+  EXPECT_EQ(
+      r.output,
+      "ConfigError: SPMD_TIMEOUT=soon: the timeout must be a positive number of seconds up to "
+      "1000000000, "
+      "got 'soon'\n");
 }
 
 // ---- out of memory: the op, the shape and the bytes ------------------------------------------

@@ -23,7 +23,7 @@ namespace {
 struct LayoutOptions {
   std::string a;      // the layout (compose: A)
   std::string b;      // compose: B
-  int64_t world = 0;  // complement's world size
+  std::string world;  // complement's world size
   bool json = false;
 };
 
@@ -93,13 +93,15 @@ Command add_layout_command(CLI::App& parent) {
             }
             if (complement_app->parsed()) {
               const Layout a = parse_layout(complement_opts->a, "layout");
-              if (complement_opts->world < 1) {
-                throw_error<ConfigError>("complement: the world size must be at least 1, not {}",
-                                         complement_opts->world);
+              const std::vector<int64_t> world =
+                  parse_int_list(complement_opts->world, "complement: the world size");
+              if (world.size() != 1 || world[0] < 1) {
+                throw_error<ConfigError>(
+                    "complement: the world size must be one integer of at least 1, not '{}'",
+                    complement_opts->world);
               }
-              return print_result("complement",
-                                  {complement_opts->a, std::to_string(complement_opts->world)},
-                                  complement(a, complement_opts->world), complement_opts->json);
+              return print_result("complement", {complement_opts->a, complement_opts->world},
+                                  complement(a, world[0]), complement_opts->json);
             }
             const Layout a = parse_layout(compose_opts->a, "A");
             const Layout b = parse_layout(compose_opts->b, "B");

@@ -52,7 +52,12 @@ std::vector<TraceSummaryRow> summary_rows(const std::vector<TraceRecord>& record
     auto [it, fresh] = row_of.try_emplace({r.op, r.dim_name}, rows.size());
     if (fresh) rows.push_back(TraceSummaryRow{r.op, r.dim_name});
     TraceSummaryRow& row = rows[it->second];
-    row.bytes += r.bytes;
+    if (__builtin_add_overflow(row.bytes, r.bytes, &row.bytes)) {
+      throw_error<ConfigError>(
+          "trace summary: the bytes of {} over mesh dim '{}' add up to more than an int64 holds "
+          "(a record of rank {} has {} bytes)",
+          r.op, r.dim_name, r.rank, r.bytes);
+    }
     const double took = r.end_us > 0.0 ? r.end_us - r.start_us : 0.0;
     auto [call, first] = slowest.try_emplace({r.op, r.dim_name, r.group_ranks, r.sequence}, took);
     if (first) {
@@ -94,7 +99,9 @@ int run_summary(const TraceOptions& o) {
   for (const TraceSummaryRow& r : rows) {
     doc["rows"].push_back(row_json(r));
     total.count += r.count;
-    total.bytes += r.bytes;
+    if (__builtin_add_overflow(total.bytes, r.bytes, &total.bytes)) {
+      throw_error<ConfigError>("trace summary: the total bytes add up to more than an int64 holds");
+    }
     total.estimate_us += r.estimate_us;
     total.measured_us += r.measured_us;
   }

@@ -28,6 +28,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -121,7 +122,7 @@ Options parse(int argc, char** argv) {
       const std::string v = value_of(arg, "--timeout");
       char* end = nullptr;
       o.timeout_s = std::strtod(v.c_str(), &end);
-      if (*end != '\0' || o.timeout_s <= 0) {
+      if (*end != '\0' || !(o.timeout_s > 0) || !std::isfinite(o.timeout_s)) {
         usage_error(fmt::format("--timeout wants seconds > 0, got '{}'", v));
       }
     } else if (arg.size() > 1 && arg[0] == '-') {

@@ -11,12 +11,19 @@ namespace spmd {
 namespace {
 
 constexpr int kDefaultWorldSize = 8;
+// One process holds every rank: a rank list (and each replicated LocalTensor's) of this many ints
+// is already 64 MiB; beyond it a typo (a world of 2^31) would only exhaust memory.
+constexpr int kMaxWorldSize = 1 << 24;
 
 std::vector<World> start_sim(const WorldRequest& request) {
   const int size = request.world_size.value_or(kDefaultWorldSize);
   if (size < 1) {
     throw_error<ConfigError>("{}: the sim backend needs a world size of at least 1, got {}",
                              request.world_size_source, size);
+  }
+  if (size > kMaxWorldSize) {
+    throw_error<ConfigError>("{}: the sim backend holds at most {} ranks, got {}",
+                             request.world_size_source, kMaxWorldSize, size);
   }
   auto state = std::make_shared<WorldState>();
   state->size = size;

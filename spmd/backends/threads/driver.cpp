@@ -11,6 +11,8 @@ namespace spmd {
 namespace {
 
 constexpr int kDefaultWorldSize = 8;
+// Each rank is an OS thread with its own stack; spmdrun caps its process count the same way.
+constexpr int kMaxWorldSize = 4096;
 
 // The hub is the session: a finished rank fails the rendezvous waiting for it (Note [Threads
 // deadlock detection]); finish() drops the rendezvous still held once every thread has ended.
@@ -32,6 +34,11 @@ std::vector<World> start_threads(const WorldRequest& request) {
   if (size < 1) {
     throw_error<ConfigError>("{}: the threads backend needs a world size of at least 1, got {}",
                              request.world_size_source, size);
+  }
+  if (size > kMaxWorldSize) {
+    throw_error<ConfigError>(
+        "{}: the threads backend runs at most {} rank threads (one OS thread each), got {}",
+        request.world_size_source, kMaxWorldSize, size);
   }
   auto hub = std::make_shared<ThreadsHub>(size, request.timeout_s);
   auto session = std::make_shared<ThreadsSession>(hub);
