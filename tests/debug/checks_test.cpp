@@ -601,7 +601,7 @@ TEST(DebugAll, ResolvesToTheChecksOfTheBackend) {
   Launched r =
       launch_with({"--spmd-world-size=2", "--spmd-debug=all"}, [&](World& w) { seen = w.debug(); });
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(seen.to_string(), "check,replicate,nan:allow-inf,divergence");
+  EXPECT_EQ(seen.to_string(), "check,replicate,nan:allow-inf,divergence,types");
   r = launch_with({"--spmd-world-size=2", "--spmd-debug=all,nan", "--spmd-backend=threads"},
                   [&](World& w) {
                     if (w.is_coordinator()) seen = w.debug();
