@@ -144,13 +144,18 @@ TEST_F(Typed, NonlinearOpOnPartialIsAnError) {
 }
 
 TEST_F(Typed, InvariantMixesOnlyWithInvariant) {
-  const LocalTensor i = invariant({3});
+  LocalTensor i = invariant({3});
   EXPECT_EQ(type_of(i, "tp"), SpmdType::I);
   EXPECT_EQ(type_of(i * i + i, "tp"), SpmdType::I);
   expect_every_shard(i * i, i.shard(0) * i.shard(0));
-  expect_throws<TypeError>(
-      [&] { (void)(i + replicated({3})); },
-      {"input 1 is I (all_reduce at", "input 2 is R (broadcast at", "Megatron's f"});
+  // Without a gradient R and I are the same data: they mix as R.
+  const LocalTensor r = replicated({3});
+  EXPECT_EQ(type_of(i + r, "tp"), SpmdType::R);
+  expect_every_shard(i + r, i.shard(0) + r.shard(0));
+  // Recorded for autograd they do not: an I value's gradient is reduced, an R one's pending.
+  i.requires_grad_();
+  expect_throws<TypeError>([&] { (void)(i + r); }, {"input 1 is I (all_reduce at",
+                                                    "input 2 is R (broadcast at", "Megatron's f"});
   expect_throws<TypeError>([&] { (void)(i * varying({3})); }, {"input 2 is V (from_fn at"});
 }
 
