@@ -86,7 +86,8 @@ LocalTensor run_shards(const OpDef& op, const Operands& operands, const OpArgs& 
       types = heap_types.data();
     }
     for (size_t k = 0; k < n_in; ++k) {
-      if (const LocalTensor* t = operands.local(k)) types[k] = t->spmd_types();
+      const LocalTensor* t = operands.local(k);
+      types[k] = t != nullptr ? t->spmd_types() : constant_types();
     }
     out_types =
         spmd_type_rule(op, std::span<const TypesPtr>(types, n_in), recording, user_site_or(loc));

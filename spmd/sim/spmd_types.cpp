@@ -105,6 +105,14 @@ TypesPtr uniform_types(SpmdType type, std::string_view via, const SourceLocation
   return out;
 }
 
+const TypesPtr& constant_types() {
+  static const TypesPtr kConstant = std::make_shared<const SpmdTypes>(
+      SpmdTypes{AxisType{"", SpmdType::R, "a Tensor operand", SourceLocation::current(), nullptr,
+                         nullptr},
+                {}});
+  return kConstant;
+}
+
 TypesPtr backward_types(const TypesPtr& t, std::string_view via) {
   if (t == nullptr) return nullptr;
   auto out = std::make_shared<SpmdTypes>(*t);
@@ -150,6 +158,7 @@ PartialUse partial_use(const OpDef& op) {
 struct Operand {
   size_t index;  // 1-based position among the op's inputs
   const AxisType* type;
+  bool constant;  // a plain Tensor operand (constant_types())
 };
 
 std::string operand_text(const Operand& o) {
@@ -175,6 +184,7 @@ const AxisType* combine(const OpDef& op, std::string_view axis, const std::vecto
   const Operand* v = nullptr;
   const Operand* r = nullptr;
   for (const Operand& o : in) {
+    if (o.constant) continue;  // R to a Partial (below), neutral to the other types
     const Operand** slot = o.type->type == SpmdType::P   ? &p
                            : o.type->type == SpmdType::I ? &i
                            : o.type->type == SpmdType::V ? &v
@@ -254,7 +264,9 @@ const AxisType* combine(const OpDef& op, std::string_view axis, const std::vecto
 
 TypesPtr spmd_type_rule(const OpDef& op, std::span<const TypesPtr> inputs, bool recorded,
                         const SourceLocation& loc) {
-  if (std::none_of(inputs.begin(), inputs.end(), [](const TypesPtr& t) { return t != nullptr; }))
+  const SpmdTypes* constant = constant_types().get();
+  if (std::none_of(inputs.begin(), inputs.end(),
+                   [&](const TypesPtr& t) { return t != nullptr && t.get() != constant; }))
     return nullptr;
   const UserCallSite site(loc);
   std::vector<std::string_view> axes;
@@ -269,13 +281,15 @@ TypesPtr spmd_type_rule(const OpDef& op, std::span<const TypesPtr> inputs, bool 
   auto along = [&](std::string_view axis) {
     in.clear();
     for (size_t k = 0; k < inputs.size(); ++k) {
-      if (inputs[k] != nullptr) in.push_back(Operand{k + 1, &inputs[k]->of(axis)});
+      if (inputs[k] != nullptr) {
+        in.push_back(Operand{k + 1, &inputs[k]->of(axis), inputs[k].get() == constant});
+      }
     }
     AxisType t = *combine(op, axis, in, recorded);
     // A value that changed type here (R meeting V gives V) got it at this line; one that kept the
     // type of all its inputs keeps where that came from.
     for (const Operand& o : in) {
-      if (o.type->type == t.type) continue;
+      if (o.constant || o.type->type == t.type) continue;
       t.via = op.name;
       t.origin = loc;
       break;

@@ -119,6 +119,11 @@ TypesPtr uniform_types(SpmdType type, std::string_view via, const SourceLocation
 TypesPtr spmd_type_rule(const OpDef& op, std::span<const TypesPtr> inputs, bool recorded,
                         const SourceLocation& loc);
 
+// The types of a plain Tensor operand of a LocalTensor op: a constant, the same on every rank and
+// without a gradient. To a Partial it is R (P + c adds c once per rank: an error; P * c is P); it
+// does not change the type of anything else.
+const TypesPtr& constant_types();
+
 // The data check (Note [Types against the data]): every R or I axis of `t` whose groups are known
 // must hold identical shards in each group; TypeError naming `what`, the axis, the two ranks and
 // the first differing index. Does nothing unless types_data_check().

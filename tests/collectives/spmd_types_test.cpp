@@ -141,6 +141,11 @@ TEST_F(Typed, NonlinearOpOnPartialIsAnError) {
   EXPECT_TRUE(allclose(sum_of(p.with_types(nullptr) + r.with_types(nullptr)),
                        sum_of(p) + r.shard(0) * static_cast<double>(kRanks), 1e-4, 1e-5));
   expect_throws<TypeError>([&] { (void)(p + r); }, {"once per rank of the axis"});
+  // A plain Tensor operand is a constant: R to a Partial, so P + c is the same error, P * c is P.
+  const Tensor c = randn({6}, 3);
+  expect_throws<TypeError>([&] { (void)(p + c); }, {"input 2 is R (a Tensor operand"});
+  EXPECT_EQ(type_of(p * c, "tp"), SpmdType::P);
+  EXPECT_TRUE(allclose(sum_of(p * c), sum_of(p) * c, 1e-4, 1e-5));
 }
 
 TEST_F(Typed, InvariantMixesOnlyWithInvariant) {
