@@ -609,6 +609,7 @@ TEST(DebugAll, ResolvesToTheChecksOfTheBackend) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(seen.to_string(), "check,replicate,nan");
   EXPECT_EQ(parse_debug_options("nan:allow-inf").to_string(), "nan:allow-inf");
+  EXPECT_EQ(parse_debug_options("types").to_string(), "types");
   expect_throws<ConfigError>([] { parse_debug_options("nan:allow-nan"); },
                              {"unknown debug check 'nan:allow-nan'", "all,"});
 }
