@@ -134,8 +134,9 @@ void typed_collective_backward(BackwardContext& c) {
           return permute(g, tc.mesh, tc.dim, std::move(inverse));
         } else {
           throw_error<Unsupported>(
-              "backward: {} is not differentiable: its non-root ranks get empty results, so the "
-              "gradient has no shape to come back in; use all_gather or all_reduce",
+              "backward: {} is not differentiable: its non-root ranks get empty results, and a "
+              "LocalTensor whose shards differ in shape carries no gradient; use all_gather or "
+              "all_reduce",
               tc.where);
         }
       },

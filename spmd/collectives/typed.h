@@ -11,7 +11,8 @@
 //   all_to_all(_single)  V -> V (backward: the reverse all_to_all); R, I read as V; P: error
 //   broadcast       R, I, V -> R (backward: the gradient summed onto src); P: error
 //   scatter         -> V (backward: gathered onto src); P: error
-//   gather, reduce  V -> V, P -> V (reduce); no backward
+//   gather, reduce  V -> V, P -> V (reduce); not differentiable (non-roots get empty results, and
+//                   a LocalTensor whose shards differ in shape carries no gradient)
 //   permute         V -> V, P -> P (backward: the inverse permutation); R, I read as V
 // Under autograd a typed collective is recorded with that backward; an untyped one (types off)
 // stays not differentiable (Unsupported at backward, naming the call).

@@ -300,6 +300,18 @@ TEST_F(Typed, AllToAllBroadcastPermuteBackward) {
     EXPECT_TRUE(allclose(z.grad().shard(k), c.narrow(0, 0, 3).shard((k + 1) % kRanks)));
 }
 
+TEST_F(Typed, ScatterBackwardGathersOntoSrc) {
+  const LocalTensor c = varying({8});
+  LocalTensor x = varying({8});
+  x.requires_grad_();
+  backward(sum(scatter(x, mesh, "tp", 2) * c.narrow(0, 0, 2)));
+  // Only src's value is scattered: its gradient is every rank's c piece in group order.
+  std::vector<Tensor> pieces;
+  for (int k : c.ranks()) pieces.push_back(c.shard(k).narrow(0, 0, 2));
+  EXPECT_TRUE(allclose(x.grad().shard(2), cat(pieces, 0)));
+  EXPECT_TRUE(allclose(x.grad().shard(0), zeros({8})));
+}
+
 TEST_F(Typed, GradientTypesSwapRAndP) {
   LocalTensor w = replicated({3});
   w.requires_grad_();
