@@ -11,13 +11,16 @@
 // (spmd_types' local types; JAX's check_vma tracks V only). The backward type swaps R and P and
 // keeps I and V: it decides each local collective's backward (all_gather V->R backward is
 // reduce_scatter P->V, all_reduce P->R backward is all_reduce P->R, all_reduce V->I backward is the
-// identity). docs/concepts.md, "SPMD types", has the table of every rule and the test that checks
-// it numerically.
+// identity). docs/concepts.md, "SPMD types of local code", has the table of every rule and the test
+// that checks it numerically.
 // Types are on while a world with --spmd-debug=types lives (or a TypesScope); off, a LocalTensor
 // carries none and nothing here runs. On:
 //   LocalTensor::from_fn(world, ...) is V on every axis, replicate/zeros/ones/full(world, ...) R;
 //   a table op combines its inputs' types axis by axis (spmd_type_rule); the collectives
-//   (collectives/functional.h), to_local and from_local (dtensor/) state theirs.
+//   (collectives/typed.h), to_local and from_local (dtensor/dtensor.cpp) state theirs.
+// An axis no collective or to_local named yet takes the type of `rest` (SpmdTypes); a clash there
+// is not an error (the gradient of replicate()'s R is P on every axis, and no reduction can name
+// the axes it never met), it makes the rest V.
 // A LocalTensor keeps, per axis, where it got its type (the user's line and what gave it), so a
 // TypeError names the axis, the types and the lines that made them. A LocalTensor made without a
 // world (the rank-list forms, what DTensor holds inside) is untyped: nothing is inferred from it or
@@ -125,8 +128,8 @@ TypesPtr spmd_type_rule(const OpDef& op, std::span<const TypesPtr> inputs, bool 
 const TypesPtr& constant_types();
 
 // The data check (Note [Types against the data]): every R or I axis of `t` whose groups are known
-// must hold identical shards in each group; TypeError naming `what`, the axis, the two ranks and
-// the first differing index. Does nothing unless types_data_check().
+// must hold identical shards in each group; TypeError naming `what`, the axis, the two ranks, the
+// group and the largest difference. Does nothing unless types_data_check().
 void check_types_against_data(const LocalTensor& t, std::string_view what,
                               const SourceLocation& loc);
 
