@@ -146,7 +146,7 @@ DTensor::DTensor(LocalTensor local, SpecPtr spec)
   SPMD_CHECK(spec_ != nullptr);
   // The pieces inside a DTensor are untyped: its placements say what they are (Note [SPMD types]).
   if (local_.spmd_types() != nullptr) [[unlikely]]
-    local_ = local_.with_types(nullptr);
+    local_ = std::move(local_).with_types(nullptr);
 }
 
 void DTensor::check_defined(const char* op) const {

@@ -106,7 +106,7 @@ LocalTensor run_shards(const OpDef& op, const Operands& operands, const OpArgs& 
     }
   }
   if (out_types != nullptr) [[unlikely]]
-    result = result.with_types(std::move(out_types));
+    result = std::move(result).with_types(std::move(out_types));
   if (recording && is_floating(result.dtype())) {
     std::vector<Var> vars;
     vars.reserve(n_in);

@@ -211,10 +211,15 @@ std::map<std::string, SpmdType> LocalTensor::types() const {
   return out;
 }
 
-LocalTensor LocalTensor::with_types(std::shared_ptr<const SpmdTypes> types) const {
+LocalTensor LocalTensor::with_types(std::shared_ptr<const SpmdTypes> types) const& {
   LocalTensor out = *this;
   out.types_ = std::move(types);
   return out;
+}
+
+LocalTensor LocalTensor::with_types(std::shared_ptr<const SpmdTypes> types) && {
+  types_ = std::move(types);
+  return std::move(*this);
 }
 
 LocalTensor LocalTensor::detach() const {
@@ -360,12 +365,16 @@ LocalTensor LocalTensor::apply(const std::function<Tensor(const Tensor&)>& fn) c
   check_defined("apply");
   if (replicated_) {
     Tensor one = fn(shards_[0]);
-    return LocalTensor(*this, std::vector<Tensor>(shards_.size(), one)).with_types(types_);
+    LocalTensor result(*this, std::vector<Tensor>(shards_.size(), one));
+    result.types_ = types_;
+    return result;
   }
   std::vector<Tensor> out(shards_.size());
   detail::for_each_shard(shards_.size(), detail::total_numel(*this),
                          [&](std::size_t i) { out[i] = fn(shards_[i]); });
-  return LocalTensor(*this, std::move(out)).with_types(types_);
+  LocalTensor result(*this, std::move(out));
+  result.types_ = types_;
+  return result;
 }
 
 Tensor LocalTensor::reconcile() const {

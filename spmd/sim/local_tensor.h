@@ -139,7 +139,8 @@ class LocalTensor {
   // The types with their origins; null when untyped.
   const std::shared_ptr<const SpmdTypes>& spmd_types() const { return types_; }
   // The same shards with these types (no check: the layers that infer types call it).
-  LocalTensor with_types(std::shared_ptr<const SpmdTypes> types) const;
+  LocalTensor with_types(std::shared_ptr<const SpmdTypes> types) const&;
+  LocalTensor with_types(std::shared_ptr<const SpmdTypes> types) &&;
 
   // Applies fn to every shard, once when the shards are one replicated buffer.
   LocalTensor apply(const std::function<Tensor(const Tensor&)>& fn) const;
