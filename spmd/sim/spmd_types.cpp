@@ -106,10 +106,9 @@ TypesPtr uniform_types(SpmdType type, std::string_view via, const SourceLocation
 }
 
 const TypesPtr& constant_types() {
-  static const TypesPtr kConstant = std::make_shared<const SpmdTypes>(
-      SpmdTypes{AxisType{"", SpmdType::R, "a Tensor operand", SourceLocation::current(), nullptr,
-                         nullptr},
-                {}});
+  static const TypesPtr kConstant = std::make_shared<const SpmdTypes>(SpmdTypes{
+      AxisType{"", SpmdType::R, "a Tensor operand", SourceLocation::current(), nullptr, nullptr},
+      {}});
   return kConstant;
 }
 
@@ -169,8 +168,12 @@ std::string axis_text(std::string_view axis) {
   return axis.empty() ? std::string("every axis") : fmt::format("mesh axis '{}'", axis);
 }
 
-[[noreturn]] void type_error(const OpDef& op, std::string_view axis, const Operand& a,
-                             const Operand* b, std::string_view why) {
+[[noreturn]] void type_error(const OpDef& op, std::string_view axis, const Operand& first,
+                             const Operand* second, std::string_view why) {
+  // The inputs in their order in the call.
+  const bool swap = second != nullptr && second->index < first.index;
+  const Operand& a = swap ? *second : first;
+  const Operand* b = swap ? &first : second;
   throw_error<TypeError>("{}: along {} {}{}: {}", op.name, axis_text(axis), operand_text(a),
                          b != nullptr ? fmt::format(" and {}", operand_text(*b)) : std::string(),
                          why);
