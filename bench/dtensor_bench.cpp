@@ -14,6 +14,7 @@
 //   backward_plain_us      the backward formula's Tensor ops, one per rank
 //   backward_overhead_us   backward_us - backward_plain_us (target <= 2 us)
 //   forward_overhead_us    the recorded forward minus its shard math (recording included)
+// Types: the same ops with SPMD types off and on (types_cost_us, target <= 0.3 us).
 // Plan lookup: plan_redistribute on a warm cache (lookup_us, target <= 0.5 us) and on a cold one
 // (the planner itself, greedy and min-cost).
 // BM_train_step: tp_mlp's training step (forward, backward(), SGD) on a (dp=2, tp=4) mesh under
@@ -31,11 +32,12 @@
 #include <spmd/dtensor/dispatch.h>
 #include <spmd/dtensor/dtensor.h>
 #include <spmd/dtensor/ops.h>
-#include <spmd/dtensor/redistribute.h>
 #include <spmd/dtensor/random.h>
+#include <spmd/dtensor/redistribute.h>
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
+#include <spmd/sim/spmd_types.h>
 #include <spmd/tensor/random.h>
 
 namespace spmd {
@@ -131,6 +133,39 @@ void BM_DTensorMatmulWarm(benchmark::State& state) {
 }
 BENCHMARK(BM_DTensorMatmulWarm);
 
+// SPMD types (sim/spmd_types.h) off and on, same run, interleaved (best of 7 each): a DTensor op's
+// pieces are untyped, so types on costs the op one check of the switch per LocalTensor op.
+//   types_off_us, types_on_us   the DTensor op
+//   types_cost_us               types_on_us - types_off_us (target <= 0.3 us)
+void types_benchmark(benchmark::State& state, const DTensor& a, const DTensor& b,
+                     DTensor (*dtensor_op)(const DTensor&, const DTensor&)) {
+  dtensor_op(a, b);
+  for (auto _ : state) benchmark::DoNotOptimize(dtensor_op(a, b));
+  double off = 1e300, on = 1e300;
+  for (int round = 0; round < 7; ++round) {
+    off = std::min(off, time_us([&] { benchmark::DoNotOptimize(dtensor_op(a, b)); }));
+    const TypesScope types(/*data=*/true);
+    on = std::min(on, time_us([&] { benchmark::DoNotOptimize(dtensor_op(a, b)); }));
+  }
+  state.counters["types_off_us"] = off;
+  state.counters["types_on_us"] = on;
+  state.counters["types_cost_us"] = on - off;
+}
+
+void BM_DTensorAddTypes(benchmark::State& state) {
+  DTensor a = distribute_tensor(randn({32, 4}, 1), setup().mesh, {Shard{0}});
+  DTensor b = distribute_tensor(randn({32, 4}, 2), setup().mesh, {Shard{0}});
+  types_benchmark(state, a, b, dtensor_add);
+}
+BENCHMARK(BM_DTensorAddTypes);
+
+void BM_DTensorMatmulTypes(benchmark::State& state) {
+  DTensor a = distribute_tensor(randn({32, 4}, 1), setup().mesh, {Shard{0}});
+  DTensor b = distribute_tensor(randn({4, 4}, 2), setup().mesh, {Replicate{}});
+  types_benchmark(state, a, b, dtensor_matmul);
+}
+BENCHMARK(BM_DTensorMatmulTypes);
+
 // Forward + backward of `dtensor_op` with autograd against its forward and against the backward's
 // shard math (`plain_backward`, one Tensor op set per rank).
 void backward_benchmark(benchmark::State& state, DTensor a, DTensor b, bool b_requires_grad,
@@ -176,7 +211,8 @@ void backward_benchmark(benchmark::State& state, DTensor a, DTensor b, bool b_re
 void BM_DTensorAddBackwardWarm(benchmark::State& state) {
   const DTensor a = distribute_tensor(randn({32, 4}, 1), setup().mesh, {Shard{0}});
   const DTensor b = distribute_tensor(randn({32, 4}, 2), setup().mesh, {Shard{0}});
-  backward_benchmark(state, a, b, true, dtensor_add, tensor_add, [](size_t) {}, kRanks);
+  backward_benchmark(
+      state, a, b, true, dtensor_add, tensor_add, [](size_t) {}, kRanks);
 }
 BENCHMARK(BM_DTensorAddBackwardWarm);
 
@@ -192,7 +228,8 @@ void BM_DTensorMatmulBackwardWarm(benchmark::State& state) {
 }
 BENCHMARK(BM_DTensorMatmulBackwardWarm);
 
-// ---- a training step ------------------------------------------------------------------------------
+// ---- a training step
+// ------------------------------------------------------------------------------
 
 // tp_mlp's step (examples/tp_mlp.cpp) at a size where compute matters: y = tanh(x W1) W2,
 // mean squared error, backward, SGD.

@@ -22,6 +22,7 @@
 #include <spmd/collectives/functional.h>
 #include <spmd/collectives/trace.h>
 #include <spmd/collectives/trace_export.h>
+#include <spmd/collectives/typed.h>
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
 #include <spmd/core/parallel.h>
@@ -50,6 +51,7 @@
 #include <spmd/sim/launcher.h>
 #include <spmd/sim/local_ops.h>
 #include <spmd/sim/local_tensor.h>
+#include <spmd/sim/spmd_types.h>
 #include <spmd/sim/per_rank.h>
 #include <spmd/sim/topology.h>
 #include <spmd/sim/world.h>

@@ -7,6 +7,7 @@
 
 #include <spmd/collectives/cost_model.h>
 #include <spmd/collectives/trace.h>
+#include <spmd/collectives/typed.h>
 #include <spmd/collectives/validate.h>
 #include <spmd/core/error.h>
 #include <spmd/ops/ops.h>
@@ -174,9 +175,10 @@ struct Issued {
 void local_collective_backward(BackwardContext& c) {
   throw_error<Unsupported>(
       "backward: {} on a LocalTensor is not differentiable: a local collective's gradient depends "
-      "on what the local values mean, which the LocalTensor does not say; write the step with "
-      "DTensor ops and redistribute (whose backward is defined), or wrap the local code in "
-      "from_local/to_local with grad_placements",
+      "on what the local values mean, which an untyped LocalTensor does not say; run with "
+      "--spmd-debug=types (its SPMD types decide the backward collective), write the step with "
+      "DTensor ops and redistribute, or wrap the local code in from_local/to_local with "
+      "grad_placements",
       c.payload<std::string>());
 }
 
@@ -204,10 +206,25 @@ Async<LocalTensor> collective_async(const LocalTensor& x, const DeviceMesh& mesh
   // Note [User call sites]: a collective a DTensor op issues is reported at the op's line.
   const SourceLocation loc = user_site_or(caller);
   const int d = mesh.resolve(dim);
+  TypesPtr types;
+  if (x.spmd_types() != nullptr && types_active()) [[unlikely]] {
+    const UserCallSite site(loc);
+    types = collective_types(x.spmd_types(), options, mesh, d, loc);
+  }
   Issued issued = issue_call(x, mesh, d, options, loc);
   const uint64_t id = issued.trace_id;
   CollectiveObserver observer = g_observer.load(std::memory_order_relaxed);
   const bool tape = grad_enabled() && x.requires_grad();
+  if (types != nullptr) [[unlikely]] {
+    return Async<LocalTensor>(std::move(issued.work), [id, observer, options, x, mesh, d, loc,
+                                                       types](const LocalTensor& result) {
+      if (id != UINT64_MAX) trace().finish(id);
+      if (observer != nullptr) {
+        observer(CollectiveEvent{kind_of(options), mesh.world(), mesh.dim_name(d), loc, x, result});
+      }
+      return record_typed_collective(x, result.with_types(types), options, mesh, d, loc);
+    });
+  }
   if (observer == nullptr && !tape) {
     if (id == UINT64_MAX) return Async<LocalTensor>(std::move(issued.work), nullptr);
     return Async<LocalTensor>(std::move(issued.work), [id](const LocalTensor& result) {
@@ -231,6 +248,11 @@ LocalTensor collective(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim
   // Note [User call sites]: a collective a DTensor op issues is reported at the op's line.
   const SourceLocation loc = user_site_or(caller);
   const int d = mesh.resolve(dim);
+  TypesPtr types;
+  if (x.spmd_types() != nullptr && types_active()) [[unlikely]] {
+    const UserCallSite site(loc);
+    types = collective_types(x.spmd_types(), options, mesh, d, loc);
+  }
   Issued issued = issue_call(x, mesh, d, options, loc);
   issued.work->wait();
   if (issued.trace_id != UINT64_MAX) trace().finish(issued.trace_id);
@@ -238,6 +260,8 @@ LocalTensor collective(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim
   if (CollectiveObserver observer = g_observer.load(std::memory_order_relaxed)) [[unlikely]] {
     observer(CollectiveEvent{kind_of(options), mesh.world(), mesh.dim_name(d), loc, x, result});
   }
+  if (types != nullptr) [[unlikely]]
+    return record_typed_collective(x, result.with_types(std::move(types)), options, mesh, d, loc);
   if (x.requires_grad()) [[unlikely]] {
     return on_tape(x, result, kind_of(options), mesh.dim_name(d), loc);
   }

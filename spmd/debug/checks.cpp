@@ -19,6 +19,7 @@
 #include <spmd/mesh/layout.h>
 #include <spmd/ops/ops.h>
 #include <spmd/sim/local_ops.h>
+#include <spmd/sim/spmd_types.h>
 
 namespace spmd {
 namespace {
@@ -686,10 +687,18 @@ void set_debug(World& world, const DebugOptions& debug) {
         "set_debug: `all` must be resolved to the backend's checks first (launch() does: "
         "BackendDriver::debug_all)");
   }
-  std::shared_ptr<const void> hooks;
+  std::shared_ptr<const HookToken> checks;
   if (debug.check || debug.replicate || debug.nan || debug.divergence)
-    hooks = std::make_shared<const HookToken>(debug.nan, debug.allow_inf);
-  world.store_debug(debug, std::move(hooks));
+    checks = std::make_shared<const HookToken>(debug.nan, debug.allow_inf);
+  // Types are on in the process while a world with them lives; the data check needs every shard
+  // (Note [Types against the data] in sim/spmd_types.cpp).
+  std::shared_ptr<const TypesScope> types;
+  if (debug.types) types = std::make_shared<const TypesScope>(holds_all && state.size > 1);
+  world.store_debug(
+      debug,
+      std::make_shared<
+          const std::pair<std::shared_ptr<const HookToken>, std::shared_ptr<const TypesScope>>>(
+          std::move(checks), std::move(types)));
 }
 
 void shadow_run_record() {

@@ -38,6 +38,13 @@
 // the user's line of the op (OpEvent::location). fingerprint is read by a real backend when it is
 // created (its driver gets the debug options in WorldRequest), not by set_debug.
 //   nan:allow-inf  like nan, but only NaN is reported (-inf attention masks are meant).
+//   types      SPMD types of local code (Note [SPMD types] in sim/spmd_types.h): every
+//              LocalTensor op, local collective, to_local and from_local infers and checks the
+//              R/I/V/P type of each mesh axis (a TypeError at the user's line); under sim (part
+//              of `all` there) the types are also checked against the data where they are claimed
+//              (Note [Types against the data]). Under threads and mpi the rules run on each rank
+//              without the data check (it would need every shard), so `all` leaves it out there;
+//              list it to get the rules. Process-wide while a world with it lives, like nan.
 //
 // Note [Shadow run]
 // Under sim one process plays every rank and World::is_coordinator() is true, so a collective

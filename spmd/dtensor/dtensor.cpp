@@ -6,6 +6,7 @@
 #include <ostream>
 
 #include <spmd/collectives/functional.h>
+#include <spmd/collectives/typed.h>
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
 #include <spmd/dtensor/dispatch.h>
@@ -91,6 +92,13 @@ void from_local_backward(BackwardContext& c) {
       0, local_var(g.redistribute(grad_target(c.payload<Placements>(), g.placements())).local()));
 }
 
+// Typed pieces (Note [SPMD types]): the gradient laid out exactly as grad_placements say, so an R
+// piece whose grad_placements are Partial gets its share of a pending sum (R -> P partitions).
+void from_local_typed_backward(BackwardContext& c) {
+  const DTensor& g = dtensor_of(c.grad());
+  c.set_grad(0, local_var(g.redistribute(c.payload<Placements>()).local()));
+}
+
 uint64_t local_version(const LocalTensor& t) {
   uint64_t version = 0;
   for (const Tensor& shard : t.shards()) version += shard.storage()->version();
@@ -140,6 +148,9 @@ DTensor::DTensor(LocalTensor local, SpecPtr spec)
     throw_error<PlacementError>("DTensor: the LocalTensor is undefined (spec {})",
                                 spec_->to_string());
   }
+  // The pieces inside a DTensor are untyped: its placements say what they are (Note [SPMD types]).
+  if (local_.spmd_types() != nullptr) [[unlikely]]
+    local_ = std::move(local_).with_types(nullptr);
 }
 
 void DTensor::check_defined(const char* op) const {
@@ -225,9 +236,117 @@ DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner 
   return out;
 }
 
+namespace {
+
+// Note [SPMD types] (sim/spmd_types.h) at from_local: the placement of each mesh dim claims a type
+// of the pieces along it (Shard: V, Replicate: R or I, Partial: P, or V read as P), and when the
+// pieces take part in autograd, grad_placements must hand back the gradient their type has (an R
+// piece's gradient is pending a sum, P; an I piece's is reduced, R).
+void check_from_local_types(const LocalTensor& local, const DeviceMesh& mesh,
+                            const Placements& placements,
+                            const std::optional<Placements>& grad_placements,
+                            const SourceLocation& loc) {
+  if (!types_active()) return;
+  const UserCallSite site(loc);
+  const bool grads = grad_enabled() && local.requires_grad();
+  for (int i = 0; i < mesh.ndim(); ++i) {
+    const std::string axis = mesh.dim_name(i);
+    const AxisType& got = local.spmd_types()->of(axis);
+    const Placement& p = placements[static_cast<size_t>(i)];
+    const std::string claim = to_string(p);
+    auto fail = [&](std::string_view why) {
+      throw_error<TypeError>(
+          "DTensor::from_local: along mesh axis '{}' the LocalTensor is {}, but placement {} "
+          "claims {}",
+          axis, describe(got), claim, why);
+    };
+    switch (got.type) {
+      case SpmdType::V:
+        if (std::holds_alternative<Replicate>(p)) {
+          fail(
+              "identical pieces, and its pieces differ per rank (all_gather or all_reduce them "
+              "first)");
+        }
+        break;
+      case SpmdType::P:
+        if (std::holds_alternative<Replicate>(p)) {
+          fail(
+              "identical pieces, and its pieces are terms of a pending sum (to_local + "
+              "from_local on a Partial: keep Partial, or all_reduce first)");
+        }
+        if (std::holds_alternative<Shard>(p)) {
+          fail(
+              "distinct pieces, and its pieces are terms of a pending sum (reduce_scatter it "
+              "first)");
+        }
+        break;
+      case SpmdType::R:
+      case SpmdType::I:
+        if (std::holds_alternative<Shard>(p)) {
+          fail(
+              "distinct pieces, and its pieces are identical along the axis (the global tensor "
+              "would repeat them)");
+        }
+        if (std::holds_alternative<Partial>(p)) {
+          fail(
+              "terms of a sum, and its pieces are identical along the axis (the sum would count "
+              "them once per rank)");
+        }
+        if (grads) {
+          const Placement& gp = grad_placements ? (*grad_placements)[static_cast<size_t>(i)] : p;
+          if (got.type == SpmdType::R && !std::holds_alternative<Partial>(gp)) {
+            throw_error<TypeError>(
+                "DTensor::from_local: along mesh axis '{}' the LocalTensor is {}: its gradient "
+                "must stay Partial (R's gradient is P, reduced once where the value became R), but "
+                "grad_placements {} hand it back reduced, so the backward all-reduces it here "
+                "too; pass grad_placements with Partial on '{}'",
+                axis, describe(got), to_string(gp), axis);
+          }
+          if (got.type == SpmdType::I && !std::holds_alternative<Replicate>(gp)) {
+            throw_error<TypeError>(
+                "DTensor::from_local: along mesh axis '{}' the LocalTensor is {}: its gradient "
+                "must be reduced (I's gradient is I), but grad_placements {} hand it back "
+                "pending; pass grad_placements Replicate on '{}'",
+                axis, describe(got), to_string(gp), axis);
+          }
+        }
+        break;
+    }
+  }
+  check_types_against_data(local, "DTensor::from_local", loc);
+}
+
+// The types of the pieces of `spec` (Shard: V, Replicate: R, Partial: P), from to_local at `loc`.
+TypesPtr to_local_types(const DTensorSpec& spec, const SourceLocation& loc) {
+  auto types = std::make_shared<SpmdTypes>();
+  types->rest = AxisType{"", SpmdType::R, "to_local", loc, nullptr, nullptr};
+  const DeviceMesh& mesh = spec.mesh();
+  for (int i = 0; i < mesh.ndim(); ++i) {
+    const Placement& p = spec.placements()[static_cast<size_t>(i)];
+    const SpmdType t = std::holds_alternative<Shard>(p)     ? SpmdType::V
+                       : std::holds_alternative<Partial>(p) ? SpmdType::P
+                                                            : SpmdType::R;
+    *types = types->with(axis_type(mesh, i, t, "to_local", loc));
+  }
+  return types;
+}
+
+}  // namespace
+
 LocalTensor DTensor::to_local(std::optional<Placements> grad_placements, SourceLocation loc) const {
   const UserCallSite site(loc);
   check_defined("to_local");
+  if (types_active()) [[unlikely]] {
+    const LocalTensor typed = local_.with_types(to_local_types(*spec_, user_site_or(loc)));
+    if (!grad_enabled() || !requires_grad() || !is_floating(dtype())) return typed;
+    auto placements = std::make_shared<const Placements>(
+        grad_placements ? normalized_grad_placements(*spec_, *grad_placements, "to_local")
+                        : spec_->placements());
+    const Var in = dtensor_var(*this);
+    return record("to_local", nullptr, {&in, 1}, {}, local_var(typed), to_local_backward,
+                  std::move(placements))
+        .value<LocalTensor>();
+  }
   if (!grad_enabled() || !requires_grad() || !is_floating(dtype())) return local_;
   auto placements = std::make_shared<const Placements>(
       grad_placements ? normalized_grad_placements(*spec_, *grad_placements, "to_local")
@@ -399,6 +518,15 @@ DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements place
                                 mesh.to_string());
   }
   if (global_shape) checked_numel(*global_shape, "DTensor::from_local");
+  const TypesPtr typed_as = local.spmd_types();
+  if (typed_as != nullptr) [[unlikely]] {
+    // Checked before anything else; the pieces' shape inference below runs untyped.
+    const Placements claim =
+        DTensorSpec(mesh, placements, Shape(static_cast<size_t>(local.dim()), 0), local.dtype())
+            .placements();
+    check_from_local_types(local, mesh, claim, grad_placements, user_site_or(loc));
+    local = local.with_types(nullptr);
+  }
   // Validates the placements against the pieces' dim count before anything else.
   DTensorSpec probe(mesh, placements, Shape(static_cast<size_t>(local.dim()), 0), local.dtype(),
                     "DTensor::from_local");
@@ -434,8 +562,9 @@ DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements place
     auto targets = std::make_shared<const Placements>(
         grad_placements ? normalized_grad_placements(out.spec(), *grad_placements, "from_local")
                         : out.placements());
-    const Var in = local_var(local);
-    out = record("from_local", nullptr, {&in, 1}, {}, dtensor_var(out), from_local_backward,
+    const Var in = local_var(typed_as != nullptr ? local.with_types(typed_as) : local);
+    out = record("from_local", nullptr, {&in, 1}, {}, dtensor_var(out),
+                 typed_as != nullptr ? from_local_typed_backward : from_local_backward,
                  std::move(targets))
               .value<DTensor>();
   }

@@ -172,8 +172,28 @@ Var in_dtype_of(const Var& grad, const Var& like) {
 
 }  // namespace
 
+namespace {
+thread_local bool t_in_backward = false;
+
+class InBackward {
+ public:
+  InBackward() : previous_(t_in_backward) { t_in_backward = true; }
+  ~InBackward() { t_in_backward = previous_; }
+  InBackward(const InBackward&) = delete;
+  InBackward& operator=(const InBackward&) = delete;
+
+ private:
+  bool previous_;
+};
+}  // namespace
+
+bool in_backward() {
+  return t_in_backward;
+}
+
 void run_backward(const Var& output, const Var& grad, SourceLocation loc) {
   const UserCallSite call(loc);
+  const InBackward in_backward_scope;
   if (!output.defined()) throw_error<Error>("backward: the output is undefined");
   const std::shared_ptr<AutogradMeta> meta = output.meta();
   if (meta == nullptr || (!meta->requires_grad && meta->grad_fn == nullptr)) {
@@ -250,6 +270,7 @@ void run_backward(const Var& output, const Var& grad, SourceLocation loc) {
               i, shape_str(var_shape(gi)), shape_str(var_shape(n->inputs[i])));
         }
         gi = in_dtype_of(gi, n->inputs[i]);
+        if (auto typed = n->inputs[i].kind().typed_grad) gi = typed(n->inputs[i], gi);
       }
       if (e.node != nullptr) {
         if (gi.defined()) {

@@ -55,6 +55,10 @@ struct VarKind {
   DType (*dtype)(const Var& value);
   // "[4, 3] f32" or "S(0),R [8, 4] f32": the value in messages.
   std::string (*describe)(const Var& value);
+  // Optional: `grad` (the gradient computed for `input`) with what the kind keeps beside the data
+  // set for the input (a LocalTensor's SPMD types: the backward types of the input's,
+  // sim/spmd_types.h). Null: the gradient as computed.
+  Var (*typed_grad)(const Var& input, const Var& grad) = nullptr;
 };
 
 // A differentiable value: a Tensor, LocalTensor or DTensor (kept without its autograd state), its
@@ -173,6 +177,10 @@ Var record(std::string_view name, const OpDef* op, std::span<const Var> inputs, 
 // the user line that recorded it (reports say "in the backward of 'matmul' recorded at x.cpp:7").
 void run_backward(const Var& output, const Var& grad,
                   SourceLocation loc = SourceLocation::current());
+
+// True while run_backward runs a derivative on this thread: LocalTensor ops there neither infer nor
+// check SPMD types (each gradient gets its input's backward types instead, VarKind::typed_grad).
+bool in_backward();
 
 // backward(loss) of a scalar Tensor: d loss / d loss = 1.
 void backward(const Tensor& loss, SourceLocation loc = SourceLocation::current());

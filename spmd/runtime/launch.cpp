@@ -61,6 +61,7 @@ DebugOptions resolved_debug(const LaunchOptions& options) {
   if (all.nan && !debug.nan) debug.allow_inf = true;
   debug.nan |= all.nan;
   debug.divergence |= all.divergence;
+  debug.types |= all.types;
   debug.all = false;
   return debug;
 }

@@ -124,12 +124,14 @@ DebugOptions parse_debug_options(std::string_view list, std::string_view source)
       debug.allow_inf = true;
     } else if (item == "divergence") {
       debug.divergence = true;
+    } else if (item == "types") {
+      debug.types = true;
     } else if (item == "all") {
       debug.all = true;
     } else if (!item.empty()) {
       throw_error<ConfigError>(
           "{}: unknown debug check '{}'; valid checks: all, check, replicate, fingerprint, nan, "
-          "nan:allow-inf, divergence",
+          "nan:allow-inf, divergence, types",
           source, item);
     }
     start = end + 1;

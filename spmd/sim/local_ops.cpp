@@ -7,6 +7,7 @@
 #include <optional>
 
 #include <spmd/core/error.h>
+#include <spmd/sim/spmd_types.h>
 #include <spmd/tensor/random.h>
 
 namespace spmd {
@@ -75,6 +76,22 @@ LocalTensor run_shards(const OpDef& op, const Operands& operands, const OpArgs& 
   if (grad_enabled()) {
     for (size_t k = 0; k < n_locals && !recording; ++k) recording = locals[k]->requires_grad();
   }
+  TypesPtr out_types;
+  if (types_active()) [[unlikely]] {
+    std::array<TypesPtr, kInlineOperands> inline_types{};
+    std::vector<TypesPtr> heap_types;
+    TypesPtr* types = inline_types.data();
+    if (n_in > kInlineOperands) {
+      heap_types.resize(n_in);
+      types = heap_types.data();
+    }
+    for (size_t k = 0; k < n_in; ++k) {
+      const LocalTensor* t = operands.local(k);
+      types[k] = t != nullptr ? t->spmd_types() : constant_types();
+    }
+    out_types =
+        spmd_type_rule(op, std::span<const TypesPtr>(types, n_in), recording, user_site_or(loc));
+  }
   LocalTensor result;
   {
     // Recorded as one node (Note [Autograd]): the shards' own ops record nothing.
@@ -88,6 +105,8 @@ LocalTensor run_shards(const OpDef& op, const Operands& operands, const OpArgs& 
       result = LocalTensor(*first, std::move(out));
     }
   }
+  if (out_types != nullptr) [[unlikely]]
+    result = std::move(result).with_types(std::move(out_types));
   if (recording && is_floating(result.dtype())) {
     std::vector<Var> vars;
     vars.reserve(n_in);
@@ -158,6 +177,8 @@ const VarKind kLocalKind{
       auto& meta = static_cast<LocalAutogradMeta&>(*leaf.meta());
       const LocalTensor g = local_of(grad).to(local_of(leaf).dtype()).detach();
       meta.local_grad = meta.local_grad.defined() ? meta.local_grad + g : g;
+      if (const TypesPtr& types = local_of(leaf).spmd_types()) [[unlikely]]
+        meta.local_grad = meta.local_grad.with_types(backward_types(types));
     },
     [](const Var& v) {
       uint64_t version = 0;
@@ -183,6 +204,14 @@ const VarKind kLocalKind{
       const LocalTensor& t = local_of(v);
       return fmt::format("{} {} on ranks {}", shape_str(t.shards().front().shape()), t.dtype(),
                          t.ranks());
+    },
+    [](const Var& input, const Var& grad) {
+      const TypesPtr& types = local_of(input).spmd_types();
+      if (types == nullptr) return grad;
+      return Var(
+          &kLocalKind,
+          std::make_shared<const LocalTensor>(local_of(grad).with_types(backward_types(types))),
+          grad.meta());
     }};
 
 }  // namespace
@@ -245,17 +274,15 @@ PerRank<bool> allclose(const LocalTensor& a, const LocalTensor& b, double rtol, 
   return PerRank<bool>(a.ranks(), std::move(out));
 }
 
-LocalTensor zeros(const World& world, const Shape& shape, DType dtype) {
-  return LocalTensor(world.held_ranks(),
-                     std::vector<Tensor>(world.held_ranks().size(), zeros(shape, dtype)));
+LocalTensor zeros(const World& world, const Shape& shape, DType dtype, SourceLocation loc) {
+  return LocalTensor::replicate(world, zeros(shape, dtype), loc);
 }
-LocalTensor ones(const World& world, const Shape& shape, DType dtype) {
-  return LocalTensor(world.held_ranks(),
-                     std::vector<Tensor>(world.held_ranks().size(), ones(shape, dtype)));
+LocalTensor ones(const World& world, const Shape& shape, DType dtype, SourceLocation loc) {
+  return LocalTensor::replicate(world, ones(shape, dtype), loc);
 }
-LocalTensor full(const World& world, const Shape& shape, double value, DType dtype) {
-  return LocalTensor(world.held_ranks(),
-                     std::vector<Tensor>(world.held_ranks().size(), full(shape, value, dtype)));
+LocalTensor full(const World& world, const Shape& shape, double value, DType dtype,
+                 SourceLocation loc) {
+  return LocalTensor::replicate(world, full(shape, value, dtype), loc);
 }
 
 namespace {
@@ -323,9 +350,10 @@ void set_local_op_observer(LocalOpObserver observer) {
   g_observer.store(observer, std::memory_order_relaxed);
 }
 
-LocalTensor randn_per_rank(const World& world, const Shape& shape, uint64_t seed, DType dtype) {
+LocalTensor randn_per_rank(const World& world, const Shape& shape, uint64_t seed, DType dtype,
+                           SourceLocation loc) {
   return LocalTensor::from_fn(
-      world, [&](int r) { return randn(shape, seed + static_cast<uint64_t>(r), dtype); });
+      world, [&](int r) { return randn(shape, seed + static_cast<uint64_t>(r), dtype); }, loc);
 }
 
 }  // namespace spmd

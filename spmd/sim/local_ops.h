@@ -494,13 +494,18 @@ PerRank<bool> equal(const LocalTensor& a, const LocalTensor& b);
 PerRank<bool> allclose(const LocalTensor& a, const LocalTensor& b, double rtol = 1e-5,
                        double atol = 1e-8);
 
-// Factories over a world's held ranks (each rank gets the same values, stored once).
-LocalTensor zeros(const World& world, const Shape& shape, DType dtype = DType::F32);
-LocalTensor ones(const World& world, const Shape& shape, DType dtype = DType::F32);
-LocalTensor full(const World& world, const Shape& shape, double value, DType dtype = DType::F32);
-// Rank r holds randn(shape, seed + r): independent data per rank.
+// Factories over a world's held ranks (each rank gets the same values, stored once; R on every
+// axis with types on).
+LocalTensor zeros(const World& world, const Shape& shape, DType dtype = DType::F32,
+                  SourceLocation loc = SourceLocation::current());
+LocalTensor ones(const World& world, const Shape& shape, DType dtype = DType::F32,
+                 SourceLocation loc = SourceLocation::current());
+LocalTensor full(const World& world, const Shape& shape, double value, DType dtype = DType::F32,
+                 SourceLocation loc = SourceLocation::current());
+// Rank r holds randn(shape, seed + r): independent data per rank (V on every axis).
 LocalTensor randn_per_rank(const World& world, const Shape& shape, uint64_t seed,
-                           DType dtype = DType::F32);
+                           DType dtype = DType::F32,
+                           SourceLocation loc = SourceLocation::current());
 
 // The LocalTensor kind of autograd values (Note [Autograd]): ops run shard by shard; a gradient is
 // a LocalTensor over the same ranks. Backward formulas that need a shape use the shards' common

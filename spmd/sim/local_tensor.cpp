@@ -7,6 +7,7 @@
 
 #include <spmd/core/error.h>
 #include <spmd/core/parallel.h>
+#include <spmd/sim/spmd_types.h>
 #include <spmd/tensor/compare.h>
 
 namespace spmd {
@@ -15,6 +16,9 @@ namespace {
 std::string ranks_str(const std::vector<int>& ranks) {
   return fmt::format("{}", ranks);
 }
+
+LocalTensor replicate_on_devices(const World& world, const Tensor& t);
+LocalTensor from_fn_on_devices(const World& world, const std::function<Tensor(int)>& fn);
 
 }  // namespace
 
@@ -69,9 +73,17 @@ LocalTensor::LocalTensor(const LocalTensor& like, std::vector<Tensor> shards)
   update_replicated();
 }
 
-LocalTensor LocalTensor::replicate(const World& world, const Tensor& t) {
+LocalTensor LocalTensor::replicate(const World& world, const Tensor& t, SourceLocation loc) {
+  LocalTensor out = replicate_on_devices(world, t);
+  if (types_active()) [[unlikely]]
+    out.types_ = uniform_types(SpmdType::R, "replicate", user_site_or(loc));
+  return out;
+}
+
+namespace {
+LocalTensor replicate_on_devices(const World& world, const Tensor& t) {
   const std::vector<Device>& devices = world.state().devices;
-  if (devices.empty()) return replicate(world.held_ranks(), t);
+  if (devices.empty()) return LocalTensor::replicate(world.held_ranks(), t);
   if (!t.defined()) throw_error<Error>("LocalTensor::replicate: tensor is undefined");
   // One copy per device the held ranks use (Note [NCCL device placement]).
   std::vector<Tensor> shards;
@@ -84,6 +96,7 @@ LocalTensor LocalTensor::replicate(const World& world, const Tensor& t) {
   }
   return LocalTensor(world.held_ranks(), std::move(shards));
 }
+}  // namespace
 
 LocalTensor LocalTensor::replicate(const std::vector<int>& ranks, const Tensor& t) {
   if (!t.defined()) throw_error<Error>("LocalTensor::replicate: tensor is undefined");
@@ -91,9 +104,18 @@ LocalTensor LocalTensor::replicate(const std::vector<int>& ranks, const Tensor& 
   return LocalTensor(ranks, std::vector<Tensor>(ranks.size(), copy));
 }
 
-LocalTensor LocalTensor::from_fn(const World& world, const std::function<Tensor(int)>& fn) {
+LocalTensor LocalTensor::from_fn(const World& world, const std::function<Tensor(int)>& fn,
+                                 SourceLocation loc) {
+  LocalTensor out = from_fn_on_devices(world, fn);
+  if (types_active()) [[unlikely]]
+    out.types_ = uniform_types(SpmdType::V, "from_fn", user_site_or(loc));
+  return out;
+}
+
+namespace {
+LocalTensor from_fn_on_devices(const World& world, const std::function<Tensor(int)>& fn) {
   const std::vector<Device>& devices = world.state().devices;
-  if (devices.empty()) return from_fn(world.held_ranks(), fn);
+  if (devices.empty()) return LocalTensor::from_fn(world.held_ranks(), fn);
   const std::vector<int>& ranks = world.held_ranks();
   std::vector<Tensor> shards;
   shards.reserve(ranks.size());
@@ -106,6 +128,7 @@ LocalTensor LocalTensor::from_fn(const World& world, const std::function<Tensor(
   }
   return LocalTensor(ranks, std::move(shards));
 }
+}  // namespace
 
 LocalTensor LocalTensor::from_fn(const std::vector<int>& ranks,
                                  const std::function<Tensor(int)>& fn) {
@@ -178,6 +201,25 @@ bool LocalTensor::requires_grad() const {
 LocalTensor LocalTensor::grad() const {
   const auto* meta = dynamic_cast<const LocalAutogradMeta*>(autograd_.get());
   return meta != nullptr ? meta->local_grad : LocalTensor();
+}
+
+std::map<std::string, SpmdType> LocalTensor::types() const {
+  std::map<std::string, SpmdType> out;
+  if (types_ == nullptr) return out;
+  for (const AxisType& t : types_->axes) out.emplace(t.axis, t.type);
+  out.emplace("*", types_->rest.type);
+  return out;
+}
+
+LocalTensor LocalTensor::with_types(std::shared_ptr<const SpmdTypes> types) const& {
+  LocalTensor out = *this;
+  out.types_ = std::move(types);
+  return out;
+}
+
+LocalTensor LocalTensor::with_types(std::shared_ptr<const SpmdTypes> types) && {
+  types_ = std::move(types);
+  return std::move(*this);
 }
 
 LocalTensor LocalTensor::detach() const {
@@ -307,24 +349,36 @@ int64_t total_numel(const LocalTensor& t) {
 
 }  // namespace detail
 
-LocalTensor LocalTensor::map(const std::function<Tensor(int, const Tensor&)>& fn) const {
+LocalTensor LocalTensor::map(const std::function<Tensor(int, const Tensor&)>& fn,
+                             SourceLocation loc) const {
   check_defined("map");
   std::vector<Tensor> out(shards_.size());
   detail::for_each_shard(shards_.size(), detail::total_numel(*this),
                          [&](std::size_t i) { out[i] = fn((*ranks_)[i], shards_[i]); });
-  return LocalTensor(*this, std::move(out));
+  LocalTensor result(*this, std::move(out));
+  // The escape hatch keeps the types: a rank-dependent fn on an R or I axis is what the data check
+  // is for (Note [Types against the data]).
+  if (types_ != nullptr) [[unlikely]] {
+    result.types_ = types_;
+    check_types_against_data(result, "map", user_site_or(loc));
+  }
+  return result;
 }
 
 LocalTensor LocalTensor::apply(const std::function<Tensor(const Tensor&)>& fn) const {
   check_defined("apply");
   if (replicated_) {
     Tensor one = fn(shards_[0]);
-    return LocalTensor(*this, std::vector<Tensor>(shards_.size(), one));
+    LocalTensor result(*this, std::vector<Tensor>(shards_.size(), one));
+    result.types_ = types_;
+    return result;
   }
   std::vector<Tensor> out(shards_.size());
   detail::for_each_shard(shards_.size(), detail::total_numel(*this),
                          [&](std::size_t i) { out[i] = fn(shards_[i]); });
-  return LocalTensor(*this, std::move(out));
+  LocalTensor result(*this, std::move(out));
+  result.types_ = types_;
+  return result;
 }
 
 Tensor LocalTensor::reconcile() const {

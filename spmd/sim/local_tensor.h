@@ -22,13 +22,16 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include <spmd/core/call_site.h>
 #include <spmd/core/format.h>
 
 #include <spmd/sim/per_rank.h>
@@ -37,6 +40,9 @@
 #include <spmd/tensor/tensor.h>
 
 namespace spmd {
+
+enum class SpmdType : uint8_t;  // sim/spmd_types.h
+struct SpmdTypes;
 
 class LocalTensor {
  public:
@@ -50,11 +56,15 @@ class LocalTensor {
 
   // A copy of `t` on every held rank of `world`, stored once per device (Note [Copy-on-write
   // replicas]); on each rank's device (World::device_of: a GPU under nccl).
-  static LocalTensor replicate(const World& world, const Tensor& t);
+  // With types on (sim/spmd_types.h) the result is R on every axis, from the caller's line.
+  static LocalTensor replicate(const World& world, const Tensor& t,
+                               SourceLocation loc = SourceLocation::current());
   static LocalTensor replicate(const std::vector<int>& ranks, const Tensor& t);
   // fn(rank) for every held rank of `world`, moved to the rank's device (World::device_of: a GPU
   // under nccl, Note [NCCL device placement]). The rank-list forms leave shards where fn made them.
-  static LocalTensor from_fn(const World& world, const std::function<Tensor(int rank)>& fn);
+  // With types on the result is V on every axis, from the caller's line.
+  static LocalTensor from_fn(const World& world, const std::function<Tensor(int rank)>& fn,
+                             SourceLocation loc = SourceLocation::current());
   static LocalTensor from_fn(const std::vector<int>& ranks,
                              const std::function<Tensor(int rank)>& fn);
 
@@ -86,7 +96,10 @@ class LocalTensor {
   std::size_t bytes_held() const;
 
   // fn(rank, shard) for every held rank: the escape hatch for rank-specific (MPMD) code.
-  LocalTensor map(const std::function<Tensor(int rank, const Tensor& shard)>& fn) const;
+  // The result keeps the input's SPMD types (checked against the data under sim, Note [SPMD
+  // types]).
+  LocalTensor map(const std::function<Tensor(int rank, const Tensor& shard)>& fn,
+                  SourceLocation loc = SourceLocation::current()) const;
   // The common value of all shards; DivergenceError naming the first rank and element index
   // that differ from the first held rank otherwise.
   Tensor reconcile() const;
@@ -119,6 +132,16 @@ class LocalTensor {
   const std::shared_ptr<AutogradMeta>& autograd() const { return autograd_; }
   void set_autograd(std::shared_ptr<AutogradMeta> meta) { autograd_ = std::move(meta); }
 
+  // ---- SPMD types (Note [SPMD types] in sim/spmd_types.h)
+  // ---------------------------------------- The type of every axis named so far, and "*" for every
+  // other axis; empty when untyped (types off, or a LocalTensor made without a world).
+  std::map<std::string, SpmdType> types() const;
+  // The types with their origins; null when untyped.
+  const std::shared_ptr<const SpmdTypes>& spmd_types() const { return types_; }
+  // The same shards with these types (no check: the layers that infer types call it).
+  LocalTensor with_types(std::shared_ptr<const SpmdTypes> types) const&;
+  LocalTensor with_types(std::shared_ptr<const SpmdTypes> types) &&;
+
   // Applies fn to every shard, once when the shards are one replicated buffer.
   LocalTensor apply(const std::function<Tensor(const Tensor&)>& fn) const;
 
@@ -133,6 +156,7 @@ class LocalTensor {
   std::vector<Tensor> shards_;
   bool replicated_ = false;
   std::shared_ptr<AutogradMeta> autograd_;
+  std::shared_ptr<const SpmdTypes> types_;
 };
 
 // A LocalTensor's autograd state: its gradient is a LocalTensor over the same ranks.

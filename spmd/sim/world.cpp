@@ -48,6 +48,7 @@ std::string DebugOptions::to_string() const {
   add(fingerprint, "fingerprint");
   add(nan, allow_inf ? "nan:allow-inf" : "nan");
   add(divergence, "divergence");
+  add(types, "types");
   return out.empty() ? "none" : out;
 }
 

@@ -31,10 +31,15 @@ struct DebugOptions {
   bool nan = false;          // report the first op producing NaN or Inf, with its rank
   bool allow_inf = false;    // with nan: only NaN is reported (-inf masks are fine)
   bool divergence =
-      false;         // sim: the program also runs as a non-coordinator rank (Note [Shadow run])
+      false;  // sim: the program also runs as a non-coordinator rank (Note [Shadow run])
+  // SPMD types of local code are inferred and checked (Note [SPMD types] in sim/spmd_types.h);
+  // under sim also against the data
+  bool types = false;
   bool all = false;  // every check the backend supports (resolved by launch())
 
-  bool any() const { return check || replicate || fingerprint || nan || divergence || all; }
+  bool any() const {
+    return check || replicate || fingerprint || nan || divergence || types || all;
+  }
   // "check,replicate,nan:allow-inf" (the --spmd-debug spelling), "none" when off.
   std::string to_string() const;
 };

@@ -601,7 +601,7 @@ TEST(DebugAll, ResolvesToTheChecksOfTheBackend) {
   Launched r =
       launch_with({"--spmd-world-size=2", "--spmd-debug=all"}, [&](World& w) { seen = w.debug(); });
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(seen.to_string(), "check,replicate,nan:allow-inf,divergence");
+  EXPECT_EQ(seen.to_string(), "check,replicate,nan:allow-inf,divergence,types");
   r = launch_with({"--spmd-world-size=2", "--spmd-debug=all,nan", "--spmd-backend=threads"},
                   [&](World& w) {
                     if (w.is_coordinator()) seen = w.debug();
@@ -609,6 +609,7 @@ TEST(DebugAll, ResolvesToTheChecksOfTheBackend) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(seen.to_string(), "check,replicate,nan");
   EXPECT_EQ(parse_debug_options("nan:allow-inf").to_string(), "nan:allow-inf");
+  EXPECT_EQ(parse_debug_options("types").to_string(), "types");
   expect_throws<ConfigError>([] { parse_debug_options("nan:allow-nan"); },
                              {"unknown debug check 'nan:allow-nan'", "all,"});
 }

@@ -8,8 +8,9 @@
 # correct program issues the same collectives under every backend. -DTHREADS_TRACE=OFF leaves the
 # threads trace out of the comparison (see spmd_example_digest_test).
 #
-# Every backend runs the example a second time with --spmd-debug=all (the checks that backend
-# supports, docs/debugging.md): a correct program gets no report and the same digest.
+# Every backend runs the example a second time with --spmd-debug=all,types (the checks that backend
+# supports, docs/debugging.md, and the SPMD type rules, which `all` includes only under sim): a
+# correct program gets no report and the same digest.
 string(REPLACE "|" ";" args "${ARGS}")
 string(REPLACE "|" ";" debug_args "${DEBUG_ARGS}")
 
@@ -45,18 +46,18 @@ endif()
 if(SPMD_CLI AND NOT THREADS_TRACE STREQUAL "OFF")
   trace_diff("threads" "${TRACE_DIR}/threads.json")
 endif()
-# The digest the --spmd-debug=all runs must print: sim's, or with DEBUG_ARGS a plain sim run's.
+# The digest the --spmd-debug=all,types runs must print: sim's, or with DEBUG_ARGS a plain sim run's.
 set(reference "${sim}")
 if(debug_args)
   run_digest(reference "sim ${debug_args}" ${PROGRAM} ${args} ${debug_args} --spmd-backend=sim
              --spmd-world-size=${NPROCS})
 endif()
 foreach(backend sim threads)
-  run_digest(checked "${backend} --spmd-debug=all" ${PROGRAM} ${args} ${debug_args}
-             --spmd-backend=${backend} --spmd-world-size=${NPROCS} --spmd-debug=all)
+  run_digest(checked "${backend} --spmd-debug=all,types" ${PROGRAM} ${args} ${debug_args}
+             --spmd-backend=${backend} --spmd-world-size=${NPROCS} --spmd-debug=all,types)
   if(NOT reference STREQUAL checked)
     message(FATAL_ERROR "digests differ: sim ${debug_args} ${reference}, ${backend} "
-                        "--spmd-debug=all ${checked}")
+                        "--spmd-debug=all,types ${checked}")
   endif()
 endforeach()
 if(NOT MPIEXEC)
@@ -71,10 +72,11 @@ endif()
 if(SPMD_CLI)
   trace_diff("mpirun -n ${NPROCS}" "${TRACE_DIR}/mpi.json")
 endif()
-run_digest(checked "mpirun -n ${NPROCS} --spmd-debug=all" ${MPIEXEC} ${NUMPROC_FLAG} ${NPROCS}
-           ${PROGRAM} ${args} ${debug_args} --spmd-backend=mpi --spmd-debug=all)
+run_digest(checked "mpirun -n ${NPROCS} --spmd-debug=all,types" ${MPIEXEC} ${NUMPROC_FLAG}
+           ${NPROCS} ${PROGRAM} ${args} ${debug_args} --spmd-backend=mpi --spmd-debug=all,types)
 if(NOT reference STREQUAL checked)
   message(FATAL_ERROR "digests differ: sim ${debug_args} ${reference}, mpirun -n ${NPROCS} "
-                      "--spmd-debug=all ${checked}")
+                      "--spmd-debug=all,types ${checked}")
 endif()
-message(STATUS "sim, threads and mpirun -n ${NPROCS}, with and without --spmd-debug=all, agree: ${sim}")
+message(STATUS
+        "sim, threads and mpirun -n ${NPROCS}, with and without --spmd-debug=all,types, agree: ${sim}")

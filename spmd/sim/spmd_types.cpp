@@ -1,0 +1,452 @@
+// spmd/sim/spmd_types.cpp: the SPMD type rules of table ops, the switch, assert_type, reinterpret
+// and the data check.
+#include <spmd/sim/spmd_types.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include <spmd/core/error.h>
+#include <spmd/ops/autograd.h>
+#include <spmd/ops/ops.h>
+#include <spmd/sim/local_ops.h>
+#include <spmd/tensor/compare.h>
+
+namespace spmd {
+
+std::string_view to_string(SpmdType type) {
+  switch (type) {
+    case SpmdType::R:
+      return "R";
+    case SpmdType::I:
+      return "I";
+    case SpmdType::V:
+      return "V";
+    case SpmdType::P:
+      return "P";
+  }
+  return "?";
+}
+
+SpmdType backward_type(SpmdType type) {
+  switch (type) {
+    case SpmdType::R:
+      return SpmdType::P;
+    case SpmdType::P:
+      return SpmdType::R;
+    default:
+      return type;
+  }
+}
+
+const AxisType& SpmdTypes::of(std::string_view axis) const {
+  for (const AxisType& t : axes) {
+    if (t.axis == axis) return t;
+  }
+  return rest;
+}
+
+SpmdTypes SpmdTypes::with(AxisType t) const {
+  SpmdTypes out = *this;
+  if (t.axis.empty()) {
+    out.rest = std::move(t);
+    return out;
+  }
+  auto it =
+      std::lower_bound(out.axes.begin(), out.axes.end(), t.axis,
+                       [](const AxisType& a, const std::string& name) { return a.axis < name; });
+  if (it != out.axes.end() && it->axis == t.axis) {
+    *it = std::move(t);
+  } else {
+    out.axes.insert(it, std::move(t));
+  }
+  return out;
+}
+
+std::string describe(const AxisType& t) {
+  return fmt::format("{} ({} at {})", to_string(t.type), t.via, site_text(t.origin));
+}
+
+std::string SpmdTypes::to_string() const {
+  std::string out;
+  for (const AxisType& t : axes) out += fmt::format("{}={}, ", t.axis, describe(t));
+  return out + fmt::format("{}={}", axes.empty() ? "every axis" : "other axes", describe(rest));
+}
+
+// ---- the switch
+// -----------------------------------------------------------------------------------
+
+namespace {
+std::atomic<int> g_types{0};
+std::atomic<int> g_data{0};
+}  // namespace
+
+bool types_active() {
+  return g_types.load(std::memory_order_relaxed) > 0 && !in_backward();
+}
+
+void enable_types(bool data) {
+  g_types.fetch_add(1, std::memory_order_relaxed);
+  if (data) g_data.fetch_add(1, std::memory_order_relaxed);
+}
+
+void disable_types(bool data) {
+  g_types.fetch_sub(1, std::memory_order_relaxed);
+  if (data) g_data.fetch_sub(1, std::memory_order_relaxed);
+}
+
+bool types_data_check() {
+  return g_data.load(std::memory_order_relaxed) > 0;
+}
+
+TypesPtr uniform_types(SpmdType type, std::string_view via, const SourceLocation& loc) {
+  if (!types_active()) return nullptr;
+  auto out = std::make_shared<SpmdTypes>();
+  out->rest = AxisType{"", type, via, loc, nullptr, nullptr};
+  return out;
+}
+
+const TypesPtr& constant_types() {
+  static const TypesPtr kConstant = std::make_shared<const SpmdTypes>(SpmdTypes{
+      AxisType{"", SpmdType::R, "a Tensor operand", SourceLocation::current(), nullptr, nullptr},
+      {}});
+  return kConstant;
+}
+
+TypesPtr backward_types(const TypesPtr& t, std::string_view via) {
+  if (t == nullptr) return nullptr;
+  auto out = std::make_shared<SpmdTypes>(*t);
+  const SourceLocation* site = current_call_site();
+  auto swap = [&](AxisType& a) {
+    a.type = backward_type(a.type);
+    a.via = via;
+    if (site != nullptr) a.origin = *site;
+  };
+  swap(out->rest);
+  for (AxisType& a : out->axes) swap(a);
+  return out;
+}
+
+// ---- table ops ----------------------------------------------------------------------------------
+
+namespace {
+
+// How an op treats a Partial (pending sum) input: whether op(sum of parts) is the sum of op(part).
+enum class PartialUse {
+  None,       // not linear: a P input is an error
+  Unary,      // linear in its one input (views, sum, scaling, casts)
+  All,        // linear when every typed input is P (add, sub, cat, stack)
+  One,        // bilinear: one input P, the others R (mul, matmul, bmm)
+  Numerator,  // div: the first input P, the second R
+};
+
+PartialUse partial_use(const OpDef& op) {
+  static const OpDef* const kUnary[] = {
+      &op::neg,      &op::sum,        &op::mean,       &op::transpose, &op::reshape, &op::narrow,
+      &op::select,   &op::permute,    &op::unsqueeze,  &op::squeeze,   &op::expand,  &op::clone,
+      &op::to_dtype, &op::mul_scalar, &op::div_scalar, &op::pad};
+  for (const OpDef* u : kUnary) {
+    if (u == &op) return PartialUse::Unary;
+  }
+  if (&op == &op::add || &op == &op::sub || &op == &op::cat || &op == &op::stack)
+    return PartialUse::All;
+  if (&op == &op::mul || &op == &op::matmul || &op == &op::bmm) return PartialUse::One;
+  if (&op == &op::div) return PartialUse::Numerator;
+  return PartialUse::None;
+}
+
+struct Operand {
+  size_t index;  // 1-based position among the op's inputs
+  const AxisType* type;
+  bool constant;  // a plain Tensor operand (constant_types())
+};
+
+std::string operand_text(const Operand& o) {
+  return fmt::format("input {} is {}", o.index, describe(*o.type));
+}
+
+std::string axis_text(std::string_view axis) {
+  return axis.empty() ? std::string("every axis") : fmt::format("mesh axis '{}'", axis);
+}
+
+[[noreturn]] void type_error(const OpDef& op, std::string_view axis, const Operand& first,
+                             const Operand* second, std::string_view why) {
+  // The inputs in their order in the call.
+  const bool swap = second != nullptr && second->index < first.index;
+  const Operand& a = swap ? *second : first;
+  const Operand* b = swap ? &first : second;
+  throw_error<TypeError>("{}: along {} {}{}: {}", op.name, axis_text(axis), operand_text(a),
+                         b != nullptr ? fmt::format(" and {}", operand_text(*b)) : std::string(),
+                         why);
+}
+
+// The output type along one axis (Note [SPMD types]); the operand whose origin it keeps.
+const AxisType* combine(const OpDef& op, std::string_view axis, const std::vector<Operand>& in,
+                        bool recorded) {
+  const Operand* p = nullptr;
+  const Operand* i = nullptr;
+  const Operand* v = nullptr;
+  const Operand* r = nullptr;
+  for (const Operand& o : in) {
+    if (o.constant) continue;  // R to a Partial (below), neutral to the other types
+    const Operand** slot = o.type->type == SpmdType::P   ? &p
+                           : o.type->type == SpmdType::I ? &i
+                           : o.type->type == SpmdType::V ? &v
+                                                         : &r;
+    if (*slot == nullptr) *slot = &o;
+  }
+  if (p != nullptr) {
+    const std::string reduce =
+        fmt::format("reduce the partial first (all_reduce or reduce_scatter over '{}')", axis);
+    switch (partial_use(op)) {
+      case PartialUse::None:
+        type_error(op, axis, *p, nullptr,
+                   fmt::format("{} is not linear, so on the parts of a pending sum it does not "
+                               "compute the op of the sum; {}",
+                               op.name, reduce));
+      case PartialUse::Unary:
+        return p->type;
+      case PartialUse::All:
+        for (const Operand& o : in) {
+          if (o.type->type == SpmdType::P) continue;
+          type_error(op, axis, *p, &o,
+                     o.type->type == SpmdType::R || o.type->type == SpmdType::I
+                         ? fmt::format("a value identical on every rank would be added once per "
+                                       "rank of the axis when the partial is summed; convert it "
+                                       "to P or {}",
+                                       reduce)
+                         : fmt::format("a Partial only meets Partials in {}; {}", op.name, reduce));
+        }
+        return p->type;
+      case PartialUse::One:
+      case PartialUse::Numerator:
+        for (const Operand& o : in) {
+          if (&o == p) continue;
+          if (op.name == "div" && p->index != 1) {
+            type_error(op, axis, *p, nullptr,
+                       fmt::format("dividing by a pending sum is not linear; {}", reduce));
+          }
+          if (o.type->type == SpmdType::P) {
+            type_error(op, axis, *p, &o,
+                       fmt::format("the product of two pending sums is not the sum of the "
+                                   "products; {}",
+                                   reduce));
+          }
+          if (o.type->type != SpmdType::R && (recorded || o.type->type != SpmdType::I)) {
+            type_error(op, axis, *p, &o,
+                       fmt::format("a Partial is scaled only by Replicate values in {}; {}",
+                                   op.name, reduce));
+          }
+        }
+        if (op.name == "div" && p->index != 1) {
+          type_error(op, axis, *p, nullptr,
+                     fmt::format("dividing by a pending sum is not linear; {}", reduce));
+        }
+        return p->type;
+    }
+  }
+  if (i != nullptr && !recorded) {
+    // No gradient flows: I is identical shards, as R is.
+    if (v != nullptr) return v->type;
+    if (r != nullptr) return r->type;
+  }
+  if (i != nullptr) {
+    const Operand* other = v != nullptr ? v : r;
+    if (other != nullptr) {
+      type_error(op, axis, *i, other,
+                 "an Invariant value (its gradient is not reduced) meets one whose gradient is "
+                 "(R) or that differs per rank (V); convert one first: convert(x, {axis: R}) is "
+                 "Megatron's f operator");
+    }
+    return i->type;
+  }
+  if (v != nullptr) return v->type;
+  return r->type;
+}
+
+}  // namespace
+
+TypesPtr spmd_type_rule(const OpDef& op, std::span<const TypesPtr> inputs, bool recorded,
+                        const SourceLocation& loc) {
+  const SpmdTypes* constant = constant_types().get();
+  if (std::none_of(inputs.begin(), inputs.end(),
+                   [&](const TypesPtr& t) { return t != nullptr && t.get() != constant; }))
+    return nullptr;
+  const UserCallSite site(loc);
+  std::vector<std::string_view> axes;
+  for (const TypesPtr& t : inputs) {
+    if (t == nullptr) continue;
+    for (const AxisType& a : t->axes) {
+      if (std::find(axes.begin(), axes.end(), a.axis) == axes.end()) axes.push_back(a.axis);
+    }
+  }
+  std::sort(axes.begin(), axes.end());
+  std::vector<Operand> in;
+  auto along = [&](std::string_view axis) {
+    in.clear();
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if (inputs[k] != nullptr) {
+        in.push_back(Operand{k + 1, &inputs[k]->of(axis), inputs[k].get() == constant});
+      }
+    }
+    AxisType t = *combine(op, axis, in, recorded);
+    // A value that changed type here (R meeting V gives V) got it at this line; one that kept the
+    // type of all its inputs keeps where that came from.
+    for (const Operand& o : in) {
+      if (o.constant || o.type->type == t.type) continue;
+      t.via = op.name;
+      t.origin = loc;
+      break;
+    }
+    return t;
+  };
+  auto out = std::make_shared<SpmdTypes>();
+  for (std::string_view axis : axes) {
+    AxisType t = along(axis);
+    t.axis = std::string(axis);
+    out->axes.push_back(std::move(t));
+  }
+  // The axes no collective or to_local named: the gradient of replicate()'s R there is P, and no
+  // reduction can name them, so they are never an error; a clash there makes them V.
+  try {
+    out->rest = along("");
+  } catch (const TypeError&) {
+    out->rest = AxisType{"", SpmdType::V, op.name, loc, nullptr, nullptr};
+  }
+  out->rest.axis.clear();
+  return out;
+}
+
+// ---- the data check -----------------------------------------------------------------------------
+
+// Note [Types against the data]
+// Under sim every rank's shard is at hand, so a type can be checked, not only inferred: along an R
+// or I axis the shards of each group are identical (bitwise; a replicated buffer is identical by
+// construction). The check runs where a type is claimed rather than computed (assert_type,
+// reinterpret, convert, map, from_local's input): ops and collectives compute their output types
+// from checked inputs, so checking them again would find nothing. Axes whose groups are not known
+// (the `rest` of replicate(), R by construction) are not checked. Under threads and mpi each rank
+// holds its own shard; the type rules run there the same, the data check does not (it would need
+// every shard: --spmd-debug=replicate checks DTensor Replicate pieces with internal gathers).
+void check_types_against_data(const LocalTensor& t, std::string_view what,
+                              const SourceLocation& loc) {
+  if (!types_data_check() || t.spmd_types() == nullptr || t.is_replicated()) return;
+  const UserCallSite site(loc);
+  for (const AxisType& a : t.spmd_types()->axes) {
+    if ((a.type != SpmdType::R && a.type != SpmdType::I) || a.groups == nullptr) continue;
+    for (const std::vector<int>& group : *a.groups) {
+      const Tensor* first = nullptr;
+      int first_rank = -1;
+      for (int rank : group) {
+        if (!t.holds(rank)) continue;
+        const Tensor& shard = t.shard(rank);
+        if (first == nullptr) {
+          first = &shard;
+          first_rank = rank;
+          continue;
+        }
+        if (shard.shape() == first->shape() && equal(shard, *first)) continue;
+        throw_error<TypeError>(
+            "{}: along mesh axis '{}' the type is {}, but ranks {} and {} of group {} hold "
+            "different shards ({}; largest difference {}): the shards are not identical along "
+            "the axis",
+            what, a.axis, describe(a), first_rank, rank, group,
+            shard.shape() == first->shape()
+                ? fmt::format("shape {}", shape_str(shard.shape()))
+                : fmt::format("shapes {} and {}", shape_str(first->shape()),
+                              shape_str(shard.shape())),
+            shard.shape() == first->shape() ? fmt::format("{}", max_abs_diff(shard, *first))
+                                            : std::string("-"));
+      }
+    }
+  }
+}
+
+// ---- assert_type, reinterpret -------------------------------------------------------------------
+
+const LocalTensor& assert_type(const LocalTensor& t, const std::map<std::string, SpmdType>& types,
+                               SourceLocation loc) {
+  const UserCallSite site(loc);
+  if (!types_active()) return t;
+  if (t.spmd_types() == nullptr) {
+    std::string expected;
+    for (const auto& [axis, want] : types) {
+      expected += fmt::format("{}{}={}", expected.empty() ? "" : ", ", axis, to_string(want));
+    }
+    throw_error<TypeError>(
+        "assert_type: the LocalTensor is untyped (made without a world, or inside a DTensor); "
+        "expected {}",
+        expected);
+  }
+  std::string wrong;
+  for (const auto& [axis, want] : types) {
+    const AxisType& got = t.spmd_types()->of(axis);
+    if (got.type == want) continue;
+    wrong += fmt::format("{}along mesh axis '{}' expected {} but it is {}",
+                         wrong.empty() ? "" : "; ", axis, to_string(want), describe(got));
+  }
+  if (!wrong.empty()) throw_error<TypeError>("assert_type: {}", wrong);
+  check_types_against_data(t, "assert_type", loc);
+  return t;
+}
+
+namespace {
+
+bool may_reinterpret(SpmdType from, SpmdType to) {
+  if (from == to) return true;
+  switch (to) {
+    case SpmdType::V:
+      return from == SpmdType::R || from == SpmdType::I;
+    case SpmdType::P:
+      return from == SpmdType::V;
+    case SpmdType::R:
+      return from == SpmdType::I;
+    case SpmdType::I:
+      return from == SpmdType::R;
+  }
+  return false;
+}
+
+// The gradient of reinterpret: the output's gradient relabelled with the input's backward types.
+void reinterpret_backward(BackwardContext& c) {
+  c.set_grad(0, c.grad());
+}
+
+}  // namespace
+
+LocalTensor reinterpret(const LocalTensor& t, const std::map<std::string, SpmdType>& types,
+                        SourceLocation loc) {
+  const UserCallSite site(loc);
+  if (!t.defined()) throw_error<Error>("reinterpret: the LocalTensor is undefined");
+  if (!types_active() || t.spmd_types() == nullptr) return t;
+  SpmdTypes out = *t.spmd_types();
+  for (const auto& [axis, want] : types) {
+    const AxisType& got = out.of(axis);
+    if (!may_reinterpret(got.type, want)) {
+      throw_error<TypeError>(
+          "reinterpret: along mesh axis '{}' {} cannot be relabelled {}: {}", axis, describe(got),
+          to_string(want),
+          got.type == SpmdType::P ? "a pending sum becomes a value only by summing it (all_reduce "
+                                    "or reduce_scatter)"
+          : want == SpmdType::R || want == SpmdType::I
+              ? "varying shards become identical only by communicating (all_gather, all_reduce, "
+                "broadcast)"
+              : "use convert() to change the data");
+    }
+    AxisType next = got;
+    next.axis = axis;
+    next.type = want;
+    next.via = "reinterpret";
+    next.origin = loc;
+    out = out.with(std::move(next));
+  }
+  LocalTensor result = t.detach().with_types(std::make_shared<const SpmdTypes>(std::move(out)));
+  check_types_against_data(result, "reinterpret", loc);
+  if (grad_enabled() && t.requires_grad() && is_floating(t.dtype())) {
+    const Var in = local_var(t);
+    result = record("reinterpret", nullptr, {&in, 1}, {}, local_var(result), reinterpret_backward)
+                 .value<LocalTensor>();
+  }
+  return result;
+}
+
+}  // namespace spmd
