@@ -67,7 +67,8 @@ Communicator& dim_communicator(const DeviceMesh& mesh, int d) {
 // Everything before the backend call: checks each participating held rank's input and records
 // the trace event (each participant with its group and that group's next sequence number).
 Prepared prepare(const LocalTensor& x, Communicator& comm, const World& world, std::string dim_name,
-                 const CollectiveOptions& options, const std::source_location& loc) {
+                 const CollectiveOptions& options, const std::source_location& loc,
+                 bool traced = true) {
   const CollectiveKind kind = kind_of(options);
   if (!x.defined()) throw_error<CommError>("{}: the input LocalTensor is undefined", kind);
   Prepared p;
@@ -101,7 +102,7 @@ Prepared prepare(const LocalTensor& x, Communicator& comm, const World& world, s
   }
 
   Trace& t = trace();
-  const bool tracing = t.enabled();
+  const bool tracing = traced && t.enabled();
   TraceEvent event;
   if (tracing) event.participants.reserve(n);
   sequence_of.assign(static_cast<size_t>(family.num_groups()), -1);
@@ -240,6 +241,24 @@ LocalTensor collective(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim
     return on_tape(x, result, kind_of(options), mesh.dim_name(d), loc);
   }
   return result;
+}
+
+const CommOptions& internal_comm_options() {
+  static const CommOptions options{"", {{"spmd", "internal"}}};
+  return options;
+}
+
+LocalTensor internal_collective(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                CollectiveOptions options, SourceLocation caller) {
+  const SourceLocation loc = user_site_or(caller);
+  const int d = mesh.resolve(dim);
+  std::shared_ptr<Communicator> comm = communicator(mesh, d, internal_comm_options());
+  // Reports name it as what it is: "all_gather over 'tp (--spmd-debug check)' at train.cpp:42".
+  Prepared p = prepare(x, *comm, mesh.world(), mesh.dim_name(d) + " (--spmd-debug check)", options,
+                       loc, /*traced=*/false);
+  WorkPtr work = p.backend->issue(*p.comm, x, options, p.site);
+  work->wait();
+  return work->take_result();
 }
 
 // ---- the named collectives: each is collective() with its options ---------------------------

@@ -81,6 +81,15 @@ LocalTensor collective(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim
 Async<LocalTensor> collective_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                                     CollectiveOptions options, SPMD_HERE_);
 
+// A collective spmdsim issues for its own checks (--spmd-debug=check,replicate under threads and
+// mpi): on a communicator of its own (kInternalComm), so the program's per-group sequence numbers
+// stay as they are, and neither traced, observed nor recorded by autograd. A rank that does not
+// reach it is reported like any collective, at the current user call site.
+LocalTensor internal_collective(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
+                                CollectiveOptions options, SPMD_HERE_);
+// The options of internal_collective's communicators.
+const CommOptions& internal_comm_options();
+
 LocalTensor all_reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                        ReduceOp op = ReduceOp::Sum, SPMD_HERE_);
 LocalTensor all_reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,

@@ -57,9 +57,15 @@ namespace spmd {
 std::string call_site_suffix(std::string_view message) {
   if (t_site == nullptr) return {};
   const std::string site = site_text(*t_site);
-  if (message.find(site) != std::string_view::npos) return {};
-  if (t_phase.empty()) return fmt::format(" (at {})", site);
-  return fmt::format(" (in the {} of '{}' recorded at {})", t_phase, t_op, site);
+  if (t_phase.empty()) {
+    if (message.find(site) != std::string_view::npos) return {};
+    return fmt::format(" (at {})", site);
+  }
+  // A report from a derivative says so even where it names the line ("op 'sqrt_backward' at
+  // train.cpp:42"): that line is the forward op's.
+  const std::string where = fmt::format("in the {} of '{}' recorded at {}", t_phase, t_op, site);
+  if (message.find(where) != std::string_view::npos) return {};
+  return fmt::format(" ({})", where);
 }
 
 }  // namespace spmd

@@ -2,6 +2,8 @@
 // and set_debug, which installs their observers.
 #include <spmd/debug/checks.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -10,9 +12,11 @@
 #include <spmd/collectives/fingerprint.h>
 #include <spmd/collectives/functional.h>
 #include <spmd/collectives/reduce_kernels.h>
+#include <spmd/core/check.h>
 #include <spmd/core/error.h>
 #include <spmd/debug/visualize.h>
 #include <spmd/dtensor/hooks.h>
+#include <spmd/mesh/layout.h>
 #include <spmd/ops/ops.h>
 #include <spmd/sim/local_ops.h>
 
@@ -68,14 +72,28 @@ struct NonFinite {
   double value;
 };
 
-std::optional<NonFinite> first_nonfinite(const Tensor& t) {
+// The first NaN or infinity of `t` (with `nan_only`, the first NaN: --spmd-debug=nan:allow-inf).
+std::optional<NonFinite> first_nonfinite(const Tensor& t, bool nan_only) {
   if (!is_floating(t.dtype()) || t.numel() == 0 || !has_nonfinite(t)) return std::nullopt;
   std::vector<double> v = values(t);
   for (size_t i = 0; i < v.size(); ++i) {
-    if (!std::isfinite(v[i])) return NonFinite{static_cast<int64_t>(i), v[i]};
+    if (nan_only ? std::isnan(v[i]) : !std::isfinite(v[i])) {
+      return NonFinite{static_cast<int64_t>(i), v[i]};
+    }
   }
   return std::nullopt;
 }
+
+// What to do about an infinity the report is about: -inf masks are common (causal attention).
+std::string_view inf_hint(double v) {
+  return std::isnan(v) ? ""
+                       : " (infinities that are meant, such as a -inf mask, pass with "
+                         "--spmd-debug=nan:allow-inf)";
+}
+
+// Whether the LocalTensor hook, which has no world, reports infinities: unless every world with
+// nan allows them.
+std::atomic<bool> g_local_nan_only{false};
 
 std::string_view nonfinite_name(double v) {
   return std::isnan(v) ? "NaN" : (v > 0 ? "Inf" : "-Inf");
@@ -98,16 +116,114 @@ std::string describe_args(const OpEvent& e) {
   return args.empty() ? "" : fmt::format("; args {}", args);
 }
 
+// ---- every rank's pieces --------------------------------------------------------------------
+
+// Every rank's piece of a DTensor, with each rank's mesh coordinate: the held pieces under sim,
+// gathered over the mesh with internal collectives under threads and mpi (Note [Check modes]).
+// Under sim the ranks of every sibling mesh are there; a gathered set has this rank's sibling.
+struct PieceSet {
+  const DTensorSpec* spec = nullptr;
+  std::vector<int> ranks;  // ascending under sim, in group order when gathered
+  std::vector<std::vector<int64_t>> coordinates;
+  std::vector<Tensor> pieces;
+  bool gathered = false;
+
+  const Tensor* piece(int rank) const {
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i] == rank) return &pieces[i];
+    }
+    return nullptr;
+  }
+};
+
+PieceSet held_pieces(const DTensor& t) {
+  PieceSet set;
+  set.spec = &t.spec();
+  const DTensorSpec::RankInfo& info = t.spec().rank_info();
+  set.ranks = info.ranks;
+  set.coordinates = info.coordinates;
+  set.pieces = t.local().shards();
+  return set;
+}
+
+// The name of the 1-D mesh over all dims that the gathers run on: internal, one per layout.
+std::string gather_mesh_name(const DeviceMesh& mesh) {
+  return "spmd_debug" + coalesce(mesh.layout()).to_string();
+}
+
+// The pieces of this rank's sibling mesh, gathered: the shapes first (pieces may differ in shape),
+// then every piece flattened and padded to the largest.
+PieceSet gathered_pieces(const DTensor& t) {
+  const DeviceMesh& mesh = t.mesh();
+  const LocalTensor& local = t.local();
+  if (local.num_shards() != 1) {
+    throw_error<Unsupported>(
+        "--spmd-debug=check,replicate: gathering the pieces of a DTensor on mesh {} needs one "
+        "held rank per process or thread (this one holds ranks {})",
+        mesh.to_string(), local.ranks());
+  }
+  const DeviceMesh flat = mesh.ndim() == 1 ? mesh : mesh.flatten(gather_mesh_name(mesh));
+  const int me = local.ranks().front();
+  const GroupFamily family = flat.group_family(0);
+  const auto where = family.locate(me);
+  SPMD_CHECK(where.has_value());
+  const std::vector<int> group = family.group(where->group);
+  const int64_t n = static_cast<int64_t>(group.size());
+  const Tensor mine = local.shards().front().to(Device{}).contiguous();
+  const int64_t nd = mine.dim();
+
+  std::vector<int64_t> row{mine.numel()};
+  row.insert(row.end(), mine.shape().begin(), mine.shape().end());
+  const LocalTensor rows = LocalTensor({me}, {from_vector(row, {1, nd + 1})});
+  const std::vector<int64_t> shapes =
+      internal_collective(rows, flat, 0, AllGatherOptions{0}).shards().front().to_vector<int64_t>();
+  int64_t longest = 0;
+  for (int64_t i = 0; i < n; ++i)
+    longest = std::max(longest, shapes[static_cast<size_t>(i * (nd + 1))]);
+
+  PieceSet set;
+  set.spec = &t.spec();
+  set.gathered = true;
+  Tensor all;
+  if (longest > 0) {
+    Tensor padded = zeros({1, longest}, mine.dtype());
+    if (mine.numel() > 0) padded.narrow(1, 0, mine.numel()).copy_(mine.reshape({1, mine.numel()}));
+    all = internal_collective(LocalTensor({me}, {padded}), flat, 0, AllGatherOptions{0})
+              .shards()
+              .front();
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int rank = group[static_cast<size_t>(i)];
+    const auto* entry = &shapes[static_cast<size_t>(i * (nd + 1))];
+    const int64_t numel = entry[0];
+    const Shape shape(entry + 1, entry + 1 + nd);
+    Tensor piece = numel == 0 ? zeros(shape, mine.dtype())
+                              : all.select(0, i).narrow(0, 0, numel).reshape(shape).contiguous();
+    set.ranks.push_back(rank);
+    set.coordinates.push_back(*mesh.coordinate_of(rank));
+    set.pieces.push_back(std::move(piece));
+  }
+  return set;
+}
+
+// Every rank's pieces, gathering when this process does not hold them all.
+PieceSet all_pieces(const DTensor& t) {
+  const World& world = t.mesh().world();
+  if (world.held_ranks().size() == static_cast<size_t>(world.size())) return held_pieces(t);
+  return gathered_pieces(t);
+}
+
 // ---- assembling the global value
 // ------------------------------------------------------------------
 
-// For each mesh coordinate, the piece of the lowest held rank there (one sibling mesh).
+// For each mesh coordinate, the piece of the lowest rank there (one sibling mesh).
 class Pieces {
  public:
-  explicit Pieces(const DTensor& t) : spec_(t.spec()) {
-    const DTensorSpec::RankInfo& info = spec_.rank_info();
-    for (size_t r = 0; r < info.ranks.size(); ++r) {
-      pieces_.emplace(info.coordinates[r], &t.local().shards()[r]);
+  explicit Pieces(const PieceSet& set) : spec_(*set.spec) {
+    for (size_t r = 0; r < set.ranks.size(); ++r) {
+      auto [it, fresh] =
+          pieces_.emplace(set.coordinates[r], std::pair{set.ranks[r], &set.pieces[r]});
+      if (!fresh && set.ranks[r] < it->second.first) it->second = {set.ranks[r], &set.pieces[r]};
     }
     if (static_cast<int64_t>(pieces_.size()) != spec_.mesh().size()) {
       throw_error<PlacementError>(
@@ -121,7 +237,7 @@ class Pieces {
   // reduced, mesh dims from `dim` on.
   Tensor block(std::vector<int64_t>& coordinate, size_t dim) const {
     const Placements& placements = spec_.placements();
-    if (dim == placements.size()) return pieces_.at(coordinate)->contiguous();
+    if (dim == placements.size()) return pieces_.at(coordinate).second->contiguous();
     const Placement& p = placements[dim];
     if (is_replicate(p)) {
       coordinate[dim] = 0;
@@ -147,273 +263,12 @@ class Pieces {
 
  private:
   const DTensorSpec& spec_;
-  std::map<std::vector<int64_t>, const Tensor*> pieces_;
+  std::map<std::vector<int64_t>, std::pair<int, const Tensor*>> pieces_;
 };
 
-// Ranks (one sibling) whose piece holds global element `index`.
-std::vector<int> holders(const DTensorSpec& spec, const std::vector<int64_t>& index) {
-  std::vector<int> out;
-  const DTensorSpec::RankInfo& info = spec.rank_info();
-  for (size_t r = 0; r < info.ranks.size(); ++r) {
-    bool inside = true;
-    for (size_t d = 0; d < index.size() && inside; ++d) {
-      const int64_t start = info.local_offsets[r][d];
-      inside = index[d] >= start && index[d] < start + info.local_shapes[r][d];
-    }
-    if (inside) out.push_back(info.ranks[r]);
-  }
-  return out;
-}
-
-// ---- check
-// ----------------------------------------------------------------------------------------
-
-void check_against_full(const OpEvent& e) {
-  std::vector<Tensor> full_inputs;
-  full_inputs.reserve(e.inputs.size());
-  for (const DTensor* input : e.inputs) full_inputs.push_back(assemble_full_tensor(*input));
-  const Tensor got = assemble_full_tensor(e.output);
-  const Tensor expected = e.reference(full_inputs);
-  auto context = [&] {
-    return fmt::format("{}; output: {}{}; mesh {}", describe_inputs(e), describe_dtensor(e.output),
-                       describe_args(e), e.output.mesh().to_string());
-  };
-  if (got.shape() != expected.shape()) {
-    throw_error<DivergenceError>(
-        "--spmd-debug=check: DTensor op '{}' gives a global shape {} but the same op on the full "
-        "tensors gives {} ({})",
-        e.op, shape_str(got.shape()), shape_str(expected.shape()), context());
-  }
-  const CheckTolerance tol = check_tolerance(e.output.dtype());
-  const bool exact = !is_floating(e.output.dtype());
-  std::vector<double> g = values(got);
-  std::vector<double> x = values(expected);
-  int64_t worst = -1;
-  double worst_error = 0.0;
-  int64_t bad = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (same_value(g[i], x[i])) continue;
-    const double error = std::abs(g[i] - x[i]);
-    const bool within = !exact && error <= tol.atol + tol.rtol * std::abs(x[i]);
-    if (within) continue;
-    ++bad;
-    if (worst < 0 || !(error <= worst_error)) {
-      worst = static_cast<int64_t>(i);
-      worst_error = error;
-    }
-  }
-  if (worst < 0) return;
-  const std::vector<int64_t> index = unravel(worst, got.shape());
-  const std::string tolerance =
-      exact ? "exact for " + std::string(dtype_name(e.output.dtype()))
-            : fmt::format("tolerance {:g} + {:g} * |expected|", tol.atol, tol.rtol);
-  throw_error<DivergenceError>(
-      "--spmd-debug=check: DTensor op '{}' differs from the same op on the full tensors: max "
-      "error {:g} at index {} (sharded {:g}, single-device {:g}; {} of {} elements off, {}); "
-      "that element is held by rank(s) {} ({})",
-      e.op, worst_error, shape_str(index), g[static_cast<size_t>(worst)],
-      x[static_cast<size_t>(worst)], bad, g.size(), tolerance,
-      rank_ranges(holders(e.output.spec(), index)), context());
-}
-
-// ---- replicate
-// -------------------------------------------------------------------------------------
-
-void check_replicas(const OpEvent& e, const DTensor& t, const std::string& which) {
-  const DTensorSpec& spec = t.spec();
-  const LocalTensor& local = t.local();
-  for (int d = 0; d < spec.mesh_ndim(); ++d) {
-    if (!is_replicate(spec.placements()[static_cast<size_t>(d)])) continue;
-    for (const std::vector<int>& group : spec.mesh().group_family(d).groups()) {
-      if (!local.holds(group[0])) continue;
-      const Tensor& first = local.shard(group[0]);
-      for (size_t k = 1; k < group.size(); ++k) {
-        if (!local.holds(group[k])) continue;
-        const Tensor& other = local.shard(group[k]);
-        std::optional<int64_t> at = first_difference(first, other);
-        if (!at) continue;
-        const size_t i = static_cast<size_t>(*at);
-        throw_error<DivergenceError>(
-            "--spmd-debug=replicate: {} of DTensor op '{}' is Replicate on mesh dim {} ('{}') "
-            "but its replicas differ: rank {} holds {:g} and rank {} holds {:g} at index {} of "
-            "the piece (group ranks {}; {}; mesh {}){}",
-            which, e.op, d, spec.mesh().dim_name(d), group[0], values(first)[i], group[k],
-            values(other)[i], index_str(*at, first.shape()), ranks_str(group), describe_dtensor(t),
-            spec.mesh().to_string(),
-            which == "the output" ? ""
-                                  : ": they diverged before this op (a write through "
-                                    "mutable_shard, or from_local of rank-dependent data)");
-      }
-    }
-  }
-}
-
-// ---- nan
-// -------------------------------------------------------------------------------------------
-
-// " (its inputs were finite on rank 2)" or " (input 1 already held NaN on rank 2 at index [3])".
-template <class ShardOf>
-std::string input_note(size_t num_inputs, int rank, ShardOf&& shard_of) {
-  for (size_t i = 0; i < num_inputs; ++i) {
-    const Tensor* shard = shard_of(i);
-    if (shard == nullptr) continue;
-    if (auto bad = first_nonfinite(*shard)) {
-      return fmt::format(
-          "; input {} already held {} on rank {} at index {}: it came from code the check does "
-          "not see (LocalTensor::map, from_fn, from_local, data read in)",
-          i, nonfinite_name(bad->value), rank, index_str(bad->flat, shard->shape()));
-    }
-  }
-  return fmt::format("; its inputs were finite on rank {}", rank);
-}
-
-void check_nonfinite(const OpEvent& e) {
-  const LocalTensor& local = e.output.local();
-  const DTensorSpec::RankInfo& info = e.output.spec().rank_info();
-  for (size_t r = 0; r < local.num_shards(); ++r) {
-    const Tensor& piece = local.shards()[r];
-    if (r > 0 && piece.is_same(local.shards()[r - 1])) continue;
-    auto bad = first_nonfinite(piece);
-    if (!bad) continue;
-    const int rank = local.ranks()[r];
-    std::vector<int64_t> global = unravel(bad->flat, piece.shape());
-    for (size_t d = 0; d < global.size(); ++d) global[d] += info.local_offsets[r][d];
-    throw_error<NonFiniteError>(
-        "--spmd-debug=nan: DTensor op '{}' produced {} on rank {} at index {} of its piece "
-        "(global index {}){}; output {}; {}{}",
-        e.op, nonfinite_name(bad->value), rank, index_str(bad->flat, piece.shape()),
-        shape_str(global),
-        input_note(e.inputs.size(), rank,
-                   [&](size_t i) -> const Tensor* {
-                     const LocalTensor& in = e.inputs[i]->local();
-                     return in.holds(rank) ? &in.shard(rank) : nullptr;
-                   }),
-        describe_dtensor(e.output), describe_inputs(e), describe_args(e));
-  }
-}
-
-void on_local_op(std::string_view op, std::span<const LocalTensor* const> inputs,
-                 const LocalTensor& result, const SourceLocation& /*location*/) {
-  // Thrown inside the op's call: the message ends with the user's line (core/error.h).
-  for (size_t r = 0; r < result.num_shards(); ++r) {
-    const Tensor& shard = result.shards()[r];
-    if (r > 0 && shard.is_same(result.shards()[r - 1])) continue;
-    auto bad = first_nonfinite(shard);
-    if (!bad) continue;
-    const int rank = result.ranks()[r];
-    throw_error<NonFiniteError>(
-        "--spmd-debug=nan: LocalTensor op '{}' produced {} on rank {} at index {} (shape {}){}", op,
-        nonfinite_name(bad->value), rank, index_str(bad->flat, shard.shape()),
-        shape_str(shard.shape()), input_note(inputs.size(), rank, [&](size_t i) -> const Tensor* {
-          return inputs[i]->holds(rank) ? &inputs[i]->shard(rank) : nullptr;
-        }));
-  }
-}
-
-void on_collective(const CollectiveEvent& e) {
-  if (!e.world.debug().nan) return;
-  const LocalTensor& result = e.output;
-  for (size_t r = 0; r < result.num_shards(); ++r) {
-    const Tensor& shard = result.shards()[r];
-    if (r > 0 && shard.is_same(result.shards()[r - 1])) continue;
-    auto bad = first_nonfinite(shard);
-    if (!bad) continue;
-    const int rank = result.ranks()[r];
-    // Which held input was already non-finite, if any (under a real backend only this rank's).
-    std::string note =
-        "; every input this process holds was finite (an overflow in the "
-        "reduction, or another process's input)";
-    for (size_t i = 0; i < e.input.num_shards(); ++i) {
-      if (auto in = first_nonfinite(e.input.shards()[i])) {
-        note = fmt::format("; the input of rank {} already held {} at index {}", e.input.ranks()[i],
-                           nonfinite_name(in->value),
-                           index_str(in->flat, e.input.shards()[i].shape()));
-        break;
-      }
-    }
-    throw_error<NonFiniteError>(
-        "--spmd-debug=nan: {} over mesh dim '{}' at {} produced {} on rank {} at index {} "
-        "(shape {}){}",
-        e.kind, e.dim_name, call_site_text(e.location.file_name(), e.location.line()),
-        nonfinite_name(bad->value), rank, index_str(bad->flat, shard.shape()),
-        shape_str(shard.shape()), note);
-  }
-}
-
-void on_op(const OpEvent& e) {
-  const DebugOptions& debug = e.output.mesh().world().debug();
-  if (debug.nan) check_nonfinite(e);
-  if (debug.replicate) {
-    for (size_t i = 0; i < e.inputs.size(); ++i) {
-      check_replicas(e, *e.inputs[i], fmt::format("input {}", i));
-    }
-    check_replicas(e, e.output, "the output");
-  }
-  if (debug.check) check_against_full(e);
-}
-
-// ---- installing the observers
-// ----------------------------------------------------------------------
-
-struct Installed {
-  std::mutex mutex;
-  int worlds = 0;      // live worlds with check, replicate or nan
-  int nan_worlds = 0;  // of those, the ones with nan
-  int op_observer = 0;
-};
-
-Installed& installed() {
-  static Installed* state = new Installed();  // never destroyed: worlds may outlive statics
-  return *state;
-}
-
-// Keeps the observers installed while a world holding it lives (WorldState::debug_hooks).
-class HookToken {
- public:
-  explicit HookToken(bool nan) : nan_(nan) {
-    Installed& s = installed();
-    std::lock_guard lock(s.mutex);
-    if (s.worlds++ == 0) {
-      s.op_observer = add_op_observer(on_op);
-      set_collective_observer(on_collective);
-    }
-    if (nan_ && s.nan_worlds++ == 0) set_local_op_observer(on_local_op);
-  }
-  ~HookToken() {
-    Installed& s = installed();
-    std::lock_guard lock(s.mutex);
-    if (nan_ && --s.nan_worlds == 0) set_local_op_observer(nullptr);
-    if (--s.worlds == 0) {
-      remove_op_observer(s.op_observer);
-      set_collective_observer(nullptr);
-    }
-  }
-  HookToken(const HookToken&) = delete;
-  HookToken& operator=(const HookToken&) = delete;
-
- private:
-  bool nan_;
-};
-
-}  // namespace
-
-CheckTolerance check_tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::F64:
-      return {1e-9, 1e-12};
-    case DType::F32:
-      return {1e-4, 1e-5};
-    case DType::BF16:
-    case DType::F16:
-      return {2e-2, 1e-2};
-    default:
-      return {0.0, 0.0};
-  }
-}
-
-Tensor assemble_full_tensor(const DTensor& tensor) {
-  const DTensorSpec& spec = tensor.spec();
-  const Pieces pieces(tensor);
+Tensor assemble(const PieceSet& set) {
+  const DTensorSpec& spec = *set.spec;
+  const Pieces pieces(set);
   const std::vector<int64_t> mesh_shape = spec.mesh_shape();
   Tensor out = empty(spec.shape(), spec.dtype());
   // Every combination of coordinates along the Shard mesh dims (0 elsewhere) names one block.
@@ -441,22 +296,438 @@ Tensor assemble_full_tensor(const DTensor& tensor) {
   return out;
 }
 
+// Ranks whose piece holds global element `index` (of every sibling mesh in the set).
+std::vector<int> holders(const PieceSet& set, const std::vector<int64_t>& index) {
+  std::vector<int> out;
+  const DTensorSpec& spec = *set.spec;
+  for (size_t r = 0; r < set.ranks.size(); ++r) {
+    const Shape offset = spec.local_offset(set.coordinates[r]);
+    const Shape size = spec.local_shape(set.coordinates[r]);
+    bool inside = true;
+    for (size_t d = 0; d < index.size() && inside; ++d) {
+      inside = index[d] >= offset[d] && index[d] < offset[d] + size[d];
+    }
+    if (inside) out.push_back(set.ranks[r]);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// ---- check
+// ----------------------------------------------------------------------------------------
+
+void check_against_full(const OpEvent& e, const std::vector<PieceSet>& inputs,
+                        const PieceSet& output) {
+  std::vector<Tensor> full_inputs;
+  full_inputs.reserve(inputs.size());
+  for (const PieceSet& input : inputs) full_inputs.push_back(assemble(input));
+  const Tensor got = assemble(output);
+  const Tensor expected = e.reference(full_inputs);
+  auto context = [&] {
+    return fmt::format("{}; output: {}{}; mesh {}", describe_inputs(e), describe_dtensor(e.output),
+                       describe_args(e), e.output.mesh().to_string());
+  };
+  if (got.shape() != expected.shape()) {
+    throw_error<DivergenceError>(
+        "--spmd-debug=check: DTensor op '{}' at {} gives a global shape {} but the same op on the "
+        "full tensors gives {} ({})",
+        e.op, site_text(e.location), shape_str(got.shape()), shape_str(expected.shape()),
+        context());
+  }
+  const CheckTolerance tol = check_tolerance(e.output.dtype());
+  const bool exact = !is_floating(e.output.dtype());
+  std::vector<double> g = values(got);
+  std::vector<double> x = values(expected);
+  int64_t worst = -1;
+  double worst_error = 0.0;
+  int64_t bad = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (same_value(g[i], x[i])) continue;
+    const double error = std::abs(g[i] - x[i]);
+    const bool within = !exact && error <= tol.atol + tol.rtol * std::abs(x[i]);
+    if (within) continue;
+    ++bad;
+    if (worst < 0 || !(error <= worst_error)) {
+      worst = static_cast<int64_t>(i);
+      worst_error = error;
+    }
+  }
+  if (worst < 0) return;
+  const std::vector<int64_t> index = unravel(worst, got.shape());
+  const std::string tolerance =
+      exact ? "exact for " + std::string(dtype_name(e.output.dtype()))
+            : fmt::format("tolerance {:g} + {:g} * |expected|", tol.atol, tol.rtol);
+  throw_error<DivergenceError>(
+      "--spmd-debug=check: DTensor op '{}' at {} differs from the same op on the full tensors: "
+      "max error {:g} at index {} (sharded {:g}, single-device {:g}; {} of {} elements off, {}); "
+      "that element is held by rank(s) {} ({})",
+      e.op, site_text(e.location), worst_error, shape_str(index), g[static_cast<size_t>(worst)],
+      x[static_cast<size_t>(worst)], bad, g.size(), tolerance, rank_ranges(holders(output, index)),
+      context());
+}
+
+// ---- replicate
+// -------------------------------------------------------------------------------------
+
+// What a replica difference in `which` of the op means, for the report.
+enum class Role { Input, Output, Claim };
+
+void check_replicas(const OpEvent& e, const PieceSet& set, const DTensor& t, Role role,
+                    size_t input) {
+  const DTensorSpec& spec = *set.spec;
+  for (int d = 0; d < spec.mesh_ndim(); ++d) {
+    if (!is_replicate(spec.placements()[static_cast<size_t>(d)])) continue;
+    for (const std::vector<int>& group : spec.mesh().group_family(d).groups()) {
+      const Tensor* first = set.piece(group[0]);
+      if (first == nullptr) continue;
+      for (size_t k = 1; k < group.size(); ++k) {
+        const Tensor* other = set.piece(group[k]);
+        if (other == nullptr) continue;
+        std::optional<int64_t> at = first_difference(*first, *other);
+        if (!at) continue;
+        const size_t i = static_cast<size_t>(*at);
+        const std::string facts = fmt::format(
+            "rank {} holds {:g} and rank {} holds {:g} at index {} of the piece (group ranks {}; "
+            "{}; mesh {})",
+            group[0], values(*first)[i], group[k], values(*other)[i],
+            index_str(*at, first->shape()), ranks_str(group), describe_dtensor(t),
+            spec.mesh().to_string());
+        const std::string mode = e.output.mesh().world().debug().replicate ? "replicate" : "check";
+        if (role == Role::Claim) {
+          throw_error<DivergenceError>(
+              "--spmd-debug={}: DTensor::from_local at {} claims Replicate on mesh dim {} ('{}') "
+              "but the pieces differ: {}. If each rank holds a partial sum, say Partial() (and "
+              "redistribute to Replicate); if the pieces are meant to differ, say Shard, or reduce "
+              "them first",
+              mode, site_text(e.location), d, spec.mesh().dim_name(d), facts);
+        }
+        throw_error<DivergenceError>(
+            "--spmd-debug={}: {} of DTensor op '{}' at {} is Replicate on mesh dim {} ('{}') but "
+            "its replicas differ: {}{}",
+            mode, role == Role::Output ? std::string("the output") : fmt::format("input {}", input),
+            e.op, site_text(e.location), d, spec.mesh().dim_name(d), facts,
+            role == Role::Output ? ""
+                                 : ": they diverged before this op (a write through "
+                                   "mutable_shard, a LocalTensor computed per rank, or from_local "
+                                   "of rank-dependent data)");
+      }
+    }
+  }
+}
+
+// ---- nan
+// -------------------------------------------------------------------------------------------
+
+// " (its inputs were finite on rank 2)" or " (input 1 already held NaN on rank 2 at index [3])".
+template <class ShardOf>
+std::string input_note(size_t num_inputs, int rank, bool nan_only, ShardOf&& shard_of) {
+  for (size_t i = 0; i < num_inputs; ++i) {
+    const Tensor* shard = shard_of(i);
+    if (shard == nullptr) continue;
+    if (auto bad = first_nonfinite(*shard, nan_only)) {
+      return fmt::format(
+          "; input {} already held {} on rank {} at index {}: it came from code the check does "
+          "not see (LocalTensor::map, from_fn, from_local, data read in)",
+          i, nonfinite_name(bad->value), rank, index_str(bad->flat, shard->shape()));
+    }
+  }
+  return fmt::format("; its inputs were finite on rank {}", rank);
+}
+
+void check_nonfinite(const OpEvent& e, bool nan_only) {
+  const LocalTensor& local = e.output.local();
+  const DTensorSpec::RankInfo& info = e.output.spec().rank_info();
+  for (size_t r = 0; r < local.num_shards(); ++r) {
+    const Tensor& piece = local.shards()[r];
+    if (r > 0 && piece.is_same(local.shards()[r - 1])) continue;
+    auto bad = first_nonfinite(piece, nan_only);
+    if (!bad) continue;
+    const int rank = local.ranks()[r];
+    std::vector<int64_t> global = unravel(bad->flat, piece.shape());
+    for (size_t d = 0; d < global.size(); ++d) global[d] += info.local_offsets[r][d];
+    const bool claim = e.inputs.empty();  // from_local: the user's pieces
+    throw_error<NonFiniteError>(
+        "--spmd-debug=nan: {} '{}' at {} {} {} on rank {} at index {} of its piece (global index "
+        "{}){}; output {}; {}{}{}",
+        claim ? "DTensor::from_local" : "DTensor op", e.op, site_text(e.location),
+        claim ? "received" : "produced", nonfinite_name(bad->value), rank,
+        index_str(bad->flat, piece.shape()), shape_str(global),
+        claim ? std::string()
+              : input_note(e.inputs.size(), rank, nan_only,
+                           [&](size_t i) -> const Tensor* {
+                             const LocalTensor& in = e.inputs[i]->local();
+                             return in.holds(rank) ? &in.shard(rank) : nullptr;
+                           }),
+        describe_dtensor(e.output), describe_inputs(e), describe_args(e), inf_hint(bad->value));
+  }
+}
+
+void on_local_op(std::string_view op, std::span<const LocalTensor* const> inputs,
+                 const LocalTensor& result, const SourceLocation& location) {
+  const bool nan_only = g_local_nan_only.load(std::memory_order_relaxed);
+  for (size_t r = 0; r < result.num_shards(); ++r) {
+    const Tensor& shard = result.shards()[r];
+    if (r > 0 && shard.is_same(result.shards()[r - 1])) continue;
+    auto bad = first_nonfinite(shard, nan_only);
+    if (!bad) continue;
+    const int rank = result.ranks()[r];
+    throw_error<NonFiniteError>(
+        "--spmd-debug=nan: LocalTensor op '{}' at {} produced {} on rank {} at index {} (shape "
+        "{}){}{}",
+        op, site_text(location), nonfinite_name(bad->value), rank,
+        index_str(bad->flat, shard.shape()), shape_str(shard.shape()),
+        input_note(inputs.size(), rank, nan_only,
+                   [&](size_t i) -> const Tensor* {
+                     return inputs[i]->holds(rank) ? &inputs[i]->shard(rank) : nullptr;
+                   }),
+        inf_hint(bad->value));
+  }
+}
+
+// ---- divergence: the shadow run (Note [Shadow run]) -------------------------------------------
+
+struct ShadowCall {
+  CollectiveKind kind;
+  std::string dim_name;
+  std::string file;
+  uint32_t line = 0;
+
+  bool operator==(const ShadowCall&) const = default;
+  std::string to_string() const {
+    std::string_view base = file;
+    if (size_t slash = base.find_last_of('/'); slash != std::string_view::npos) {
+      base.remove_prefix(slash + 1);
+    }
+    return fmt::format("{} over mesh dim '{}' at {}:{}", kind, dim_name, base, line);
+  }
+};
+
+struct Shadow {
+  std::mutex mutex;
+  enum class Phase { Off, Record, Compare } phase = Phase::Off;
+  std::vector<ShadowCall> calls;  // the shadow pass's collectives
+  size_t next = 0;                // the real pass's position
+  bool complete = true;           // false: the shadow pass threw part way
+};
+
+Shadow& shadow() {
+  static Shadow* state = new Shadow();
+  return *state;
+}
+
+void on_shadow_collective(const CollectiveEvent& e) {
+  Shadow& sh = shadow();
+  std::lock_guard lock(sh.mutex);
+  if (sh.phase == Shadow::Phase::Off) return;
+  ShadowCall call{e.kind, e.dim_name, e.location.file_name(), e.location.line()};
+  if (sh.phase == Shadow::Phase::Record) {
+    sh.calls.push_back(std::move(call));
+    return;
+  }
+  const size_t i = sh.next++;
+  if (i < sh.calls.size() && sh.calls[i] == call) return;
+  if (i >= sh.calls.size() && !sh.complete) return;
+  sh.phase = Shadow::Phase::Off;
+  throw_error<DivergenceError>(
+      "--spmd-debug=divergence: {} is collective #{} of the coordinator (rank 0), but the other "
+      "ranks {} there: only the coordinator reaches this call (code under "
+      "`if (world.is_coordinator())`?). On a cluster rank 0 waits here for peers that never come",
+      call.to_string(), i,
+      i < sh.calls.size() ? "issue " + sh.calls[i].to_string() : std::string("issue no more"));
+}
+
+void on_collective(const CollectiveEvent& e) {
+  const DebugOptions& debug = e.world.debug();
+  if (debug.divergence) on_shadow_collective(e);
+  if (!debug.nan) return;
+  const bool nan_only = debug.allow_inf;
+  const LocalTensor& result = e.output;
+  for (size_t r = 0; r < result.num_shards(); ++r) {
+    const Tensor& shard = result.shards()[r];
+    if (r > 0 && shard.is_same(result.shards()[r - 1])) continue;
+    auto bad = first_nonfinite(shard, nan_only);
+    if (!bad) continue;
+    const int rank = result.ranks()[r];
+    // Which held input was already non-finite, if any (under a real backend only this rank's).
+    std::string note =
+        "; every input this process holds was finite (an overflow in the "
+        "reduction, or another process's input)";
+    for (size_t i = 0; i < e.input.num_shards(); ++i) {
+      if (auto in = first_nonfinite(e.input.shards()[i], nan_only)) {
+        note = fmt::format("; the input of rank {} already held {} at index {}", e.input.ranks()[i],
+                           nonfinite_name(in->value),
+                           index_str(in->flat, e.input.shards()[i].shape()));
+        break;
+      }
+    }
+    throw_error<NonFiniteError>(
+        "--spmd-debug=nan: {} over mesh dim '{}' at {} produced {} on rank {} at index {} "
+        "(shape {}){}{}",
+        e.kind, e.dim_name, site_text(e.location), nonfinite_name(bad->value), rank,
+        index_str(bad->flat, shard.shape()), shape_str(shard.shape()), note, inf_hint(bad->value));
+  }
+}
+
+void on_op(const OpEvent& e) {
+  const DebugOptions& debug = e.output.mesh().world().debug();
+  if (debug.nan) check_nonfinite(e, debug.allow_inf);
+  if (!debug.check && !debug.replicate) return;
+  // Every rank's pieces (gathered under threads and mpi, in the same order on every rank).
+  std::vector<PieceSet> inputs;
+  inputs.reserve(e.inputs.size());
+  for (const DTensor* input : e.inputs) inputs.push_back(all_pieces(*input));
+  const PieceSet output = all_pieces(e.output);
+  // Root causes first: an input whose replicas already differ, then the user's claim
+  // (from_local), then the op's own output.
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_replicas(e, inputs[i], *e.inputs[i], Role::Input, i);
+  }
+  const bool claim = e.inputs.empty();
+  check_replicas(e, output, e.output, claim ? Role::Claim : Role::Output, 0);
+  if (debug.check && !claim) check_against_full(e, inputs, output);
+}
+
+// ---- installing the observers
+// ----------------------------------------------------------------------
+
+struct Installed {
+  std::mutex mutex;
+  int worlds = 0;             // live worlds with check, replicate or nan
+  int nan_worlds = 0;         // of those, the ones with nan
+  int strict_nan_worlds = 0;  // of those, the ones that report infinities too
+  int op_observer = 0;
+};
+
+Installed& installed() {
+  static Installed* state = new Installed();  // never destroyed: worlds may outlive statics
+  return *state;
+}
+
+// Keeps the observers installed while a world holding it lives (WorldState::debug_hooks).
+class HookToken {
+ public:
+  HookToken(bool nan, bool allow_inf) : nan_(nan), strict_(nan && !allow_inf) {
+    Installed& s = installed();
+    std::lock_guard lock(s.mutex);
+    if (s.worlds++ == 0) {
+      s.op_observer = add_op_observer(on_op);
+      set_collective_observer(on_collective);
+    }
+    if (strict_) ++s.strict_nan_worlds;
+    if (nan_ && s.nan_worlds++ == 0) set_local_op_observer(on_local_op);
+    g_local_nan_only.store(s.strict_nan_worlds == 0, std::memory_order_relaxed);
+  }
+  ~HookToken() {
+    Installed& s = installed();
+    std::lock_guard lock(s.mutex);
+    if (strict_) --s.strict_nan_worlds;
+    g_local_nan_only.store(s.strict_nan_worlds == 0, std::memory_order_relaxed);
+    if (nan_ && --s.nan_worlds == 0) set_local_op_observer(nullptr);
+    if (--s.worlds == 0) {
+      remove_op_observer(s.op_observer);
+      set_collective_observer(nullptr);
+    }
+  }
+  HookToken(const HookToken&) = delete;
+  HookToken& operator=(const HookToken&) = delete;
+
+ private:
+  bool nan_;
+  bool strict_;
+};
+
+}  // namespace
+
+CheckTolerance check_tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::F64:
+      return {1e-9, 1e-12};
+    case DType::F32:
+      return {1e-4, 1e-5};
+    case DType::BF16:
+    case DType::F16:
+      return {2e-2, 1e-2};
+    default:
+      return {0.0, 0.0};
+  }
+}
+
+Tensor assemble_full_tensor(const DTensor& tensor) {
+  return assemble(held_pieces(tensor));
+}
+
 void set_debug(World& world, const DebugOptions& debug) {
   if (!world.defined())
     throw_error<Error>("set_debug: the world is undefined (default-constructed)");
   const WorldState& state = world.state();
-  if ((debug.check || debug.replicate) &&
-      state.held_ranks.size() != static_cast<size_t>(state.size)) {
+  const bool holds_all = state.held_ranks.size() == static_cast<size_t>(state.size);
+  if ((debug.check || debug.replicate) && !holds_all && state.device_type != "cpu") {
     throw_error<ConfigError>(
-        "--spmd-debug={}: this check compares the pieces of every rank, which only a process "
-        "holding every rank has (the sim backend); this {} world holds rank(s) {}. Under real "
-        "backends use --spmd-debug=fingerprint,nan",
+        "--spmd-debug={}: this check compares the pieces of every rank; on the {} backend that "
+        "would gather every piece onto every GPU, which spmdsim does not do. Run the program "
+        "under sim or threads for it, and use --spmd-debug=fingerprint,nan here",
+        debug.check ? "check" : "replicate", state.backend_name);
+  }
+  if ((debug.check || debug.replicate) && !holds_all && state.held_ranks.size() != 1) {
+    throw_error<ConfigError>(
+        "--spmd-debug={}: gathering the pieces needs one rank per process or thread; this {} "
+        "world holds rank(s) {}",
         debug.check ? "check" : "replicate", state.backend_name, rank_ranges(state.held_ranks));
   }
+  if (debug.divergence && !world.backend().is_lockstep()) {
+    throw_error<ConfigError>(
+        "--spmd-debug=divergence: the shadow run is the sim backend's check (one process plays "
+        "every rank); under {} each rank runs its own control flow, and a collective only some "
+        "ranks issue is already reported (a DeadlockError under threads, the watchdog under mpi)",
+        state.backend_name);
+  }
+  if (debug.all) {
+    throw_error<ConfigError>(
+        "set_debug: `all` must be resolved to the backend's checks first (launch() does: "
+        "BackendDriver::debug_all)");
+  }
   std::shared_ptr<const void> hooks;
-  if (debug.check || debug.replicate || debug.nan)
-    hooks = std::make_shared<const HookToken>(debug.nan);
+  if (debug.check || debug.replicate || debug.nan || debug.divergence)
+    hooks = std::make_shared<const HookToken>(debug.nan, debug.allow_inf);
   world.store_debug(debug, std::move(hooks));
+}
+
+void shadow_run_record() {
+  Shadow& sh = shadow();
+  std::lock_guard lock(sh.mutex);
+  sh.phase = Shadow::Phase::Record;
+  sh.calls.clear();
+  sh.next = 0;
+  sh.complete = true;
+}
+
+void shadow_run_compare(bool shadow_completed) {
+  Shadow& sh = shadow();
+  std::lock_guard lock(sh.mutex);
+  sh.phase = Shadow::Phase::Compare;
+  sh.next = 0;
+  sh.complete = shadow_completed;
+}
+
+void shadow_run_finish() {
+  Shadow& sh = shadow();
+  std::lock_guard lock(sh.mutex);
+  const bool comparing = sh.phase == Shadow::Phase::Compare;
+  sh.phase = Shadow::Phase::Off;
+  if (!comparing || !sh.complete || sh.next >= sh.calls.size()) return;
+  throw_error<DivergenceError>(
+      "--spmd-debug=divergence: {} is collective #{} of the ranks other than the coordinator, "
+      "but the coordinator (rank 0) issues no more collectives: only the other ranks reach this "
+      "call (code under `if (!world.is_coordinator())`?). On a cluster they wait here for rank 0",
+      sh.calls[sh.next].to_string(), sh.next);
+}
+
+void shadow_run_end() {
+  Shadow& sh = shadow();
+  std::lock_guard lock(sh.mutex);
+  sh.phase = Shadow::Phase::Off;
+  sh.calls.clear();
+  sh.next = 0;
 }
 
 }  // namespace spmd

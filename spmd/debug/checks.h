@@ -28,9 +28,28 @@
 //              hook has no world, so it is on in the whole process while a world with nan lives
 //              (the sharding and plan caches keep the worlds of past ops alive until
 //              clear_sharding_cache() and clear_redistribute_cache()).
-// check and replicate compare every rank's piece, so they need a world holding every rank (sim):
-// set_debug refuses them elsewhere with a ConfigError. fingerprint is read by a real backend when
-// it is created (its driver gets the debug options in WorldRequest), not by set_debug.
+// check and replicate compare every rank's piece. Under sim the process holds them; under threads
+// and mpi (one rank per thread or process) each check first gathers every piece of its inputs and
+// output over the mesh with internal collectives (collectives/functional.h: own communicator, not
+// traced), so every rank reaches the same verdict and the program's trace is unchanged. nccl
+// refuses them (ConfigError): they would gather every piece onto every GPU. Both look at inputs
+// first: an input whose replicas already differ is reported before the op is blamed, and
+// from_local's Replicate claims are checked against the pieces it was given. Every report names
+// the user's line of the op (OpEvent::location). fingerprint is read by a real backend when it is
+// created (its driver gets the debug options in WorldRequest), not by set_debug.
+//   nan:allow-inf  like nan, but only NaN is reported (-inf attention masks are meant).
+//
+// Note [Shadow run]
+// Under sim one process plays every rank and World::is_coordinator() is true, so a collective
+// inside `if (world.is_coordinator())` runs as if every rank called it; on a cluster only rank 0
+// would, and the job hangs. --spmd-debug=divergence (sim, part of `all`) makes launch() run the
+// program twice: first as a rank that is not the coordinator (is_coordinator() false, its stdout
+// discarded, nothing traced), recording the kind, mesh dim and source line of every collective;
+// then as usual, comparing each collective with the record at the same position. The first that
+// differs is a DivergenceError at the coordinator's line naming what the other ranks issue there;
+// a coordinator that ends with collectives left in the record is one at the other ranks' line.
+// Costs a second run of the program; the program must not depend on state the first run changes
+// (files it writes, globals).
 #pragma once
 
 #include <spmd/dtensor/dtensor.h>
@@ -41,7 +60,9 @@ namespace spmd {
 // Turns the checks of --spmd-debug on or off for `world` (and every copy of its handle): stores the
 // options in the world and, while any of check, replicate or nan is on, keeps their observers
 // installed. launch() calls it with the parsed --spmd-debug. ConfigError for check or replicate on
-// a world that does not hold every rank.
+// a world that holds neither every rank nor exactly one CPU rank (a world of one rank per process
+// or thread gathers the pieces over internal collectives), for divergence outside sim, and for an
+// unresolved `all`.
 void set_debug(World& world, const DebugOptions& debug);
 
 // How far a sharded float result may be from the single-device one under check mode: elementwise
@@ -52,6 +73,15 @@ struct CheckTolerance {
   double atol = 0.0;
 };
 CheckTolerance check_tolerance(DType dtype);
+
+// The shadow run's phases (launch() calls them; Note [Shadow run]): record the collectives of the
+// worlds with divergence on; compare the next run's collectives with the record (DivergenceError
+// at the first that differs; `shadow_completed` false when the recorded run threw part way, so
+// only its calls are compared); after that run, DivergenceError when the record has more; end.
+void shadow_run_record();
+void shadow_run_compare(bool shadow_completed);
+void shadow_run_finish();
+void shadow_run_end();
 
 // The global value of `tensor` built from the pieces this process holds, with no communication
 // (Partial mesh dims reduced in group-rank order, innermost first). Needs every rank of the mesh

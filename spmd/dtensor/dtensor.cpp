@@ -23,6 +23,8 @@ Tensor identity_reference(std::span<const Tensor> inputs, const OpArgs&) {
 
 // The op observers see for DTensor::redistribute: the value does not change.
 const OpDef kRedistributeOp{"redistribute", nullptr, nullptr, nullptr, nullptr, identity_reference};
+// The op observers see for DTensor::from_local (no DTensor inputs, no reference).
+const OpDef kFromLocalOp{"from_local", nullptr, nullptr, nullptr, nullptr, nullptr};
 
 const DTensor& dtensor_of(const Var& v) {
   return v.as<DTensor>();
@@ -420,17 +422,23 @@ DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements place
           shape_str(info.local_shapes[r]), held_shapes(local));
     }
   }
-  if (!grad_enabled() || !local.requires_grad() || !is_floating(local.dtype())) {
-    return DTensor(local.detach(), std::move(spec));
-  }
-  auto targets = std::make_shared<const Placements>(
-      grad_placements ? normalized_grad_placements(*spec, *grad_placements, "from_local")
-                      : spec->placements());
-  const Var in = local_var(local);
   DTensor out(local.detach(), std::move(spec));
-  return record("from_local", nullptr, {&in, 1}, {}, dtensor_var(out), from_local_backward,
-                std::move(targets))
-      .value<DTensor>();
+  if (grad_enabled() && local.requires_grad() && is_floating(local.dtype())) {
+    auto targets = std::make_shared<const Placements>(
+        grad_placements ? normalized_grad_placements(out.spec(), *grad_placements, "from_local")
+                        : out.placements());
+    const Var in = local_var(local);
+    out = record("from_local", nullptr, {&in, 1}, {}, dtensor_var(out), from_local_backward,
+                 std::move(targets))
+              .value<DTensor>();
+  }
+  // The debug checks see the claim (placements over pieces the user made): OpEvent with no inputs.
+  if (has_op_observers()) {
+    static const OpArgs kNoArgs;
+    notify_op_observers(
+        OpEvent{kFromLocalOp.name, &kFromLocalOp, kNoArgs, {}, out, user_site_or(loc)});
+  }
+  return out;
 }
 
 // ---- autograd ---------------------------------------------------------------------------------

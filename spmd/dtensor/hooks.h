@@ -36,6 +36,8 @@ struct OpEvent {
   const OpDef* def;
   const OpArgs& args;
   std::span<const DTensor* const> inputs;
+  // DTensor::from_local notifies with no inputs (op "from_local"): the output's placements are
+  // the user's claim about pieces spmdsim did not compute.
   const DTensor& output;
   // The user's call site of the op (Note [User call sites]).
   const SourceLocation& location;

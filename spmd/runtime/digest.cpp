@@ -43,7 +43,8 @@ uint64_t combined_digest(const std::vector<Tensor>& tensors) {
   return h;
 }
 
-uint64_t digest(const World& world, const std::vector<LocalTensor>& tensors) {
+uint64_t digest(const World& world, const std::vector<LocalTensor>& tensors, SourceLocation loc) {
+  const UserCallSite site(loc);
   const int size = world.size();
   const int64_t k = static_cast<int64_t>(tensors.size());
   // Row r: rank r's shard digest of every tensor.
@@ -63,7 +64,7 @@ uint64_t digest(const World& world, const std::vector<LocalTensor>& tensors) {
     return from_vector(rank_row(r), {1, k});
   });
   const std::vector<int64_t> table =  // [size, k]
-      all_gather(rows, mesh, 0).shards().front().to_vector<int64_t>();
+      all_gather(rows, mesh, 0, 0, loc).shards().front().to_vector<int64_t>();
   uint64_t h = kFnvOffset;
   for (int64_t i = 0; i < k; ++i) {
     for (int r = 0; r < size; ++r) {
@@ -78,8 +79,9 @@ std::string digest_hex(uint64_t digest) {
   return fmt::format("{:016x}", digest);
 }
 
-uint64_t print_digest(const World& world, const std::vector<LocalTensor>& tensors) {
-  const uint64_t d = digest(world, tensors);
+uint64_t print_digest(const World& world, const std::vector<LocalTensor>& tensors,
+                      SourceLocation loc) {
+  const uint64_t d = digest(world, tensors, loc);
   if (world.is_coordinator()) {
     fmt::print("digest: {}\n", digest_hex(d));
     std::fflush(stdout);

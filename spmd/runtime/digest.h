@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include <spmd/core/call_site.h>
 #include <spmd/sim/local_tensor.h>
 #include <spmd/sim/world.h>
 #include <spmd/tensor/tensor.h>
@@ -35,10 +36,13 @@ uint64_t digest(const Tensor& t);
 // For programs without a World, such as examples/tensor_tour.
 uint64_t combined_digest(const std::vector<Tensor>& tensors);
 // The digest of `tensors` over every rank of `world` (a collective under real backends).
-uint64_t digest(const World& world, const std::vector<LocalTensor>& tensors);
+// Traced at the caller's line.
+uint64_t digest(const World& world, const std::vector<LocalTensor>& tensors,
+                SourceLocation loc = SourceLocation::current());
 // 16 lowercase hex digits.
 std::string digest_hex(uint64_t digest);
 // Prints "digest: <hex>" on the coordinator and returns the digest (a collective, as above).
-uint64_t print_digest(const World& world, const std::vector<LocalTensor>& tensors);
+uint64_t print_digest(const World& world, const std::vector<LocalTensor>& tensors,
+                      SourceLocation loc = SourceLocation::current());
 
 }  // namespace spmd

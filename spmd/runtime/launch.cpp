@@ -2,9 +2,13 @@
 // report.
 #include <spmd/runtime/launch.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <iostream>
 #include <memory>
 #include <thread>
 
@@ -34,11 +38,27 @@ const BackendDriver& driver_of(const LaunchOptions& options) {
   return backend_driver(options.backend, options.backend_source);
 }
 
+// --spmd-debug with `all` replaced by the checks the backend supports (BackendDriver::debug_all).
+DebugOptions resolved_debug(const LaunchOptions& options) {
+  DebugOptions debug = options.debug;
+  if (!debug.all) return debug;
+  const DebugOptions& all = driver_of(options).debug_all;
+  debug.check |= all.check;
+  debug.replicate |= all.replicate;
+  debug.fingerprint |= all.fingerprint;
+  // `all` accepts infinities (-inf attention masks are meant) unless `nan` was listed too.
+  if (all.nan && !debug.nan) debug.allow_inf = true;
+  debug.nan |= all.nan;
+  debug.divergence |= all.divergence;
+  debug.all = false;
+  return debug;
+}
+
 WorldRequest world_request(const LaunchOptions& options) {
   WorldRequest request;
   request.world_size = options.world_size;
   request.world_size_source = options.world_size_source;
-  request.debug = options.debug;
+  request.debug = resolved_debug(options);
   request.timeout_s = options.nccl_timeout_s;
   request.gpus_per_process = options.gpus_per_process;
   request.launcher = detect_launcher();
@@ -62,7 +82,7 @@ std::vector<World> start_worlds(const BackendDriver& driver, const LaunchOptions
     topology = std::make_shared<Topology>(Topology::load(options.topology_path));
   }
   for (World& world : worlds) {
-    if (options.debug.any()) set_debug(world, options.debug);
+    if (options.debug.any()) set_debug(world, resolved_debug(options));
     if (topology) world.set_topology(topology);
     if (!options.trace_path.empty() && worlds.size() == 1) {
       auto state = std::make_shared<WorldState>(world.state());
@@ -159,6 +179,74 @@ int run_threads(const LaunchOptions& options, const Program& program) {
       report_error(std::current_exception(), std::vector<int>{});
       if (code == 0) code = kProgramErrorCode;
     }
+  }
+  return code;
+}
+
+// Discards what the program prints to stdout while it lives (the shadow run's output).
+class QuietStdout {
+ public:
+  QuietStdout() {
+    std::fflush(stdout);
+    std::cout.flush();
+    saved_ = ::dup(STDOUT_FILENO);
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (saved_ >= 0 && null >= 0) ::dup2(null, STDOUT_FILENO);
+    if (null >= 0) ::close(null);
+  }
+  ~QuietStdout() {
+    std::fflush(stdout);
+    std::cout.flush();
+    if (saved_ >= 0) {
+      ::dup2(saved_, STDOUT_FILENO);
+      ::close(saved_);
+    }
+  }
+  QuietStdout(const QuietStdout&) = delete;
+  QuietStdout& operator=(const QuietStdout&) = delete;
+
+ private:
+  int saved_ = -1;
+};
+
+// The program on `world`; with --spmd-debug=divergence first as a rank that is not the
+// coordinator (Note [Shadow run] in debug/checks.h).
+int run_program(const World& world, const Program& program) {
+  World real = world;
+  if (!world.debug().divergence) return program(real);
+  auto state = std::make_shared<WorldState>(world.state());
+  state->coordinator = false;
+  state->trace_path.clear();
+  World shadow_world(std::move(state));
+  std::exception_ptr shadow_error;
+  shadow_run_record();
+  {
+    const QuietStdout quiet;
+    const bool tracing = trace().enabled();
+    trace().set_enabled(false);
+    try {
+      program(shadow_world);
+    } catch (...) {
+      shadow_error = std::current_exception();
+    }
+    trace().set_enabled(tracing);
+  }
+  shadow_world = World();
+  shadow_run_compare(shadow_error == nullptr);
+  int code = 0;
+  try {
+    code = program(real);
+    shadow_run_finish();
+  } catch (...) {
+    shadow_run_end();
+    throw;
+  }
+  shadow_run_end();
+  if (shadow_error) {
+    throw_error<DivergenceError>(
+        "--spmd-debug=divergence: run as a rank other than the coordinator, the program fails "
+        "where the coordinator does not (on a cluster every rank but 0 would): {}",
+        error_text(shadow_error));
   }
   return code;
 }
@@ -281,7 +369,7 @@ int launch_program(int& argc, char** argv, const std::function<int(World&)>& pro
     if (driver_of(options).thread_per_world) return run_threads(options, program);
     world = make_world(options);
     failure_code = kProgramErrorCode;
-    const int code = program(world);
+    const int code = run_program(world, program);
     finish_world(world);
     return code;
   } catch (...) {

@@ -112,10 +112,18 @@ DebugOptions parse_debug_options(std::string_view list, std::string_view source)
       debug.fingerprint = true;
     } else if (item == "nan") {
       debug.nan = true;
+    } else if (item == "nan:allow-inf") {
+      debug.nan = true;
+      debug.allow_inf = true;
+    } else if (item == "divergence") {
+      debug.divergence = true;
+    } else if (item == "all") {
+      debug.all = true;
     } else if (!item.empty()) {
       throw_error<ConfigError>(
-          "{}: unknown debug check '{}'; valid checks: check, replicate, fingerprint, nan", source,
-          item);
+          "{}: unknown debug check '{}'; valid checks: all, check, replicate, fingerprint, nan, "
+          "nan:allow-inf, divergence",
+          source, item);
     }
     start = end + 1;
   }

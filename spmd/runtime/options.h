@@ -6,7 +6,7 @@
 //   --spmd-world-size=N                   SPMD_WORLD_SIZE  (sim/threads: default 8; under a
 //                                                           launcher it must match its size)
 //   --spmd-trace=path                     SPMD_TRACE       (Chrome trace JSON written at exit)
-//   --spmd-debug=check,replicate,fingerprint,nan  SPMD_DEBUG
+//   --spmd-debug=all or a list of check,replicate,fingerprint,nan[:allow-inf],divergence SPMD_DEBUG
 //   --spmd-topology=file.json             SPMD_TOPOLOGY    (the cost model's topology)
 //   --spmd-nccl-timeout=S                 SPMD_NCCL_TIMEOUT (nccl: seconds before a stuck
 //                                                           collective ends the run; default 300)

@@ -76,6 +76,8 @@ struct BackendDriver {
   // launch() keeps the last collectives and dumps them when the program fails (Note [Flight
   // recorder] in collectives/trace.h): the backends whose ranks live in other processes.
   bool flight_recorder = false;
+  // The checks --spmd-debug=all turns on under this backend (docs/debugging.md has the table).
+  DebugOptions debug_all;
   // This process's worlds for `request`, sharing one session (WorldState::session), with their
   // size, held ranks, coordinator, backend, device type and debug options set. ConfigError or
   // Unsupported when the launch cannot work here (no launcher, world sizes that disagree, no GPU).

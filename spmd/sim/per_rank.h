@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <spmd/core/call_site.h>
 #include <spmd/core/error.h>
 #include <spmd/core/format.h>
 
@@ -174,15 +175,18 @@ const PerRank<T>& as_per_rank(const PerRank<T>& v) {
   return v;
 }
 
-// The one answer of a per-rank comparison, or DivergenceError (Note [Divergence checks]).
+// The one answer of a per-rank comparison, or DivergenceError naming the comparison's line
+// (Note [Divergence checks], Note [User call sites] in core/call_site.h).
 template <class A, class B, class Cmp>
-bool compare_uniformly(const PerRank<A>& a, const PerRank<B>& b, const char* op, Cmp cmp) {
+bool compare_uniformly(const PerRank<A>& a, const PerRank<B>& b, const char* op, Cmp cmp,
+                       const SourceLocation& loc) {
   PerRank<bool> answers = a.zip(b, cmp);
   if (auto answer = answers.uniform()) return *answer;
   throw_error<DivergenceError>(
-      "PerRank comparison `{}` gives different answers on different ranks: {} for lhs {} and "
-      "rhs {}; rank-dependent control flow must use PerRank::map or LocalTensor::map",
-      op, answers.to_string(), a.to_string(), b.to_string());
+      "PerRank comparison `{}` at {} gives different answers on different ranks: {} for lhs {} "
+      "and rhs {}; on a cluster each rank would take its own branch (collectives inside it "
+      "mismatch or hang). Rank-dependent code must use PerRank::map or LocalTensor::map",
+      op, site_text(loc), answers.to_string(), a.to_string(), b.to_string());
 }
 }  // namespace detail
 
@@ -211,20 +215,23 @@ PerRank<T> operator-(const PerRank<T>& a) {
   return a.map([](const T& x) { return static_cast<T>(-x); });
 }
 
-#define SPMD_PER_RANK_CMP_(op)                                                                  \
-  template <class T>                                                                            \
-  bool operator op(const PerRank<T>& a, const PerRank<T>& b) {                                  \
-    return detail::compare_uniformly(a, b, #op, [](const T& x, const T& y) { return x op y; }); \
-  }                                                                                             \
-  template <class T>                                                                            \
-  bool operator op(const PerRank<T>& a, const std::type_identity_t<T>& b) {                     \
-    return detail::compare_uniformly(a, PerRank<T>(b), #op,                                     \
-                                     [](const T& x, const T& y) { return x op y; });            \
-  }                                                                                             \
-  template <class T>                                                                            \
-  bool operator op(const std::type_identity_t<T>& a, const PerRank<T>& b) {                     \
-    return detail::compare_uniformly(PerRank<T>(a), b, #op,                                     \
-                                     [](const T& x, const T& y) { return x op y; });            \
+// The operand that is not deduced carries the comparison's location (At<T>: operators take no
+// defaulted parameter).
+#define SPMD_PER_RANK_CMP_(op)                                                              \
+  template <class T>                                                                        \
+  bool operator op(const PerRank<T>& a, At<PerRank<std::type_identity_t<T>>> b) {           \
+    return detail::compare_uniformly(                                                       \
+        a, b.value, #op, [](const T& x, const T& y) { return x op y; }, b.loc);             \
+  }                                                                                         \
+  template <class T>                                                                        \
+  bool operator op(const PerRank<T>& a, At<std::type_identity_t<T>> b) {                    \
+    return detail::compare_uniformly(                                                       \
+        a, PerRank<T>(b.value), #op, [](const T& x, const T& y) { return x op y; }, b.loc); \
+  }                                                                                         \
+  template <class T>                                                                        \
+  bool operator op(At<std::type_identity_t<T>> a, const PerRank<T>& b) {                    \
+    return detail::compare_uniformly(                                                       \
+        PerRank<T>(a.value), b, #op, [](const T& x, const T& y) { return x op y; }, a.loc); \
   }
 SPMD_PER_RANK_CMP_(==)
 SPMD_PER_RANK_CMP_(!=)

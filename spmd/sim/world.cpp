@@ -35,6 +35,27 @@ const std::vector<int>& World::held_ranks() const {
   return checked("held_ranks").held_ranks;
 }
 
+std::string DebugOptions::to_string() const {
+  std::string out;
+  auto add = [&](bool on, std::string_view name) {
+    if (!on) return;
+    if (!out.empty()) out += ',';
+    out += name;
+  };
+  add(all, "all");
+  add(check, "check");
+  add(replicate, "replicate");
+  add(fingerprint, "fingerprint");
+  add(nan, allow_inf ? "nan:allow-inf" : "nan");
+  add(divergence, "divergence");
+  return out.empty() ? "none" : out;
+}
+
+PerRank<int> World::rank() const {
+  const std::vector<int>& held = checked("rank").held_ranks;
+  return PerRank<int>(held, held);
+}
+
 bool World::holds(int rank) const {
   const auto& held = checked("holds").held_ranks;
   return std::binary_search(held.begin(), held.end(), rank);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <spmd/sim/per_rank.h>
 #include <spmd/tensor/storage.h>
 
 namespace spmd {
@@ -24,12 +25,18 @@ class Topology;        // sim/topology.h
 // The checks --spmd-debug turns on (debug/ implements them; set_debug in debug/checks.h turns
 // them on for a world).
 struct DebugOptions {
-  bool check = false;        // every DTensor op also runs on full tensors and is compared (sim)
-  bool replicate = false;    // Replicate-placed shards must stay identical in their group (sim)
+  bool check = false;        // every DTensor op also runs on full tensors and is compared
+  bool replicate = false;    // Replicate-placed pieces must stay identical in their group
   bool fingerprint = false;  // ranks compare a fingerprint before each collective (mpi, nccl)
   bool nan = false;          // report the first op producing NaN or Inf, with its rank
+  bool allow_inf = false;    // with nan: only NaN is reported (-inf masks are fine)
+  bool divergence =
+      false;         // sim: the program also runs as a non-coordinator rank (Note [Shadow run])
+  bool all = false;  // every check the backend supports (resolved by launch())
 
-  bool any() const { return check || replicate || fingerprint || nan; }
+  bool any() const { return check || replicate || fingerprint || nan || divergence || all; }
+  // "check,replicate,nan:allow-inf" (the --spmd-debug spelling), "none" when off.
+  std::string to_string() const;
 };
 
 // The state World handles share. Filled in by the backend's driver when a world is created.
@@ -64,7 +71,13 @@ class World {
   bool defined() const { return state_ != nullptr; }
   int size() const;
   // sim: all ranks; threads, mpi, nccl: this process's or thread's rank(s). Ascending.
+  // Not "my rank": under sim held_ranks()[0] is 0 for every simulated rank, so a branch on it
+  // takes rank 0's path everywhere (and the bug shows only on a cluster). Use rank().
   const std::vector<int>& held_ranks() const;
+  // My rank: each held rank's own number, {0: 0, 1: 1, ...} under sim, the thread's or process's
+  // rank elsewhere. Comparing it is a PerRank comparison, so under sim a branch that differs
+  // between ranks is a DivergenceError at its line (Note [Divergence checks]).
+  PerRank<int> rank() const;
   bool holds(int rank) const;
   // The device a held rank's tensors live on: its GPU under nccl (Note [NCCL device placement]),
   // the CPU everywhere else. Error when `rank` is not held.

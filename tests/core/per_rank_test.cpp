@@ -49,6 +49,18 @@ TEST(PerRank, DivergentComparisonThrows) {
   testing::expect_throws<DivergenceError>([&] { (void)a.value("shard length"); }, {"shard length"});
 }
 
+// Note [User call sites]: the report names the comparison's own line, for every operand order.
+TEST(PerRank, DivergentComparisonNamesTheLine) {
+  PerRank<int64_t> a({0, 1, 2}, {3, 4, 5});
+  auto line_of = [](int line) { return fmt::format("per_rank_test.cpp:{}", line); };
+  // clang-format off
+  int line = __LINE__; testing::expect_throws<DivergenceError>([&] { (void)(a == 4); }, {line_of(line)});
+  line = __LINE__; testing::expect_throws<DivergenceError>([&] { (void)(4 != a); }, {line_of(line)});
+  line = __LINE__; testing::expect_throws<DivergenceError>([&] { (void)(a >= a * 0 + 4); }, {line_of(line)});
+  // clang-format on
+  EXPECT_TRUE(a < a + 1);  // the same comparison, answered alike everywhere
+}
+
 TEST(PerRank, RejectsBadConstruction) {
   testing::expect_throws<Error>([] { PerRank<int>({1, 0}, {1, 2}); }, {"ascending"});
   testing::expect_throws<Error>([] { PerRank<int>({0}, {1, 2}); }, {"1 ranks but 2 values"});

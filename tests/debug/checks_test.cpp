@@ -2,6 +2,7 @@
 // message naming the op, the ranks and the index, and stays silent on a correct program.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -121,7 +122,8 @@ TEST(CheckMode, CatchesAnOpThatAssumesEvenShards) {
   DTensor uneven = distribute_tensor(rows_of(5, 2), mesh, {Shard{0}});
   const std::string message = expect_throws<DivergenceError>(
       [&] { dispatch(kAddRowIndex, {uneven}); },
-      {"--spmd-debug=check: DTensor op 'add_row_index' differs from the same op on the full "
+      {"--spmd-debug=check: DTensor op 'add_row_index' at checks_test.cpp:",
+       "differs from the same op on the full "
        "tensors: max error 2 at index [4, 0] (sharded 11, single-device 13; 2 of 10 elements off, "
        "tolerance 1e-05 + 0.0001 * |expected|); that element is held by rank(s) 2",
        "input 0: S(0) [5, 2] f32; output: S(0) [5, 2] f32"});
@@ -167,14 +169,24 @@ TEST(CheckMode, AssemblesPartialAndNestedPlacements) {
   }
 }
 
-TEST(CheckMode, RefusedWhereTheProcessDoesNotHoldEveryRank) {
+TEST(CheckMode, RefusedWhereItWouldGatherEveryPieceOntoEveryGpu) {
   auto state = std::make_shared<WorldState>(World::sim(4).state());
   state->held_ranks = {1};
-  state->backend_name = "mpi";
+  state->backend_name = "nccl";
+  state->device_type = "cuda";
   World world(state);
   expect_throws<ConfigError>([&] { set_debug(world, {.check = true}); },
-                             {"--spmd-debug=check", "the sim backend", "holds rank(s) 1"});
+                             {"--spmd-debug=check", "every GPU", "fingerprint,nan"});
   EXPECT_NO_THROW(set_debug(world, {.fingerprint = true, .nan = true}));
+  // A CPU process holding one rank gathers (threads, mpi); one holding several does not.
+  state->device_type = "cpu";
+  state->backend_name = "mpi";
+  EXPECT_NO_THROW(set_debug(world, {.check = true}));
+  set_debug(world, {});
+  state->held_ranks = {1, 2};
+  expect_throws<ConfigError>([&] { set_debug(world, {.replicate = true}); },
+                             {"--spmd-debug=replicate", "one rank per process", "rank(s) 1,2"});
+  expect_throws<ConfigError>([&] { set_debug(world, {.all = true}); }, {"resolved"});
 }
 
 TEST(CheckMode, ObserversLeaveWithTheLastWorld) {
@@ -201,8 +213,9 @@ TEST(ReplicateMode, CatchesAReplicaThatDiverged) {
   DTensor bad(pieces, r.spec_ptr());
   expect_throws<DivergenceError>(
       [&] { (void)(bad + 1.0); },
-      {"--spmd-debug=replicate: input 0 of DTensor op 'add' is Replicate on mesh dim 1 ('tp') but "
-       "its replicas differ: rank 2 holds 3 and rank 3 holds 0 at index [0, 0] of the piece "
+      {"--spmd-debug=replicate: input 0 of DTensor op 'add' at checks_test.cpp:",
+       "is Replicate on mesh dim 1 ('tp') but its replicas differ: rank 2 holds 3 and rank 3 holds "
+       "0 at index [0, 0] of the piece "
        "(group ranks [2, 3]; S(0),R [2, 2] f32;",
        "they diverged before this op"});
 }
@@ -213,7 +226,8 @@ TEST(ReplicateMode, CatchesAnOpWhoseOutputReplicasDiffer) {
   DTensor r = distribute_tensor(rows_of(3, 2), mesh, {Replicate{}});
   expect_throws<DivergenceError>(
       [&] { dispatch(kRankStamp, {r}); },
-      {"the output of DTensor op 'rank_stamp' is Replicate on mesh dim 0 ('tp') but its replicas "
+      {"the output of DTensor op 'rank_stamp' at checks_test.cpp:",
+       "is Replicate on mesh dim 0 ('tp') but its replicas "
        "differ: rank 0 holds 3 and rank 3 holds 7 at index [1, 0] of the piece (group ranks [0, "
        "1, 2, 3]"});
 }
@@ -232,10 +246,10 @@ TEST(NanMode, CatchesANanOnOneRankInALocalOp) {
   Tensor values = rows_of(8, 2);
   values.narrow(0, 5, 1).fill_(-1.0);  // row 5: rank 2's second row
   DTensor x = distribute_tensor(values, mesh, {Shard{0}});
-  expect_throws<NonFiniteError>(
-      [&] { (void)log(x.to_local()); },
-      {"--spmd-debug=nan: LocalTensor op 'log' produced NaN on rank 2 at index [1, 0] (shape "
-       "[2, 2]); its inputs were finite on rank 2"});
+  expect_throws<NonFiniteError>([&] { (void)log(x.to_local()); },
+                                {"--spmd-debug=nan: LocalTensor op 'log' at checks_test.cpp:",
+                                 "produced NaN on rank 2 at index [1, 0] (shape "
+                                 "[2, 2]); its inputs were finite on rank 2"});
 }
 
 TEST(NanMode, CatchesANanOnOneRankInADTensorOp) {
@@ -246,7 +260,8 @@ TEST(NanMode, CatchesANanOnOneRankInADTensorOp) {
   DTensor x = distribute_tensor(values, mesh, {Shard{0}});
   expect_throws<NonFiniteError>(
       [&] { (void)log(x); },
-      {"--spmd-debug=nan: DTensor op 'log' produced NaN on rank 2 at index [1, 0] of its piece "
+      {"--spmd-debug=nan: DTensor op 'log' at checks_test.cpp:",
+       "produced NaN on rank 2 at index [1, 0] of its piece "
        "(global index [5, 0]); its inputs were finite on rank 2; output S(0) [8, 2] f32"});
 }
 
@@ -258,7 +273,8 @@ TEST(NanMode, CatchesANanInAUserOpThroughTheDTensorObserver) {
   DTensor x = distribute_tensor(values, mesh, {Shard{0}});
   expect_throws<NonFiniteError>(
       [&] { dispatch(kMapSqrt, {x}); },
-      {"--spmd-debug=nan: DTensor op 'map_sqrt' produced NaN on rank 2 at index [1, 0] of its "
+      {"--spmd-debug=nan: DTensor op 'map_sqrt' at checks_test.cpp:",
+       "produced NaN on rank 2 at index [1, 0] of its "
        "piece (global index [5, 0]); its inputs were finite on rank 2; output S(0) [8, 2] f32"});
 }
 
@@ -288,10 +304,11 @@ TEST(NanMode, NamesAnInputThatAlreadyHeldNan) {
   LocalTensor x = LocalTensor::from_fn(world, [](int r) {
     return full({2}, r == 1 ? std::numeric_limits<double>::quiet_NaN() : 1.0);
   });
-  expect_throws<NonFiniteError>([&] { (void)(x * 2.0); },
-                                {"LocalTensor op 'mul' produced NaN on rank 1 at index [0]",
-                                 "input 0 already held NaN on "
-                                 "rank 1 at index [0]"});
+  expect_throws<NonFiniteError>(
+      [&] { (void)(x * 2.0); },
+      {"LocalTensor op 'mul' at checks_test.cpp:", "produced NaN on rank 1 at index [0]",
+       "input 0 already held NaN on "
+       "rank 1 at index [0]"});
 }
 
 TEST(NanMode, SilentOnACorrectProgramAndOffByDefault) {
@@ -303,6 +320,297 @@ TEST(NanMode, SilentOnACorrectProgramAndOffByDefault) {
   checked = World();
   drop_cached_worlds();
   EXPECT_NO_THROW(log(x));
+}
+
+// ---- root causes first (Note [Check modes])
+// ------------------------------------------------------
+
+TEST(CheckMode, NamesTheInputWhoseReplicasDifferBeforeTheOp) {
+  World world = debug_world(4, {.check = true});
+  DeviceMesh mesh = init_device_mesh(world, {2, 2}, {"dp", "tp"});
+  DTensor w = distribute_tensor(rows_of(4, 4), mesh, {Replicate{}, Shard{1}});
+  LocalTensor pieces = w.to_local();
+  pieces.mutable_shard(2).fill_(0.0);  // rank 2's replica of dp coordinate 1
+  w = DTensor(pieces, w.spec_ptr());
+  DTensor x = distribute_tensor(rows_of(2, 4), mesh, {Shard{0}, Replicate{}});
+  const int line = __LINE__ + 1;
+  const std::string message = expect_throws<DivergenceError>([&] { (void)matmul(x, w); });
+  EXPECT_NE(message.find(fmt::format("--spmd-debug=check: input 1 of DTensor op 'matmul' at "
+                                     "checks_test.cpp:{} is Replicate on mesh dim 0 ('dp')",
+                                     line)),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("rank 0 holds 1 and rank 2 holds 0"), std::string::npos) << message;
+}
+
+TEST(ReplicateMode, FromLocalChecksAReplicateClaimAtItsLine) {
+  World world = debug_world(4, {.replicate = true});
+  DeviceMesh mesh = init_device_mesh(world, {2, 2}, {"dp", "tp"});
+  // Each tp rank's partial sum (its own number) claimed Replicate over tp.
+  LocalTensor partial = LocalTensor::from_fn(world, [](int r) { return full({3}, r % 2 + 1.0); });
+  const int line = __LINE__ + 2;
+  const std::string message = expect_throws<DivergenceError>([&] {
+    (void)DTensor::from_local(partial, mesh, {Replicate{}, Replicate{}});
+  });
+  EXPECT_NE(message.find(fmt::format("--spmd-debug=replicate: DTensor::from_local at "
+                                     "checks_test.cpp:{} claims Replicate on mesh dim 1 ('tp')",
+                                     line)),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("say Partial()"), std::string::npos) << message;
+  // The true claims pass: Partial over tp, Shard over tp, Replicate over dp (equal there).
+  DTensor p = DTensor::from_local(partial, mesh, {Replicate{}, Partial{}});
+  EXPECT_TRUE(equal(p.full_tensor(), full({3}, 3.0)));
+  EXPECT_NO_THROW((void)DTensor::from_local(partial, mesh, {Replicate{}, Shard{0}}));
+  // Without the mode the false claim goes through (the bug the mode exists for).
+  World plain = World::sim(4);
+  DeviceMesh plain_mesh = init_device_mesh(plain, {2, 2}, {"dp", "tp"});
+  LocalTensor plain_partial =
+      LocalTensor::from_fn(plain, [](int r) { return full({3}, r % 2 + 1.0); });
+  EXPECT_NO_THROW((void)DTensor::from_local(plain_partial, plain_mesh, {Replicate{}, Replicate{}}));
+}
+
+// ---- nan:allow-inf ---------------------------------------------------------------------------
+
+TEST(NanMode, AllowInfAcceptsACausalMaskButNotNan) {
+  drop_cached_worlds();
+  World world = debug_world(2, {.nan = true, .allow_inf = true});
+  DeviceMesh mesh = init_device_mesh(world, {2}, {"tp"});
+  // scores + mask, mask = -inf above the diagonal: softmax of each row is finite.
+  Tensor mask = zeros({4, 4});
+  for (int64_t i = 0; i < 4; ++i) {
+    for (int64_t j = i + 1; j < 4; ++j) mask.narrow(0, i, 1).narrow(1, j, 1).fill_(-INFINITY);
+  }
+  DTensor scores = distribute_tensor(rows_of(4, 4), mesh, {Shard{0}});
+  DTensor masked = scores + distribute_tensor(mask, mesh, {Shard{0}});
+  DTensor probs = softmax(masked, 1);
+  EXPECT_TRUE(allclose(sum(probs, {1}).full_tensor(), ones({4})));
+  LocalTensor local = masked.to_local();
+  EXPECT_NO_THROW((void)(local * 2.0));
+  // NaN is still reported, at its line.
+  const int line = __LINE__ + 1;
+  const std::string message = expect_throws<NonFiniteError>([&] { (void)(masked - masked); });
+  EXPECT_NE(message.find(fmt::format("DTensor op 'sub' at checks_test.cpp:{} produced NaN", line)),
+            std::string::npos)
+      << message;
+  // Strict nan names the -inf, with the flag that accepts it.
+  World strict = debug_world(2, {.nan = true});
+  DeviceMesh strict_mesh = init_device_mesh(strict, {2}, {"tp"});
+  DTensor s = distribute_tensor(rows_of(4, 4), strict_mesh, {Shard{0}});
+  const DTensor strict_mask = distribute_tensor(mask, strict_mesh, {Shard{0}});
+  expect_throws<NonFiniteError>([&] { (void)(s + strict_mask); },
+                                {"produced -Inf", "--spmd-debug=nan:allow-inf"});
+  // While a strict world lives, the LocalTensor hook (which has no world) reports infinities.
+  expect_throws<NonFiniteError>([&] { (void)(local * 2.0); }, {"LocalTensor op 'mul' at"});
+}
+
+// ---- check and replicate under threads (pieces gathered by internal collectives) --------------
+
+std::vector<RankOutcome> run_threads(int size, DebugOptions debug,
+                                     const std::function<int(World&)>& program) {
+  LaunchOptions options;
+  options.backend = "threads";
+  options.world_size = size;
+  options.debug = debug;
+  return run_rank_threads(options, program);
+}
+
+std::string error_of(const RankOutcome& o) {
+  return o.error ? error_text(o.error) : std::string("no error");
+}
+
+TEST(ThreadsChecks, CorrectProgramPassesAndLeavesTheTraceAlone) {
+  trace().clear();
+  for (const RankOutcome& o : run_threads(4, {}, [](World& w) {
+         correct_program(w);
+         return 0;
+       })) {
+    ASSERT_FALSE(o.error) << error_of(o);
+  }
+  const size_t plain = trace().records().size();
+  trace().clear();
+  std::vector<Tensor> results(4);
+  for (const RankOutcome& o :
+       run_threads(4, {.check = true, .replicate = true, .nan = true}, [&](World& w) {
+         results[static_cast<size_t>(w.held_ranks()[0])] = correct_program(w);
+         return 0;
+       })) {
+    ASSERT_FALSE(o.error) << error_of(o);
+  }
+  EXPECT_EQ(trace().records().size(), plain);  // the gathers are not traced
+  World sim = World::sim(4);
+  for (const Tensor& r : results) EXPECT_TRUE(equal(r, correct_program(sim)));
+  drop_cached_worlds();
+}
+
+TEST(ThreadsChecks, CheckCatchesAnUnevenShardBugOnEveryRank) {
+  const int line = __LINE__ + 4;
+  std::vector<RankOutcome> outcomes = run_threads(4, {.check = true}, [](World& w) {
+    DeviceMesh mesh = init_device_mesh(w, {4}, {"tp"});
+    DTensor uneven = distribute_tensor(rows_of(5, 2), mesh, {Shard{0}});
+    (void)dispatch(kAddRowIndex, {uneven});
+    return 0;
+  });
+  for (const RankOutcome& o : outcomes) {
+    const std::string text = error_of(o);
+    EXPECT_NE(text.find(fmt::format("DivergenceError: --spmd-debug=check: DTensor op "
+                                    "'add_row_index' at checks_test.cpp:{} differs",
+                                    line)),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("max error 2 at index [4, 0]"), std::string::npos) << text;
+  }
+  drop_cached_worlds();
+}
+
+TEST(ThreadsChecks, ReplicateCatchesAClaimAndADivergedReplica) {
+  std::atomic<int> line{0};
+  std::vector<RankOutcome> outcomes = run_threads(4, {.replicate = true}, [&line](World& w) {
+    DeviceMesh mesh = init_device_mesh(w, {2, 2}, {"dp", "tp"});
+    LocalTensor partial = LocalTensor::from_fn(w, [](int r) { return full({3}, r % 2 + 1.0); });
+    line.store(__LINE__ + 1);  // the same value on every rank thread
+    (void)DTensor::from_local(partial, mesh, {Replicate{}, Replicate{}});
+    return 0;
+  });
+  for (const RankOutcome& o : outcomes) {
+    const std::string text = error_of(o);
+    EXPECT_NE(text.find(fmt::format("DTensor::from_local at checks_test.cpp:{} claims Replicate "
+                                    "on mesh dim 1 ('tp') but the pieces differ: rank 0 holds 1 "
+                                    "and rank 1 holds 2",
+                                    line.load())),
+              std::string::npos)
+        << text;
+  }
+  outcomes = run_threads(4, {.replicate = true}, [](World& w) {
+    DeviceMesh mesh = init_device_mesh(w, {2, 2}, {"dp", "tp"});
+    DTensor r = distribute_tensor(rows_of(2, 2), mesh, {Replicate{}, Replicate{}});
+    if (w.held_ranks()[0] == 3) {
+      LocalTensor pieces = r.to_local();
+      pieces.mutable_shard(3).fill_(7.0);
+      r = DTensor(pieces, r.spec_ptr());
+    }
+    (void)(r * 2.0);
+    return 0;
+  });
+  for (const RankOutcome& o : outcomes) {
+    EXPECT_NE(error_of(o).find("input 0 of DTensor op 'mul' at checks_test.cpp:"),
+              std::string::npos)
+        << error_of(o);
+  }
+  drop_cached_worlds();
+}
+
+TEST(ThreadsChecks, DivergenceIsRefusedOutsideSim) {
+  expect_throws<ConfigError>(
+      [] { run_threads(2, {.divergence = true}, [](World&) { return 0; }); },
+      {"--spmd-debug=divergence", "sim backend's check", "DeadlockError under threads"});
+}
+
+// ---- divergence: the shadow run (Note [Shadow run]) -------------------------------------------
+
+struct Launched {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+Launched launch_with(std::vector<std::string> flags, const std::function<void(World&)>& program) {
+  std::vector<std::string> args{"checks_test"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int argc = static_cast<int>(args.size());
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  const int code = launch(argc, argv.data(), program);
+  Launched out{code, ::testing::internal::GetCapturedStdout(),
+               ::testing::internal::GetCapturedStderr()};
+  drop_cached_worlds();
+  return out;
+}
+
+TEST(ShadowRun, CoordinatorOnlyCollectiveIsReportedAtItsLine) {
+  static int line = 0;
+  auto program = [](World& w) {
+    DeviceMesh mesh = init_device_mesh(w, {w.size()}, {"dp"});
+    LocalTensor x = LocalTensor::from_fn(w, [](int r) { return full({2}, r); });
+    x = all_reduce(x, mesh, "dp");
+    if (w.is_coordinator()) {
+      line = __LINE__ + 1;
+      (void)all_gather(x, mesh, "dp");
+      fmt::print("coordinator\n");
+    }
+    x = all_reduce(x, mesh, "dp");
+  };
+  Launched plain = launch_with({"--spmd-world-size=4"}, program);
+  EXPECT_EQ(plain.code, 0) << plain.err;  // the bug sim cannot see by itself
+  Launched r = launch_with({"--spmd-world-size=4", "--spmd-debug=divergence"}, program);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find(fmt::format("DivergenceError: --spmd-debug=divergence: all_gather over "
+                                   "mesh dim 'dp' at checks_test.cpp:{} is collective #1 of the "
+                                   "coordinator (rank 0), but the other ranks issue all_reduce "
+                                   "over mesh dim 'dp' at checks_test.cpp:",
+                                   line)),
+            std::string::npos)
+      << r.err;
+  // The shadow pass printed nothing; the real pass stopped at the collective, before its print.
+  EXPECT_EQ(r.out.find("coordinator"), std::string::npos) << r.out;
+}
+
+TEST(ShadowRun, CollectivesOnlyOtherRanksIssueAndTheirFailures) {
+  static int line = 0;
+  Launched r = launch_with({"--spmd-world-size=4", "--spmd-debug=all"}, [](World& w) {
+    DeviceMesh mesh = init_device_mesh(w, {w.size()}, {"dp"});
+    LocalTensor x = LocalTensor::from_fn(w, [](int r) { return full({2}, r); });
+    line = __LINE__ + 1;
+    if (!w.is_coordinator()) x = all_reduce(x, mesh, "dp");
+  });
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find(fmt::format("all_reduce over mesh dim 'dp' at checks_test.cpp:{} is "
+                                   "collective #0 of the ranks other than the coordinator, but "
+                                   "the coordinator (rank 0) issues no more collectives",
+                                   line)),
+            std::string::npos)
+      << r.err;
+  r = launch_with({"--spmd-world-size=4", "--spmd-debug=divergence"}, [](World& w) {
+    if (!w.is_coordinator()) throw_error<ConfigError>("no config file on this rank");
+  });
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("run as a rank other than the coordinator, the program fails where the "
+                       "coordinator does not (on a cluster every rank but 0 would): ConfigError: "
+                       "no config file on this rank"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST(ShadowRun, CorrectProgramPassesWithItsOutputOnce) {
+  Launched r = launch_with({"--spmd-world-size=4", "--spmd-debug=all"}, [](World& w) {
+    const Tensor t = correct_program(w);
+    if (w.is_coordinator()) fmt::print("result {}\n", sum(t).item<double>());
+    fmt::print("every rank\n");
+  });
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("result"), r.out.rfind("result")) << r.out;
+  EXPECT_EQ(r.out.find("every rank"), r.out.rfind("every rank")) << r.out;
+  EXPECT_NE(r.out.find("result"), std::string::npos) << r.out;
+}
+
+TEST(DebugAll, ResolvesToTheChecksOfTheBackend) {
+  DebugOptions seen;
+  Launched r =
+      launch_with({"--spmd-world-size=2", "--spmd-debug=all"}, [&](World& w) { seen = w.debug(); });
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(seen.to_string(), "check,replicate,nan:allow-inf,divergence");
+  r = launch_with({"--spmd-world-size=2", "--spmd-debug=all,nan", "--spmd-backend=threads"},
+                  [&](World& w) {
+                    if (w.is_coordinator()) seen = w.debug();
+                  });
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(seen.to_string(), "check,replicate,nan");
+  EXPECT_EQ(parse_debug_options("nan:allow-inf").to_string(), "nan:allow-inf");
+  expect_throws<ConfigError>([] { parse_debug_options("nan:allow-nan"); },
+                             {"unknown debug check 'nan:allow-nan'", "all,"});
 }
 
 }  // namespace

@@ -131,21 +131,35 @@ TEST(TraceDiffMpi, ClusterTraceMatchesTheSimulatorsAndShowsADifference) {
 TEST(DebugModesMpi, NanReportsTheRankUnderMpi) {
   CommandResult r = mpirun(4, "--probe-bug=nan --spmd-debug=nan");
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output,
-                       "NonFiniteError: --spmd-debug=nan: DTensor op 'log' produced NaN on rank "))
+  EXPECT_TRUE(
+      contains(r.output, "NonFiniteError: --spmd-debug=nan: DTensor op 'log' at debug_probe.cpp:"))
       << r.output;
+  EXPECT_TRUE(contains(r.output, "produced NaN on rank ")) << r.output;
   EXPECT_TRUE(contains(
       r.output, "at index [1, 0] of its piece (global index [4, 0]); its inputs were finite"))
       << r.output;
 }
 
-TEST(DebugModesMpi, CheckIsRefusedUnderMpi) {
-  CommandResult r = mpirun(2, "--spmd-debug=check");
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output,
-                       "ConfigError: --spmd-debug=check: this check compares the pieces "
-                       "of every rank"))
-      << r.output;
+// Under mpi each process holds one rank of a CPU world: check and replicate gather the pieces over
+// the internal collectives, so the same bugs are caught as under sim.
+TEST(DebugModesMpi, CheckAndReplicateRunUnderMpi) {
+  CommandResult clean = mpirun(4, "--spmd-debug=check,replicate");
+  EXPECT_EQ(clean.exit_code, 0) << clean.output;
+  EXPECT_TRUE(contains(clean.output, "probe: total 65 on 4 ranks")) << clean.output;
+  CommandResult uneven = mpirun(4, "--probe-bug=uneven --spmd-debug=check");
+  EXPECT_NE(uneven.exit_code, 0) << uneven.output;
+  EXPECT_TRUE(contains(uneven.output,
+                       "DivergenceError: --spmd-debug=check: DTensor op 'add_row_index' at "
+                       "debug_probe.cpp:"))
+      << uneven.output;
+  EXPECT_TRUE(contains(uneven.output, "differs from the same op on the full tensors"))
+      << uneven.output;
+  CommandResult replica = mpirun(4, "--probe-bug=replica --spmd-debug=replicate");
+  EXPECT_NE(replica.exit_code, 0) << replica.output;
+  EXPECT_TRUE(contains(replica.output,
+                       "DivergenceError: --spmd-debug=replicate: input 0 of DTensor op 'mul' at "
+                       "debug_probe.cpp:"))
+      << replica.output;
 }
 
 }  // namespace

@@ -38,8 +38,10 @@ TEST(DebugModes, CheckStopsTheUnevenShardBug) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output,
                        "[ranks 0-7] DivergenceError: --spmd-debug=check: DTensor op "
-                       "'add_row_index' differs from the same op on the full tensors: max error 2 "
-                       "at index [4, 0]"))
+                       "'add_row_index' at debug_probe.cpp:"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "differs from the same op on the full tensors: max error 2 at index [4, 0]"))
       << r.output;
 }
 
@@ -49,8 +51,11 @@ TEST(DebugModes, ReplicateStopsADivergedReplica) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output,
                        "[ranks 0-7] DivergenceError: --spmd-debug=replicate: input 0 of DTensor "
-                       "op 'mul' is Replicate on mesh dim 0 ('dp') but its replicas differ: rank "
-                       "1 holds 2 and rank 5 holds 1 at index [0, 0] of the piece"))
+                       "op 'mul' at debug_probe.cpp:"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "is Replicate on mesh dim 0 ('dp') but its replicas differ: rank 1 holds 2 "
+                       "and rank 5 holds 1 at index [0, 0] of the piece"))
       << r.output;
 }
 
@@ -59,9 +64,12 @@ TEST(DebugModes, NanStopsTheFirstNanWithItsRank) {
   CommandResult r = probe("--probe-bug=nan --spmd-debug=nan");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output,
-                       "[ranks 0-7] NonFiniteError: --spmd-debug=nan: DTensor op 'log' produced "
-                       "NaN on rank 2 at index [0, 0] of its piece (global index [4, 0]); its "
-                       "inputs were finite on rank 2; output S(0) [5, 2] f32"))
+                       "[ranks 0-7] NonFiniteError: --spmd-debug=nan: DTensor op 'log' at "
+                       "debug_probe.cpp:"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "produced NaN on rank 2 at index [0, 0] of its piece (global index [4, 0]); "
+                       "its inputs were finite on rank 2; output S(0) [5, 2] f32"))
       << r.output;
 }
 

@@ -7,6 +7,9 @@
 # `spmd trace diff` must find the threads and mpi traces equal to sim's, record for record: a
 # correct program issues the same collectives under every backend. -DTHREADS_TRACE=OFF leaves the
 # threads trace out of the comparison (see spmd_example_digest_test).
+#
+# Every backend runs the example a second time with --spmd-debug=all (the checks that backend
+# supports, docs/debugging.md): a correct program gets no report and the same digest.
 string(REPLACE "|" ";" args "${ARGS}")
 
 include("${CMAKE_CURRENT_LIST_DIR}/run_digest.cmake")
@@ -41,6 +44,13 @@ endif()
 if(SPMD_CLI AND NOT THREADS_TRACE STREQUAL "OFF")
   trace_diff("threads" "${TRACE_DIR}/threads.json")
 endif()
+foreach(backend sim threads)
+  run_digest(checked "${backend} --spmd-debug=all" ${PROGRAM} ${args} --spmd-backend=${backend}
+             --spmd-world-size=${NPROCS} --spmd-debug=all)
+  if(NOT sim STREQUAL checked)
+    message(FATAL_ERROR "digests differ: sim ${sim}, ${backend} --spmd-debug=all ${checked}")
+  endif()
+endforeach()
 if(NOT MPIEXEC)
   message(STATUS "sim ${sim} (no MPI backend in this build)")
   return()
@@ -53,4 +63,9 @@ endif()
 if(SPMD_CLI)
   trace_diff("mpirun -n ${NPROCS}" "${TRACE_DIR}/mpi.json")
 endif()
-message(STATUS "sim, threads and mpirun -n ${NPROCS} agree: ${sim}")
+run_digest(checked "mpirun -n ${NPROCS} --spmd-debug=all" ${MPIEXEC} ${NUMPROC_FLAG} ${NPROCS}
+           ${PROGRAM} ${args} --spmd-backend=mpi --spmd-debug=all)
+if(NOT sim STREQUAL checked)
+  message(FATAL_ERROR "digests differ: sim ${sim}, mpirun -n ${NPROCS} --spmd-debug=all ${checked}")
+endif()
+message(STATUS "sim, threads and mpirun -n ${NPROCS}, with and without --spmd-debug=all, agree: ${sim}")
