@@ -103,8 +103,9 @@ Prepared prepare(const LocalTensor& x, Communicator& comm, const World& world, s
 
   Trace& t = trace();
   const bool tracing = traced && t.enabled();
+  const bool listing = tracing && t.keeps_participants();
   TraceEvent event;
-  if (tracing) event.participants.reserve(n);
+  if (listing) event.participants.reserve(n);
   sequence_of.assign(static_cast<size_t>(family.num_groups()), -1);
   const Tensor* first = nullptr;
   bool uniform_shapes = true;
@@ -113,7 +114,7 @@ Prepared prepare(const LocalTensor& x, Communicator& comm, const World& world, s
     if (g < 0) continue;
     if (lockstep && held_in_group[static_cast<size_t>(g)] != group_size) continue;
     const int rank = x.ranks()[i];
-    const Tensor& shard = x.shards()[i];
+    const Tensor& shard = x.shard_at(i);
     CollectiveCall call{kind, p.site.dim_name, &groups[static_cast<size_t>(g)]};
     check_local(call, rank, shard, group_size, options);
     if (sequence_of[static_cast<size_t>(g)] < 0) {
@@ -124,7 +125,8 @@ Prepared prepare(const LocalTensor& x, Communicator& comm, const World& world, s
     } else if (uniform_shapes && shard.shape() != first->shape()) {
       uniform_shapes = false;
     }
-    if (tracing) {
+    if (tracing) ++event.participant_count;
+    if (listing) {
       event.participants.push_back(
           TraceParticipant{rank, g, static_cast<uint64_t>(sequence_of[static_cast<size_t>(g)])});
     }

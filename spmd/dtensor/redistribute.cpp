@@ -620,7 +620,7 @@ LocalTensor per_shard(const LocalTensor& x, const RankValues& amount,
   }
   std::vector<Tensor> out;
   out.reserve(x.num_shards());
-  for (size_t r = 0; r < x.num_shards(); ++r) out.push_back(fn(x.shards()[r], amount[r]));
+  for (size_t r = 0; r < x.num_shards(); ++r) out.push_back(fn(x.shard_at(r), amount[r]));
   return LocalTensor(x, std::move(out));
 }
 
@@ -665,7 +665,7 @@ LocalTensor run_step(const LocalTensor& x, const DTensorSpec& spec,
       std::vector<Tensor> out;
       out.reserve(x.num_shards());
       for (size_t r = 0; r < x.num_shards(); ++r) {
-        out.push_back(x.shards()[r].narrow(d, shard_offset(len[r], k, coord(r)),
+        out.push_back(x.shard_at(r).narrow(d, shard_offset(len[r], k, coord(r)),
                                            shard_size(len[r], k, coord(r))));
       }
       return LocalTensor(x, std::move(out));
@@ -697,7 +697,7 @@ LocalTensor run_step(const LocalTensor& x, const DTensorSpec& spec,
       for (size_t r = 0; r < x.num_shards(); ++r) {
         const int64_t offset = shard_offset(len[r], k, coord(r));
         const int64_t after = len[r] - offset - shard_size(len[r], k, coord(r));
-        out.push_back(pad(x.shards()[r], d, offset, after, identity));
+        out.push_back(pad(x.shard_at(r), d, offset, after, identity));
       }
       return LocalTensor(x, std::move(out));
     }
@@ -709,7 +709,7 @@ LocalTensor run_step(const LocalTensor& x, const DTensorSpec& spec,
       std::vector<Tensor> out;
       out.reserve(x.num_shards());
       for (size_t r = 0; r < x.num_shards(); ++r) {
-        const Tensor& t = x.shards()[r];
+        const Tensor& t = x.shard_at(r);
         if (coord(r) == 0) {
           out.push_back(t);
         } else {

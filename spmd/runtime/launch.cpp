@@ -20,6 +20,7 @@
 #include <spmd/debug/checks.h>
 #include <spmd/sim/backend_driver.h>
 #include <spmd/sim/topology.h>
+#include <spmd/tensor/meta.h>
 
 namespace spmd {
 namespace {
@@ -366,6 +367,13 @@ int launch_program(int& argc, char** argv, const std::function<int(World&)>& pro
   int failure_code = kLaunchErrorCode;
   try {
     const LaunchOptions options = parse_launch_options(argc, argv);
+    if (options.meta_tensors && options.backend != "sim" && options.backend != "threads") {
+      throw_error<Unsupported>(
+          "--spmd-tensors=meta: shape-only tensors run under the sim and threads backends, not "
+          "'{}' (a dry run needs no devices: use --spmd-backend=sim)",
+          options.backend);
+    }
+    if (options.meta_tensors) set_meta_tensors(true);
     if (driver_of(options).thread_per_world) return run_threads(options, program);
     world = make_world(options);
     failure_code = kProgramErrorCode;

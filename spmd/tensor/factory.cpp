@@ -4,11 +4,13 @@
 #include <algorithm>
 
 #include <spmd/core/error.h>
+#include <spmd/tensor/meta.h>
 
 namespace spmd {
 
 Tensor empty(const Shape& shape, DType dtype, Device device) {
   const int64_t numel = checked_numel(shape, "empty");
+  if (device.is_cpu() && meta_tensors()) device = meta_device();
   auto storage = Storage::allocate(static_cast<std::size_t>(numel) * itemsize(dtype), device);
   return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
@@ -31,6 +33,7 @@ Tensor arange(int64_t n, DType dtype) {
   if (n < 0) throw_error<ShapeError>("arange: n must be non-negative, got {}", n);
   if (dtype == DType::Bool) throw_error<Unsupported>("arange: dtype bool is not supported");
   Tensor out = empty({n}, dtype);
+  if (out.is_meta()) return out;
   dispatch_dtype(dtype, [&]<class T>() {
     T* p = out.data<T>();
     for (int64_t i = 0; i < n; ++i) p[i] = convert_element<T>(i);
@@ -51,6 +54,7 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape) {
                             values.size(), shape_str(actual), numel);
   }
   Tensor out = empty(actual, dtype_of<T>());
+  if (out.is_meta()) return out;
   std::copy(values.begin(), values.end(), out.data<T>());
   return out;
 }

@@ -54,6 +54,8 @@ class Tensor {
   int64_t stride(int64_t d) const;
   int64_t storage_offset() const { return offset_; }
   Device device() const;
+  // A shape-only tensor (Note [Shape-only tensors] in tensor/meta.h): no values to read.
+  bool is_meta() const { return storage_ != nullptr && storage_->device().is_meta(); }
   std::size_t itemsize() const { return spmd::itemsize(dtype_); }
   std::size_t nbytes() const { return static_cast<std::size_t>(meta_->numel) * itemsize(); }
   bool is_contiguous() const;
