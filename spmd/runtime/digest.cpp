@@ -1,6 +1,7 @@
 // spmd/runtime/digest.cpp: FNV-1a digests of tensors, gathered over the world.
 #include <spmd/runtime/digest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdio>
 
@@ -89,7 +90,10 @@ uint64_t print_digest(const World& world, const std::vector<LocalTensor>& tensor
   const uint64_t d = digest(world, tensors, loc);
   if (world.is_coordinator()) {
     // A dry run's digest covers shapes and dtypes only: it differs from a real run's.
-    fmt::print("{}: {}\n", meta_tensors() ? "shape digest" : "digest", digest_hex(d));
+    const bool shape_only = std::any_of(tensors.begin(), tensors.end(), [](const LocalTensor& t) {
+      return t.defined() && t.shard_at(0).is_meta();
+    });
+    fmt::print("{}: {}\n", shape_only ? "shape digest" : "digest", digest_hex(d));
     std::fflush(stdout);
   }
   return d;

@@ -11,7 +11,7 @@
 #include <spmd/spmd.h>
 
 #include "gpt_model.h"
-#include "support/test_support.h"
+#include "tests/support/test_support.h"
 
 namespace spmd {
 namespace {
@@ -48,7 +48,7 @@ TEST(MetaTensor, FactoriesAndOpsMakeShapesOnly) {
       {"copy_"});
 }
 
-TEST(MetaTensor, LaunchFlagAndEnvironment) {
+TEST(MetaTensor, LaunchFlag) {
   int argc = 3;
   char arg0[] = "prog";
   char arg1[] = "--spmd-tensors=meta";
@@ -82,7 +82,7 @@ TEST(ShardClasses, RanksWithEqualShardsComputeOnce) {
   // The per-rank view is still there for code that wants it.
   EXPECT_EQ(y.local().shards().size(), 4096u);
   EXPECT_EQ(y.local().shards()[4095].shape(), (Shape{0, 8}));
-  expect_throws<ShapeOnlyError>([&] { full.full_tensor().item<float>(); }, {"item"});
+  expect_throws<ShapeOnlyError>([&] { full.full_tensor().to_vector<float>(); }, {"to_vector"});
 }
 
 // ---- examples/gpt at 8 ranks: real (sim) against shape-only ----------------------------------
