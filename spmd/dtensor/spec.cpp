@@ -98,6 +98,21 @@ std::size_t DTensorSpec::RankInfo::index_of(int rank) const {
 
 namespace {
 
+// One list object per distinct rank list, so that LocalTensors over the same ranks share it and
+// compare their ranks by pointer (a dry run's thousands of ranks are otherwise compared per op).
+std::shared_ptr<const std::vector<int>> shared_rank_list(const std::vector<int>& ranks) {
+  static std::mutex mutex;
+  static auto* lists = new std::vector<std::weak_ptr<const std::vector<int>>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  std::erase_if(*lists, [](const auto& w) { return w.expired(); });
+  for (const auto& w : *lists) {
+    if (auto list = w.lock(); list && *list == ranks) return list;
+  }
+  auto list = std::make_shared<const std::vector<int>>(ranks);
+  lists->push_back(list);
+  return list;
+}
+
 std::shared_ptr<const DTensorSpec::RankInfo> compute_rank_info(const DTensorSpec& spec) {
   auto info = std::make_shared<DTensorSpec::RankInfo>();
   const DeviceMesh& mesh = spec.mesh();
@@ -118,7 +133,7 @@ std::shared_ptr<const DTensorSpec::RankInfo> compute_rank_info(const DTensorSpec
     }
     classes->push_back(static_cast<uint32_t>(it - info->class_shapes.begin()));
   }
-  info->shared_ranks = std::make_shared<const std::vector<int>>(info->ranks);
+  info->shared_ranks = shared_rank_list(info->ranks);
   info->shape_classes = std::move(classes);
   return info;
 }

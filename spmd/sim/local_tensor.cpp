@@ -233,21 +233,25 @@ const std::vector<int>& LocalTensor::ranks() const {
 }
 
 bool LocalTensor::holds(int rank) const {
-  if (!ranks_) return false;
-  return std::binary_search(ranks_->begin(), ranks_->end(), rank);
+  return position_of(rank).has_value();
+}
+
+std::optional<std::size_t> LocalTensor::position_of(int rank) const {
+  if (!ranks_) return std::nullopt;
+  const std::vector<int>& r = *ranks_;
+  // Ranks are usually a contiguous range: answer without searching.
+  if (rank < r.front() || rank > r.back()) return std::nullopt;
+  const size_t guess = static_cast<size_t>(rank - r.front());
+  if (guess < r.size() && r[guess] == rank) return guess;
+  auto it = std::lower_bound(r.begin(), r.end(), rank);
+  if (it != r.end() && *it == rank) return static_cast<size_t>(it - r.begin());
+  return std::nullopt;
 }
 
 std::size_t LocalTensor::index_of(int rank) const {
   check_defined("shard");
-  const std::vector<int>& r = *ranks_;
-  // Ranks are usually a contiguous range: answer without searching.
-  if (rank >= r.front() && rank <= r.back()) {
-    const size_t guess = static_cast<size_t>(rank - r.front());
-    if (guess < r.size() && r[guess] == rank) return guess;
-    auto it = std::lower_bound(r.begin(), r.end(), rank);
-    if (it != r.end() && *it == rank) return static_cast<size_t>(it - r.begin());
-  }
-  throw_error<Error>("LocalTensor: rank {} is not held (held ranks {})", rank, ranks_str(r));
+  if (auto position = position_of(rank)) return *position;
+  throw_error<Error>("LocalTensor: rank {} is not held (held ranks {})", rank, ranks_str(*ranks_));
 }
 
 void LocalTensor::check_in_place(const char* op) const {

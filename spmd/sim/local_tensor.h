@@ -36,6 +36,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,8 @@ class LocalTensor {
   const std::shared_ptr<const std::vector<int>>& ranks_ptr() const { return ranks_; }
   std::size_t num_shards() const { return ranks_ ? ranks_->size() : 0; }
   bool holds(int rank) const;
+  // Position of `rank` in ranks(), or nullopt when not held.
+  std::optional<std::size_t> position_of(int rank) const;
   // Position of `rank` in ranks(); Error naming the held ranks when not held.
   std::size_t index_of(int rank) const;
 
