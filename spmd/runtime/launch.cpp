@@ -52,6 +52,8 @@ DebugOptions resolved_debug(const LaunchOptions& options) {
   debug.nan |= all.nan;
   debug.divergence |= all.divergence;
   debug.all = false;
+  // A dry run has no values to compare: `all` keeps the checks that need none.
+  if (options.meta_tensors) debug.check = debug.replicate = debug.nan = false;
   return debug;
 }
 
@@ -372,6 +374,13 @@ int launch_program(int& argc, char** argv, const std::function<int(World&)>& pro
           "--spmd-tensors=meta: shape-only tensors run under the sim and threads backends, not "
           "'{}' (a dry run needs no devices: use --spmd-backend=sim)",
           options.backend);
+    }
+    if (options.meta_tensors && !options.debug.all &&
+        (options.debug.check || options.debug.replicate || options.debug.nan)) {
+      throw_error<ConfigError>(
+          "--spmd-debug={} compares values, and a dry run (--spmd-tensors=meta) has none; drop "
+          "check, replicate and nan (divergence works on shapes)",
+          options.debug.to_string());
     }
     if (options.meta_tensors) set_meta_tensors(true);
     if (driver_of(options).thread_per_world) return run_threads(options, program);
