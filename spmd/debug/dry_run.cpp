@@ -376,18 +376,19 @@ std::string DryRunReport::table() const {
                                 shape_only ? "shape-only (--spmd-tensors=meta)" : "real");
   out += "\nmemory per rank (classes of ranks with equal bytes)\n";
   out +=
-      fmt::format("{:>8}  {:<18}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {:>9}\n", "ranks", "e.g.",
-                  "parameters", "gradients", "optimizer", "activations", "peak", "of device");
+      fmt::format("{:>8}  {:<18}  {:>11}  {:>11}  {:>11}  {:>12}  {:>11}  {:>9}\n", "ranks", "e.g.",
+                  "parameters", "gradients", "optimizer", "activations*", "peak", "of device");
   for (const RankClass& c : memory) {
     const std::string share =
         c.peak < 0 ? std::string("n/a")
                    : fmt::format("{:.0f}%", 100.0 * static_cast<double>(c.peak) /
                                                 (device.memory_gib * 1024.0 * 1024 * 1024));
-    out += fmt::format("{:>8}  {:<18}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {:>9}\n", c.ranks,
+    out += fmt::format("{:>8}  {:<18}  {:>11}  {:>11}  {:>11}  {:>12}  {:>11}  {:>9}\n", c.ranks,
                        ranks_text(c), bytes_text(c.parameters), bytes_text(c.gradients),
                        bytes_text(c.optimizer_state), bytes_text(c.activations), bytes_text(c.peak),
                        share);
   }
+  if (shape_only) out += "(*) activations and temporaries alive at the peak\n";
   if (shape_only && !peak_exact) {
     out += "(peak: each distinct shard counted once, an upper bound for one rank)\n";
   }
