@@ -382,6 +382,11 @@ int launch_program(int& argc, char** argv, const std::function<int(World&)>& pro
           "check, replicate and nan (divergence works on shapes)",
           options.debug.to_string());
     }
+    // Process-wide (rank threads see it too) for the program's run, then as it was.
+    struct MetaSetting {
+      bool saved = meta_tensors();
+      ~MetaSetting() { set_meta_tensors(saved); }
+    } restore;
     if (options.meta_tensors) set_meta_tensors(true);
     if (driver_of(options).thread_per_world) return run_threads(options, program);
     world = make_world(options);

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include <spmd/spmd.h>
@@ -61,6 +62,32 @@ TEST(MetaTensor, LaunchFlag) {
   char* argv2[] = {arg0, bad, nullptr};
   expect_throws<ConfigError>([&] { parse_launch_options(argc2, argv2); },
                              {"--spmd-tensors=fake", "'meta'"});
+}
+
+// launch() runs a program as a dry run, and refuses what a dry run cannot do.
+int launch_with(std::vector<std::string> args, const std::function<int(World&)>& program) {
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int argc = static_cast<int>(args.size());
+  return launch(argc, argv.data(), program);
+}
+
+TEST(MetaTensor, LaunchRunsTheProgramOnShapes) {
+  bool meta = false;
+  const int code = launch_with({"prog", "--spmd-tensors=meta"}, [&](World& world) {
+    const DeviceMesh mesh = init_device_mesh(world, {2, 4}, {"dp", "tp"});
+    const DTensor x = randn({8, 16}, mesh, {Shard{0}, Shard{1}}, 3);
+    meta = x.local().shard(0).is_meta() && x.full_tensor().is_meta();
+    return 0;
+  });
+  EXPECT_EQ(code, 0);
+  EXPECT_FALSE(meta_tensors());
+  EXPECT_TRUE(meta);
+  auto ok = [](World&) { return 0; };
+  EXPECT_NE(launch_with({"prog", "--spmd-tensors=meta", "--spmd-backend=mpi"}, ok), 0);
+  EXPECT_NE(launch_with({"prog", "--spmd-tensors=meta", "--spmd-debug=check"}, ok), 0);
+  EXPECT_FALSE(meta_tensors());
 }
 
 TEST(ShardClasses, RanksWithEqualShardsComputeOnce) {
