@@ -640,16 +640,24 @@ LocalTensor run_step(const LocalTensor& x, const DTensorSpec& spec,
   const int64_t k = spec.mesh_shape()[static_cast<size_t>(i)];
   auto coord = [&](size_t r) { return info.coordinates[r][static_cast<size_t>(i)]; };
   auto logical = [&](int d) {
+    // Unsharded by the mesh dims before i: the global size on every rank, without walking them.
+    bool sharded_before = false;
+    for (int j = 0; j < i; ++j) sharded_before = sharded_before || is_shard(state[j], d);
+    if (!sharded_before) return RankValues(info.ranks.size(), spec.shape()[static_cast<size_t>(d)]);
     return per_rank(info,
                     [&](size_t r) { return logical_size(state, spec, info.coordinates[r], d, i); });
   };
+  // Every rank's dim splits evenly into k chunks: no padding anywhere.
+  auto even = [&](const RankValues& len) { return is_uniform(len) && len.front() % k == 0; };
   // Padding a piece up to the chunk capacity, and the whole dim up to k chunks.
   auto to_capacity = [&](const RankValues& len) {
+    if (even(len)) return RankValues(len.size(), 0);
     return per_rank(info, [&](size_t r) {
       return shard_capacity(len[r], k) - shard_size(len[r], k, coord(r));
     });
   };
   auto to_k_chunks = [&](const RankValues& len) {
+    if (even(len)) return RankValues(len.size(), 0);
     return per_rank(info, [&](size_t r) { return k * shard_capacity(len[r], k) - len[r]; });
   };
   switch (step.kind) {
@@ -662,6 +670,11 @@ LocalTensor run_step(const LocalTensor& x, const DTensorSpec& spec,
     case StepKind::LocalChunk: {
       const int d = std::get<Shard>(step.to).dim;
       const RankValues len = logical(d);
+      if (x.has_classes() && even(len)) {
+        // Note [Shard classes]: shape-only chunks of one size are equal wherever they start.
+        const int64_t size = len.front() / k;
+        return x.apply([&](const Tensor& t) { return t.narrow(d, 0, size); });
+      }
       std::vector<Tensor> out;
       out.reserve(x.num_shards());
       for (size_t r = 0; r < x.num_shards(); ++r) {
