@@ -146,7 +146,15 @@ void compute(GroupView& g, const ReduceScatterOptions& o) {
   const int64_t d = wrap_dim(o.scatter_dim, first.dim());
   const int64_t n = g.size();
   const int64_t piece = first.size(d) / n;
-  if (d == 0 && !first.is_meta()) {
+  if (first.is_meta()) {
+    // Shape-only: every member gets the same shape (no per-member pieces: a group may be large).
+    Shape shape = first.shape();
+    shape[static_cast<size_t>(d)] = piece;
+    const Tensor out = empty(shape, first.dtype(), meta_device());
+    for (Tensor* o : g.outputs) *o = out;
+    return;
+  }
+  if (d == 0) {
     std::vector<Tensor> keep;
     std::vector<const Tensor*> in = contiguous_inputs(g.inputs, keep);
     Shape shape = first.shape();
@@ -181,7 +189,16 @@ void compute(GroupView& g, const AllToAllOptions& o) {
   const int64_t concat = wrap_dim(o.concat_dim, first.dim());
   const int64_t n = g.size();
   const int64_t piece = first.size(split) / n;
-  if (split == 0 && concat == 0 && !first.is_meta()) {
+  if (first.is_meta()) {
+    // Shape-only: every member's result is a piece of each member's input, concatenated.
+    Shape shape = first.shape();
+    shape[static_cast<size_t>(split)] = piece;
+    shape[static_cast<size_t>(concat)] *= n;
+    const Tensor out = empty(shape, first.dtype(), meta_device());
+    for (Tensor* o : g.outputs) *o = out;
+    return;
+  }
+  if (split == 0 && concat == 0) {
     std::vector<Tensor> keep;
     std::vector<const Tensor*> in = contiguous_inputs(g.inputs, keep);
     const std::size_t piece_bytes = first.nbytes() / static_cast<std::size_t>(n);

@@ -269,7 +269,13 @@ DryRunReport DryRun::report(const MemoryParts& parts) const {
     if (c.example_ranks.size() < 4) c.example_ranks.push_back(held[i]);
   }
   r.shape_only = meta_tensors();
+  // Note [Dry-run estimates]: the peak is per rank when every rank holds the same shards.
   r.peak_exact = r.shape_only && r.memory.size() == 1;
+  for (const auto* group : {&parts.parameters, &parts.gradients, &parts.optimizer_state}) {
+    for (const DTensor* t : *group) {
+      if (t != nullptr && t->defined() && t->local().num_classes() > 1) r.peak_exact = false;
+    }
+  }
   for (DryRunReport::RankClass& c : r.memory) {
     if (!r.shape_only) {
       c.peak = c.activations = -1;
