@@ -18,3 +18,10 @@ if(SPMD_HAVE_NCCL)
   add_executable(nccl_bench "${CMAKE_CURRENT_SOURCE_DIR}/nccl.cpp")
   target_link_libraries(nccl_bench PRIVATE spmd::spmd spmd::nccl)
 endif()
+
+# dryrun_scale: a 7B-class GPT step as a shape-only dry run from 8 to 16384 ranks (Google
+# Benchmark; docs/dry-run.md).
+add_executable(dryrun_scale "${CMAKE_CURRENT_SOURCE_DIR}/dryrun_scale.cpp")
+target_link_libraries(dryrun_scale PRIVATE spmd::spmd benchmark::benchmark
+                      benchmark::benchmark_main)
+target_include_directories(dryrun_scale PRIVATE "${PROJECT_SOURCE_DIR}")

@@ -48,7 +48,10 @@ void step(World& world, bool with_bugs) {
   }
   LocalTensor avg_grad = all_reduce(grad, mesh, "dp", ReduceOp::Avg);  // the gradient all_reduce
 
-  if (world.is_coordinator()) {
+  if (world.is_coordinator() && loss.shard(0).is_meta()) {
+    fmt::print("loss {} and gradient {} (rank 0, shape-only: a dry run has no values)\n",
+               shape_str(loss.shard(0).shape()), shape_str(avg_grad.shard(0).shape()));
+  } else if (world.is_coordinator()) {
     fmt::print("loss {} and gradient[1, 0] {} (rank 0) over {} ranks, backend {}\n",
                loss.shard(0).to_vector<float>()[0], avg_grad.shard(0).to_vector<float>()[8],
                world.size(), world.backend_name());

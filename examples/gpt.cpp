@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <optional>
@@ -54,7 +55,7 @@ namespace {
 
 constexpr const char* kUsage =
     "gpt [--layers N] [--d-model N] [--heads N] [--seq N] [--vocab N] [--batch N] [--steps N]\n"
-    "    [--lr X] [--dropout P] [--clip X] [--dtype f32|f64|bf16] [--mode sp|fsdp|both]\n"
+    "    [--tp N] [--lr X] [--dropout P] [--clip X] [--dtype f32|f64|bf16] [--mode sp|fsdp|both]\n"
     "    [--no-check] [--data FILE] [--seed N]   (and the --spmd-* flags of launch())";
 
 int64_t parse_int(const std::string& flag, const std::string& value) {
@@ -101,6 +102,8 @@ Config parse_flags(int argc, char** argv) {
       c.vocab = parse_int(flag, value);
     } else if (flag == "--batch") {
       c.batch = parse_int(flag, value);
+    } else if (flag == "--tp") {
+      c.tp = parse_int(flag, value);
     } else if (flag == "--steps") {
       c.steps = parse_int(flag, value);
     } else if (flag == "--seed") {
@@ -154,12 +157,20 @@ void section(const World& world, const std::string& title) {
   if (world.is_coordinator()) fmt::print("\n== {}\n", title);
 }
 
-int gpt(World& world, const Config& c) {
-  if (world.size() < 2 || world.size() % 2 != 0) {
+int gpt(World& world, Config c) {
+  if (c.tp == 0 && (world.size() < 2 || world.size() % 2 != 0)) {
     throw_error<ConfigError>("gpt runs on a (dp=2, tp) mesh and needs an even world size, got {}",
                              world.size());
   }
-  const DeviceMesh mesh = init_device_mesh(world, {2, world.size() / 2}, {"dp", "tp"});
+  const int64_t tp = c.tp != 0 ? c.tp : world.size() / 2;
+  if (world.size() % tp != 0) {
+    throw_error<ConfigError>("gpt: --tp {} does not divide the world size {}", tp, world.size());
+  }
+  const DeviceMesh mesh = init_device_mesh(world, {world.size() / tp, tp}, {"dp", "tp"});
+  // A shape-only dry run (--spmd-tensors=meta) has no losses to compare: it checks shapes and
+  // issues every collective of the real run.
+  const bool dry_run = meta_tensors();
+  if (dry_run) c.check = false;
   const std::string text = read_text(c.data);
   const bool coordinator = world.is_coordinator();
   if (coordinator) {
@@ -168,7 +179,8 @@ int gpt(World& world, const Config& c) {
     fmt::print("     {} steps of AdamW (lr {}), dropout {}, {} ranks, backend {}\n", c.steps, c.lr,
                c.dropout, world.size(), world.backend_name());
     fmt::print("     text: {} ({} bytes)\n", c.data, text.size());
-    fmt::print("\n== mesh, layout {}\n{}", mesh.layout(), mesh.to_grid());
+    fmt::print("\n== mesh, layout {}\n{}", mesh.layout(),
+               world.size() <= 64 ? mesh.to_grid() : std::string("(grid not drawn)\n"));
   }
 
   struct Run {
@@ -197,7 +209,41 @@ int gpt(World& world, const Config& c) {
       show("MLP output (row-wise)", b.w2);
     }
     trace().clear();
-    run.losses = train(c, text, Parallel{run.fsdp}, run.model, &layout);
+    if (dry_run) {
+      // The dry run's report: memory per rank, collectives per mesh dim, estimated step time
+      // (--spmd-topology, SPMD_DEVICE for the device file; docs/dry-run.md).
+      const char* device_file = std::getenv("SPMD_DEVICE");
+      DryRun dry(world, device_file != nullptr ? DeviceSpec::load(device_file) : DeviceSpec{});
+      std::vector<DTensor*> params = run.model.params();
+      AdamW<DTensor> opt(params, adamw_options(c));
+      std::vector<DTensor> grads;
+      for (int64_t step = 0; step < c.steps; ++step) {
+        // train_step's calls, with the gradients kept for the memory report.
+        const DTensor tokens = place_tokens<DTensor>(batch_tokens(c, text, step), &layout);
+        const DTensor loss = forward(c, Parallel{run.fsdp}, run.model, tokens, step);
+        run.losses.push_back(scalar(loss));
+        backward(loss);
+        grads.clear();
+        for (DTensor* p : params) grads.push_back(p->grad());
+        clip_grad_norm(params, c.clip);
+        opt.step();
+      }
+      MemoryParts parts;
+      for (size_t i = 0; i < params.size(); ++i) {
+        parts.parameters.push_back(params[i]);
+        parts.gradients.push_back(&grads[i]);
+        parts.optimizer_state.push_back(&opt.exp_avg(i));
+        parts.optimizer_state.push_back(&opt.exp_avg_sq(i));
+      }
+      const DryRunReport report = dry.report(parts);
+      if (coordinator) fmt::print("\n== {}: dry-run report\n{}", run.name, report.table());
+      if (const char* path = std::getenv("SPMD_DRY_RUN_REPORT")) {
+        std::ofstream(fmt::format("{}.{}.json", path, run.fsdp ? "fsdp" : "sp")) << report.json();
+        dry.write_timeline(fmt::format("{}.{}.timeline.json", path, run.fsdp ? "fsdp" : "sp"));
+      }
+    } else {
+      run.losses = train(c, text, Parallel{run.fsdp}, run.model, &layout);
+    }
     comm += fmt::format("{}, {} steps:\n{}", run.name, c.steps, trace().summary_table());
   }
   section(world, "collectives of the training steps (this process's trace)");
@@ -232,8 +278,12 @@ int gpt(World& world, const Config& c) {
   }
   bool falls = true;
   for (const Run& run : runs) falls = falls && run.losses.back() < run.losses.front();
-  const bool pass = falls && (!c.check || worst <= tolerance);
-  if (coordinator) {
+  const bool pass = dry_run || (falls && (!c.check || worst <= tolerance));
+  if (coordinator && dry_run) {
+    fmt::print(
+        "\ndry run (--spmd-tensors=meta): shapes checked and every collective issued; no "
+        "values, so no losses\n");
+  } else if (coordinator) {
     fmt::print("\nloss falls: {} ({:.4f} -> {:.4f})\n", falls ? "yes" : "NO",
                runs.front().losses.front(), runs.front().losses.back());
     if (c.check) {

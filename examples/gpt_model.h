@@ -26,6 +26,7 @@ struct Config {
   int64_t seq = 32;
   int64_t vocab = 256;
   int64_t batch = 8;
+  int64_t tp = 0;  // the tp mesh dim's size; 0: half the world (mesh (dp=2, tp))
   int64_t steps = 8;
   double lr = 3e-3;
   double dropout = 0.1;
@@ -42,6 +43,8 @@ struct Config {
 // Step `step`'s batch: B windows of S + 1 bytes (token = byte mod vocab), as [B, S + 1] I64.
 inline Tensor batch_tokens(const Config& c, const std::string& text, int64_t step) {
   const int64_t span = c.seq + 1;
+  // A shape-only dry run (--spmd-tensors=meta) reads no text: the tokens have no values.
+  if (meta_tensors()) return zeros({c.batch, span}, DType::I64);
   const int64_t n = static_cast<int64_t>(text.size());
   if (n <= span) {
     throw_error<ConfigError>("gpt: the text has {} bytes, fewer than --seq + 1 = {}", n, span);
@@ -230,11 +233,13 @@ T forward(const Config& c, const P& par, const Model<T>& m, const T& tokens, int
   return cross_entropy(reshape(logits, {B * S, c.vocab}), targets);
 }
 
+// The loss's value; NaN in a shape-only dry run (--spmd-tensors=meta), which has none.
 inline double scalar(const Tensor& t) {
+  if (t.is_meta()) return std::nan("");
   return t.to(DType::F64).item<double>();
 }
 inline double scalar(const DTensor& t) {
-  return t.full_tensor().to(DType::F64).item<double>();
+  return scalar(t.full_tensor());
 }
 
 // The batch as the run places it: a DTensor split over dp, replicated over tp.

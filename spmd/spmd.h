@@ -27,6 +27,7 @@
 #include <spmd/core/error.h>
 #include <spmd/core/parallel.h>
 #include <spmd/debug/checks.h>
+#include <spmd/debug/dry_run.h>
 #include <spmd/debug/trace_diff.h>
 #include <spmd/debug/trace_file.h>
 #include <spmd/debug/visualize.h>
@@ -59,5 +60,6 @@
 #include <spmd/tensor/device_ops.h>
 #include <spmd/tensor/dtype.h>
 #include <spmd/tensor/factory.h>
+#include <spmd/tensor/meta.h>
 #include <spmd/tensor/random.h>
 #include <spmd/tensor/tensor.h>

@@ -58,6 +58,7 @@ std::string dump_flight_recorder(const World& world, std::string_view reason) {
       TraceEvent& e = events[i];
       std::erase_if(e.participants,
                     [&](const TraceParticipant& p) { return !world.holds(p.rank); });
+      e.participant_count = static_cast<int64_t>(e.participants.size());
       if (!e.participants.empty()) window.begin(std::move(e));
     }
     const std::vector<TraceRecord> records = window.records();

@@ -89,7 +89,19 @@ Prepared prepare(const LocalTensor& x, Communicator& comm, const World& world, s
   thread_local std::vector<int64_t> sequence_of;
   group_of.assign(n, -1);
   held_in_group.assign(static_cast<size_t>(family.num_groups()), 0);
-  for (size_t i = 0; i < n; ++i) {
+  if (lockstep) {
+    // One walk over the (materialized) groups instead of locating each held rank: ranks outside
+    // the mesh keep -1.
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (int rank : groups[g]) {
+        if (auto i = x.position_of(rank)) {
+          group_of[*i] = static_cast<int64_t>(g);
+          ++held_in_group[g];
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < n && !lockstep; ++i) {
     const int rank = x.ranks()[i];
     auto where = family.locate(rank);
     if (!where) {
@@ -105,19 +117,28 @@ Prepared prepare(const LocalTensor& x, Communicator& comm, const World& world, s
 
   Trace& t = trace();
   const bool tracing = traced && t.enabled();
+  const bool listing = tracing && t.keeps_participants();
   TraceEvent event;
-  if (tracing) event.participants.reserve(n);
+  if (listing) event.participants.reserve(n);
   sequence_of.assign(static_cast<size_t>(family.num_groups()), -1);
   const Tensor* first = nullptr;
   bool uniform_shapes = true;
+  // Note [Shard classes]: equal shards pass or fail the same checks (but all_to_all_single's
+  // splits are per rank), so each class is checked once.
+  const std::vector<uint32_t>* classes =
+      std::holds_alternative<AllToAllSingleOptions>(options) ? nullptr : x.classes().get();
+  std::vector<bool> class_checked(classes != nullptr ? x.num_classes() : 0, false);
   for (size_t i = 0; i < n; ++i) {
     const int64_t g = group_of[i];
     if (g < 0) continue;
     if (lockstep && held_in_group[static_cast<size_t>(g)] != group_size) continue;
     const int rank = x.ranks()[i];
-    const Tensor& shard = x.shards()[i];
-    CollectiveCall call{kind, p.site.dim_name, &groups[static_cast<size_t>(g)]};
-    check_local(call, rank, shard, group_size, options);
+    const Tensor& shard = x.shard_at(i);
+    if (classes == nullptr || !class_checked[(*classes)[i]]) {
+      CollectiveCall call{kind, p.site.dim_name, &groups[static_cast<size_t>(g)]};
+      check_local(call, rank, shard, group_size, options);
+      if (classes != nullptr) class_checked[(*classes)[i]] = true;
+    }
     if (sequence_of[static_cast<size_t>(g)] < 0) {
       sequence_of[static_cast<size_t>(g)] = static_cast<int64_t>(comm.next_sequence(g));
     }
@@ -126,7 +147,8 @@ Prepared prepare(const LocalTensor& x, Communicator& comm, const World& world, s
     } else if (uniform_shapes && shard.shape() != first->shape()) {
       uniform_shapes = false;
     }
-    if (tracing) {
+    if (tracing) ++event.participant_count;
+    if (listing) {
       event.participants.push_back(
           TraceParticipant{rank, g, static_cast<uint64_t>(sequence_of[static_cast<size_t>(g)])});
     }

@@ -74,6 +74,7 @@ char* bytes_of(Tensor& t) {
 
 // The reduction of the group's inputs into a new tensor, in ascending group rank.
 Tensor reduce_group(const std::vector<const Tensor*>& inputs, ReduceOp op) {
+  if (inputs[0]->is_meta()) return empty(inputs[0]->shape(), inputs[0]->dtype(), meta_device());
   thread_local std::vector<Tensor> keep;
   thread_local std::vector<const void*> ptrs;
   keep.clear();
@@ -102,7 +103,7 @@ Tensor empty_like_along(const Tensor& t, int64_t d, const CollectiveCall& call) 
   }
   Shape shape = t.shape();
   shape[static_cast<size_t>(d)] = 0;
-  return empty(shape, t.dtype());
+  return empty(shape, t.dtype(), t.device());
 }
 
 // ---- one computation per collective, reached by compute_group's visit -----------------------
@@ -119,7 +120,7 @@ void compute(GroupView& g, const AllGatherOptions& o) {
   Tensor result;
   if (g.size() == 1) {
     result = first;
-  } else if (d == 0) {
+  } else if (d == 0 && !first.is_meta()) {
     Shape shape = first.shape();
     shape[0] *= g.size();
     result = empty(shape, first.dtype());
@@ -145,6 +146,14 @@ void compute(GroupView& g, const ReduceScatterOptions& o) {
   const int64_t d = wrap_dim(o.scatter_dim, first.dim());
   const int64_t n = g.size();
   const int64_t piece = first.size(d) / n;
+  if (first.is_meta()) {
+    // Shape-only: every member gets the same shape (no per-member pieces: a group may be large).
+    Shape shape = first.shape();
+    shape[static_cast<size_t>(d)] = piece;
+    const Tensor out = empty(shape, first.dtype(), meta_device());
+    for (Tensor* o : g.outputs) *o = out;
+    return;
+  }
   if (d == 0) {
     std::vector<Tensor> keep;
     std::vector<const Tensor*> in = contiguous_inputs(g.inputs, keep);
@@ -180,6 +189,15 @@ void compute(GroupView& g, const AllToAllOptions& o) {
   const int64_t concat = wrap_dim(o.concat_dim, first.dim());
   const int64_t n = g.size();
   const int64_t piece = first.size(split) / n;
+  if (first.is_meta()) {
+    // Shape-only: every member's result is a piece of each member's input, concatenated.
+    Shape shape = first.shape();
+    shape[static_cast<size_t>(split)] = piece;
+    shape[static_cast<size_t>(concat)] *= n;
+    const Tensor out = empty(shape, first.dtype(), meta_device());
+    for (Tensor* o : g.outputs) *o = out;
+    return;
+  }
   if (split == 0 && concat == 0) {
     std::vector<Tensor> keep;
     std::vector<const Tensor*> in = contiguous_inputs(g.inputs, keep);
@@ -228,14 +246,14 @@ void compute(GroupView& g, const AllToAllSingleOptions& o) {
       rows += in_splits[static_cast<size_t>(i)][static_cast<size_t>(j)];
     Shape shape = first.shape();
     shape[0] = rows;
-    Tensor out = empty(shape, first.dtype());
+    Tensor out = empty(shape, first.dtype(), first.device());
     int64_t out_row = 0;
     for (int64_t i = 0; i < n; ++i) {
       const auto& splits = in_splits[static_cast<size_t>(i)];
       int64_t in_row = 0;
       for (int64_t k = 0; k < j; ++k) in_row += splits[static_cast<size_t>(k)];
       const int64_t count = splits[static_cast<size_t>(j)];
-      if (count > 0) {
+      if (count > 0 && !out.is_meta()) {
         pieces.push_back(
             {bytes_of(out) + static_cast<std::size_t>(out_row) * row_bytes,
              bytes_of(*in[static_cast<size_t>(i)]) + static_cast<std::size_t>(in_row) * row_bytes,
@@ -291,7 +309,7 @@ void compute(GroupView& g, const PermuteOptions& o) {
   for (int64_t k = 0; k < g.size(); ++k) {
     if (!received[static_cast<size_t>(k)]) {
       const Tensor& own = *g.inputs[static_cast<size_t>(k)];
-      *g.outputs[static_cast<size_t>(k)] = zeros(own.shape(), own.dtype());
+      *g.outputs[static_cast<size_t>(k)] = zeros(own.shape(), own.dtype(), own.device());
     }
   }
 }

@@ -36,7 +36,7 @@ uint64_t Trace::begin(TraceEvent event) {
   if (!enabled_) return UINT64_MAX;
   TraceSummaryRow& row = summary_row(event.kind, event.dim_name);
   row.count += 1;
-  row.bytes += event.bytes * static_cast<int64_t>(event.participants.size());
+  row.bytes += event.bytes * event.participant_count;
   row.estimate_us += event.estimate_us;
   if (capacity_ == 0 || ring_.size() < capacity_) {
     // Not wrapped yet: events are in order from index 0.
@@ -85,6 +85,16 @@ void Trace::set_enabled(bool enabled) {
 bool Trace::enabled() const {
   std::lock_guard lock(mutex_);
   return enabled_;
+}
+
+void Trace::set_keep_participants(bool keep) {
+  std::lock_guard lock(mutex_);
+  keep_participants_ = keep;
+}
+
+bool Trace::keeps_participants() const {
+  std::lock_guard lock(mutex_);
+  return keep_participants_;
 }
 
 void Trace::clear() {

@@ -60,6 +60,8 @@ struct TraceEvent {
   // The family (a handle: its groups are materialized once and shared, not copied per call).
   std::optional<GroupFamily> family;
   std::vector<TraceParticipant> participants;
+  // The number of participants, also when the list is not kept (Trace::set_keep_participants).
+  int64_t participant_count = 0;
   Shape shape;                     // the participants' input shape
   std::vector<Shape> rank_shapes;  // one per participant when their shapes differ, else empty
   DType dtype = DType::F32;
@@ -121,6 +123,11 @@ class Trace {
   std::size_t capacity() const;
   void set_enabled(bool enabled);
   bool enabled() const;
+  // Whether events list their participants (default yes). A dry run over thousands of ranks
+  // turns it off: events then keep one record's worth (op, dim, shape, bytes, estimate) and
+  // records() has nothing for them; summaries still count every participant's bytes.
+  void set_keep_participants(bool keep);
+  bool keeps_participants() const;
   void clear();
 
   std::vector<TraceEvent> events() const;
@@ -152,6 +159,7 @@ class Trace {
   std::size_t capacity_ = kDefaultCapacity;
   std::vector<TraceSummaryRow> summary_;
   bool enabled_ = true;
+  bool keep_participants_ = true;
   int64_t epoch_ns_ = 0;
 };
 

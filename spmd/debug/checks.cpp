@@ -170,14 +170,14 @@ PieceSet gathered_pieces(const DTensor& t) {
   SPMD_CHECK(where.has_value());
   const std::vector<int> group = family.group(where->group);
   const int64_t n = static_cast<int64_t>(group.size());
-  const Tensor mine = local.shards().front().to(Device{}).contiguous();
+  const Tensor mine = local.shard_at(0).to(Device{}).contiguous();
   const int64_t nd = mine.dim();
 
   std::vector<int64_t> row{mine.numel()};
   row.insert(row.end(), mine.shape().begin(), mine.shape().end());
   const LocalTensor rows = LocalTensor({me}, {from_vector(row, {1, nd + 1})});
   const std::vector<int64_t> shapes =
-      internal_collective(rows, flat, 0, AllGatherOptions{0}).shards().front().to_vector<int64_t>();
+      internal_collective(rows, flat, 0, AllGatherOptions{0}).shard_at(0).to_vector<int64_t>();
   int64_t longest = 0;
   for (int64_t i = 0; i < n; ++i)
     longest = std::max(longest, shapes[static_cast<size_t>(i * (nd + 1))]);
@@ -439,8 +439,8 @@ void check_nonfinite(const OpEvent& e, bool nan_only) {
   const LocalTensor& local = e.output.local();
   const DTensorSpec::RankInfo& info = e.output.spec().rank_info();
   for (size_t r = 0; r < local.num_shards(); ++r) {
-    const Tensor& piece = local.shards()[r];
-    if (r > 0 && piece.is_same(local.shards()[r - 1])) continue;
+    const Tensor& piece = local.shard_at(r);
+    if (r > 0 && piece.is_same(local.shard_at(r - 1))) continue;
     auto bad = first_nonfinite(piece, nan_only);
     if (!bad) continue;
     const int rank = local.ranks()[r];
@@ -467,8 +467,8 @@ void on_local_op(std::string_view op, std::span<const LocalTensor* const> inputs
                  const LocalTensor& result, const SourceLocation& location) {
   const bool nan_only = g_local_nan_only.load(std::memory_order_relaxed);
   for (size_t r = 0; r < result.num_shards(); ++r) {
-    const Tensor& shard = result.shards()[r];
-    if (r > 0 && shard.is_same(result.shards()[r - 1])) continue;
+    const Tensor& shard = result.shard_at(r);
+    if (r > 0 && shard.is_same(result.shard_at(r - 1))) continue;
     auto bad = first_nonfinite(shard, nan_only);
     if (!bad) continue;
     const int rank = result.ranks()[r];
@@ -544,8 +544,8 @@ void on_collective(const CollectiveEvent& e) {
   const bool nan_only = debug.allow_inf;
   const LocalTensor& result = e.output;
   for (size_t r = 0; r < result.num_shards(); ++r) {
-    const Tensor& shard = result.shards()[r];
-    if (r > 0 && shard.is_same(result.shards()[r - 1])) continue;
+    const Tensor& shard = result.shard_at(r);
+    if (r > 0 && shard.is_same(result.shard_at(r - 1))) continue;
     auto bad = first_nonfinite(shard, nan_only);
     if (!bad) continue;
     const int rank = result.ranks()[r];
@@ -554,10 +554,10 @@ void on_collective(const CollectiveEvent& e) {
         "; every input this process holds was finite (an overflow in the "
         "reduction, or another process's input)";
     for (size_t i = 0; i < e.input.num_shards(); ++i) {
-      if (auto in = first_nonfinite(e.input.shards()[i], nan_only)) {
+      if (auto in = first_nonfinite(e.input.shard_at(i), nan_only)) {
         note = fmt::format("; the input of rank {} already held {} at index {}", e.input.ranks()[i],
                            nonfinite_name(in->value),
-                           index_str(in->flat, e.input.shards()[i].shape()));
+                           index_str(in->flat, e.input.shard_at(i).shape()));
         break;
       }
     }

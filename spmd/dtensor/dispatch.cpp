@@ -10,6 +10,7 @@
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
 #include <spmd/core/hash.h>
+#include <spmd/dtensor/dtensor.h>
 #include <spmd/dtensor/hooks.h>
 #include <spmd/tensor/factory.h>
 
@@ -241,6 +242,10 @@ class SmallArray {
 LocalTensor run_pieces(const OpDef& op, const LocalTensor* const* locals,
                        const ShardingSpec* const* specs, size_t n_in, const OpArgs& args,
                        const DTensorSpec& out) {
+  // Shape-only pieces: the output's are the spec's (Note [Shape-only tensors]), once per class.
+  for (size_t k = 0; k < n_in; ++k) {
+    if (locals[k]->shard_at(0).is_meta()) return shape_only_local(out);
+  }
   const DTensorSpec::RankInfo& info = out.rank_info();
   const LocalTensor& like = *locals[0];
   const size_t n = like.num_shards();
@@ -256,10 +261,10 @@ LocalTensor run_pieces(const OpDef& op, const LocalTensor* const* locals,
     const PieceContext where{info.ranks[i], info.coordinates[i], out, info.local_shapes[i],
                              ShardingInputs(specs, n_in)};
     if (n_in == 1) {
-      return compute_piece(op, std::span<const Tensor>(&locals[0]->shards()[i], 1), args, where);
+      return compute_piece(op, std::span<const Tensor>(&locals[0]->shard_at(i), 1), args, where);
     }
     SmallArray<Tensor> pieces(n_in);
-    for (size_t k = 0; k < n_in; ++k) pieces[k] = locals[k]->shards()[i];
+    for (size_t k = 0; k < n_in; ++k) pieces[k] = locals[k]->shard_at(i);
     return compute_piece(op, std::span<const Tensor>(pieces.data(), n_in), args, where);
   };
   if (replicated) return LocalTensor(like, std::vector<Tensor>(n, piece(0)));

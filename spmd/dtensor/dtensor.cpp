@@ -14,6 +14,8 @@
 #include <spmd/dtensor/ops.h>
 #include <spmd/ops/ops.h>
 #include <spmd/sim/local_ops.h>
+#include <spmd/tensor/factory.h>
+#include <spmd/tensor/meta.h>
 
 namespace spmd {
 namespace {
@@ -101,7 +103,7 @@ void from_local_typed_backward(BackwardContext& c) {
 
 uint64_t local_version(const LocalTensor& t) {
   uint64_t version = 0;
-  for (const Tensor& shard : t.shards()) version += shard.storage()->version();
+  for (const Tensor& shard : t.class_shards()) version += shard.storage()->version();
   return version;
 }
 
@@ -195,11 +197,10 @@ const SpecPtr& DTensor::spec_ptr() const {
 Tensor DTensor::full_tensor(SourceLocation loc) const {
   const UserCallSite site(loc);
   check_defined("full_tensor");
-  Tensor full = local_.shards().front();
+  Tensor full = local_.shard_at(0);
   if (!spec_->is_replicated()) {
     NoGradGuard no_grad;
-    full =
-        redistribute(Placements(spec_->placements().size(), Replicate{})).local_.shards().front();
+    full = redistribute(Placements(spec_->placements().size(), Replicate{})).local_.shard_at(0);
   }
   if (!grad_enabled() || !requires_grad() || !is_floating(dtype())) return full;
   const Var in = dtensor_var(*this);
@@ -370,9 +371,23 @@ std::ostream& operator<<(std::ostream& os, const DTensor& tensor) {
 
 // ---- distribute_tensor -------------------------------------------------------------------------
 
+LocalTensor shape_only_local(const DTensorSpec& spec) {
+  const DTensorSpec::RankInfo& info = spec.rank_info();
+  std::vector<Tensor> shards;
+  shards.reserve(info.class_shapes.size());
+  for (const Shape& shape : info.class_shapes) {
+    shards.push_back(empty(shape, spec.dtype(), meta_device()));
+  }
+  return LocalTensor(info.shared_ranks, std::move(shards), info.shape_classes);
+}
+
 DTensor dtensor_from_blocks(const char* op, SpecPtr spec,
                             const std::function<Tensor(const Shape&, const Shape&)>& block) {
   check_has_ranks(*spec, op);
+  if (meta_tensors()) {
+    LocalTensor local = shape_only_local(*spec);
+    return DTensor(std::move(local), std::move(spec));
+  }
   const DTensorSpec::RankInfo& info = spec->rank_info();
   const World& world = spec->mesh().world();
   std::map<std::vector<int64_t>, Tensor> pieces;
@@ -410,6 +425,11 @@ DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh,
   }
   auto spec = std::make_shared<const DTensorSpec>(mesh, placements, global.shape(), global.dtype(),
                                                   "distribute_tensor");
+  if (global.is_meta()) {
+    check_has_ranks(*spec, "distribute_tensor");
+    LocalTensor local = shape_only_local(*spec);
+    return DTensor(std::move(local), std::move(spec));
+  }
   return dtensor_from_blocks("distribute_tensor", std::move(spec),
                              [&](const Shape& offset, const Shape& size) {
                                Tensor view = global;
@@ -431,7 +451,7 @@ std::string held_shapes(const LocalTensor& local) {
   std::string out;
   for (size_t i = 0; i < local.num_shards(); ++i) {
     out += fmt::format("{}rank {}: {}", i ? ", " : "", local.ranks()[i],
-                       shape_str(local.shards()[i].shape()));
+                       shape_str(local.shard_at(i).shape()));
   }
   return out;
 }
@@ -444,6 +464,8 @@ Shape infer_global_shape(const LocalTensor& local, const DeviceMesh& mesh,
                          const Placements& placements, const std::vector<int>& ranks) {
   const int64_t nd = local.dim();
   const std::vector<int64_t> mesh_shape = mesh.shape();
+  // The sizes are values even in a dry run (Note [Shape-only tensors]).
+  const MetaTensorsScope real_values(false);
   LocalTensor sizes = local.map([&](int, const Tensor& t) {
     std::vector<int64_t> s = t.shape();
     return from_vector(s, {1, nd});
@@ -492,15 +514,15 @@ Shape infer_global_shape(const LocalTensor& local, const DeviceMesh& mesh,
     high = all_reduce(high, mesh, i, ReduceOp::Max);
     low = all_reduce(low, mesh, i, ReduceOp::Min);
   }
-  const Tensor& first = high.shards().front();
+  const Tensor& first = high.shard_at(0);
   for (size_t r = 0; r < ranks.size(); ++r) {
-    if (!equal(high.shards()[r], low.shards()[r]) || !equal(high.shards()[r], first)) {
+    if (!equal(high.shard_at(r), low.shard_at(r)) || !equal(high.shard_at(r), first)) {
       throw_error<PlacementError>(
           "DTensor::from_local: the pieces do not form one global tensor: the global shape "
           "they imply differs between ranks (between {} and {} per dim; placements {}, mesh {}; "
           "held shapes {}). Dims that are not sharded must have the same size on every rank",
-          shape_str(low.shards()[r].to_vector<int64_t>()),
-          shape_str(high.shards()[r].to_vector<int64_t>()), spmd::to_string(placements),
+          shape_str(low.shard_at(r).to_vector<int64_t>()),
+          shape_str(high.shard_at(r).to_vector<int64_t>()), spmd::to_string(placements),
           mesh.to_string(), held_shapes(local));
     }
   }
@@ -548,11 +570,11 @@ DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements place
       std::move(mesh), probe.placements(), std::move(shape), local.dtype(), "DTensor::from_local");
   const DTensorSpec::RankInfo& info = spec->rank_info();
   for (size_t r = 0; r < info.ranks.size(); ++r) {
-    if (local.shards()[r].shape() != info.local_shapes[r]) {
+    if (local.shard_at(r).shape() != info.local_shapes[r]) {
       throw_error<PlacementError>(
           "DTensor::from_local: rank {} holds a piece of shape {} but a global shape {} with "
           "placements {} on mesh {} gives it {} (held shapes {})",
-          info.ranks[r], shape_str(local.shards()[r].shape()), shape_str(spec->shape()),
+          info.ranks[r], shape_str(local.shard_at(r).shape()), shape_str(spec->shape()),
           spmd::to_string(spec->placements()), spec->mesh().to_string(),
           shape_str(info.local_shapes[r]), held_shapes(local));
     }

@@ -132,11 +132,16 @@ void zero_grad(const std::vector<DTensor*>& params);
 DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh,
                           const Placements& placements);
 
+// The pieces a shape-only DTensor of `spec` holds (Note [Shape-only tensors] in tensor/meta.h):
+// one meta shard per class of ranks with the same local shape (Note [Shard classes]).
+LocalTensor shape_only_local(const DTensorSpec& spec);
+
 // A DTensor of `spec` (`op` names the caller in errors) from its global value given block by block:
 // block(offset, size) returns that block of the global tensor (a fresh tensor or a view it may
 // keep). Each held rank gets its block with the Partial partition applied; ranks with the same
 // block and partition share one buffer. distribute_tensor and the random DTensors
-// (dtensor/random.h) are built on it.
+// (dtensor/random.h) are built on it. Under --spmd-tensors=meta the blocks are never asked for:
+// the DTensor is shape_only_local(spec) (random initialization is free).
 DTensor dtensor_from_blocks(
     const char* op, SpecPtr spec,
     const std::function<Tensor(const Shape& offset, const Shape& size)>& block);

@@ -641,7 +641,7 @@ LocalTensor per_shard(const LocalTensor& x, const RankValues& amount,
   }
   std::vector<Tensor> out;
   out.reserve(x.num_shards());
-  for (size_t r = 0; r < x.num_shards(); ++r) out.push_back(fn(x.shards()[r], amount[r]));
+  for (size_t r = 0; r < x.num_shards(); ++r) out.push_back(fn(x.shard_at(r), amount[r]));
   return LocalTensor(x, std::move(out));
 }
 
@@ -661,16 +661,24 @@ LocalTensor run_step(const LocalTensor& x, const DTensorSpec& spec,
   const int64_t k = spec.mesh_shape()[static_cast<size_t>(i)];
   auto coord = [&](size_t r) { return info.coordinates[r][static_cast<size_t>(i)]; };
   auto logical = [&](int d) {
+    // Unsharded by the mesh dims before i: the global size on every rank, without walking them.
+    bool sharded_before = false;
+    for (int j = 0; j < i; ++j) sharded_before = sharded_before || is_shard(state[j], d);
+    if (!sharded_before) return RankValues(info.ranks.size(), spec.shape()[static_cast<size_t>(d)]);
     return per_rank(info,
                     [&](size_t r) { return logical_size(state, spec, info.coordinates[r], d, i); });
   };
+  // Every rank's dim splits evenly into k chunks: no padding anywhere.
+  auto even = [&](const RankValues& len) { return is_uniform(len) && len.front() % k == 0; };
   // Padding a piece up to the chunk capacity, and the whole dim up to k chunks.
   auto to_capacity = [&](const RankValues& len) {
+    if (even(len)) return RankValues(len.size(), 0);
     return per_rank(info, [&](size_t r) {
       return shard_capacity(len[r], k) - shard_size(len[r], k, coord(r));
     });
   };
   auto to_k_chunks = [&](const RankValues& len) {
+    if (even(len)) return RankValues(len.size(), 0);
     return per_rank(info, [&](size_t r) { return k * shard_capacity(len[r], k) - len[r]; });
   };
   switch (step.kind) {
@@ -683,10 +691,15 @@ LocalTensor run_step(const LocalTensor& x, const DTensorSpec& spec,
     case StepKind::LocalChunk: {
       const int d = std::get<Shard>(step.to).dim;
       const RankValues len = logical(d);
+      if (x.has_classes() && even(len)) {
+        // Note [Shard classes]: shape-only chunks of one size are equal wherever they start.
+        const int64_t size = len.front() / k;
+        return x.apply([&](const Tensor& t) { return t.narrow(d, 0, size); });
+      }
       std::vector<Tensor> out;
       out.reserve(x.num_shards());
       for (size_t r = 0; r < x.num_shards(); ++r) {
-        out.push_back(x.shards()[r].narrow(d, shard_offset(len[r], k, coord(r)),
+        out.push_back(x.shard_at(r).narrow(d, shard_offset(len[r], k, coord(r)),
                                            shard_size(len[r], k, coord(r))));
       }
       return LocalTensor(x, std::move(out));
@@ -718,7 +731,7 @@ LocalTensor run_step(const LocalTensor& x, const DTensorSpec& spec,
       for (size_t r = 0; r < x.num_shards(); ++r) {
         const int64_t offset = shard_offset(len[r], k, coord(r));
         const int64_t after = len[r] - offset - shard_size(len[r], k, coord(r));
-        out.push_back(pad(x.shards()[r], d, offset, after, identity));
+        out.push_back(pad(x.shard_at(r), d, offset, after, identity));
       }
       return LocalTensor(x, std::move(out));
     }
@@ -730,7 +743,7 @@ LocalTensor run_step(const LocalTensor& x, const DTensorSpec& spec,
       std::vector<Tensor> out;
       out.reserve(x.num_shards());
       for (size_t r = 0; r < x.num_shards(); ++r) {
-        const Tensor& t = x.shards()[r];
+        const Tensor& t = x.shard_at(r);
         if (coord(r) == 0) {
           out.push_back(t);
         } else {

@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <ostream>
+#include <unordered_map>
 
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
 #include <spmd/core/hash.h>
+#include <spmd/tensor/meta.h>
 
 namespace spmd {
 
@@ -104,21 +106,71 @@ std::size_t DTensorSpec::RankInfo::index_of(int rank) const {
   return static_cast<size_t>(it - ranks.begin());
 }
 
+namespace {
+
+// One list object per distinct rank list, so that LocalTensors over the same ranks share it and
+// compare their ranks by pointer (a dry run's thousands of ranks are otherwise compared per op).
+std::shared_ptr<const std::vector<int>> shared_rank_list(const std::vector<int>& ranks) {
+  static std::mutex mutex;
+  static auto* lists = new std::vector<std::weak_ptr<const std::vector<int>>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  std::erase_if(*lists, [](const auto& w) { return w.expired(); });
+  for (const auto& w : *lists) {
+    if (auto list = w.lock(); list && *list == ranks) return list;
+  }
+  auto list = std::make_shared<const std::vector<int>>(ranks);
+  lists->push_back(list);
+  return list;
+}
+
+std::shared_ptr<const DTensorSpec::RankInfo> compute_rank_info(const DTensorSpec& spec) {
+  auto info = std::make_shared<DTensorSpec::RankInfo>();
+  const DeviceMesh& mesh = spec.mesh();
+  auto classes = std::make_shared<std::vector<uint32_t>>();
+  for (int r : mesh.world().held_ranks()) {
+    auto coordinate = mesh.coordinate_of(r);
+    if (!coordinate) continue;
+    info->ranks.push_back(r);
+    info->local_shapes.push_back(spec.local_shape(*coordinate));
+    info->local_offsets.push_back(spec.local_offset(*coordinate));
+    info->coordinates.push_back(std::move(*coordinate));
+    const Shape& shape = info->local_shapes.back();
+    if (shape != info->local_shapes.front()) info->uniform_shapes = false;
+    auto it = std::find(info->class_shapes.begin(), info->class_shapes.end(), shape);
+    if (it == info->class_shapes.end()) {
+      info->class_shapes.push_back(shape);
+      it = info->class_shapes.end() - 1;
+    }
+    classes->push_back(static_cast<uint32_t>(it - info->class_shapes.begin()));
+  }
+  info->shared_ranks = shared_rank_list(info->ranks);
+  info->shape_classes = std::move(classes);
+  return info;
+}
+
+// Under --spmd-tensors=meta, equal specs share one RankInfo (Note [Shape-only tensors]): a dry
+// run at 16384 ranks makes many spec objects of few distinct values.
+std::shared_ptr<const DTensorSpec::RankInfo> shared_rank_info(const DTensorSpec& spec) {
+  static std::mutex mutex;
+  static auto* cache =
+      new std::unordered_map<DTensorSpec, std::shared_ptr<const DTensorSpec::RankInfo>>();
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache->find(spec);
+    if (it != cache->end()) return it->second;
+  }
+  auto info = compute_rank_info(spec);
+  std::lock_guard<std::mutex> lock(mutex);
+  return cache->emplace(spec, std::move(info)).first->second;
+}
+
+}  // namespace
+
 const DTensorSpec::RankInfo& DTensorSpec::rank_info() const {
   if (const RankInfo* ready = rank_info_.load(std::memory_order_acquire)) return *ready;
   std::lock_guard<std::mutex> lock(rank_info_mutex_);
   if (!rank_info_owner_) {
-    auto info = std::make_unique<RankInfo>();
-    for (int r : mesh_.world().held_ranks()) {
-      auto coordinate = mesh_.coordinate_of(r);
-      if (!coordinate) continue;
-      info->ranks.push_back(r);
-      info->local_shapes.push_back(local_shape(*coordinate));
-      info->local_offsets.push_back(local_offset(*coordinate));
-      info->coordinates.push_back(std::move(*coordinate));
-      if (info->local_shapes.back() != info->local_shapes.front()) info->uniform_shapes = false;
-    }
-    rank_info_owner_ = std::move(info);
+    rank_info_owner_ = meta_tensors() ? shared_rank_info(*this) : compute_rank_info(*this);
     rank_info_.store(rank_info_owner_.get(), std::memory_order_release);
   }
   return *rank_info_owner_;

@@ -55,13 +55,20 @@ class DTensorSpec : public ShardingSpec {
   DTensorSpec with_placements(Placements placements, std::string_view op = "DTensorSpec") const;
 
   // The held ranks of the mesh's world that the mesh contains (the ranks a DTensor of this spec
-  // holds), with each one's coordinate, local shape and offset. Computed once.
+  // holds), with each one's coordinate, local shape and offset. Computed once (and under
+  // --spmd-tensors=meta shared by every equal spec: a dry run over many ranks keeps one copy).
   struct RankInfo {
     std::vector<int> ranks;
     std::vector<std::vector<int64_t>> coordinates;
     std::vector<Shape> local_shapes;
     std::vector<Shape> local_offsets;
     bool uniform_shapes = true;  // every held rank's local shape is the same
+    // Note [Shard classes] (sim/local_tensor.h): the ranks grouped by local shape: the class of
+    // each rank (by position) and each class's local shape. A shape-only DTensor of this spec
+    // holds one shard per class.
+    std::shared_ptr<const std::vector<int>> shared_ranks;
+    std::shared_ptr<const std::vector<uint32_t>> shape_classes;
+    std::vector<Shape> class_shapes;
     // Index of `rank` in `ranks`.
     std::size_t index_of(int rank) const;
   };
@@ -76,7 +83,7 @@ class DTensorSpec : public ShardingSpec {
   // Computed on first use; copies start without it.
   mutable std::mutex rank_info_mutex_;
   mutable std::atomic<const RankInfo*> rank_info_{nullptr};
-  mutable std::unique_ptr<const RankInfo> rank_info_owner_;
+  mutable std::shared_ptr<const RankInfo> rank_info_owner_;
 };
 
 using SpecPtr = std::shared_ptr<const DTensorSpec>;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <spmd/core/error.h>
 #include <spmd/dtensor/ops.h>
@@ -155,7 +156,11 @@ double clip_grad_norm(const std::vector<Tensor*>& params, double max_norm, Sourc
   double squares = 0.0;
   for (Tensor* p : params) {
     const Tensor g = p->grad();
-    if (g.defined()) squares += sum(g.to(DType::F64) * g.to(DType::F64)).item<double>();
+    if (!g.defined()) continue;
+    const Tensor total = sum(g.to(DType::F64) * g.to(DType::F64));
+    // A shape-only run has no norm (Note [Shape-only tensors]); scaling issues no collective.
+    if (total.is_meta()) return std::numeric_limits<double>::quiet_NaN();
+    squares += total.item<double>();
   }
   const double total = std::sqrt(squares);
   scale_grads(params, total, max_norm);
@@ -192,6 +197,9 @@ double clip_grad_norm(const std::vector<DTensor*>& params, double max_norm, Sour
   for (const DTensor& p : partial) {
     per_mesh.push_back(p.redistribute(Placements(p.placements().size(), Replicate{})).to_local());
   }
+  // A shape-only run has no norm (Note [Shape-only tensors]): the collectives above ran, and
+  // scaling the gradients is local.
+  if (per_mesh[0].shard_at(0).is_meta()) return std::numeric_limits<double>::quiet_NaN();
   double squares = 0.0;
   int first_rank = -1;
   for (int rank : per_mesh[0].ranks()) {

@@ -95,6 +95,7 @@ AdamW(std::vector<P*>) -> AdamW<P>;
 // it is in, each counted once. Sibling meshes are replicas (a parameter on mesh["tp"] of a
 // (dp, tp) mesh is the same on every dp coordinate); siblings whose totals differ (pipeline stages
 // holding different parameters) are a DivergenceError: reduce those totals over the stage dim.
+// Shape-only gradients (--spmd-tensors=meta) have no norm: NaN, gradients left as they are.
 double clip_grad_norm(const std::vector<Tensor*>& params, double max_norm,
                       SourceLocation loc = SourceLocation::current());
 double clip_grad_norm(const std::vector<DTensor*>& params, double max_norm,

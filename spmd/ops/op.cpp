@@ -50,20 +50,34 @@ OpMeta op_meta(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& ar
   return op.meta(std::span<const InputMeta>(metas, inputs.size()), args);
 }
 
+namespace {
+
+// The op's result: its computation, or for shape-only inputs its meta alone (Note [Shape-only
+// tensors] in tensor/meta.h).
+Tensor compute(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args,
+               const OpMeta& meta) {
+  if (std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.is_meta(); })) {
+    return empty(meta.shape, meta.dtype, meta_device());
+  }
+  return op.compute(inputs, args, meta);
+}
+
+}  // namespace
+
 Tensor call(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args) {
   const AllocationScope allocating(op.name);  // Note [Out of memory] in tensor/factory.h
   const OpMeta meta = op_meta(op, inputs, args);
   if (!grad_enabled() || !is_floating(meta.dtype) ||
       std::none_of(inputs.begin(), inputs.end(),
                    [](const Tensor& t) { return t.requires_grad(); })) {
-    return op.compute(inputs, args, meta);
+    return compute(op, inputs, args, meta);
   }
   // Note [Autograd]: the computation itself records nothing (its inner ops and Tensor methods run
   // with grad mode off); the op is one node.
   Tensor out;
   {
     NoGradGuard no_grad;
-    out = op.compute(inputs, args, meta);
+    out = compute(op, inputs, args, meta);
   }
   const std::vector<Var> vars(inputs.begin(), inputs.end());
   return record(op.name, &op, vars, args, out).value<Tensor>();
@@ -71,6 +85,9 @@ Tensor call(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args)
 
 Tensor compute_piece(const OpDef& op, std::span<const Tensor> pieces, const OpArgs& args,
                      const PieceContext& where) {
+  if (std::any_of(pieces.begin(), pieces.end(), [](const Tensor& t) { return t.is_meta(); })) {
+    return empty(where.local_shape, where.output.dtype(), meta_device());
+  }
   if (op.piece != nullptr) return op.piece(pieces, args, where);
   return call(op, pieces, args);
 }

@@ -901,7 +901,8 @@ std::vector<Tensor> chunk(const Tensor& t, int64_t chunks, int64_t d) {
 }
 
 Tensor unpad(const Tensor& t, int64_t d, int64_t before, int64_t after) {
-  kernels_for("unpad", {&t});
+  // A view: shape-only tensors need no kernels (Note [Shape-only tensors] in tensor/meta.h).
+  if (!t.is_meta()) kernels_for("unpad", {&t});
   d = normalize_dim(d, t.dim(), "unpad", t.shape());
   const int64_t size = t.size(d);
   if (before < 0 || after < 0 || before > size - after) {

@@ -1,6 +1,7 @@
 // spmd/runtime/digest.cpp: FNV-1a digests of tensors, gathered over the world.
 #include <spmd/runtime/digest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdio>
 
@@ -9,6 +10,7 @@
 #include <spmd/collectives/functional.h>
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/ops.h>
+#include <spmd/tensor/meta.h>
 
 namespace spmd {
 
@@ -30,6 +32,8 @@ uint64_t digest(const Tensor& t) {
     const int64_t size = t.size(d);
     h = fnv1a(&size, sizeof size, h);
   }
+  // A shape-only tensor's digest covers its dtype and shape (Note [Shape-only tensors]).
+  if (t.is_meta()) return h;
   const Tensor c = t.to(cpu()).contiguous();
   return fnv1a(c.data_ptr(), c.nbytes(), h);
 }
@@ -60,11 +64,13 @@ uint64_t digest(const World& world, const std::vector<LocalTensor>& tensors, Sou
   // All-gathered under every backend, sim included, so that the digest's collective is in every
   // backend's trace and a sim trace agrees with a threads or cluster trace (spmd trace diff).
   DeviceMesh mesh = init_device_mesh(world, {size}, {"digest"});
+  // The digests are values even in a dry run.
+  const MetaTensorsScope real_values(false);
   LocalTensor rows = LocalTensor::from_fn(world, [&](int r) {
     return from_vector(rank_row(r), {1, k});
   });
   const std::vector<int64_t> table =  // [size, k]
-      all_gather(rows, mesh, 0, 0, loc).shards().front().to_vector<int64_t>();
+      all_gather(rows, mesh, 0, 0, loc).shard_at(0).to_vector<int64_t>();
   uint64_t h = kFnvOffset;
   for (int64_t i = 0; i < k; ++i) {
     for (int r = 0; r < size; ++r) {
@@ -83,7 +89,11 @@ uint64_t print_digest(const World& world, const std::vector<LocalTensor>& tensor
                       SourceLocation loc) {
   const uint64_t d = digest(world, tensors, loc);
   if (world.is_coordinator()) {
-    fmt::print("digest: {}\n", digest_hex(d));
+    // A dry run's digest covers shapes and dtypes only: it differs from a real run's.
+    const bool shape_only = std::any_of(tensors.begin(), tensors.end(), [](const LocalTensor& t) {
+      return t.defined() && t.shard_at(0).is_meta();
+    });
+    fmt::print("{}: {}\n", shape_only ? "shape digest" : "digest", digest_hex(d));
     std::fflush(stdout);
   }
   return d;

@@ -41,7 +41,8 @@ uint64_t digest(const World& world, const std::vector<LocalTensor>& tensors,
                 SourceLocation loc = SourceLocation::current());
 // 16 lowercase hex digits.
 std::string digest_hex(uint64_t digest);
-// Prints "digest: <hex>" on the coordinator and returns the digest (a collective, as above).
+// Prints "digest: <hex>" on the coordinator and returns the digest (a collective, as above);
+// "shape digest: <hex>" when a tensor is shape-only (--spmd-tensors=meta: dtypes and shapes only).
 uint64_t print_digest(const World& world, const std::vector<LocalTensor>& tensors,
                       SourceLocation loc = SourceLocation::current());
 

@@ -26,6 +26,7 @@
 #include <spmd/runtime/signal_report.h>
 #include <spmd/sim/backend_driver.h>
 #include <spmd/sim/topology.h>
+#include <spmd/tensor/meta.h>
 
 namespace spmd {
 namespace {
@@ -63,6 +64,8 @@ DebugOptions resolved_debug(const LaunchOptions& options) {
   debug.divergence |= all.divergence;
   debug.types |= all.types;
   debug.all = false;
+  // A dry run has no values to compare: `all` keeps the checks that need none.
+  if (options.meta_tensors) debug.check = debug.replicate = debug.nan = false;
   return debug;
 }
 
@@ -534,6 +537,25 @@ int launch_program(int& argc, char** argv, const std::function<int(World&)>& pro
   int failure_code = kLaunchErrorCode;
   try {
     const LaunchOptions options = parse_launch_options(argc, argv);
+    if (options.meta_tensors && options.backend != "sim" && options.backend != "threads") {
+      throw_error<Unsupported>(
+          "--spmd-tensors=meta: shape-only tensors run under the sim and threads backends, not "
+          "'{}' (a dry run needs no devices: use --spmd-backend=sim)",
+          options.backend);
+    }
+    if (options.meta_tensors && !options.debug.all &&
+        (options.debug.check || options.debug.replicate || options.debug.nan)) {
+      throw_error<ConfigError>(
+          "--spmd-debug={} compares values, and a dry run (--spmd-tensors=meta) has none; drop "
+          "check, replicate and nan (divergence works on shapes)",
+          options.debug.to_string());
+    }
+    // Process-wide (rank threads see it too) for the program's run, then as it was.
+    struct MetaSetting {
+      bool saved = meta_tensors();
+      ~MetaSetting() { set_meta_tensors(saved); }
+    } restore;
+    if (options.meta_tensors) set_meta_tensors(true);
     if (driver_of(options).thread_per_world) return run_threads(options, program);
     world = make_world(options);
     failure_code = kProgramErrorCode;

@@ -25,6 +25,7 @@ constexpr FlagSpec kFlags[] = {
     {"--spmd-trace", "SPMD_TRACE"},       {"--spmd-debug", "SPMD_DEBUG"},
     {"--spmd-topology", "SPMD_TOPOLOGY"}, {"--spmd-nccl-timeout", "SPMD_NCCL_TIMEOUT", true},
     {"--spmd-timeout", "SPMD_TIMEOUT"},   {"--spmd-gpus-per-process", "SPMD_GPUS_PER_PROCESS"},
+    {"--spmd-tensors", "SPMD_TENSORS"},
 };
 
 std::string valid_flags() {
@@ -86,6 +87,13 @@ void apply(LaunchOptions& o, std::string_view flag, const std::string& value,
                                value);
     }
     o.gpus_per_process = *n;
+  } else if (flag == "--spmd-tensors") {
+    if (value != "real" && value != "meta") {
+      throw_error<ConfigError>(
+          "{}: tensors are 'real' (the default) or 'meta' (shape-only, a dry run), got '{}'",
+          source, value);
+    }
+    o.meta_tensors = value == "meta";
   }
 }
 

@@ -15,6 +15,8 @@
 //                                                           SPMD_TIMEOUT wins over it)
 //   --spmd-gpus-per-process=K             SPMD_GPUS_PER_PROCESS (nccl: ranks, one GPU each,
 //                                                           per process; default 1)
+//   --spmd-tensors=real|meta              SPMD_TENSORS     (meta: shape-only tensors, a dry run;
+//                                                           sim and threads; tensor/meta.h)
 // Both `--spmd-x=value` and `--spmd-x value` are accepted; parsing stops at `--`.
 //
 //   LaunchOptions o = parse_launch_options(argc, argv);  // argv now lacks the --spmd-* flags
@@ -49,6 +51,7 @@ struct LaunchOptions {
   // kDefaultTimeoutSeconds.
   std::optional<double> timeout_s;
   int gpus_per_process = 1;
+  bool meta_tensors = false;  // --spmd-tensors=meta (Note [Shape-only tensors])
   // Where each setting came from, for messages: "--spmd-world-size=8", "SPMD_WORLD_SIZE=8" or
   // empty for the default.
   std::string backend_source;

@@ -97,7 +97,14 @@ LocalTensor run_shards(const OpDef& op, const Operands& operands, const OpArgs& 
     // Recorded as one node (Note [Autograd]): the shards' own ops record nothing.
     std::optional<NoGradGuard> no_grad;
     if (recording) no_grad.emplace();
-    if (replicated) {
+    detail::JointClasses joint = detail::joint_classes(locals, n_locals);
+    if (joint.classes) {
+      // Note [Shard classes]: once per class of ranks.
+      std::vector<Tensor> out;
+      out.reserve(joint.representative.size());
+      for (size_t i : joint.representative) out.push_back(shard_result(i));
+      result = LocalTensor(*first, std::move(out), std::move(joint.classes));
+    } else if (replicated) {
       result = LocalTensor(*first, std::vector<Tensor>(n, shard_result(0)));
     } else {
       std::vector<Tensor> out(n);
@@ -130,7 +137,7 @@ struct MixedOperands {
   const LocalTensor* local(size_t k) const { return list.begin()[k].local(); }
   const Tensor& tensor(size_t k, size_t shard) const {
     const LocalOperand& o = list.begin()[k];
-    return o.local() != nullptr ? o.local()->shards()[shard] : *o.tensor();
+    return o.local() != nullptr ? o.local()->shard_at(shard) : *o.tensor();
   }
 };
 
@@ -138,7 +145,7 @@ struct LocalOperands {
   std::span<const LocalTensor> list;
   size_t size() const { return list.size(); }
   const LocalTensor* local(size_t k) const { return &list[k]; }
-  const Tensor& tensor(size_t k, size_t shard) const { return list[k].shards()[shard]; }
+  const Tensor& tensor(size_t k, size_t shard) const { return list[k].shard_at(shard); }
 };
 
 }  // namespace
@@ -182,19 +189,19 @@ const VarKind kLocalKind{
     },
     [](const Var& v) {
       uint64_t version = 0;
-      for (const Tensor& shard : local_of(v).shards()) version += shard.storage()->version();
+      for (const Tensor& shard : local_of(v).class_shards()) version += shard.storage()->version();
       return version;
     },
     [](const Var& v) -> const Shape& {
       const LocalTensor& t = local_of(v);
-      const Shape& first = t.shards().front().shape();
-      for (const Tensor& shard : t.shards()) {
+      const Shape& first = t.shard_at(0).shape();
+      for (size_t i = 0; i < t.num_shards(); ++i) {
+        const Tensor& shard = t.shard_at(i);
         if (shard.shape() != first) {
           throw_error<Unsupported>(
               "autograd: a backward that needs the shape of a LocalTensor whose shards differ in "
               "shape ({} and {} on ranks {} and {}); differentiate through DTensor ops instead",
-              shape_str(first), shape_str(shard.shape()), t.ranks().front(),
-              t.ranks()[static_cast<size_t>(&shard - t.shards().data())]);
+              shape_str(first), shape_str(shard.shape()), t.ranks().front(), t.ranks()[i]);
         }
       }
       return first;
@@ -202,7 +209,7 @@ const VarKind kLocalKind{
     [](const Var& v) { return local_of(v).dtype(); },
     [](const Var& v) {
       const LocalTensor& t = local_of(v);
-      return fmt::format("{} {} on ranks {}", shape_str(t.shards().front().shape()), t.dtype(),
+      return fmt::format("{} {} on ranks {}", shape_str(t.shard_at(0).shape()), t.dtype(),
                          t.ranks());
     },
     [](const Var& input, const Var& grad) {
@@ -261,7 +268,7 @@ LocalTensor unpad(const LocalTensor& t, int64_t d, const PerRank<int64_t>& befor
 PerRank<bool> equal(const LocalTensor& a, const LocalTensor& b) {
   check_same_ranks(a, b, "equal");
   std::vector<bool> out;
-  for (size_t i = 0; i < a.num_shards(); ++i) out.push_back(equal(a.shards()[i], b.shards()[i]));
+  for (size_t i = 0; i < a.num_shards(); ++i) out.push_back(equal(a.shard_at(i), b.shard_at(i)));
   return PerRank<bool>(a.ranks(), std::move(out));
 }
 
@@ -269,7 +276,7 @@ PerRank<bool> allclose(const LocalTensor& a, const LocalTensor& b, double rtol, 
   check_same_ranks(a, b, "allclose");
   std::vector<bool> out;
   for (size_t i = 0; i < a.num_shards(); ++i) {
-    out.push_back(allclose(a.shards()[i], b.shards()[i], rtol, atol));
+    out.push_back(allclose(a.shard_at(i), b.shard_at(i), rtol, atol));
   }
   return PerRank<bool>(a.ranks(), std::move(out));
 }
@@ -292,11 +299,11 @@ const Shape& common_shape(const LocalTensor& t, std::string_view op) {
   if (!t.defined() || t.num_shards() == 0) {
     throw_error<ShapeError>("{}: the LocalTensor is undefined or holds no rank", op);
   }
-  const Shape& first = t.shards().front().shape();
+  const Shape& first = t.shard_at(0).shape();
   for (size_t i = 1; i < t.num_shards(); ++i) {
-    if (t.shards()[i].shape() != first) {
+    if (t.shard_at(i).shape() != first) {
       throw_error<ShapeError>("{}: the shards differ in shape ({} on rank {}, {} on rank {})", op,
-                              shape_str(first), t.ranks().front(), shape_str(t.shards()[i].shape()),
+                              shape_str(first), t.ranks().front(), shape_str(t.shard_at(i).shape()),
                               t.ranks()[i]);
     }
   }

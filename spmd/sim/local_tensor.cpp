@@ -2,7 +2,9 @@
 #include <spmd/sim/local_tensor.h>
 
 #include <algorithm>
+#include <map>
 #include <ostream>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <spmd/core/error.h>
@@ -19,6 +21,18 @@ std::string ranks_str(const std::vector<int>& ranks) {
 
 LocalTensor replicate_on_devices(const World& world, const Tensor& t);
 LocalTensor from_fn_on_devices(const World& world, const std::function<Tensor(int)>& fn);
+// Two meta shards that no computation can tell apart (Note [Shard classes]).
+bool same_meta(const Tensor& a, const Tensor& b) {
+  return a.is_same(b) || (a.dtype() == b.dtype() && a.shape() == b.shape() &&
+                          a.strides() == b.strides() && a.is_meta() && b.is_meta());
+}
+
+std::size_t meta_hash(const Tensor& t) {
+  std::size_t h = static_cast<std::size_t>(t.dtype());
+  for (int64_t s : t.shape()) h = h * 1000003u ^ static_cast<std::size_t>(s);
+  for (int64_t s : t.strides()) h = h * 10007u ^ static_cast<std::size_t>(s);
+  return h;
+}
 
 }  // namespace
 
@@ -49,6 +63,7 @@ LocalTensor::LocalTensor(std::vector<int> ranks, std::vector<Tensor> shards)
     }
   }
   ranks_ = std::make_shared<const std::vector<int>>(std::move(ranks));
+  group_classes();
   update_replicated();
 }
 
@@ -70,7 +85,99 @@ LocalTensor::LocalTensor(const LocalTensor& like, std::vector<Tensor> shards)
           shards_[i].dtype(), shape_str(shards_[i].shape()));
     }
   }
+  group_classes();
   update_replicated();
+}
+
+namespace {
+const std::shared_ptr<const std::vector<int>>& ranks_of(const LocalTensor& like) {
+  if (!like.defined()) throw_error<Error>("LocalTensor: the LocalTensor is undefined");
+  return like.ranks_ptr();
+}
+}  // namespace
+
+LocalTensor::LocalTensor(const LocalTensor& like, std::vector<Tensor> class_shards,
+                         std::shared_ptr<const std::vector<uint32_t>> classes)
+    : LocalTensor(ranks_of(like), std::move(class_shards), std::move(classes)) {}
+
+LocalTensor::LocalTensor(std::shared_ptr<const std::vector<int>> ranks,
+                         std::vector<Tensor> class_shards,
+                         std::shared_ptr<const std::vector<uint32_t>> classes)
+    : ranks_(std::move(ranks)), shards_(std::move(class_shards)), classes_(std::move(classes)) {
+  if (!ranks_ || ranks_->empty()) throw_error<Error>("LocalTensor: needs at least one rank");
+  const std::size_t expected = classes_ ? shards_.size() : ranks_->size();
+  if ((classes_ && classes_->size() != ranks_->size()) || shards_.size() != expected ||
+      shards_.empty()) {
+    throw_error<Error>("LocalTensor: {} ranks but {} shards ({} class entries)", ranks_->size(),
+                       shards_.size(), classes_ ? classes_->size() : 0);
+  }
+  for (size_t c = 0; c < shards_.size(); ++c) {
+    if (!shards_[c].defined()) throw_error<Error>("LocalTensor: shard {} is undefined", c);
+    if (shards_[c].dtype() != shards_[0].dtype() || shards_[c].dim() != shards_[0].dim()) {
+      throw_error<Error>(
+          "LocalTensor: shards must share dtype and dim count: shard 0 has {} {}, shard {} has {} "
+          "{}",
+          shards_[0].dtype(), shape_str(shards_[0].shape()), c, shards_[c].dtype(),
+          shape_str(shards_[c].shape()));
+    }
+  }
+  if (classes_) {
+    expanded_ = std::make_shared<Expanded>();
+  } else {
+    group_classes();
+  }
+  update_replicated();
+}
+
+void LocalTensor::group_classes() {
+  if (classes_ || shards_.size() < 2) return;
+  for (const Tensor& t : shards_) {
+    if (!t.is_meta()) return;
+  }
+  auto classes = std::make_shared<std::vector<uint32_t>>(shards_.size());
+  std::vector<Tensor> distinct;
+  std::unordered_multimap<std::size_t, uint32_t> by_hash;
+  uint32_t last = 0;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const Tensor& t = shards_[i];
+    uint32_t c = UINT32_MAX;
+    if (!distinct.empty() && same_meta(distinct[last], t)) {
+      c = last;
+    } else {
+      const std::size_t h = meta_hash(t);
+      auto [lo, hi] = by_hash.equal_range(h);
+      for (auto it = lo; it != hi && c == UINT32_MAX; ++it) {
+        if (same_meta(distinct[it->second], t)) c = it->second;
+      }
+      if (c == UINT32_MAX) {
+        c = static_cast<uint32_t>(distinct.size());
+        distinct.push_back(t);
+        by_hash.emplace(h, c);
+      }
+    }
+    (*classes)[i] = c;
+    last = c;
+  }
+  shards_ = std::move(distinct);
+  classes_ = std::move(classes);
+  expanded_ = std::make_shared<Expanded>();
+}
+
+void LocalTensor::expand_classes() {
+  if (!classes_) return;
+  std::vector<Tensor> all = shards();
+  shards_ = std::move(all);
+  classes_ = nullptr;
+  expanded_ = nullptr;
+}
+
+const std::vector<Tensor>& LocalTensor::shards() const {
+  if (!classes_) return shards_;
+  std::call_once(expanded_->once, [&] {
+    expanded_->shards.reserve(classes_->size());
+    for (uint32_t c : *classes_) expanded_->shards.push_back(shards_[c]);
+  });
+  return expanded_->shards;
 }
 
 LocalTensor LocalTensor::replicate(const World& world, const Tensor& t, SourceLocation loc) {
@@ -148,21 +255,25 @@ const std::vector<int>& LocalTensor::ranks() const {
 }
 
 bool LocalTensor::holds(int rank) const {
-  if (!ranks_) return false;
-  return std::binary_search(ranks_->begin(), ranks_->end(), rank);
+  return position_of(rank).has_value();
+}
+
+std::optional<std::size_t> LocalTensor::position_of(int rank) const {
+  if (!ranks_) return std::nullopt;
+  const std::vector<int>& r = *ranks_;
+  // Ranks are usually a contiguous range: answer without searching.
+  if (rank < r.front() || rank > r.back()) return std::nullopt;
+  const size_t guess = static_cast<size_t>(rank - r.front());
+  if (guess < r.size() && r[guess] == rank) return guess;
+  auto it = std::lower_bound(r.begin(), r.end(), rank);
+  if (it != r.end() && *it == rank) return static_cast<size_t>(it - r.begin());
+  return std::nullopt;
 }
 
 std::size_t LocalTensor::index_of(int rank) const {
   check_defined("shard");
-  const std::vector<int>& r = *ranks_;
-  // Ranks are usually a contiguous range: answer without searching.
-  if (rank >= r.front() && rank <= r.back()) {
-    const size_t guess = static_cast<size_t>(rank - r.front());
-    if (guess < r.size() && r[guess] == rank) return guess;
-    auto it = std::lower_bound(r.begin(), r.end(), rank);
-    if (it != r.end() && *it == rank) return static_cast<size_t>(it - r.begin());
-  }
-  throw_error<Error>("LocalTensor: rank {} is not held (held ranks {})", rank, ranks_str(r));
+  if (auto position = position_of(rank)) return *position;
+  throw_error<Error>("LocalTensor: rank {} is not held (held ranks {})", rank, ranks_str(*ranks_));
 }
 
 void LocalTensor::check_in_place(const char* op) const {
@@ -230,6 +341,7 @@ LocalTensor LocalTensor::detach() const {
 
 Tensor& LocalTensor::mutable_shard(int rank) {
   check_in_place("mutable_shard");
+  expand_classes();
   const size_t i = index_of(rank);
   Tensor& shard = shards_[i];
   // Note [Copy-on-write replicas]: any other handle on the buffer (another rank's shard, or a
@@ -244,6 +356,7 @@ Tensor& LocalTensor::mutable_shard(int rank) {
     std::shared_ptr<Storage> acquire = shard.storage();
   }
   replicated_ = shards_.size() == 1;
+  expanded_ = nullptr;
   return shard;
 }
 
@@ -261,11 +374,16 @@ void LocalTensor::set_shard(int rank, Tensor t) {
         "LocalTensor::set_shard: rank {} gets shape {} but the LocalTensor's shards have {} dims",
         rank, shape_str(t.shape()), dim());
   }
+  expand_classes();
   shards_[i] = std::move(t);
   update_replicated();
 }
 
 void LocalTensor::update_replicated() {
+  if (classes_) {
+    replicated_ = shards_.size() == 1;
+    return;
+  }
   replicated_ = true;
   for (size_t i = 1; i < shards_.size() && replicated_; ++i) {
     replicated_ = shards_[i].is_same(shards_[0]);
@@ -276,8 +394,8 @@ PerRank<Shape> LocalTensor::shape() const {
   check_defined("shape");
   if (replicated_) return std::move(PerRank<Shape>(shards_[0].shape())).with_ranks(*ranks_);
   std::vector<Shape> shapes;
-  shapes.reserve(shards_.size());
-  for (const Tensor& s : shards_) shapes.push_back(s.shape());
+  shapes.reserve(num_shards());
+  for (size_t i = 0; i < num_shards(); ++i) shapes.push_back(shard_at(i).shape());
   return PerRank<Shape>(*ranks_, std::move(shapes));
 }
 
@@ -294,16 +412,16 @@ int64_t LocalTensor::dim() const {
 PerRank<int64_t> LocalTensor::size(int64_t d) const {
   check_defined("size");
   std::vector<int64_t> sizes;
-  sizes.reserve(shards_.size());
-  for (const Tensor& s : shards_) sizes.push_back(s.size(d));
+  sizes.reserve(num_shards());
+  for (size_t i = 0; i < num_shards(); ++i) sizes.push_back(shard_at(i).size(d));
   return PerRank<int64_t>(*ranks_, std::move(sizes));
 }
 
 PerRank<int64_t> LocalTensor::numel() const {
   check_defined("numel");
   std::vector<int64_t> n;
-  n.reserve(shards_.size());
-  for (const Tensor& s : shards_) n.push_back(s.numel());
+  n.reserve(num_shards());
+  for (size_t i = 0; i < num_shards(); ++i) n.push_back(shard_at(i).numel());
   return PerRank<int64_t>(*ranks_, std::move(n));
 }
 
@@ -342,9 +460,58 @@ void for_each_shard(std::size_t n, int64_t work, const std::function<void(std::s
 }
 
 int64_t total_numel(const LocalTensor& t) {
+  // Shards in classes are shape-only (Note [Shard classes]): no arithmetic to spread.
+  if (t.has_classes()) return 0;
   int64_t total = 0;
-  for (const Tensor& s : t.shards()) total += s.numel();
+  for (const Tensor& s : t.class_shards()) total += s.numel();
   return total;
+}
+
+JointClasses joint_classes(const LocalTensor* const* operands, std::size_t n) {
+  JointClasses out;
+  const LocalTensor* shared = nullptr;  // an operand in classes whose classes all others share
+  bool any = false;
+  bool same = true;
+  for (std::size_t k = 0; k < n; ++k) {
+    const LocalTensor& t = *operands[k];
+    if (t.has_classes()) {
+      any = true;
+      if (shared == nullptr) {
+        shared = &t;
+      } else if (t.classes() != shared->classes() && *t.classes() != *shared->classes()) {
+        same = false;
+      }
+    } else if (!t.is_replicated()) {
+      same = false;
+    }
+  }
+  if (!any) return out;
+  const std::size_t ranks = operands[0]->num_shards();
+  if (same) {
+    out.classes = shared->classes();
+    out.representative.assign(shared->num_classes(), SIZE_MAX);
+    for (std::size_t i = 0; i < ranks; ++i) {
+      std::size_t& rep = out.representative[(*out.classes)[i]];
+      if (rep == SIZE_MAX) rep = i;
+    }
+    return out;
+  }
+  // Mixed: a rank's joint class is the tuple of its operands' classes (a per-rank operand
+  // counts as its own class at every rank).
+  auto classes = std::make_shared<std::vector<uint32_t>>(ranks);
+  std::map<std::vector<std::size_t>, uint32_t> seen;
+  std::vector<std::size_t> key(n);
+  for (std::size_t i = 0; i < ranks; ++i) {
+    for (std::size_t k = 0; k < n; ++k) {
+      const LocalTensor& t = *operands[k];
+      key[k] = t.has_classes() ? (*t.classes())[i] : t.is_replicated() ? 0 : i;
+    }
+    auto [it, inserted] = seen.emplace(key, static_cast<uint32_t>(out.representative.size()));
+    if (inserted) out.representative.push_back(i);
+    (*classes)[i] = it->second;
+  }
+  out.classes = std::move(classes);
+  return out;
 }
 
 }  // namespace detail
@@ -352,9 +519,9 @@ int64_t total_numel(const LocalTensor& t) {
 LocalTensor LocalTensor::map(const std::function<Tensor(int, const Tensor&)>& fn,
                              SourceLocation loc) const {
   check_defined("map");
-  std::vector<Tensor> out(shards_.size());
-  detail::for_each_shard(shards_.size(), detail::total_numel(*this),
-                         [&](std::size_t i) { out[i] = fn((*ranks_)[i], shards_[i]); });
+  std::vector<Tensor> out(num_shards());
+  detail::for_each_shard(num_shards(), detail::total_numel(*this),
+                         [&](std::size_t i) { out[i] = fn((*ranks_)[i], shard_at(i)); });
   LocalTensor result(*this, std::move(out));
   // The escape hatch keeps the types: a rank-dependent fn on an R or I axis is what the data check
   // is for (Note [Types against the data]).
@@ -367,6 +534,12 @@ LocalTensor LocalTensor::map(const std::function<Tensor(int, const Tensor&)>& fn
 
 LocalTensor LocalTensor::apply(const std::function<Tensor(const Tensor&)>& fn) const {
   check_defined("apply");
+  if (classes_) {
+    std::vector<Tensor> out;
+    out.reserve(shards_.size());
+    for (const Tensor& t : shards_) out.push_back(fn(t));
+    return LocalTensor(*this, std::move(out), classes_);
+  }
   if (replicated_) {
     Tensor one = fn(shards_[0]);
     LocalTensor result(*this, std::vector<Tensor>(shards_.size(), one));
@@ -384,6 +557,17 @@ LocalTensor LocalTensor::apply(const std::function<Tensor(const Tensor&)>& fn) c
 Tensor LocalTensor::reconcile() const {
   check_defined("reconcile");
   const Tensor& first = shards_[0];
+  if (classes_) {
+    // Shape-only shards: equal when their shapes are.
+    for (size_t i = 1; i < num_shards(); ++i) {
+      if (shard_at(i).shape() != first.shape()) {
+        throw_error<DivergenceError>(
+            "LocalTensor::reconcile: shards differ: rank {} has shape {}, rank {} has shape {}",
+            (*ranks_)[0], shape_str(first.shape()), (*ranks_)[i], shape_str(shard_at(i).shape()));
+      }
+    }
+    return first.clone();
+  }
   if (!replicated_) {
     for (size_t i = 1; i < shards_.size(); ++i) {
       const Tensor& other = shards_[i];
@@ -446,6 +630,20 @@ std::string LocalTensor::to_string() const {
   if (!ranks_) return "LocalTensor(undefined)";
   std::string out = fmt::format("LocalTensor(ranks={}, dtype={}{})", ranks_str(*ranks_), dtype(),
                                 replicated_ ? ", replicated" : "");
+  if (classes_) {
+    // One line per class of ranks with equal shards (Note [Shard classes]).
+    for (size_t c = 0; c < shards_.size(); ++c) {
+      std::vector<int> members;
+      for (size_t i = 0; i < classes_->size(); ++i) {
+        if ((*classes_)[i] == c) members.push_back((*ranks_)[i]);
+      }
+      const bool many = members.size() > 8;
+      if (many) members.resize(8);
+      out += fmt::format("\n  ranks {}{}: {}", ranks_str(members), many ? " ..." : "",
+                         shards_[c].to_string());
+    }
+    return out;
+  }
   for (size_t i = 0; i < shards_.size(); ++i) {
     std::string text = shards_[i].to_string();
     // Indent continuation lines of a multi-line shard under its rank label.

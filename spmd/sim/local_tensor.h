@@ -19,6 +19,16 @@
 // that rank writes to it through mutable_shard(); reading never copies. shard() hands out a
 // const reference: a Tensor handle copied out of it aliases the shared buffer, so writing
 // through such a copy would change every rank; write through mutable_shard() instead.
+//
+// Note [Shard classes]
+// Shape-only shards (Note [Shape-only tensors] in tensor/meta.h) are equal when their shapes,
+// strides and dtypes are, so a LocalTensor of meta shards keeps one shard per *class* of ranks
+// whose shards are equal, plus the class of every rank (shared between the LocalTensors an op
+// derives from one another). Shard-by-shard ops, DTensor ops and the sim backend's collectives
+// compute once per class, so a dry run over 16384 ranks of a mesh whose shards have a handful of
+// distinct shapes costs about what a handful of ranks cost. shard(), shard_at() and every
+// accessor answer per rank as before; shards() builds the full per-rank vector on first use (an
+// O(ranks) fallback for code that wants it); mutable_shard() and set_shard() expand the classes.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +36,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +65,14 @@ class LocalTensor {
   LocalTensor(std::vector<int> ranks, std::vector<Tensor> shards);
   // The same ranks as `like` (no rank-list copy), with new shards.
   LocalTensor(const LocalTensor& like, std::vector<Tensor> shards);
+  // The same ranks as `like`, shard classes (Note [Shard classes]): rank i (by position in
+  // ranks()) holds class_shards[(*classes)[i]].
+  LocalTensor(const LocalTensor& like, std::vector<Tensor> class_shards,
+              std::shared_ptr<const std::vector<uint32_t>> classes);
+  // The same over a shared rank list (ascending, unique, non-empty); null classes: one shard per
+  // rank.
+  LocalTensor(std::shared_ptr<const std::vector<int>> ranks, std::vector<Tensor> class_shards,
+              std::shared_ptr<const std::vector<uint32_t>> classes);
 
   // A copy of `t` on every held rank of `world`, stored once per device (Note [Copy-on-write
   // replicas]); on each rank's device (World::device_of: a GPU under nccl).
@@ -71,15 +91,28 @@ class LocalTensor {
   bool defined() const { return ranks_ != nullptr; }
   const std::vector<int>& ranks() const;
   const std::shared_ptr<const std::vector<int>>& ranks_ptr() const { return ranks_; }
-  std::size_t num_shards() const { return shards_.size(); }
+  std::size_t num_shards() const { return ranks_ ? ranks_->size() : 0; }
   bool holds(int rank) const;
+  // Position of `rank` in ranks(), or nullopt when not held.
+  std::optional<std::size_t> position_of(int rank) const;
   // Position of `rank` in ranks(); Error naming the held ranks when not held.
   std::size_t index_of(int rank) const;
 
   // The shard of `rank` (read-only; see the note). Error when `rank` is not held.
-  const Tensor& shard(int rank) const { return shards_[index_of(rank)]; }
-  // Shards in ranks() order.
-  const std::vector<Tensor>& shards() const { return shards_; }
+  const Tensor& shard(int rank) const { return shard_at(index_of(rank)); }
+  // The shard of the i-th held rank (position in ranks()).
+  const Tensor& shard_at(std::size_t i) const {
+    return classes_ ? shards_[(*classes_)[i]] : shards_[i];
+  }
+  // Shards in ranks() order (built on first use when the shards are in classes).
+  const std::vector<Tensor>& shards() const;
+
+  // Note [Shard classes]: whether the shards are kept once per class; the distinct shards; the
+  // class of each held rank by position (null when not in classes).
+  bool has_classes() const { return classes_ != nullptr; }
+  const std::vector<Tensor>& class_shards() const { return shards_; }
+  const std::shared_ptr<const std::vector<uint32_t>>& classes() const { return classes_; }
+  std::size_t num_classes() const { return shards_.size(); }
   // The shard of `rank`, made private to that rank first if its buffer is shared.
   Tensor& mutable_shard(int rank);
   // Replaces the shard of `rank` (same dtype and dim count).
@@ -148,12 +181,22 @@ class LocalTensor {
  private:
   void check_defined(const char* op) const;
   void update_replicated();
+  // Note [Shard classes]: keeps meta shards once per class; back to one shard per rank.
+  void group_classes();
+  void expand_classes();
 
   // Unsupported when this LocalTensor takes part in autograd and grad mode is on.
   void check_in_place(const char* op) const;
 
   std::shared_ptr<const std::vector<int>> ranks_;
-  std::vector<Tensor> shards_;
+  std::vector<Tensor> shards_;  // one per held rank, or one per class (classes_)
+  std::shared_ptr<const std::vector<uint32_t>> classes_;
+  // shards() of a LocalTensor in classes: built once, shared by copies.
+  struct Expanded {
+    std::once_flag once;
+    std::vector<Tensor> shards;
+  };
+  std::shared_ptr<Expanded> expanded_;
   bool replicated_ = false;
   std::shared_ptr<AutogradMeta> autograd_;
   std::shared_ptr<const SpmdTypes> types_;
@@ -175,6 +218,15 @@ namespace detail {
 void for_each_shard(std::size_t n, int64_t work, const std::function<void(std::size_t)>& fn);
 // Elements of all shards together (the `work` of a shard-by-shard op over `t`).
 int64_t total_numel(const LocalTensor& t);
+
+// Note [Shard classes]: the classes of ranks for which every operand (all over the same ranks)
+// holds the same shard, and one representative position per class. Empty `classes` when no
+// operand is in classes (compute per rank as before).
+struct JointClasses {
+  std::shared_ptr<const std::vector<uint32_t>> classes;
+  std::vector<std::size_t> representative;
+};
+JointClasses joint_classes(const LocalTensor* const* operands, std::size_t n);
 }  // namespace detail
 
 }  // namespace spmd

@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include <spmd/tensor/kernels/cpu_kernels.h>
+#include <spmd/tensor/meta.h>
 
 namespace spmd {
 
@@ -74,13 +75,14 @@ class CpuOps final : public DeviceOps {
   bool has_nonfinite(const Tensor& t) override { return cpu_kernels::has_nonfinite(t); }
 };
 
-std::array<std::atomic<DeviceOps*>, 2> g_device_ops{};
+std::array<std::atomic<DeviceOps*>, 3> g_device_ops{};
 
 }  // namespace
 
 void register_device_ops(DeviceType type, DeviceOps* ops) {
-  if (type == DeviceType::CPU) {
-    throw_error<Unsupported>("register_device_ops: the CPU kernels cannot be replaced");
+  if (type == DeviceType::CPU || type == DeviceType::Meta) {
+    throw_error<Unsupported>("register_device_ops: the {} kernels cannot be replaced",
+                             type == DeviceType::CPU ? "CPU" : "meta");
   }
   g_device_ops[static_cast<std::size_t>(type)].store(ops);
 }
@@ -92,6 +94,10 @@ DeviceOps& cpu_ops() {
 
 DeviceOps& kernels_for(std::string_view op, Device device) {
   if (device.is_cpu()) return cpu_ops();
+  if (device.is_meta()) {
+    throw_error<ShapeOnlyError>(
+        "{}: the tensor is shape-only (--spmd-tensors=meta) and has no values to compute with", op);
+  }
   DeviceOps* ops = g_device_ops[static_cast<std::size_t>(device.type)].load();
   if (ops == nullptr) {
     throw_error<Unsupported>("{}: no kernels registered for device {}", op, device);

@@ -6,6 +6,7 @@
 #include <new>
 
 #include <spmd/core/error.h>
+#include <spmd/tensor/meta.h>
 
 namespace spmd {
 
@@ -48,8 +49,10 @@ AllocationScope::~AllocationScope() {
 Tensor empty_for(std::string_view op, const Shape& shape, DType dtype, Device device) {
   check_dtype(dtype, op);
   const int64_t numel = checked_numel(shape, op);
+  // Under --spmd-tensors=meta host tensors are shape-only (Note [Shape-only tensors]).
+  if (device.is_cpu() && meta_tensors()) device = meta_device();
   const std::size_t bytes = static_cast<std::size_t>(numel) * itemsize(dtype);
-  if (!device.is_cpu() && device_allocator(device.type) == nullptr) {
+  if (!device.is_cpu() && !device.is_meta() && device_allocator(device.type) == nullptr) {
     throw_error<Unsupported>("{}: no allocator is registered for device {} (shape {} {})", op,
                              device, shape_str(shape), dtype);
   }
@@ -100,6 +103,7 @@ Tensor arange(int64_t n, DType dtype) {
   check_dtype(dtype, "arange");
   if (dtype == DType::Bool) throw_error<Unsupported>("arange: dtype bool is not supported");
   Tensor out = empty_for("arange", {n}, dtype);
+  if (out.is_meta()) return out;
   dispatch_dtype(dtype, [&]<class T>() {
     T* p = out.data<T>();
     for (int64_t i = 0; i < n; ++i) p[i] = convert_element<T>(i);
@@ -120,6 +124,7 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape) {
                             values.size(), shape_str(actual), numel);
   }
   Tensor out = empty_for("from_vector", actual, dtype_of<T>());
+  if (out.is_meta()) return out;
   std::copy(values.begin(), values.end(), out.data<T>());
   return out;
 }

@@ -66,6 +66,8 @@ Tensor random_block(const char* op, const Shape& global, const Shape& start, con
                             shape_str(start), shape_str(sizes), shape_str(global));
   }
   Tensor out = empty_for(op, sizes, dtype);
+  // Random initialization is free in a dry run (Note [Shape-only tensors]).
+  if (out.is_meta()) return out;
   const int64_t numel = out.numel();
   const Strides global_strides = contiguous_strides(global);
   const std::size_t nd = sizes.size();

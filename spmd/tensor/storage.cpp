@@ -14,11 +14,13 @@
 #include <vector>
 
 #include <spmd/core/error.h>
+#include <spmd/tensor/meta.h>
 
 namespace spmd {
 
 std::string device_str(Device device) {
   if (device.is_cpu()) return "cpu";
+  if (device.is_meta()) return "meta";
   return fmt::format("cuda:{}", device.index);
 }
 
@@ -28,7 +30,7 @@ std::ostream& operator<<(std::ostream& os, Device device) {
 
 namespace {
 
-std::array<std::atomic<DeviceAllocator*>, 2> g_device_allocators{};
+std::array<std::atomic<DeviceAllocator*>, 3> g_device_allocators{};
 
 // "4 GiB", "1.5 MiB": a byte count at a glance, beside the exact number.
 std::string bytes_str(std::size_t nbytes) {
@@ -143,8 +145,9 @@ CpuCache& cpu_cache() {
 }  // namespace
 
 void register_device_allocator(DeviceType type, DeviceAllocator* allocator) {
-  if (type == DeviceType::CPU) {
-    throw_error<Unsupported>("register_device_allocator: the CPU allocator cannot be replaced");
+  if (type == DeviceType::CPU || type == DeviceType::Meta) {
+    throw_error<Unsupported>("register_device_allocator: the {} allocator cannot be replaced",
+                             type == DeviceType::CPU ? "CPU" : "meta");
   }
   g_device_allocators[static_cast<std::size_t>(type)].store(allocator);
 }
@@ -169,6 +172,8 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device) {
       throw_error<OutOfMemoryError>("Storage::allocate: cannot allocate {} bytes ({}) on {}",
                                     nbytes, bytes_str(nbytes), device);
     }
+  } else if (device.is_meta()) {
+    detail::count_meta_bytes(static_cast<int64_t>(nbytes));
   } else {
     DeviceAllocator* allocator = device_allocator(device.type);
     if (allocator == nullptr) {
@@ -182,6 +187,8 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device) {
 Storage::~Storage() {
   if (device_.is_cpu()) {
     cpu_cache().deallocate(data_, nbytes_);
+  } else if (device_.is_meta()) {
+    detail::count_meta_bytes(-static_cast<int64_t>(nbytes_));
   } else if (DeviceAllocator* allocator = device_allocator(device_.type)) {
     allocator->deallocate(data_, nbytes_, device_.index);
   }

@@ -22,13 +22,16 @@
 
 namespace spmd {
 
-enum class DeviceType : uint8_t { CPU, CUDA };
+// Meta: shape-only tensors (Note [Shape-only tensors] in tensor/meta.h): a Storage of that type
+// records its size and holds no data.
+enum class DeviceType : uint8_t { CPU, CUDA, Meta };
 
 struct Device {
   DeviceType type = DeviceType::CPU;
   int index = 0;
 
   bool is_cpu() const { return type == DeviceType::CPU; }
+  bool is_meta() const { return type == DeviceType::Meta; }
   bool operator==(const Device&) const = default;
 };
 
@@ -38,7 +41,10 @@ inline Device cpu() {
 inline Device cuda(int index) {
   return Device{DeviceType::CUDA, index};
 }
-// "cpu" or "cuda:0".
+inline Device meta_device() {
+  return Device{DeviceType::Meta, 0};
+}
+// "cpu", "cuda:0" or "meta".
 std::string device_str(Device device);
 std::ostream& operator<<(std::ostream& os, Device device);
 
@@ -58,7 +64,8 @@ class Storage {
  public:
   // A new uninitialised buffer of `nbytes` on `device`. Throws Unsupported for a device type
   // with no registered allocator, and OutOfMemoryError naming the bytes and the device when the
-  // allocation fails (never a bare std::bad_alloc).
+  // allocation fails (never a bare std::bad_alloc). On the meta device nothing is allocated: data()
+  // is null.
   static std::shared_ptr<Storage> allocate(std::size_t nbytes, Device device = {});
   ~Storage();
   Storage(const Storage&) = delete;

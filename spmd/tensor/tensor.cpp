@@ -11,6 +11,7 @@
 #include <spmd/tensor/autograd_meta.h>
 #include <spmd/tensor/device_ops.h>
 #include <spmd/tensor/factory.h>
+#include <spmd/tensor/meta.h>
 
 namespace spmd {
 namespace {
@@ -256,6 +257,7 @@ bool Tensor::is_same(const Tensor& other) const {
 
 void* Tensor::data_ptr() const {
   check_defined("data_ptr");
+  if (is_meta()) throw_shape_only("Tensor::data_ptr", *this);
   return static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(itemsize());
 }
 
@@ -511,7 +513,8 @@ Tensor Tensor::to(DType dtype) const {
 
 Tensor Tensor::to(Device device) const {
   check_defined("to");
-  if (device == this->device()) return *this;
+  // A shape-only tensor stays one: it has no values to move.
+  if (device == this->device() || is_meta()) return *this;
   Tensor out = empty_for("to", meta_->shape, dtype_, device);
   out.copy_(*this);
   return out;
@@ -545,6 +548,7 @@ T Tensor::item() const {
     throw_error<ShapeError>("item: a tensor of shape {} has {} elements, not 1",
                             shape_str(meta_->shape), meta_->numel);
   }
+  if (is_meta()) throw_shape_only("item", *this);
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     if (is_floating(dtype_)) check_integral_values("item", dtype_of<T>());
   }
@@ -555,6 +559,7 @@ T Tensor::item() const {
 template <class T>
 std::vector<T> Tensor::to_vector() const {
   check_defined("to_vector");
+  if (is_meta()) throw_shape_only("to_vector", *this);
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     if (is_floating(dtype_)) check_integral_values("to_vector", dtype_of<T>());
   }
@@ -578,6 +583,11 @@ SPMD_INSTANTIATE_ELEMENT_ACCESS(bool)
 // ---- in place -------------------------------------------------------------------------------
 
 Tensor& Tensor::fill_(double value) {
+  check_defined("fill_");
+  if (is_meta()) {
+    check_in_place("fill_");
+    return *this;
+  }
   DeviceOps& kernels = kernels_for("fill_", {this});
   check_fill_value(value, dtype_, "fill_");
   check_in_place("fill_");
@@ -606,6 +616,8 @@ Tensor& Tensor::copy_(const Tensor& src) {
         shape_str(meta_->shape), shape_str(meta_->strides));
   }
   if (meta_->numel == 0) return *this;
+  if (is_meta()) return *this;
+  if (src.is_meta()) throw_shape_only("copy_ (the source)", src);
   Tensor source = src.expand(meta_->shape);
   if (source.is_same(*this)) return *this;
   if (src.storage_ == storage_) {
@@ -767,6 +779,10 @@ class Printer {
 
 std::string Tensor::to_string() const {
   if (!defined()) return "tensor(undefined)";
+  if (is_meta()) {
+    return fmt::format("tensor(..., shape={}, dtype={}, device=meta)", shape_str(meta_->shape),
+                       dtype_);
+  }
   const std::string prefix = "tensor(";
   // No elements: nothing to lay out (a dim of size 2^40 beside a 0 would list 2^40 indices).
   std::string out =

@@ -63,6 +63,8 @@ class Tensor {
     return offset_;
   }
   Device device() const;
+  // A shape-only tensor (Note [Shape-only tensors] in tensor/meta.h): no values to read.
+  bool is_meta() const { return storage_ != nullptr && storage_->device().is_meta(); }
   std::size_t itemsize() const {
     check_defined("itemsize");
     return spmd::itemsize(dtype_);

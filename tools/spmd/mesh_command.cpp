@@ -89,11 +89,13 @@ int run_mesh(const MeshOptions& o, const std::vector<std::string>& operations,
       throw_error<ConfigError>("--ranks '{}' lists {} ranks for a mesh of {} (--shape '{}')",
                                o.ranks, ranks.size(), size, o.shape);
     }
-    world_size = std::max(world_size, *std::max_element(ranks.begin(), ranks.end()) + 1);
-    if (world_size > kMaxWorldSize) {
+    // Compared before adding one: a rank of INT64_MAX must not overflow.
+    const int64_t highest = *std::max_element(ranks.begin(), ranks.end());
+    if (highest >= kMaxWorldSize) {
       throw_error<ConfigError>("--ranks '{}': rank {} is beyond the {} ranks the tool simulates",
-                               o.ranks, world_size - 1, kMaxWorldSize);
+                               o.ranks, highest, kMaxWorldSize);
     }
+    world_size = std::max(world_size, highest + 1);
   } else {
     for (int64_t r = 0; r < size; ++r) ranks.push_back(r);
   }

@@ -1,0 +1,454 @@
+// spmd/debug/dry_run.cpp: the dry-run recorder, its report and its estimated timeline.
+#include <spmd/debug/dry_run.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+#include <spmd/collectives/trace.h>
+#include <spmd/collectives/trace_export.h>
+#include <spmd/core/error.h>
+#include <spmd/dtensor/hooks.h>
+#include <spmd/sim/topology.h>
+#include <spmd/tensor/meta.h>
+
+namespace spmd {
+namespace {
+
+constexpr int kParticipantListLimit = 64;
+
+double positive(const nlohmann::json& j, const char* key, double fallback) {
+  if (!j.contains(key)) return fallback;
+  const auto& v = j.at(key);
+  if (!v.is_number() || v.get<double>() <= 0) {
+    throw_error<ConfigError>("DeviceSpec: '{}' must be a positive number, got {}", key, v.dump());
+  }
+  return v.get<double>();
+}
+
+// The largest piece a rank holds of `t` (the slowest rank's work).
+const Tensor& largest_piece(const DTensor& t) {
+  const std::vector<Tensor>& pieces = t.local().class_shards();
+  return *std::max_element(pieces.begin(), pieces.end(),
+                           [](const Tensor& a, const Tensor& b) { return a.numel() < b.numel(); });
+}
+
+// How many ranks split the op's work: the product of the mesh dims the output is Shard or
+// Partial on (Replicate dims repeat the work on every rank).
+double work_split(const DTensor& out) {
+  double split = 1.0;
+  const std::vector<int64_t> shape = out.mesh().shape();
+  for (size_t i = 0; i < out.placements().size(); ++i) {
+    if (!is_replicate(out.placements()[i])) split *= static_cast<double>(shape[i]);
+  }
+  return split;
+}
+
+// Global flops of the op (Note [Dry-run estimates]).
+double global_flops(const OpEvent& e) {
+  const std::string_view op = e.op;
+  if ((op == "matmul" || op == "bmm" || op == "addmm") && !e.inputs.empty()) {
+    const DTensor& a = *e.inputs[op == "addmm" ? 1 : 0];
+    const double k = a.shape().empty() ? 1.0 : static_cast<double>(a.shape().back());
+    return 2.0 * static_cast<double>(e.output.numel()) * k;
+  }
+  if ((op == "scaled_dot_product_attention" || op == "attention_probs") && e.inputs.size() >= 2) {
+    const Shape& q = e.inputs[0]->shape();
+    const Shape& k = e.inputs[1]->shape();
+    if (q.size() < 2 || k.size() < 2) return 0.0;
+    double batch = 1.0;
+    for (size_t d = 0; d + 2 < q.size(); ++d) batch *= static_cast<double>(q[d]);
+    const double sq = static_cast<double>(q[q.size() - 2]);
+    const double dh = static_cast<double>(q.back());
+    const double sk = static_cast<double>(k[k.size() - 2]);
+    return (op == "attention_probs" ? 2.0 : 4.0) * batch * sq * sk * dh;
+  }
+  return 0.0;
+}
+
+std::string bytes_text(int64_t bytes) {
+  if (bytes < 0) return "n/a";
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{} B", bytes);
+}
+
+std::string time_text(double us) {
+  if (us >= 1e6) return fmt::format("{:.3f} s", us / 1e6);
+  if (us >= 1e3) return fmt::format("{:.2f} ms", us / 1e3);
+  return fmt::format("{:.1f} us", us);
+}
+
+std::string ranks_text(const DryRunReport::RankClass& c) {
+  std::string out = fmt::format("{}", c.example_ranks.front());
+  for (size_t i = 1; i < c.example_ranks.size(); ++i) out += fmt::format(",{}", c.example_ranks[i]);
+  if (c.ranks > static_cast<int64_t>(c.example_ranks.size())) out += ",...";
+  return out;
+}
+
+// Per held rank (by position), the bytes of its pieces of `tensors`.
+std::vector<int64_t> bytes_per_rank(const std::vector<const DTensor*>& tensors, size_t ranks,
+                                    const std::vector<int>& held) {
+  std::vector<int64_t> out(ranks, 0);
+  for (const DTensor* t : tensors) {
+    if (t == nullptr || !t->defined()) continue;
+    const LocalTensor& local = t->local();
+    if (local.ranks() == held) {
+      for (size_t i = 0; i < ranks; ++i) out[i] += static_cast<int64_t>(local.shard_at(i).nbytes());
+    } else {
+      for (size_t i = 0; i < ranks; ++i) {
+        if (local.holds(held[i])) out[i] += static_cast<int64_t>(local.shard(held[i]).nbytes());
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+double DeviceSpec::peak_flops(DType dtype) const {
+  switch (dtype) {
+    case DType::F64:
+      return tflops_f64 * 1e12;
+    case DType::F32:
+      return tflops_f32 * 1e12;
+    case DType::BF16:
+      return tflops_bf16 * 1e12;
+    case DType::F16:
+      return tflops_f16 * 1e12;
+    default:
+      return tflops_int * 1e12;
+  }
+}
+
+DeviceSpec DeviceSpec::from_json(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw_error<ConfigError>("DeviceSpec: malformed JSON: {}", e.what());
+  }
+  if (!j.is_object()) {
+    throw_error<ConfigError>("DeviceSpec: expected a JSON object, got {}", j.dump());
+  }
+  DeviceSpec d;
+  for (const auto& [key, value] : j.items()) {
+    if (key != "name" && key != "tflops" && key != "memory_bandwidth_gbps" && key != "memory_gib" &&
+        key != "efficiency") {
+      throw_error<ConfigError>(
+          "DeviceSpec: unknown key '{}' (expected name, tflops, memory_bandwidth_gbps, "
+          "memory_gib, efficiency)",
+          key);
+    }
+  }
+  if (j.contains("name")) {
+    if (!j.at("name").is_string()) {
+      throw_error<ConfigError>("DeviceSpec: 'name' must be a string, got {}", j.at("name").dump());
+    }
+    d.name = j.at("name").get<std::string>();
+  }
+  if (j.contains("tflops")) {
+    const auto& t = j.at("tflops");
+    if (!t.is_object()) {
+      throw_error<ConfigError>("DeviceSpec: 'tflops' must be an object of dtype: TFLOP/s, got {}",
+                               t.dump());
+    }
+    for (const auto& [key, value] : t.items()) {
+      if (key != "f64" && key != "f32" && key != "bf16" && key != "f16" && key != "int") {
+        throw_error<ConfigError>(
+            "DeviceSpec: unknown dtype 'tflops.{}' (expected f64, f32, bf16, f16, int)", key);
+      }
+    }
+    d.tflops_f64 = positive(t, "f64", d.tflops_f64);
+    d.tflops_f32 = positive(t, "f32", d.tflops_f32);
+    d.tflops_bf16 = positive(t, "bf16", d.tflops_bf16);
+    d.tflops_f16 = positive(t, "f16", d.tflops_f16);
+    d.tflops_int = positive(t, "int", d.tflops_int);
+  }
+  d.memory_bandwidth_gbps = positive(j, "memory_bandwidth_gbps", d.memory_bandwidth_gbps);
+  d.memory_gib = positive(j, "memory_gib", d.memory_gib);
+  d.efficiency = positive(j, "efficiency", d.efficiency);
+  if (d.efficiency > 1.0) {
+    throw_error<ConfigError>("DeviceSpec: 'efficiency' must be in (0, 1], got {}", d.efficiency);
+  }
+  return d;
+}
+
+DeviceSpec DeviceSpec::load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw_error<ConfigError>("DeviceSpec: cannot read the device file '{}'", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return from_json(text.str());
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{} (in {})", e.what(), path));
+  }
+}
+
+std::string DeviceSpec::to_json() const {
+  nlohmann::json j = {{"name", name},
+                      {"tflops",
+                       {{"f64", tflops_f64},
+                        {"f32", tflops_f32},
+                        {"bf16", tflops_bf16},
+                        {"f16", tflops_f16},
+                        {"int", tflops_int}}},
+                      {"memory_bandwidth_gbps", memory_bandwidth_gbps},
+                      {"memory_gib", memory_gib},
+                      {"efficiency", efficiency}};
+  return j.dump(2);
+}
+
+// ---- the recorder -------------------------------------------------------------------------------
+
+DryRun::DryRun(const World& world, DeviceSpec device) : world_(world), device_(std::move(device)) {
+  Trace& t = trace();
+  first_event_ = t.first_event_id() + t.num_events();
+  kept_participants_ = t.keeps_participants();
+  if (world.size() > kParticipantListLimit) t.set_keep_participants(false);
+  reset_meta_peak_bytes();
+  observer_ = add_op_observer([device = device_, mutex = mutex_, ops = ops_](const OpEvent& e) {
+    if (e.def == nullptr || e.op == "from_local" || e.op == "redistribute") return;
+    ComputeOp op;
+    op.op = std::string(e.op);
+    const Tensor& out = largest_piece(e.output);
+    op.shape = out.shape();
+    op.dtype = e.output.dtype();
+    op.flops = global_flops(e) / work_split(e.output);
+    op.bytes = static_cast<double>(out.nbytes());
+    for (const DTensor* in : e.inputs) op.bytes += static_cast<double>(largest_piece(*in).nbytes());
+    const double rate = device.efficiency;
+    op.us = std::max(op.flops / (device.peak_flops(op.dtype) * rate),
+                     op.bytes / (device.memory_bandwidth_gbps * 1e9 * rate)) *
+            1e6;
+    Trace& t = trace();
+    op.after_events = t.first_event_id() + t.num_events();
+    op.file = e.location.file_name();
+    op.line = e.location.line();
+    std::lock_guard lock(*mutex);
+    ops->push_back(std::move(op));
+  });
+}
+
+DryRun::~DryRun() {
+  remove_op_observer(observer_);
+  trace().set_keep_participants(kept_participants_);
+}
+
+DryRunReport DryRun::report(const MemoryParts& parts) const {
+  DryRunReport r;
+  r.world_size = world_.size();
+  r.backend = world_.backend_name();
+  r.device = device_;
+  r.topology_json = world_.topology().to_json();
+  // Memory classes.
+  const std::vector<int>& held = world_.held_ranks();
+  const size_t n = held.size();
+  const std::vector<int64_t> params = bytes_per_rank(parts.parameters, n, held);
+  const std::vector<int64_t> grads = bytes_per_rank(parts.gradients, n, held);
+  const std::vector<int64_t> state = bytes_per_rank(parts.optimizer_state, n, held);
+  std::map<std::tuple<int64_t, int64_t, int64_t>, size_t> classes;
+  for (size_t i = 0; i < n; ++i) {
+    auto [it, inserted] = classes.try_emplace({params[i], grads[i], state[i]}, r.memory.size());
+    if (inserted) {
+      DryRunReport::RankClass c;
+      c.parameters = params[i];
+      c.gradients = grads[i];
+      c.optimizer_state = state[i];
+      r.memory.push_back(c);
+    }
+    DryRunReport::RankClass& c = r.memory[it->second];
+    ++c.ranks;
+    if (c.example_ranks.size() < 4) c.example_ranks.push_back(held[i]);
+  }
+  r.shape_only = meta_tensors();
+  // Note [Dry-run estimates]: the peak is per rank when every rank holds the same shards.
+  r.peak_exact = r.shape_only && r.memory.size() == 1;
+  for (const auto* group : {&parts.parameters, &parts.gradients, &parts.optimizer_state}) {
+    for (const DTensor* t : *group) {
+      if (t != nullptr && t->defined() && t->local().num_classes() > 1) r.peak_exact = false;
+    }
+  }
+  for (DryRunReport::RankClass& c : r.memory) {
+    if (!r.shape_only) {
+      c.peak = c.activations = -1;
+      continue;
+    }
+    c.peak = meta_peak_bytes();
+    c.activations = std::max<int64_t>(0, c.peak - c.parameters - c.gradients - c.optimizer_state);
+  }
+  // Collectives, in first-seen (dim, op) order.
+  const std::vector<TraceEvent> events = trace().events();
+  const uint64_t first_held = trace().first_event_id();
+  std::map<std::pair<std::string, std::string>, size_t> rows;
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (first_held + i < first_event_) continue;
+    const TraceEvent& e = events[i];
+    const std::string op(collective_name(e.kind));
+    auto [it, inserted] = rows.try_emplace({e.dim_name, op}, r.comm.size());
+    if (inserted) r.comm.push_back(DryRunReport::CommRow{e.dim_name, op});
+    DryRunReport::CommRow& row = r.comm[it->second];
+    ++row.calls;
+    row.bytes_per_rank += e.bytes;
+    row.estimate_us += e.estimate_us;
+    r.comm_us += e.estimate_us;
+  }
+  std::lock_guard lock(*mutex_);
+  r.ops = static_cast<int64_t>(ops_->size());
+  for (const ComputeOp& op : *ops_) {
+    r.flops += op.flops;
+    r.compute_us += op.us;
+  }
+  r.step_us = r.compute_us + r.comm_us;
+  return r;
+}
+
+void DryRun::write_timeline(const std::string& path) const {
+  const std::vector<TraceEvent> events = trace().events();
+  const uint64_t first_held = trace().first_event_id();
+  const int rank = world_.held_ranks().front();
+  std::vector<TraceRecord> records;
+  double now = 0.0;
+  size_t next_event = 0;
+  auto add_collectives_before = [&](uint64_t id_limit) {
+    for (; next_event < events.size() && first_held + next_event < id_limit; ++next_event) {
+      if (first_held + next_event < first_event_) continue;
+      const TraceEvent& e = events[next_event];
+      TraceRecord rec;
+      rec.rank = rank;
+      rec.op = std::string(collective_name(e.kind));
+      rec.dim_name = e.dim_name;
+      rec.detail = e.detail;
+      if (e.family) {
+        if (auto where = e.family->locate(rank)) rec.group_ranks = e.family->group(where->group);
+      }
+      rec.shape = e.shape;
+      rec.dtype = fmt::format("{}", e.dtype);
+      rec.bytes = e.bytes;
+      rec.file = e.file;
+      rec.line = e.line;
+      rec.function = e.function;
+      rec.estimate_us = e.estimate_us;
+      rec.start_us = now;
+      now += e.estimate_us;
+      rec.end_us = now;
+      records.push_back(std::move(rec));
+    }
+  };
+  std::vector<ComputeOp> ops;
+  {
+    std::lock_guard lock(*mutex_);
+    ops = *ops_;
+  }
+  for (const ComputeOp& op : ops) {
+    add_collectives_before(op.after_events);
+    TraceRecord rec;
+    rec.rank = rank;
+    rec.op = op.op;
+    rec.dim_name = "compute";
+    rec.detail = fmt::format("flops={:.4g} bytes={:.4g}", op.flops, op.bytes);
+    rec.group_ranks = {rank};
+    rec.shape = op.shape;
+    rec.dtype = fmt::format("{}", op.dtype);
+    rec.bytes = static_cast<int64_t>(op.bytes);
+    rec.file = op.file;
+    rec.line = op.line;
+    rec.estimate_us = op.us;
+    rec.start_us = now;
+    now += op.us;
+    rec.end_us = now;
+    records.push_back(std::move(rec));
+  }
+  add_collectives_before(UINT64_MAX);
+  TraceFileInfo info;
+  info.kind = "estimated_timeline";
+  info.ranks = {rank};
+  info.world_size = world_.size();
+  info.backend = world_.backend_name();
+  write_trace_file(path, records, info);
+}
+
+// ---- the report's text --------------------------------------------------------------------------
+
+std::string DryRunReport::table() const {
+  std::string out = fmt::format("dry run: {} ranks, backend {}, {} tensors\n", world_size, backend,
+                                shape_only ? "shape-only (--spmd-tensors=meta)" : "real");
+  out += "\nmemory per rank (classes of ranks with equal bytes)\n";
+  out +=
+      fmt::format("{:>8}  {:<18}  {:>11}  {:>11}  {:>11}  {:>12}  {:>11}  {:>9}\n", "ranks", "e.g.",
+                  "parameters", "gradients", "optimizer", "activations*", "peak", "of device");
+  for (const RankClass& c : memory) {
+    const std::string share =
+        c.peak < 0 ? std::string("n/a")
+                   : fmt::format("{:.0f}%", 100.0 * static_cast<double>(c.peak) /
+                                                (device.memory_gib * 1024.0 * 1024 * 1024));
+    out += fmt::format("{:>8}  {:<18}  {:>11}  {:>11}  {:>11}  {:>12}  {:>11}  {:>9}\n", c.ranks,
+                       ranks_text(c), bytes_text(c.parameters), bytes_text(c.gradients),
+                       bytes_text(c.optimizer_state), bytes_text(c.activations), bytes_text(c.peak),
+                       share);
+  }
+  if (shape_only) out += "(*) activations and temporaries alive at the peak\n";
+  if (shape_only && !peak_exact) {
+    out += "(peak: each distinct shard counted once, an upper bound for one rank)\n";
+  }
+  out += "\ncollectives per mesh dim (one rank's input bytes, cost model on the topology)\n";
+  out += fmt::format("{:<10}  {:<16}  {:>7}  {:>12}  {:>12}\n", "mesh dim", "collective", "calls",
+                     "bytes/rank", "estimate");
+  for (const CommRow& row : comm) {
+    out += fmt::format("{:<10}  {:<16}  {:>7}  {:>12}  {:>12}\n", row.dim_name, row.op, row.calls,
+                       bytes_text(row.bytes_per_rank), time_text(row.estimate_us));
+  }
+  out += fmt::format(
+      "\nestimated step time on {} ({:.0f}% of peak), nothing overlapped:\n"
+      "  compute        {:>12}  ({} DTensor ops, {:.3g} TFLOP per rank)\n"
+      "  communication  {:>12}\n"
+      "  step           {:>12}\n",
+      device.name, device.efficiency * 100.0, time_text(compute_us), ops, flops / 1e12,
+      time_text(comm_us), time_text(step_us));
+  return out;
+}
+
+std::string DryRunReport::json() const {
+  nlohmann::json mem = nlohmann::json::array();
+  for (const RankClass& c : memory) {
+    mem.push_back({{"ranks", c.ranks},
+                   {"example_ranks", c.example_ranks},
+                   {"parameters", c.parameters},
+                   {"gradients", c.gradients},
+                   {"optimizer_state", c.optimizer_state},
+                   {"activations", c.activations},
+                   {"peak", c.peak}});
+  }
+  nlohmann::json comm_rows = nlohmann::json::array();
+  for (const CommRow& row : comm) {
+    comm_rows.push_back({{"mesh_dim", row.dim_name},
+                         {"collective", row.op},
+                         {"calls", row.calls},
+                         {"bytes_per_rank", row.bytes_per_rank},
+                         {"estimate_us", row.estimate_us}});
+  }
+  nlohmann::json j = {{"world_size", world_size},
+                      {"backend", backend},
+                      {"shape_only", shape_only},
+                      {"peak_exact", peak_exact},
+                      {"memory", mem},
+                      {"collectives", comm_rows},
+                      {"step",
+                       {{"ops", ops},
+                        {"flops_per_rank", flops},
+                        {"compute_us", compute_us},
+                        {"comm_us", comm_us},
+                        {"step_us", step_us}}},
+                      {"device", nlohmann::json::parse(device.to_json())},
+                      {"topology", nlohmann::json::parse(topology_json)}};
+  return j.dump(2) + "\n";
+}
+
+}  // namespace spmd

@@ -1,0 +1,280 @@
+// tests/debug/dry_run_test.cpp: shape-only tensors (tensor/meta.h), shard classes
+// (sim/local_tensor.h) and the dry-run report (debug/dry_run.h); the fidelity of examples/gpt's
+// dry run against its sim run at 8 ranks: the same collectives, record for record, and the same
+// bytes per rank for every parameter, gradient and optimizer moment.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include <spmd/spmd.h>
+
+#include "gpt_model.h"
+#include "tests/support/test_support.h"
+
+namespace spmd {
+namespace {
+
+using testing::expect_throws;
+
+TEST(MetaTensor, FactoriesAndOpsMakeShapesOnly) {
+  const MetaTensorsScope meta(true);
+  const Tensor a = randn({4, 6}, 1);
+  const Tensor b = ones({6, 3}, DType::F32);
+  EXPECT_TRUE(a.is_meta());
+  EXPECT_EQ(a.device(), meta_device());
+  const Tensor c = matmul(a, b) + 1.0;
+  EXPECT_TRUE(c.is_meta());
+  EXPECT_EQ(c.shape(), (Shape{4, 3}));
+  EXPECT_TRUE(c.transpose(0, 1).contiguous().is_meta());
+  EXPECT_EQ(softmax(c, 1).to(DType::BF16).dtype(), DType::BF16);
+  EXPECT_TRUE(from_vector(std::vector<int64_t>{1, 2, 3}).is_meta());
+  // Shapes are still checked exactly as in a real run.
+  expect_throws<ShapeError>([&] { matmul(a, a); }, {"matmul", "[4, 6]"});
+  // Printing shows the shape; reading a value is a clear error naming the call.
+  EXPECT_NE(c.to_string().find("device=meta"), std::string::npos);
+  expect_throws<ShapeOnlyError>([&] { sum(c).item<float>(); }, {"item", "--spmd-tensors=meta"});
+  expect_throws<ShapeOnlyError>([&] { c.to_vector<float>(); }, {"to_vector", "[4, 3]"});
+  expect_throws<ShapeOnlyError>([&] { equal(c, c); }, {"equal"});
+  Tensor d = zeros({2, 2});
+  d.fill_(3.0);  // writes check shapes and do nothing
+  EXPECT_TRUE(d.is_meta());
+  const MetaTensorsScope real(false);
+  expect_throws<ShapeOnlyError>(
+      [&] {
+        zeros({2, 2}).copy_(c.narrow(0, 0, 2).narrow(1, 0, 2));
+      },
+      {"copy_"});
+}
+
+TEST(MetaTensor, LaunchFlag) {
+  int argc = 3;
+  char arg0[] = "prog";
+  char arg1[] = "--spmd-tensors=meta";
+  char arg2[] = "--spmd-world-size=4";
+  char* argv[] = {arg0, arg1, arg2, nullptr};
+  EXPECT_TRUE(parse_launch_options(argc, argv).meta_tensors);
+  EXPECT_EQ(argc, 1);
+  int argc2 = 2;
+  char bad[] = "--spmd-tensors=fake";
+  char* argv2[] = {arg0, bad, nullptr};
+  expect_throws<ConfigError>([&] { parse_launch_options(argc2, argv2); },
+                             {"--spmd-tensors=fake", "'meta'"});
+}
+
+// launch() runs a program as a dry run, and refuses what a dry run cannot do.
+int launch_with(std::vector<std::string> args, const std::function<int(World&)>& program) {
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int argc = static_cast<int>(args.size());
+  return launch(argc, argv.data(), program);
+}
+
+TEST(MetaTensor, LaunchRunsTheProgramOnShapes) {
+  bool meta = false;
+  const int code = launch_with({"prog", "--spmd-tensors=meta"}, [&](World& world) {
+    const DeviceMesh mesh = init_device_mesh(world, {2, 4}, {"dp", "tp"});
+    const DTensor x = randn({8, 16}, mesh, {Shard{0}, Shard{1}}, 3);
+    meta = x.local().shard(0).is_meta() && x.full_tensor().is_meta();
+    return 0;
+  });
+  EXPECT_EQ(code, 0);
+  EXPECT_FALSE(meta_tensors());
+  EXPECT_TRUE(meta);
+  auto ok = [](World&) { return 0; };
+  EXPECT_NE(launch_with({"prog", "--spmd-tensors=meta", "--spmd-backend=mpi"}, ok), 0);
+  EXPECT_NE(launch_with({"prog", "--spmd-tensors=meta", "--spmd-debug=check"}, ok), 0);
+  EXPECT_FALSE(meta_tensors());
+}
+
+TEST(ShardClasses, RanksWithEqualShardsComputeOnce) {
+  const MetaTensorsScope meta(true);
+  World world = World::sim(4096);
+  const DeviceMesh mesh = init_device_mesh(world, {512, 8}, {"dp", "tp"});
+  // Uneven over dp: 1000 rows over 512 ranks is 2 rows each for 500 ranks, nothing for 12.
+  const DTensor x = randn({1000, 64}, mesh, {Shard{0}, Shard{1}}, 7);
+  EXPECT_TRUE(x.local().has_classes());
+  EXPECT_EQ(x.local().num_classes(), 2u);
+  EXPECT_EQ(x.local().num_shards(), 4096u);
+  EXPECT_EQ(x.local().shard(0).shape(), (Shape{2, 8}));
+  EXPECT_EQ(x.local().shard(4095).shape(), (Shape{0, 8}));
+  const DTensor y = relu(x) * 2.0;
+  EXPECT_EQ(y.local().num_classes(), 2u);
+  const DTensor full = y.redistribute({Replicate{}, Replicate{}});
+  EXPECT_EQ(full.local().num_classes(), 1u);
+  EXPECT_EQ(full.local().shard(17).shape(), (Shape{1000, 64}));
+  // The per-rank view is still there for code that wants it.
+  EXPECT_EQ(y.local().shards().size(), 4096u);
+  EXPECT_EQ(y.local().shards()[4095].shape(), (Shape{0, 8}));
+  expect_throws<ShapeOnlyError>([&] { full.full_tensor().to_vector<float>(); }, {"to_vector"});
+}
+
+// ---- examples/gpt at 8 ranks: real (sim) against shape-only ----------------------------------
+
+struct GptRun {
+  std::vector<TraceRecord> records;
+  std::vector<std::vector<Shape>> piece_shapes;  // per tensor, per rank
+  DryRunReport report;
+};
+
+GptRun run_gpt(bool meta, bool fsdp) {
+  const MetaTensorsScope tensors(meta);
+  gpt_model::Config c;
+  c.layers = 2;
+  c.d_model = 32;
+  c.heads = 4;
+  c.seq = 16;
+  c.vocab = 50;  // uneven over tp = 4: shard classes of two shapes
+  c.batch = 4;
+  c.dtype = DType::F32;
+  World world = World::sim(8);
+  trace().clear();
+  const DeviceMesh mesh = init_device_mesh(world, {2, 4}, {"dp", "tp"});
+  const gpt_model::ModelLayout layout{mesh, fsdp};
+  DryRun dry(world);
+  gpt_model::Model<DTensor> model = gpt_model::init_model<DTensor>(c, &layout);
+  std::vector<DTensor*> params = model.params();
+  AdamW<DTensor> opt(params, gpt_model::adamw_options(c));
+  const std::string text(200, 'a');
+  std::vector<DTensor> grads;
+  for (int64_t step = 0; step < 2; ++step) {
+    // gpt_model::train_step's calls, with the gradients kept.
+    const DTensor tokens =
+        gpt_model::place_tokens<DTensor>(gpt_model::batch_tokens(c, text, step), &layout);
+    const gpt_model::Parallel par{fsdp};
+    const DTensor loss = gpt_model::forward(c, par, model, tokens, step);
+    gpt_model::scalar(loss);
+    backward(loss);
+    grads.clear();
+    for (DTensor* p : params) grads.push_back(p->grad());
+    clip_grad_norm(params, c.clip);
+    opt.step();
+  }
+  GptRun run;
+  run.records = trace().records();
+  MemoryParts parts;
+  for (size_t i = 0; i < params.size(); ++i) {
+    parts.parameters.push_back(params[i]);
+    parts.gradients.push_back(&grads[i]);
+    parts.optimizer_state.push_back(&opt.exp_avg(i));
+    parts.optimizer_state.push_back(&opt.exp_avg_sq(i));
+  }
+  for (const auto* group : {&parts.parameters, &parts.gradients, &parts.optimizer_state}) {
+    for (const DTensor* t : *group) {
+      std::vector<Shape> shapes;
+      for (int r = 0; r < 8; ++r) shapes.push_back(t->local().shard(r).shape());
+      run.piece_shapes.push_back(shapes);
+    }
+  }
+  run.report = dry.report(parts);
+  return run;
+}
+
+void expect_same_collectives(const GptRun& real, const GptRun& meta) {
+  ASSERT_EQ(real.records.size(), meta.records.size());
+  ASSERT_FALSE(real.records.empty());
+  for (size_t i = 0; i < real.records.size(); ++i) {
+    const TraceRecord& a = real.records[i];
+    const TraceRecord& b = meta.records[i];
+    SCOPED_TRACE(fmt::format("record {}: {} vs {}", i, format_record(a), format_record(b)));
+    EXPECT_EQ(a.rank, b.rank);
+    EXPECT_EQ(a.sequence, b.sequence);
+    EXPECT_EQ(a.op, b.op);
+    EXPECT_EQ(a.dim_name, b.dim_name);
+    EXPECT_EQ(a.detail, b.detail);
+    EXPECT_EQ(a.group_ranks, b.group_ranks);
+    EXPECT_EQ(a.shape, b.shape);
+    EXPECT_EQ(a.dtype, b.dtype);
+    EXPECT_EQ(a.bytes, b.bytes);
+    EXPECT_EQ(a.file, b.file);
+    EXPECT_EQ(a.line, b.line);
+  }
+}
+
+void expect_same_bytes(const GptRun& real, const GptRun& meta) {
+  EXPECT_EQ(real.piece_shapes, meta.piece_shapes);
+  ASSERT_EQ(real.report.memory.size(), meta.report.memory.size());
+  for (size_t i = 0; i < real.report.memory.size(); ++i) {
+    const DryRunReport::RankClass& a = real.report.memory[i];
+    const DryRunReport::RankClass& b = meta.report.memory[i];
+    EXPECT_EQ(a.ranks, b.ranks);
+    EXPECT_EQ(a.example_ranks, b.example_ranks);
+    EXPECT_EQ(a.parameters, b.parameters);
+    EXPECT_EQ(a.gradients, b.gradients);
+    EXPECT_EQ(a.optimizer_state, b.optimizer_state);
+    EXPECT_GT(a.parameters, 0);
+    EXPECT_GT(a.gradients, 0);
+    EXPECT_GT(a.optimizer_state, 0);
+  }
+  EXPECT_EQ(real.report.comm_us, meta.report.comm_us);
+  EXPECT_EQ(real.report.flops, meta.report.flops);
+}
+
+TEST(DryRunFidelity, GptTensorSequenceParallel) {
+  const GptRun real = run_gpt(false, false);
+  const GptRun meta = run_gpt(true, false);
+  expect_same_collectives(real, meta);
+  expect_same_bytes(real, meta);
+  EXPECT_TRUE(meta.report.shape_only);
+  EXPECT_GT(meta.report.memory.front().peak, meta.report.memory.front().parameters);
+}
+
+TEST(DryRunFidelity, GptFsdpTimesTensorParallel) {
+  const GptRun real = run_gpt(false, true);
+  const GptRun meta = run_gpt(true, true);
+  expect_same_collectives(real, meta);
+  expect_same_bytes(real, meta);
+}
+
+// ---- the report -------------------------------------------------------------------------------
+
+TEST(DryRunReport, TableJsonAndTimeline) {
+  const MetaTensorsScope meta(true);
+  World world = World::sim(1024);
+  const DeviceMesh mesh = init_device_mesh(world, {128, 8}, {"dp", "tp"});
+  DryRun dry(world);
+  DTensor w = randn({512, 1024}, mesh, {Replicate{}, Shard{1}}, 1);
+  w.requires_grad_();
+  const DTensor x = randn({1024, 512}, mesh, {Shard{0}, Replicate{}}, 2);
+  backward(sum(matmul(x, w)));
+  const DTensor g = w.grad();
+  const DryRunReport r = dry.report({.parameters = {&w}, .gradients = {&g}});
+  ASSERT_EQ(r.memory.size(), 1u);
+  EXPECT_EQ(r.memory[0].ranks, 1024);
+  EXPECT_EQ(r.memory[0].parameters, 512 * 128 * 4);
+  EXPECT_EQ(r.memory[0].gradients, 512 * 128 * 4);
+  EXPECT_TRUE(r.peak_exact);
+  // matmul [8, 512] x [512, 128] per rank, forward and the weight's gradient at least.
+  EXPECT_GE(r.flops, 2.0 * 2 * 8 * 512 * 128);
+  EXPECT_GT(r.compute_us, 0.0);
+  EXPECT_GT(r.comm_us, 0.0);
+  EXPECT_DOUBLE_EQ(r.step_us, r.compute_us + r.comm_us);
+  const std::string table = r.table();
+  EXPECT_NE(table.find("1024"), std::string::npos) << table;
+  EXPECT_NE(table.find("estimated step time"), std::string::npos) << table;
+  const std::string json = r.json();
+  EXPECT_NE(json.find("\"step_us\""), std::string::npos);
+  const std::string path = ::testing::TempDir() + "dry_run_timeline.json";
+  dry.write_timeline(path);
+  const TraceFile file = read_trace_file(path);
+  EXPECT_FALSE(file.records.empty());
+  std::remove(path.c_str());
+}
+
+TEST(DryRunReport, DeviceFile) {
+  const DeviceSpec d = DeviceSpec::from_json(R"({"name": "x", "tflops": {"bf16": 100}})");
+  EXPECT_EQ(d.name, "x");
+  EXPECT_DOUBLE_EQ(d.peak_flops(DType::BF16), 100e12);
+  EXPECT_DOUBLE_EQ(d.peak_flops(DType::F32), 67e12);
+  const DeviceSpec h100 = DeviceSpec::load(SPMD_MACHINES_DIR "/h100_sxm.device.json");
+  EXPECT_DOUBLE_EQ(h100.memory_bandwidth_gbps, 3350.0);
+  Topology::load(SPMD_MACHINES_DIR "/h100_dgx.topology.json");
+  expect_throws<ConfigError>([] { DeviceSpec::from_json(R"({"tflops": {"fp8": 1}})"); }, {"fp8"});
+  expect_throws<ConfigError>([] { DeviceSpec::from_json(R"({"efficiency": 2})"); }, {"efficiency"});
+}
+
+}  // namespace
+}  // namespace spmd
