@@ -52,8 +52,8 @@
 #include <spmd/sim/launcher.h>
 #include <spmd/sim/local_ops.h>
 #include <spmd/sim/local_tensor.h>
-#include <spmd/sim/spmd_types.h>
 #include <spmd/sim/per_rank.h>
+#include <spmd/sim/spmd_types.h>
 #include <spmd/sim/topology.h>
 #include <spmd/sim/world.h>
 #include <spmd/tensor/compare.h>

@@ -40,7 +40,8 @@ std::vector<World> start_sim(const WorldRequest& request) {
 BackendDriver sim_driver() {
   BackendDriver d;
   d.name = "sim";
-  d.debug_all = DebugOptions{.check = true, .replicate = true, .nan = true, .divergence = true, .types = true};
+  d.debug_all = DebugOptions{
+      .check = true, .replicate = true, .nan = true, .divergence = true, .types = true};
   d.start = start_sim;
   return d;
 }
