@@ -22,16 +22,7 @@ CommandResult mpirun(int n, const std::string& args, const std::string& env = ""
                      std::to_string(n) + " " + SPMD_DEBUG_PROBE + " --spmd-backend=mpi " + args);
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/spmd_debug_mpi_" + name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+using testing::contains;
 
 TEST(FingerprintMpi, ShapeMismatchListsEveryRanksCallAndSite) {
   CommandResult plain = mpirun(4, "--probe-bug=shape");
@@ -64,7 +55,7 @@ TEST(FingerprintMpi, DifferentCollectivesFailInsteadOfHanging) {
 }
 
 TEST(FlightRecorderMpi, FailingRankDumpsItsLastCollectives) {
-  const std::string dir = fresh_dir("flight_recorder");
+  const std::string dir = testing::fresh_temp_dir("spmd_debug_mpi_flight_recorder");
   CommandResult r = mpirun(4, "--probe-bug=throw", "SPMD_FLIGHT_RECORDER_FILE=" + dir + "/fr.json");
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "[rank 2] CommError: probe: rank 2 fails on purpose")) << r.output;
@@ -105,7 +96,7 @@ TEST(FlightRecorderMpi, FailingRankDumpsItsLastCollectives) {
 }
 
 TEST(TraceDiffMpi, ClusterTraceMatchesTheSimulatorsAndShowsADifference) {
-  const std::string dir = fresh_dir("diff");
+  const std::string dir = testing::fresh_temp_dir("spmd_debug_mpi_diff");
   CommandResult m = mpirun(4, "--spmd-trace=" + dir + "/mpi.json");
   ASSERT_EQ(m.exit_code, 0) << m.output;
   CommandResult s = run_command(std::string(SPMD_DEBUG_PROBE) +

@@ -22,9 +22,7 @@ CommandResult probe(const std::string& args) {
   return run_command(std::string(SPMD_DEBUG_PROBE) + " --spmd-world-size=8 " + args);
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using testing::contains;
 
 TEST(DebugModes, CorrectProgramPassesEveryCheck) {
   CommandResult r = probe("--spmd-debug=check,replicate,nan");

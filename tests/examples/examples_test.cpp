@@ -14,9 +14,7 @@ namespace {
 using testing::CommandResult;
 using testing::run_command;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using testing::contains;
 
 // `text` with every run of spaces as one space, so expectations do not depend on column widths.
 std::string squeeze(const std::string& text) {

@@ -22,19 +22,10 @@ CommandResult mpirun(int n, const std::string& args, const std::string& env = ""
                      std::to_string(n) + " " + SPMD_FAULT_DRILL + " --spmd-backend=mpi " + args);
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/spmd_fault_mpi_" + name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+using testing::contains;
 
 TEST(MpiWatchdog, ARankStuckOutsideAnyCollectiveEndsTheJobWithEveryRanksReport) {
-  const std::string dir = fresh_dir("watchdog");
+  const std::string dir = testing::fresh_temp_dir("spmd_fault_mpi_watchdog");
   CommandResult r = mpirun(4, "--spmd-timeout=2 --drill=stall --drill-rank=3",
                            "SPMD_FLIGHT_RECORDER_FILE=" + dir + "/fr.json");
   EXPECT_NE(r.exit_code, 0) << r.output;

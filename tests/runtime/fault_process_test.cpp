@@ -38,9 +38,7 @@ CommandResult drill(const std::string& args) {
   return run_command(drill_command(args));
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using testing::contains;
 
 // ---- threads: a rank that reaches no collective while the others wait ------------------------
 
@@ -179,13 +177,6 @@ TEST(SignalReport, SigintUnderSimPrintsTheLastCollectives) {
 
 // ---- spmdrun: process groups ------------------------------------------------------------------
 
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/spmd_fault_" + name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
 int read_pid(const std::string& path) {
   std::ifstream in(path);
   int pid = -1;
@@ -204,7 +195,7 @@ bool gone_soon(int pid) {
 
 TEST(SpmdrunGroups, AFailingRanksChildrenAreStoppedWithTheJob) {
   // Each rank starts a background sleep it never waits for; rank 1 fails, which stops rank 0.
-  const std::string dir = fresh_dir("children");
+  const std::string dir = testing::fresh_temp_dir("spmd_fault_children");
   CommandResult r =
       run_command(std::string(SPMD_SPMDRUN) + " -n 2 -- sh -c 'sleep 1000 & echo $! > " + dir +
                   "/child.$SPMD_RANK; if [ $SPMD_RANK = 1 ]; then exit 3; fi; "
@@ -218,7 +209,7 @@ TEST(SpmdrunGroups, AFailingRanksChildrenAreStoppedWithTheJob) {
 }
 
 TEST(SpmdrunGroups, ChildrenLeftBehindByASuccessfulRunAreStopped) {
-  const std::string dir = fresh_dir("leftover");
+  const std::string dir = testing::fresh_temp_dir("spmd_fault_leftover");
   CommandResult r =
       run_command(std::string(SPMD_SPMDRUN) + " -n 2 -- sh -c 'sleep 1000 & echo $! > " + dir +
                   "/child.$SPMD_RANK'");
@@ -233,7 +224,7 @@ TEST(SpmdrunGroups, ChildrenLeftBehindByASuccessfulRunAreStopped) {
 TEST(SpmdrunGroups, ASignalReachesEveryRanksGroup) {
   // SIGTERM to spmdrun's group, which holds spmdrun alone: it forwards the signal to each rank's
   // group, so the ranks and their children end.
-  const std::string dir = fresh_dir("forward");
+  const std::string dir = testing::fresh_temp_dir("spmd_fault_forward");
   CommandResult r = run_command_signalled("exec " + std::string(SPMD_SPMDRUN) +
                                               " -n 2 -- sh -c 'sleep 1000 & echo $! > " + dir +
                                               "/child.$SPMD_RANK; echo ready; wait'",

@@ -19,9 +19,7 @@ CommandResult mpirun(int n, const std::string& args) {
                      SPMD_LAUNCH_PROBE + " --spmd-backend=mpi " + args);
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using testing::contains;
 
 TEST(LaunchMpi, EveryProcessHoldsItsRank) {
   CommandResult r = mpirun(3, "x");

@@ -21,9 +21,7 @@ CommandResult probe(const std::string& args, const std::string& env = "") {
       env + " " + SPMD_LAUNCH_PROBE + " " + args);
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using testing::contains;
 
 TEST(LaunchProcess, SimByDefaultWithEightRanksAndTheFlagsRemoved) {
   CommandResult r = probe("a --spmd-debug=nan b");

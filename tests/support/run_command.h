@@ -25,6 +25,12 @@ CommandResult run_command_signalled(const std::string& command, const std::strin
 // Whether process `pid` still exists (a zombie counts as gone).
 bool process_alive(int pid);
 
+// Whether `text` contains `part` (the tests' check of a program's output).
+bool contains(const std::string& text, const std::string& part);
+
+// An empty folder TempDir()/name, removed first if it exists.
+std::string fresh_temp_dir(const std::string& name);
+
 // The OpenMPI environment of the mpi tests (notes §5), as "VAR=value ..." for a command prefix.
 std::string mpi_env_prefix();
 

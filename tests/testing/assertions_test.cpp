@@ -13,6 +13,7 @@
 #include <spmd/ops/ops.h>
 #include <spmd/tensor/factory.h>
 #include <spmd/testing.h>
+#include "tests/support/run_command.h"
 #include "tests/testing/capture.h"
 
 namespace spmd {
@@ -20,9 +21,7 @@ namespace {
 
 using testing::failures_of;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using testing::contains;
 
 // Every fragment is in `message`. Outside sim only the lowest rank concerned gives the whole
 // message; the others refer to it ("the same failure as rank 0: the full tensors of a and b

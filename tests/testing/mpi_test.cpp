@@ -19,9 +19,7 @@ CommandResult mpirun(int n, const std::string& test) {
                      " --gtest_also_run_disabled_tests --gtest_filter=" + test);
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using testing::contains;
 
 TEST(TestingMpi, AFatalFailureOnOneRankEndsTheJob) {
   // Rank 1 stops at an ASSERT while ranks 0 and 2 wait for it in an all_reduce.

@@ -26,9 +26,7 @@ namespace {
 
 using testing::failures_of;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using testing::contains;
 
 SPMD_TEST(SpmdTest, BodyGetsTheWorldOfTheBackend) {
   const LaunchOptions options = testing::test_options();

@@ -38,9 +38,7 @@ json spmd_json(const std::string& args) {
   return doc;
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using testing::contains;
 
 // A file name of this test's own (CTest runs tests in parallel), in the temporary folder.
 std::string temp_path(const std::string& suffix) {

@@ -16,9 +16,7 @@ CommandResult spmdrun(const std::string& args) {
   return run_command(std::string(SPMD_SPMDRUN) + " " + args);
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using testing::contains;
 
 TEST(Spmdrun, EveryRankGetsItsEnvironment) {
   CommandResult r = spmdrun(

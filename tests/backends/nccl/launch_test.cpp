@@ -22,9 +22,7 @@ using testing::CommandResult;
 using testing::expect_throws;
 using testing::run_command;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using testing::contains;
 
 // rank -> SPMD_NCCL_UNIQUE_ID as each rank of `spmdrun -n n` saw it.
 std::map<int, std::string> ids_seen(int n, const std::string& env_prefix = "") {

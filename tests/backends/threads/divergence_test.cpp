@@ -33,9 +33,7 @@ std::string line_of(const std::string& marker) {
   return "?";
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using testing::contains;
 
 std::string digest_of(const std::string& output) {
   std::smatch m;
