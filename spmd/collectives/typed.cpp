@@ -84,6 +84,9 @@ struct TypedCollective {
   CollectiveOptions options;
   SpmdType in_type;
   std::string where;  // "all_gather over mesh dim 'tp' at x.cpp:12"
+  // all_reduce Max/Min only: 1 where a rank's input is the result, else 0 (untyped, computed in
+  // the forward so a later in-place change of the input cannot alter it).
+  LocalTensor hit;
 };
 
 // Zeros on every rank but group rank `keep` of dim `d`.
@@ -102,10 +105,19 @@ void typed_collective_backward(BackwardContext& c) {
       [&](const auto& o) -> LocalTensor {
         using O = std::decay_t<decltype(o)>;
         if constexpr (std::is_same_v<O, AllReduceOptions>) {
+          if (o.op == ReduceOp::Max || o.op == ReduceOp::Min) {
+            // The result is I. An I input is the result itself (the identity); otherwise the
+            // gradient goes to the ranks that hold the extreme, split evenly among ties (R input:
+            // every rank ties, each gets g/n, a P gradient that sums to g).
+            const LocalTensor gu = g.with_types(nullptr);
+            if (tc.in_type == SpmdType::I) return gu;
+            const LocalTensor hit = tc.hit.to(gu.dtype());
+            return gu * hit / all_reduce(hit, tc.mesh, tc.dim, ReduceOp::Sum);
+          }
           if (!is_sum(o.op)) {
             throw_error<Unsupported>(
-                "backward: {} with {} is not differentiable (only Sum and Avg are)", tc.where,
-                o.op);
+                "backward: {} with {} is not differentiable (Sum, Avg, Max and Min are)",
+                tc.where, o.op);
           }
           const double scale = o.op == ReduceOp::Avg ? 1.0 / static_cast<double>(n) : 1.0;
           // P -> R: the gradient is pending (P) and each input part needs all of it (R).
@@ -163,9 +175,15 @@ LocalTensor record_typed_collective(const LocalTensor& x, const LocalTensor& res
                                     const SourceLocation& loc) {
   if (!grad_enabled() || !x.requires_grad() || !is_floating(result.dtype())) return result;
   const CollectiveKind kind = kind_of(options);
-  auto payload = std::make_shared<const TypedCollective>(TypedCollective{
+  TypedCollective tc{
       mesh, d, options, x.spmd_types()->of(mesh.dim_name(d)).type,
-      fmt::format("{} over mesh dim '{}' at {}", kind, mesh.dim_name(d), site_text(loc))});
+      fmt::format("{} over mesh dim '{}' at {}", kind, mesh.dim_name(d), site_text(loc)), {}};
+  if (const auto* ar = std::get_if<AllReduceOptions>(&options);
+      ar != nullptr && (ar->op == ReduceOp::Max || ar->op == ReduceOp::Min)) {
+    const NoGradGuard no_grad;
+    tc.hit = eq(x.with_types(nullptr), result.with_types(nullptr));
+  }
+  auto payload = std::make_shared<const TypedCollective>(std::move(tc));
   const Var in = local_var(x);
   return record(collective_name(kind), nullptr, {&in, 1}, {}, local_var(result),
                 typed_collective_backward, std::move(payload))

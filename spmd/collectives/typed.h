@@ -4,8 +4,9 @@
 //
 // Along the collective's dim (other axes keep their types):
 //   all_reduce      Sum/Avg: P -> R (backward all_reduce), V -> I (backward: the identity, /n
-//                   for Avg); Max/Min/...: V, R, I -> I (no backward); R, I with Sum/Avg: error
-//                   (a doubled reduction)
+//                   for Avg); Max/Min/...: V, R, I -> I (backward for Max/Min: the gradient to
+//                   the ranks holding the extreme, split among ties; I: the identity; Product
+//                   and the bitwise ops: none); R, I with Sum/Avg: error (a doubled reduction)
 //   all_gather      V -> R (backward reduce_scatter); R, I are read as V; P: error
 //   reduce_scatter  P -> V (backward all_gather); V is read as P; R, I: error (doubled reduction)
 //   all_to_all(_single)  V -> V (backward: the reverse all_to_all); R, I read as V; P: error

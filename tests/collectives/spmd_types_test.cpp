@@ -263,6 +263,57 @@ TEST_F(Typed, AllReduceVaryingBackwardIsIdentity) {
   expect_every_shard(x.grad(), c.shard(0));
 }
 
+TEST_F(Typed, AllReduceMaxBackwardGoesToTheArgmaxRanks) {
+  // Element 0: rank 2 holds the max alone; element 1: ranks 1 and 3 tie; element 2: every rank
+  // ties. Brute force: the gradient of sum(c * max_r x_r) on rank r is c where x_r is the max,
+  // divided by the number of ranks that hold it.
+  const std::vector<std::vector<float>> v = {{1, 0, 5}, {2, 7, 5}, {9, 1, 5}, {3, 7, 5}};
+  LocalTensor x = LocalTensor::from_fn(world, [&](int r) {
+    return from_vector<float>(v[static_cast<size_t>(r)], {3});
+  });
+  x.requires_grad_();
+  const LocalTensor c = invariant({3});
+  LocalTensor y = all_reduce(x, mesh, "tp", ReduceOp::Max);
+  EXPECT_EQ(type_of(y, "tp"), SpmdType::I);
+  backward(sum(y * c));
+  EXPECT_EQ(type_of(x.grad(), "tp"), SpmdType::V);
+  const std::vector<float> cv = c.shard(0).to_vector<float>();
+  for (int r : x.ranks()) {
+    const std::vector<float> g = x.grad().shard(r).to_vector<float>();
+    for (size_t j = 0; j < 3; ++j) {
+      float best = v[0][j];
+      for (const auto& row : v) best = std::max(best, row[j]);
+      int ties = 0;
+      for (const auto& row : v) ties += row[j] == best ? 1 : 0;
+      const float want = v[static_cast<size_t>(r)][j] == best ? cv[j] / ties : 0.0f;
+      EXPECT_NEAR(g[j], want, 1e-6) << "rank " << r << " element " << j;
+    }
+  }
+  // Min picks the other end; an R input ties everywhere: each rank gets c / n, a P gradient
+  // whose shards sum to c.
+  LocalTensor m = LocalTensor::from_fn(world, [&](int r) {
+    return from_vector<float>(v[static_cast<size_t>(r)], {3});
+  });
+  m.requires_grad_();
+  backward(sum(all_reduce(m, mesh, "tp", ReduceOp::Min) * c));
+  // The minima of elements 0 and 1 are both on rank 0 (1 and 0); element 2 ties on every rank.
+  EXPECT_NEAR(m.grad().shard(0).to_vector<float>()[0], cv[0], 1e-6);
+  EXPECT_NEAR(m.grad().shard(0).to_vector<float>()[1], cv[1], 1e-6);
+  EXPECT_NEAR(m.grad().shard(1).to_vector<float>()[1], 0.0f, 1e-6);
+  EXPECT_NEAR(m.grad().shard(3).to_vector<float>()[2], cv[2] / kRanks, 1e-6);
+  LocalTensor rep = replicated({3});
+  rep.requires_grad_();
+  backward(sum(all_reduce(rep, mesh, "tp", ReduceOp::Max) * c));
+  EXPECT_EQ(type_of(rep.grad(), "tp"), SpmdType::P);
+  EXPECT_TRUE(allclose(sum_of(rep.grad()), c.shard(0), 1e-5, 1e-5));
+  // Product has no backward here: a clear error naming the call.
+  LocalTensor p = varying({3});
+  p.requires_grad_();
+  expect_throws<Unsupported>(
+      [&] { backward(sum(all_reduce(p, mesh, "tp", ReduceOp::Product) * c)); },
+      {"all_reduce over mesh dim 'tp'", "product", "not differentiable"});
+}
+
 TEST_F(Typed, ReduceScatterBackwardIsAllGather) {
   LocalTensor x = partial({8});
   x.requires_grad_();
