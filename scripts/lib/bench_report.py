@@ -300,6 +300,7 @@ def main():
     coll, _ = load_bench(results, "collectives_bench")
     dt, _ = load_bench(results, "dtensor_bench")
     gpt, _ = load_bench(results, "gpt_bench")
+    dry, _ = load_bench(results, "dryrun_scale")
     info = machine(results, meta, context)
     mpi = sim_vs_mpi(results, int(meta.get("mpi_runs", "3")))
     gb = f"--benchmark_repetitions={reps}"
@@ -396,6 +397,30 @@ def main():
                          f"8 plain Tensor {label}s: {fmt(b['plain_us'])} us",
                          f"overhead_us {fmt(b['overhead_us'])} (ratio {fmt(b['ratio'])}x)",
                          "overhead <= 5 us", verdict(b["overhead_us"] <= 5.0)))
+    for label, name in (("add", "BM_DTensorAddBackwardWarm"),
+                        ("matmul", "BM_DTensorMatmulBackwardWarm")):
+        b = get(dt, name)
+        if b:
+            rows.append((f"DTensor {label} backward, tiny, 8 ranks, warm",
+                         f"{fmt(b['backward_us'])} us",
+                         f"its shard math on 8 plain Tensors: {fmt(b['backward_plain_us'])} us",
+                         f"backward_overhead_us {fmt(b['backward_overhead_us'])}",
+                         "overhead <= 2 us", verdict(b["backward_overhead_us"] <= 2.0)))
+    for label, name in (("add", "BM_DTensorAddTypes"), ("matmul", "BM_DTensorMatmulTypes")):
+        b = get(dt, name)
+        if b:
+            rows.append((f"DTensor {label} with SPMD types on, 8 ranks, warm",
+                         f"{fmt(b['types_on_us'])} us",
+                         f"types off: {fmt(b['types_off_us'])} us",
+                         f"types_cost_us {fmt(b['types_cost_us'])}", "cost <= 0.3 us",
+                         verdict(b["types_cost_us"] <= 0.3)))
+    b = get(dt, "BM_train_step")
+    if b:
+        rows.append(("TP MLP train step with autograd, 8 ranks (dtensor_bench BM_train_step)",
+                     f"{fmt(b['sim_ms'])} ms",
+                     f"the step on full tensors: {fmt(b['single_ms'])} ms",
+                     f"sim_over_single {fmt(b['sim_over_single'])}x", "<= 1.3x",
+                     verdict(b["sim_over_single"] <= 1.3)))
     b = get(dt, "BM_PlanLookupWarm")
     if b:
         rows.append(("redistribute plan lookup, warm", f"{fmt(b['lookup_us'])} us", "-", "-",
@@ -411,6 +436,14 @@ def main():
                          f"sim_over_single {fmt(b['sim_over_single'])}x",
                          "<= 1.5x" if goal else "-",
                          verdict(b["sim_over_single"] <= 1.5) if goal else "quoted"))
+    b = get(dry, "BM_DryRun/16384")
+    if b:
+        secs = unit_us(b) / 1e6
+        rows.append(("dry run, 7B-class GPT step, 16384 ranks: wall time (dryrun_scale)",
+                     f"{fmt(secs)} s", "-", "-", "<= 10 s", verdict(secs <= 10.0)))
+        rows.append(("dry run, 7B-class GPT step, 16384 ranks: peak resident set (dryrun_scale)",
+                     f"{fmt(b['peak_rss_mib'])} MiB", "-", "-", "<= 2048 MiB",
+                     verdict(b["peak_rss_mib"] <= 2048.0)))
     if mpi:
         rows.append(("TP MLP step, 8 ranks (sim_vs_mpi)", f"sim: {fmt(mpi['sim_ms'])} ms/step",
                      f"mpirun -n 8: {fmt(mpi['mpi_ms'])} ms/step",
@@ -429,7 +462,8 @@ def main():
         w("| " + " | ".join(r) + " |")
     w("")
     w("Targets are the issues' acceptance figures (tensor: issue 2; mesh: 3; collectives: 4; "
-      "DTensor: 5; sim vs MPI: 6, quoted without a target; NCCL: 7; GPT step: 16).")
+      "DTensor: 5; sim vs MPI: 6, quoted without a target; NCCL: 7; backward and train step: "
+      "14; SPMD types: 15; GPT step: 16; dry run: 17).")
     w("")
 
     # ---- against the baseline --------------------------------------------------------------
@@ -480,6 +514,17 @@ def main():
     w("- `overhead_us`: a DTensor op's time minus the time of the same 8 plain Tensor ops (the "
       "shard math) in the same run; both are the best of 7 interleaved rounds of 20 ms. "
       "`ratio` = DTensor op / 8 plain ops.")
+    w("- `backward_overhead_us`: a DTensor op's backward (forward + backward minus the "
+      "forward, with autograd) minus the shard math of that backward on 8 plain Tensors, best "
+      "of 7 interleaved rounds; the bookkeeping autograd adds per op.")
+    w("- `types_cost_us`: the same DTensor op with SPMD types and their data check on "
+      "(`TypesScope`) minus with them off, best of 7 interleaved rounds each.")
+    w("- `sim_over_single`: a training step (forward, backward, optimizer) under sim on 8 "
+      "ranks over the same step on full tensors in one process, both with autograd, "
+      "best of 3 (train step) or as gpt_bench states.")
+    w("- Dry run: one 7B-class GPT training step (32 layers, d 4096, 32 heads, sequence 4096, "
+      "vocabulary 32000, bf16, AdamW) with shape-only tensors under sim on (dp, tp=8); wall "
+      "time of one run and the process's peak resident set during it (VmHWM, reset before).")
     w("- `mpi_over_sim`: per-step time of the same tensor-parallel MLP program under "
       "`mpirun -n 8 --spmd-backend=mpi` (8 processes, shared memory transport) over its "
       "per-step time under sim (8 ranks in one process). On a machine with fewer cores than "
@@ -584,6 +629,39 @@ def main():
             w(f"| {label} | {fmt(b['us_per_op'])} us | {fmt(b['plain_us'])} us | "
               f"{fmt(b['overhead_us'])} | {fmt(b['ratio'])}x |")
     w("")
+    backward_rows = [(label, dt[name]) for label, name in
+                     (("add [32,4] S(0) + S(0), both require grad", "BM_DTensorAddBackwardWarm"),
+                      ("matmul [32,4] S(0) @ [4,4] R, the S(0) input requires grad",
+                       "BM_DTensorMatmulBackwardWarm")) if name in dt]
+    if backward_rows:
+        w("Autograd (issue 14): the backward of one op, warm.")
+        w("")
+        w("| benchmark | backward | its shard math | backward_overhead_us | "
+          "forward_overhead_us |")
+        w("| --- | --- | --- | --- | --- |")
+        for label, b in backward_rows:
+            w(f"| {label} | {fmt(b['backward_us'])} us | {fmt(b['backward_plain_us'])} us | "
+              f"{fmt(b['backward_overhead_us'])} | {fmt(b['forward_overhead_us'])} |")
+        w("")
+    types_rows = [(label, dt[name]) for label, name in
+                  (("add [32,4] S(0) + S(0)", "BM_DTensorAddTypes"),
+                   ("matmul [32,4] S(0) @ [4,4] R", "BM_DTensorMatmulTypes")) if name in dt]
+    if types_rows:
+        w("SPMD types (issue 15): the same op with types off and on.")
+        w("")
+        w("| benchmark | types off | types on | types_cost_us |")
+        w("| --- | --- | --- | --- |")
+        for label, b in types_rows:
+            w(f"| {label} | {fmt(b['types_off_us'])} us | {fmt(b['types_on_us'])} us | "
+              f"{fmt(b['types_cost_us'])} |")
+        w("")
+    if "BM_train_step" in dt:
+        b = dt["BM_train_step"]
+        w(f"Training step (`BM_train_step`: tp_mlp's y = tanh(x W1) W2, batch 256, hidden 256, "
+          f"ffn 1024, mean squared error, backward, SGD on (dp=2, tp=4)): sim "
+          f"{fmt(b['sim_ms'])} ms, the same step on full tensors {fmt(b['single_ms'])} ms, "
+          f"sim_over_single {fmt(b['sim_over_single'])}x.")
+        w("")
     if "BM_PlanLookupWarm" in dt:
         w(f"Plan lookup: warm {fmt(dt['BM_PlanLookupWarm']['lookup_us'])} us (`lookup_us`); "
           "cold (the planner itself) " + ", ".join(
@@ -594,6 +672,29 @@ def main():
     w(f"{build}/bench/dtensor_bench {gb} --benchmark_format=json")
     w("```")
     w("")
+
+    # ---- dry run ---------------------------------------------------------------------------
+    dry_rows = sorted(((int(b.get("ranks", 0)), b) for n, b in dry.items()
+                       if n.startswith("BM_DryRun/")), key=lambda rb: rb[0])
+    if dry_rows:
+        w("## Dry run at scale")
+        w("")
+        w("One training step of examples/gpt's model at a 7B-class shape (32 layers, d 4096, 32 "
+          "heads, sequence 4096, vocabulary 32000, bf16, AdamW), shape-only tensors "
+          "(`--spmd-tensors=meta`) under sim, on (dp, tp=8) meshes: wall time of one dry run and "
+          "the peak resident set while it ran (issue 17's goal at 16384 ranks: <= 10 s and "
+          "<= 2 GiB on 2 cores).")
+        w("")
+        w("| ranks | mesh (dp x tp) | wall time | peak RSS |")
+        w("| --- | --- | --- | --- |")
+        for ranks, b in dry_rows:
+            w(f"| {ranks} | {ranks // 8} x 8 | {fmt(unit_us(b) / 1e3)} ms | "
+              f"{fmt(b['peak_rss_mib'])} MiB |")
+        w("")
+        w("```")
+        w(f"{build}/bench/dryrun_scale {gb} --benchmark_format=json")
+        w("```")
+        w("")
 
     # ---- sim vs mpi ------------------------------------------------------------------------
     w("## sim against MPI processes")

@@ -167,5 +167,55 @@ class EndToEndTest(unittest.TestCase):
         self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
 
 
+class IssueFiguresTest(unittest.TestCase):
+    """The autograd, SPMD types, train step and dry run figures reach the headline table with
+    their goals, and the dry run gets its own table."""
+
+    def test_rows_and_verdicts(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            results, docs = os.path.join(tmp, "results"), os.path.join(tmp, "docs")
+            os.makedirs(results)
+            os.makedirs(docs)
+            with open(os.path.join(results, "meta.env"), "w") as f:
+                f.write("load_before=0.50 0.40 0.30\nrepetitions=1\nmpi_runs=3\n"
+                        "build_dir=build/bench\ncommit=abc1234\n")
+
+            def single(name, real_time=1000.0, time_unit="ns", **counters):
+                return dict(name=name, run_name=name, run_type="iteration",
+                            real_time=real_time, time_unit=time_unit, **counters)
+
+            dt = [single("BM_DTensorAddBackwardWarm", backward_us=1.5, backward_plain_us=0.2,
+                         backward_overhead_us=1.3, forward_overhead_us=0.4),
+                  single("BM_DTensorMatmulBackwardWarm", backward_us=4.0, backward_plain_us=1.0,
+                         backward_overhead_us=3.0, forward_overhead_us=0.4),
+                  single("BM_DTensorAddTypes", types_off_us=4.0, types_on_us=4.1,
+                         types_cost_us=0.1),
+                  single("BM_train_step", sim_ms=12.0, single_ms=10.0, sim_over_single=1.2)]
+            dry = [single(f"BM_DryRun/{n}/iterations:1/real_time", real_time=ms,
+                          time_unit="ms", ranks=n, peak_rss_mib=mib)
+                   for n, ms, mib in ((8, 90.0, 60.0), (16384, 12500.0, 400.0))]
+            for program, rows in (("dtensor_bench", dt), ("dryrun_scale", dry)):
+                with open(os.path.join(results, program + ".json"), "w") as f:
+                    json.dump({"context": {}, "benchmarks": rows}, f)
+            done = subprocess.run([sys.executable, SCRIPT, results, docs],
+                                  capture_output=True, text=True)
+            self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+            with open(os.path.join(docs, "performance.md")) as f:
+                text = f.read()
+        headline = report.parse_headline(text)
+        self.assertEqual(headline["DTensor add backward, tiny, 8 ranks, warm"], "1.50 us")
+        self.assertIn("backward_overhead_us 1.30 | overhead <= 2 us | **pass**", text)
+        self.assertIn("backward_overhead_us 3.00 | overhead <= 2 us | **FAIL**", text)
+        self.assertIn("types_cost_us 0.100 | cost <= 0.3 us | **pass**", text)
+        self.assertIn("sim_over_single 1.20x | <= 1.3x | **pass**", text)
+        # 12.5 s at 16384 ranks misses the 10 s goal; 400 MiB meets the 2 GiB one.
+        self.assertEqual(report.parse_figure(headline[
+            "dry run, 7B-class GPT step, 16384 ranks: wall time (dryrun_scale)"]), (12.5, "s"))
+        self.assertIn("| - | - | <= 10 s | **FAIL** |", text)
+        self.assertIn("| - | - | <= 2048 MiB | **pass** |", text)
+        self.assertIn("| 8 | 1 x 8 | 90.0 ms | 60.0 MiB |", text)
+        self.assertIn("| 16384 | 2048 x 8 | 12500 ms | 400 MiB |", text)
+
+
 if __name__ == "__main__":
     unittest.main()
