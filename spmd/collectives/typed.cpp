@@ -116,8 +116,8 @@ void typed_collective_backward(BackwardContext& c) {
           }
           if (!is_sum(o.op)) {
             throw_error<Unsupported>(
-                "backward: {} with {} is not differentiable (Sum, Avg, Max and Min are)",
-                tc.where, o.op);
+                "backward: {} with {} is not differentiable (Sum, Avg, Max and Min are)", tc.where,
+                o.op);
           }
           const double scale = o.op == ReduceOp::Avg ? 1.0 / static_cast<double>(n) : 1.0;
           // P -> R: the gradient is pending (P) and each input part needs all of it (R).
@@ -176,8 +176,12 @@ LocalTensor record_typed_collective(const LocalTensor& x, const LocalTensor& res
   if (!grad_enabled() || !x.requires_grad() || !is_floating(result.dtype())) return result;
   const CollectiveKind kind = kind_of(options);
   TypedCollective tc{
-      mesh, d, options, x.spmd_types()->of(mesh.dim_name(d)).type,
-      fmt::format("{} over mesh dim '{}' at {}", kind, mesh.dim_name(d), site_text(loc)), {}};
+      mesh,
+      d,
+      options,
+      x.spmd_types()->of(mesh.dim_name(d)).type,
+      fmt::format("{} over mesh dim '{}' at {}", kind, mesh.dim_name(d), site_text(loc)),
+      {}};
   if (const auto* ar = std::get_if<AllReduceOptions>(&options);
       ar != nullptr && (ar->op == ReduceOp::Max || ar->op == ReduceOp::Min)) {
     const NoGradGuard no_grad;

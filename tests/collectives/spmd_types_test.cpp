@@ -268,9 +268,8 @@ TEST_F(Typed, AllReduceMaxBackwardGoesToTheArgmaxRanks) {
   // ties. Brute force: the gradient of sum(c * max_r x_r) on rank r is c where x_r is the max,
   // divided by the number of ranks that hold it.
   const std::vector<std::vector<float>> v = {{1, 0, 5}, {2, 7, 5}, {9, 1, 5}, {3, 7, 5}};
-  LocalTensor x = LocalTensor::from_fn(world, [&](int r) {
-    return from_vector<float>(v[static_cast<size_t>(r)], {3});
-  });
+  LocalTensor x = LocalTensor::from_fn(
+      world, [&](int r) { return from_vector<float>(v[static_cast<size_t>(r)], {3}); });
   x.requires_grad_();
   const LocalTensor c = invariant({3});
   LocalTensor y = all_reduce(x, mesh, "tp", ReduceOp::Max);
@@ -291,9 +290,8 @@ TEST_F(Typed, AllReduceMaxBackwardGoesToTheArgmaxRanks) {
   }
   // Min picks the other end; an R input ties everywhere: each rank gets c / n, a P gradient
   // whose shards sum to c.
-  LocalTensor m = LocalTensor::from_fn(world, [&](int r) {
-    return from_vector<float>(v[static_cast<size_t>(r)], {3});
-  });
+  LocalTensor m = LocalTensor::from_fn(
+      world, [&](int r) { return from_vector<float>(v[static_cast<size_t>(r)], {3}); });
   m.requires_grad_();
   backward(sum(all_reduce(m, mesh, "tp", ReduceOp::Min) * c));
   // The minima of elements 0 and 1 are both on rank 0 (1 and 0); element 2 ties on every rank.

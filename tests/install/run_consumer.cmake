@@ -1,5 +1,6 @@
 # Installs the build tree into a fresh prefix, then configures, builds and runs the consumer
-# project against it, and checks what its programs link (ldd): `consumer` (spmd::spmd) no CUDA,
+# project against it (which loads the installed machine file from SPMDSIM_MACHINES_DIR), and
+# checks what its programs link (ldd): `consumer` (spmd::spmd) no CUDA,
 # cuBLAS or NCCL; in builds with NCCL, `consumer_nccl` (spmd::nccl too) all three, and its nccl
 # driver registered. Then the user test project of docs/testing.md, written from the page's code
 # blocks as they stand: find_package(spmdsim COMPONENTS testing), spmd::testing and
@@ -34,6 +35,9 @@ step("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/install/consumer" -B "${WORK_DIR
 step("${CMAKE_COMMAND}" --build "${WORK_DIR}/build")
 
 step("${WORK_DIR}/build/consumer")
+if(NOT step_output MATCHES "machine file: H100 SXM5 80GB")
+  message(FATAL_ERROR "consumer did not load the installed machines/h100_sxm.device.json:\n${step_output}")
+endif()
 if(step_output MATCHES "nccl")
   message(FATAL_ERROR "consumer links only spmd::spmd, yet its backends include nccl:\n${step_output}")
 endif()

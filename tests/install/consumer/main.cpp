@@ -19,6 +19,16 @@ int main(int argc, char** argv) {
     linked += (linked.empty() ? "" : ", ") + driver->name;
   }
   std::printf("backends linked: %s\n", linked.c_str());
+  // The dry run's machine files are installed with the package (load throws ConfigError for a
+  // missing or malformed file).
+  try {
+    const spmd::DeviceSpec h100 =
+        spmd::DeviceSpec::load(SPMDSIM_MACHINES_DIR "/h100_sxm.device.json");
+    std::printf("machine file: %s, %g TFLOP/s bf16\n", h100.name.c_str(), h100.tflops_bf16);
+  } catch (const spmd::Error& e) {
+    std::fprintf(stderr, "consumer: %s\n", e.what());
+    return 1;
+  }
   return spmd::launch(argc, argv, [&](spmd::World& world) {
     using namespace spmd;
     DeviceMesh mesh = init_device_mesh(world, {world.size() / 2, 2}, {"dp", "tp"});
