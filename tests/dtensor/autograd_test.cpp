@@ -12,6 +12,7 @@
 #include <spmd/dtensor/ops.h>
 #include <spmd/dtensor/random.h>
 #include <spmd/sim/local_ops.h>
+#include "tests/support/collectives_since.h"
 #include "tests/support/test_support.h"
 
 namespace spmd {
@@ -19,15 +20,7 @@ namespace {
 
 using testing::expect_throws;
 
-// The collectives `rank` took part in since the trace held `start` records (op and mesh dim).
-std::vector<std::string> collectives_since(size_t start, int rank) {
-  std::vector<std::string> out;
-  const std::vector<TraceRecord> records = trace().records();
-  for (size_t i = start; i < records.size(); ++i) {
-    if (records[i].rank == rank) out.push_back(records[i].op + " " + records[i].dim_name);
-  }
-  return out;
-}
+using test_support::collectives_since;
 
 SPMD_TEST(Autograd, MegatronMlpGradientsEqualTheHandWrittenBackward) {
   if (world.size() % 2 != 0) GTEST_SKIP() << "needs an even world";

@@ -12,6 +12,7 @@
 #include <spmd/dtensor/random.h>
 #include <spmd/nn/optim.h>
 #include <spmd/nn/parallel.h>
+#include "tests/support/collectives_since.h"
 #include "tests/support/test_support.h"
 
 namespace spmd {
@@ -19,15 +20,7 @@ namespace {
 
 using testing::expect_throws;
 
-// "op dim" of the collectives rank `rank` took part in since `start` trace records.
-std::vector<std::string> collectives_since(size_t start, int rank) {
-  std::vector<std::string> out;
-  const std::vector<TraceRecord> records = trace().records();
-  for (size_t i = start; i < records.size(); ++i) {
-    if (records[i].rank == rank) out.push_back(records[i].op + " " + records[i].dim_name);
-  }
-  return out;
-}
+using test_support::collectives_since;
 
 // Where a test's collectives start in the trace. The trace is a ring buffer (the earlier tests
 // of this process can fill it, and then its size stops growing): it is cleared first, except
