@@ -5,8 +5,7 @@
 #
 # With -DSPMD_CLI=<spmd> -DTRACE_DIR=<folder> every run also writes its trace (--spmd-trace) and
 # `spmd trace diff` must find the threads and mpi traces equal to sim's, record for record: a
-# correct program issues the same collectives under every backend. -DTHREADS_TRACE=OFF leaves the
-# threads trace out of the comparison (see spmd_example_digest_test).
+# correct program issues the same collectives under every backend.
 #
 # Every backend runs the example a second time with --spmd-debug=all,types (the checks that backend
 # supports, docs/debugging.md, and the SPMD type rules, which `all` includes only under sim): a
@@ -43,7 +42,7 @@ run_digest(threads "threads" ${PROGRAM} ${args} --spmd-backend=threads --spmd-wo
 if(NOT sim STREQUAL threads)
   message(FATAL_ERROR "digests differ: sim ${sim}, threads ${threads}")
 endif()
-if(SPMD_CLI AND NOT THREADS_TRACE STREQUAL "OFF")
+if(SPMD_CLI)
   trace_diff("threads" "${TRACE_DIR}/threads.json")
 endif()
 # The digest the --spmd-debug=all,types runs must print: sim's, or with DEBUG_ARGS a plain sim run's.

@@ -651,13 +651,8 @@ bool ThreadsWork::is_completed() const {
 }  // namespace
 
 ThreadsCommunicator::ThreadsCommunicator(GroupFamily family, CommOptions options,
-                                         std::shared_ptr<ThreadsFamily> shared, int rank)
-    : Communicator(std::move(family), std::move(options)), shared_(std::move(shared)) {
-  if (auto where = this->family().locate(rank)) {
-    group_ = where->group;
-    index_ = static_cast<int>(where->index);
-  }
-}
+                                         std::shared_ptr<ThreadsChannel> channel)
+    : Communicator(std::move(family), std::move(options)), channel_(std::move(channel)) {}
 
 std::size_t ThreadsBackend::KeyHash::operator()(const Key& key) const {
   std::size_t seed = key.family.hash();
@@ -671,12 +666,16 @@ ThreadsBackend::ThreadsBackend(std::shared_ptr<ThreadsHub> hub, int rank)
 std::shared_ptr<Communicator> ThreadsBackend::make_communicator(const GroupFamily& family,
                                                                 const CommOptions& options) {
   std::lock_guard lock(mutex_);
-  std::shared_ptr<ThreadsCommunicator>& slot = comms_[Key{family, options}];
-  if (!slot) {
-    slot = std::make_shared<ThreadsCommunicator>(family, options,
-                                                 hub_->impl().family(family, options), rank_);
+  std::shared_ptr<ThreadsChannel>& channel = channels_[Key{family, options}];
+  if (!channel) {
+    channel = std::make_shared<ThreadsChannel>();
+    channel->shared = hub_->impl().family(family, options);
+    if (auto where = family.locate(rank_)) {
+      channel->group = where->group;
+      channel->index = static_cast<int>(where->index);
+    }
   }
-  return slot;
+  return std::make_shared<ThreadsCommunicator>(family, options, channel);
 }
 
 WorkPtr ThreadsBackend::issue(Communicator& comm, const LocalTensor& x,

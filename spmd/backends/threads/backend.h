@@ -105,24 +105,36 @@ class ThreadsHub {
 // The hub's state of one group family (backends/threads/backend.cpp): its groups' rendezvous.
 struct ThreadsFamily;
 
-// One rank's communicator of a group family: its group, its place there, and its calls so far.
+// One rank's channel into a group family's rendezvous: its group, its place there, and its calls
+// on the group so far. One per (family, options) for the rank, shared by the communicators of
+// every mesh universe with that family, so calls on the same groups from two universes are
+// matched in the order the rank makes them (the order every rank makes them).
+struct ThreadsChannel {
+  std::shared_ptr<ThreadsFamily> shared;
+  int64_t group = -1;  // -1 when the family's rank map lacks the rank
+  int index = -1;
+  uint64_t calls = 0;
+};
+
+// One rank's communicator of a group family in one mesh universe. The rendezvous goes through the
+// shared channel; the trace's sequence numbers (Communicator::next_sequence) are this
+// communicator's own, so each universe's groups number their collectives from 0, as under sim
+// and mpi (and PyTorch's process groups).
 class ThreadsCommunicator final : public Communicator {
  public:
   ThreadsCommunicator(GroupFamily family, CommOptions options,
-                      std::shared_ptr<ThreadsFamily> shared, int rank);
+                      std::shared_ptr<ThreadsChannel> channel);
 
   // The group holding this rank (-1 when the family's rank map lacks it) and its index there.
-  int64_t group() const { return group_; }
-  int index() const { return index_; }
-  const std::shared_ptr<ThreadsFamily>& shared() const { return shared_; }
-  // The sequence number of this rank's next call on its group (0, 1, 2, ...).
-  uint64_t next_call() { return calls_++; }
+  int64_t group() const { return channel_->group; }
+  int index() const { return channel_->index; }
+  const std::shared_ptr<ThreadsFamily>& shared() const { return channel_->shared; }
+  // The rendezvous number of this rank's next call on its group (0, 1, 2, ..., over every
+  // universe).
+  uint64_t next_call() { return channel_->calls++; }
 
  private:
-  std::shared_ptr<ThreadsFamily> shared_;
-  int64_t group_ = -1;
-  int index_ = -1;
-  uint64_t calls_ = 0;
+  std::shared_ptr<ThreadsChannel> channel_;
 };
 
 class ThreadsBackend final : public Backend {
@@ -133,8 +145,8 @@ class ThreadsBackend final : public Backend {
   int rank() const { return rank_; }
   const std::shared_ptr<ThreadsHub>& hub() const { return hub_; }
 
-  // One communicator per family identity and options for this rank, shared by every mesh
-  // universe the rank builds, so its sequence numbers count all its calls on the group.
+  // A communicator for one mesh universe (the universe caches it), over this rank's one channel
+  // per family identity and options.
   std::shared_ptr<Communicator> make_communicator(const GroupFamily& family,
                                                   const CommOptions& options) override;
 
@@ -156,7 +168,7 @@ class ThreadsBackend final : public Backend {
   std::shared_ptr<ThreadsHub> hub_;
   int rank_;
   std::mutex mutex_;
-  std::unordered_map<Key, std::shared_ptr<ThreadsCommunicator>, KeyHash> comms_;
+  std::unordered_map<Key, std::shared_ptr<ThreadsChannel>, KeyHash> channels_;
 };
 
 }  // namespace spmd

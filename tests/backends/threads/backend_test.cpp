@@ -13,6 +13,7 @@
 
 #include <spmd/backends/threads/backend.h>
 #include <spmd/collectives/functional.h>
+#include <spmd/collectives/trace.h>
 #include <spmd/dtensor/dtensor.h>
 #include <spmd/dtensor/ops.h>
 #include <spmd/mesh/device_mesh.h>
@@ -182,6 +183,37 @@ TEST(ThreadsBackend, MeshesBuiltSeparatelyMeetByTheirGroups) {
   expect_succeeded(outcomes, {0, 1, 2, 3});
   // Pair sums: ranks 0, 1 hold 1 and 2 (sum 3), ranks 2, 3 hold 3 and 4 (sum 7); four doublings.
   EXPECT_EQ(sums, (std::vector<double>{3 * 8, 3 * 8, 7 * 8, 7 * 8}));
+}
+
+// The trace's sequence numbers count per mesh universe, as under sim and mpi: a second world mesh
+// built after the first numbers its groups' collectives from 0 again, so `spmd trace diff` finds
+// a threads trace equal to sim's (the calls still meet through one rendezvous per group family).
+TEST(ThreadsBackend, EachMeshNumbersItsCollectivesFromZeroAsUnderSim) {
+  auto program = [](World& world) {
+    DeviceMesh a = init_device_mesh(world, {2, 2}, {"dp", "tp"});
+    LocalTensor x = ranked(world, {2});
+    x = all_reduce(all_reduce(x, a, "tp"), a, "tp");
+    DeviceMesh b = init_device_mesh(world, {2, 2}, {"dp", "tp"});
+    x = all_reduce(all_reduce(x, b, "tp"), a, "tp");
+    x = all_reduce(x, b, "dp");
+  };
+  // Rank `r`'s (dim, sequence) pairs in trace order.
+  auto sequences = [](int r) {
+    std::vector<std::string> out;
+    for (const TraceRecord& t : trace().records()) {
+      if (t.rank == r) out.push_back(fmt::format("{}#{}", t.dim_name, t.sequence));
+    }
+    return out;
+  };
+  const std::vector<std::string> want = {"tp#0", "tp#1", "tp#0", "tp#2", "dp#0"};
+  trace().clear();
+  World sim = World::sim(4);
+  program(sim);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(sequences(r), want) << "sim, rank " << r;
+  trace().clear();
+  expect_succeeded(run(4, program), {0, 1, 2, 3});
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(sequences(r), want) << "threads, rank " << r;
+  trace().clear();
 }
 
 TEST(ThreadsBackend, AsyncCallsAndRankSpecificControlFlow) {
