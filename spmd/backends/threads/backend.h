@@ -7,8 +7,10 @@
 // each has its own ThreadsBackend. Each thread builds its own meshes (its own universe and
 // communicator cache); communicators meet in the hub by the identity of their group family
 // (rank map contents, canonical dim layout) and options, so two threads' meshes built alike
-// share one set of groups. A collective is matched across ranks by (family, group, sequence
-// number): the k-th call a rank makes on a group meets every other member's k-th call there.
+// share one set of groups. A collective is matched across ranks by (family, group, call number):
+// the k-th call a rank makes on a group, over every mesh with that family, meets every other
+// member's k-th call there (ThreadsChannel). The trace's sequence numbers are per mesh universe
+// instead, as under sim and mpi.
 //
 // Note [Threads rendezvous]
 // Each rank deposits its call (op, mesh dim, input shape and dtype, options, source location and
