@@ -26,8 +26,9 @@
 //              observer), collectives (set_collective_observer, collectives/functional.h) and
 //              LocalTensor arithmetic (set_local_op_observer, sim/local_ops.h). The LocalTensor
 //              hook has no world, so it is on in the whole process while a world with nan lives
-//              (the sharding and plan caches keep the worlds of past ops alive until
-//              clear_sharding_cache() and clear_redistribute_cache()).
+//              (the sharding and plan caches keep the worlds of past ops alive until the next
+//              world is made, Note [Caches and worlds] in sim/world.h, or clear_sharding_cache()
+//              and clear_redistribute_cache()).
 // check and replicate compare every rank's piece. Under sim the process holds them; under threads
 // and mpi (one rank per thread or process) each check first gathers every piece of its inputs and
 // output over the mesh with internal collectives (collectives/functional.h: own communicator, not

@@ -113,7 +113,8 @@ struct RedistributePlan {
 };
 
 // The steps from `from` to `to` (same mesh, shape and dtype, else PlacementError naming both).
-// Cached by (from, to, planner, topology): see redistribute_cache_stats().
+// Cached by (from, to, planner, topology): see redistribute_cache_stats(). Each new world drops
+// the cached plans (Note [Caches and worlds] in sim/world.h).
 RedistributePlan plan_redistribute(const DTensorSpec& from, const DTensorSpec& to);
 RedistributePlan plan_redistribute(const DTensorSpec& from, const DTensorSpec& to,
                                    RedistributePlanner planner);

@@ -148,20 +148,44 @@ std::shared_ptr<const DTensorSpec::RankInfo> compute_rank_info(const DTensorSpec
   return info;
 }
 
+struct RankInfoCache {
+  std::mutex mutex;
+  std::unordered_map<DTensorSpec, std::shared_ptr<const DTensorSpec::RankInfo>> map;
+};
+
+void drop_rank_infos();
+
+RankInfoCache& rank_info_cache() {
+  static RankInfoCache* cache = [] {
+    add_new_world_listener(drop_rank_infos);
+    return new RankInfoCache();  // never destroyed
+  }();
+  return *cache;
+}
+
+// Each new world drops the entries (Note [Caches and worlds] in sim/world.h): they hold their
+// specs' meshes and, at 16384 ranks, every rank's coordinates, shapes and offsets.
+void drop_rank_infos() {
+  RankInfoCache& cache = rank_info_cache();
+  decltype(cache.map) dropped;  // freed outside the lock
+  {
+    const std::lock_guard<std::mutex> lock(cache.mutex);
+    dropped.swap(cache.map);
+  }
+}
+
 // Under --spmd-tensors=meta, equal specs share one RankInfo (Note [Shape-only tensors]): a dry
 // run at 16384 ranks makes many spec objects of few distinct values.
 std::shared_ptr<const DTensorSpec::RankInfo> shared_rank_info(const DTensorSpec& spec) {
-  static std::mutex mutex;
-  static auto* cache =
-      new std::unordered_map<DTensorSpec, std::shared_ptr<const DTensorSpec::RankInfo>>();
+  RankInfoCache& cache = rank_info_cache();
   {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache->find(spec);
-    if (it != cache->end()) return it->second;
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    auto it = cache.map.find(spec);
+    if (it != cache.map.end()) return it->second;
   }
   auto info = compute_rank_info(spec);
-  std::lock_guard<std::mutex> lock(mutex);
-  return cache->emplace(spec, std::move(info)).first->second;
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  return cache.map.emplace(spec, std::move(info)).first->second;
 }
 
 }  // namespace

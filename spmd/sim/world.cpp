@@ -2,6 +2,7 @@
 #include <spmd/sim/world.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include <spmd/core/error.h>
 #include <spmd/sim/backend_driver.h>
@@ -9,7 +10,37 @@
 
 namespace spmd {
 
-World::World(std::shared_ptr<WorldState> state) : state_(std::move(state)) {}
+namespace {
+
+struct NewWorldListeners {
+  std::mutex mutex;
+  std::vector<void (*)()> listeners;
+};
+
+NewWorldListeners& new_world_listeners() {
+  static auto* listeners = new NewWorldListeners();  // never destroyed: worlds outlive statics
+  return *listeners;
+}
+
+}  // namespace
+
+void add_new_world_listener(void (*listener)()) {
+  NewWorldListeners& l = new_world_listeners();
+  const std::lock_guard lock(l.mutex);
+  if (std::find(l.listeners.begin(), l.listeners.end(), listener) == l.listeners.end()) {
+    l.listeners.push_back(listener);
+  }
+}
+
+World::World(std::shared_ptr<WorldState> state) : state_(std::move(state)) {
+  std::vector<void (*)()> listeners;
+  {
+    NewWorldListeners& l = new_world_listeners();
+    const std::lock_guard lock(l.mutex);
+    listeners = l.listeners;
+  }
+  for (void (*listener)() : listeners) listener();
+}
 
 World World::sim(int world_size) {
   if (world_size < 1) {

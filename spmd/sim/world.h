@@ -63,10 +63,25 @@ struct WorldState {
   std::string trace_path;  // where launch() writes the Chrome trace at exit; empty for none
 };
 
+// Note [Caches and worlds]
+// The process-wide caches above this module (the DTensor sharding decisions and redistribute
+// plans, dtensor/dispatch.h and dtensor/redistribute.h, and a dry run's per-spec rank tables,
+// dtensor/spec.cpp) hold DTensorSpecs, so meshes, and through
+// them the worlds those meshes were built on. Left alone they would keep every past world alive:
+// a process that runs one program after another (a dry-run sweep over layouts, a test binary)
+// would grow by every past world's meshes, about 11 KB per rank for a GPT step at 16384 ranks.
+// So each new world (World(std::shared_ptr<WorldState>), which every driver and launch() use)
+// calls the listeners registered here, and the caches drop their entries: the worlds and meshes
+// nothing else holds are freed. A new world is rare (once per program, per rank thread, or per
+// shadow run), and a dropped entry costs one new decision on its next use.
+void add_new_world_listener(void (*listener)());
+
 class World {
  public:
   // An undefined world; every accessor but defined() throws.
   World() = default;
+  // A new world (the backend drivers build them): calls the new-world listeners (Note [Caches and
+  // worlds]).
   explicit World(std::shared_ptr<WorldState> state);
 
   // A lockstep simulated world holding ranks 0..world_size-1, from the sim backend's driver.

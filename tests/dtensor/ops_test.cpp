@@ -9,6 +9,7 @@
 #include <spmd/dtensor/dispatch.h>
 #include <spmd/dtensor/hooks.h>
 #include <spmd/dtensor/ops.h>
+#include <spmd/tensor/meta.h>
 #include "tests/dtensor/dtensor_test_support.h"
 #include "tests/support/test_support.h"
 
@@ -116,6 +117,51 @@ TEST(ShardingCache, CountsHitsAndMisses) {
   s = sharding_cache_stats();
   EXPECT_EQ(s.misses, 3);  // static args are part of the key
   EXPECT_EQ(s.hits, 4);
+}
+
+// Note [Caches and worlds]: the caches keep a past world alive only until the next world is made.
+TEST(ShardingCache, ANewWorldDropsThePastWorldsEntries) {
+  std::weak_ptr<Backend> past;
+  {
+    World world = World::sim(4);
+    past = world.backend_ptr();
+    DeviceMesh mesh = init_device_mesh(world, {4});
+    DTensor a = distribute_tensor(ones({8, 4}), mesh, {Shard{0}});
+    DTensor b = (a + a).redistribute({Replicate{}});
+    EXPECT_TRUE(allclose(b.full_tensor(), full({8, 4}, 2.0)));
+  }
+  // The world's handles are gone; the cache entries still hold its meshes.
+  EXPECT_GE(sharding_cache_stats().size, 1);
+  EXPECT_GE(redistribute_cache_stats().size, 1);
+  EXPECT_FALSE(past.expired());
+  const CacheStats before = sharding_cache_stats();
+  World next = World::sim(4);
+  EXPECT_EQ(sharding_cache_stats().size, 0);
+  EXPECT_EQ(redistribute_cache_stats().size, 0);
+  EXPECT_EQ(sharding_cache_stats().misses, before.misses);  // the counters stay
+  EXPECT_TRUE(past.expired()) << "the past world is still alive";
+  // The new world's ops fill the caches again.
+  DeviceMesh mesh = init_device_mesh(next, {4});
+  DTensor a = distribute_tensor(ones({8, 4}), mesh, {Shard{0}});
+  EXPECT_TRUE(allclose((a + a).full_tensor(), full({8, 4}, 2.0)));
+  EXPECT_EQ(sharding_cache_stats().size, 1);
+}
+
+// The same for a dry run, whose specs also share per-rank tables (spec.cpp's rank-info cache).
+TEST(ShardingCache, ANewWorldFreesThePastWorldOfADryRun) {
+  const MetaTensorsScope meta(true);
+  std::weak_ptr<Backend> past;
+  {
+    World world = World::sim(64);
+    past = world.backend_ptr();
+    DeviceMesh mesh = init_device_mesh(world, {8, 8}, {"dp", "tp"});
+    DTensor w = distribute_tensor(ones({64, 32}), mesh, {Replicate{}, Shard{1}});
+    DTensor x = distribute_tensor(ones({16, 64}), mesh, {Shard{0}, Replicate{}});
+    EXPECT_EQ(matmul(x, w).redistribute({Shard{0}, Replicate{}}).shape(), (Shape{16, 32}));
+  }
+  EXPECT_FALSE(past.expired());
+  World next = World::sim(64);
+  EXPECT_TRUE(past.expired()) << "the past world of the dry run is still alive";
 }
 
 // ---- the observer hook --------------------------------------------------------------------
