@@ -53,7 +53,12 @@ int main(int argc, char** argv) {
     LocalTensor y = all_reduce(x, mesh, "all");
     if (drill == "stall" && world.holds(rank)) std::this_thread::sleep_for(std::chrono::hours(1));
     if (drill == "return" && world.holds(rank)) return;
-    if (drill == "die" && world.holds(rank)) raise(SIGKILL);
+    if (drill == "die" && world.holds(rank)) {
+      // The others go on to the barrier at once; a moment's wait makes sure they are waiting
+      // there (not still between the calls) when mpirun sees this rank die and stops them.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      raise(SIGKILL);
+    }
     if (drill == "return-pair") {
       DeviceMesh pairs = init_device_mesh(world, {world.size() / 2, 2}, {"pairs", "pair"});
       LocalTensor one = LocalTensor::from_fn(world, [](int) { return ones({4}); });
