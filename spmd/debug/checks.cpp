@@ -26,17 +26,8 @@ namespace {
 
 // ---- element access -----------------------------------------------------------------------------
 
-std::vector<int64_t> unravel(int64_t flat, const Shape& shape) {
-  std::vector<int64_t> index(shape.size());
-  for (size_t d = shape.size(); d-- > 0;) {
-    index[d] = shape[d] == 0 ? 0 : flat % shape[d];
-    flat = shape[d] == 0 ? 0 : flat / shape[d];
-  }
-  return index;
-}
-
 std::string index_str(int64_t flat, const Shape& shape) {
-  return shape_str(unravel(flat, shape));
+  return shape_str(unravel_index(flat, shape));
 }
 
 // Values as doubles (exact for every dtype but I64 beyond 2^53, which only messages print).
@@ -354,7 +345,7 @@ void check_against_full(const OpEvent& e, const std::vector<PieceSet>& inputs,
     }
   }
   if (worst < 0) return;
-  const std::vector<int64_t> index = unravel(worst, got.shape());
+  const std::vector<int64_t> index = unravel_index(worst, got.shape());
   const std::string tolerance =
       exact ? "exact for " + std::string(dtype_name(e.output.dtype()))
             : fmt::format("tolerance {:g} + {:g} * |expected|", tol.atol, tol.rtol);
@@ -444,7 +435,7 @@ void check_nonfinite(const OpEvent& e, bool nan_only) {
     auto bad = first_nonfinite(piece, nan_only);
     if (!bad) continue;
     const int rank = local.ranks()[r];
-    std::vector<int64_t> global = unravel(bad->flat, piece.shape());
+    std::vector<int64_t> global = unravel_index(bad->flat, piece.shape());
     for (size_t d = 0; d < global.size(); ++d) global[d] += info.local_offsets[r][d];
     const bool claim = e.inputs.empty();  // from_local: the user's pieces
     throw_error<NonFiniteError>(

@@ -76,24 +76,13 @@ struct ShardingCache {
   std::atomic<int64_t> misses{0};
 };
 
-// Drops the entries, keeping the counters (Note [Caches and worlds] in sim/world.h).
-void drop_sharding_entries();
-
 ShardingCache& sharding_cache() {
   static ShardingCache* cache = [] {
-    add_new_world_listener(drop_sharding_entries);
+    // Each new world drops the entries (Note [Caches and worlds] in sim/world.h).
+    add_new_world_listener([] { drop_cache_entries(sharding_cache()); });
     return new ShardingCache();  // never destroyed
   }();
   return *cache;
-}
-
-void drop_sharding_entries() {
-  ShardingCache& cache = sharding_cache();
-  decltype(cache.map) dropped;  // freed outside the lock
-  {
-    const std::lock_guard<std::mutex> lock(cache.mutex);
-    dropped.swap(cache.map);
-  }
 }
 
 std::size_t key_hash(const OpDef& op, SpecList inputs, const OpArgs& args) {

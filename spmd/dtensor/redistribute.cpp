@@ -488,24 +488,13 @@ struct PlanCache {
   std::atomic<int64_t> misses{0};
 };
 
-// Drops the entries, keeping the counters (Note [Caches and worlds] in sim/world.h).
-void drop_plan_entries();
-
 PlanCache& plan_cache() {
   static PlanCache* cache = [] {
-    add_new_world_listener(drop_plan_entries);
+    // Each new world drops the entries (Note [Caches and worlds] in sim/world.h).
+    add_new_world_listener([] { drop_cache_entries(plan_cache()); });
     return new PlanCache();  // never destroyed: used from static destructors
   }();
   return *cache;
-}
-
-void drop_plan_entries() {
-  PlanCache& cache = plan_cache();
-  decltype(cache.map) dropped;  // freed outside the lock
-  {
-    const std::lock_guard<std::mutex> lock(cache.mutex);
-    dropped.swap(cache.map);
-  }
 }
 
 }  // namespace

@@ -153,25 +153,14 @@ struct RankInfoCache {
   std::unordered_map<DTensorSpec, std::shared_ptr<const DTensorSpec::RankInfo>> map;
 };
 
-void drop_rank_infos();
-
 RankInfoCache& rank_info_cache() {
   static RankInfoCache* cache = [] {
-    add_new_world_listener(drop_rank_infos);
+    // Each new world drops the entries (Note [Caches and worlds] in sim/world.h): they hold
+    // their specs' meshes and, at 16384 ranks, every rank's coordinates, shapes and offsets.
+    add_new_world_listener([] { drop_cache_entries(rank_info_cache()); });
     return new RankInfoCache();  // never destroyed
   }();
   return *cache;
-}
-
-// Each new world drops the entries (Note [Caches and worlds] in sim/world.h): they hold their
-// specs' meshes and, at 16384 ranks, every rank's coordinates, shapes and offsets.
-void drop_rank_infos() {
-  RankInfoCache& cache = rank_info_cache();
-  decltype(cache.map) dropped;  // freed outside the lock
-  {
-    const std::lock_guard<std::mutex> lock(cache.mutex);
-    dropped.swap(cache.map);
-  }
 }
 
 // Under --spmd-tensors=meta, equal specs share one RankInfo (Note [Shape-only tensors]): a dry

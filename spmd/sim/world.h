@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,16 @@ struct WorldState {
 // nothing else holds are freed. A new world is rare (once per program, per rank thread, or per
 // shadow run), and a dropped entry costs one new decision on its next use.
 void add_new_world_listener(void (*listener)());
+// What such a listener does to a cache with members `mutex` and `map`: empties the map under the
+// lock and destroys the entries after it (freeing a mesh may take other locks).
+template <class Cache>
+void drop_cache_entries(Cache& cache) {
+  decltype(cache.map) dropped;
+  {
+    const std::lock_guard lock(cache.mutex);
+    dropped.swap(cache.map);
+  }
+}
 
 class World {
  public:

@@ -45,6 +45,15 @@ Strides contiguous_strides(const Shape& shape) {
   return strides;
 }
 
+std::vector<int64_t> unravel_index(int64_t flat, const Shape& shape) {
+  std::vector<int64_t> index(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    index[d] = shape[d] == 0 ? 0 : flat % shape[d];
+    flat = shape[d] == 0 ? 0 : flat / shape[d];
+  }
+  return index;
+}
+
 std::string shape_str(const Shape& shape) {
   // Built by hand: fmt::join trips a false GCC 12 warning in fmt 9 (see tensor/dtype.h).
   std::string out = "[";

@@ -22,6 +22,8 @@ int64_t checked_numel(const Shape& shape, std::string_view op);
 Strides contiguous_strides(const Shape& shape);
 // "[2, 3]".
 std::string shape_str(const Shape& shape);
+// The row-major multi-index of element `flat` of `shape` (all zeros for an empty shape).
+std::vector<int64_t> unravel_index(int64_t flat, const Shape& shape);
 
 // Maps d in [-ndim, ndim) to [0, ndim); otherwise throws ShapeError naming `op`, the dim and
 // the shape. For ops that insert a dim (unsqueeze, stack) pass ndim + 1.

@@ -26,15 +26,6 @@ namespace {
 
 // ---- element access -----------------------------------------------------------------------------
 
-std::vector<int64_t> unravel(int64_t flat, const Shape& shape) {
-  std::vector<int64_t> index(shape.size());
-  for (size_t d = shape.size(); d-- > 0;) {
-    index[d] = shape[d] == 0 ? 0 : flat % shape[d];
-    flat = shape[d] == 0 ? 0 : flat / shape[d];
-  }
-  return index;
-}
-
 // A tensor's elements as doubles (floating dtypes) or exactly as int64 (integers, Bool).
 struct Elements {
   DType dtype = DType::F32;
@@ -130,7 +121,7 @@ struct Side {
     std::vector<int> ranks;
     for (size_t p = 0; p < table.values.size(); ++p) {
       const std::vector<int64_t> coordinate =
-          unravel(static_cast<int64_t>(p) % mesh_size, mesh_shape);
+          unravel_index(static_cast<int64_t>(p) % mesh_size, mesh_shape);
       const Shape offset = spec.local_offset(coordinate);
       const Shape size = spec.local_shape(coordinate);
       bool inside = true;
@@ -199,7 +190,7 @@ struct Side {
   }
   if (!first) return ::testing::AssertionSuccess();
   const Shape& shape = a.full.shape();
-  const std::vector<int64_t> index = unravel(static_cast<int64_t>(*first), shape);
+  const std::vector<int64_t> index = unravel_index(static_cast<int64_t>(*first), shape);
   std::string how = "differ";
   std::string detail;
   if (atol) {
@@ -209,7 +200,7 @@ struct Side {
     detail = fmt::format(" (difference {}", x.format(difference));
     if (largest_at != *first) {
       detail += fmt::format("; the largest is {} at index {}", x.format(largest),
-                            shape_str(unravel(static_cast<int64_t>(largest_at), shape)));
+                            shape_str(unravel_index(static_cast<int64_t>(largest_at), shape)));
     }
     detail += ")";
   }
@@ -243,8 +234,9 @@ std::optional<std::string> shard_difference(int rank_a, const Tensor& a, int ran
     return fmt::format(
         "rank {} holds {} and rank {} holds {} at index {} ({} of {} elements "
         "differ; shape {} {})",
-        rank_a, x.str(i), rank_b, y.str(i), shape_str(unravel(static_cast<int64_t>(i), a.shape())),
-        count, x.size(), shape_str(a.shape()), a.dtype());
+        rank_a, x.str(i), rank_b, y.str(i),
+        shape_str(unravel_index(static_cast<int64_t>(i), a.shape())), count, x.size(),
+        shape_str(a.shape()), a.dtype());
   }
   return std::nullopt;
 }

@@ -66,15 +66,6 @@ Tensor make_input(uint64_t seed, int rank, const Shape& shape, DType dtype) {
   return from_vector(input_values(seed, rank, shape, dtype)).reshape(shape).to(dtype);
 }
 
-std::vector<int64_t> unravel(int64_t flat, const Shape& shape) {
-  std::vector<int64_t> idx(shape.size());
-  for (size_t d = shape.size(); d-- > 0;) {
-    idx[d] = shape[d] == 0 ? 0 : flat % shape[d];
-    flat = shape[d] == 0 ? 0 : flat / shape[d];
-  }
-  return idx;
-}
-
 int64_t ravel(const std::vector<int64_t>& idx, const Shape& shape) {
   int64_t flat = 0;
   for (size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + idx[d];
@@ -174,7 +165,7 @@ std::vector<double> concat_reference(uint64_t seed, const std::vector<int>& grou
   out_shape[static_cast<size_t>(d)] *= static_cast<int64_t>(group.size());
   std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
   for (size_t i = 0; i < expected.size(); ++i) {
-    std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
+    std::vector<int64_t> idx = unravel_index(static_cast<int64_t>(i), out_shape);
     const int64_t piece = shape[static_cast<size_t>(d)];
     const int member = group[static_cast<size_t>(idx[static_cast<size_t>(d)] / piece)];
     idx[static_cast<size_t>(d)] %= piece;
@@ -451,7 +442,7 @@ SPMD_TEST(Conformance, ReduceScatter) {
             const auto& group = s.group_of(r, &gi);
             std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
             for (size_t i = 0; i < expected.size(); ++i) {
-              std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
+              std::vector<int64_t> idx = unravel_index(static_cast<int64_t>(i), out_shape);
               idx[static_cast<size_t>(sd)] += gi * piece;
               std::vector<double> v;
               for (int m : group) v.push_back(input_value(seed, m, ravel(idx, sc.shape), dtype));
@@ -484,7 +475,7 @@ SPMD_TEST(Conformance, AllToAll) {
             const auto& group = s.group_of(r, &gi);
             std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
             for (size_t i = 0; i < expected.size(); ++i) {
-              std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
+              std::vector<int64_t> idx = unravel_index(static_cast<int64_t>(i), out_shape);
               const int64_t pc = piece_shape[static_cast<size_t>(concat)];
               const int source = group[static_cast<size_t>(idx[static_cast<size_t>(concat)] / pc)];
               idx[static_cast<size_t>(concat)] %= pc;
@@ -602,7 +593,7 @@ SPMD_TEST(Conformance, Scatter) {
             const auto& group = s.group_of(r, &gi);
             std::vector<double> expected(static_cast<size_t>(shape_numel(out_shape)));
             for (size_t i = 0; i < expected.size(); ++i) {
-              std::vector<int64_t> idx = unravel(static_cast<int64_t>(i), out_shape);
+              std::vector<int64_t> idx = unravel_index(static_cast<int64_t>(i), out_shape);
               idx[static_cast<size_t>(sd)] += gi * piece;
               expected[i] =
                   input_value(seed, group[static_cast<size_t>(src)], ravel(idx, sc.shape), dtype);

@@ -26,6 +26,21 @@ TEST(Shape, NumelStridesAndPrinting) {
   EXPECT_EQ(shape_str({}), "[]");
 }
 
+TEST(Shape, UnravelIndexIsRowMajor) {
+  // Every flat index of [2, 3, 4] maps back to itself through the strides.
+  const Shape shape = {2, 3, 4};
+  const Strides strides = contiguous_strides(shape);
+  for (int64_t flat = 0; flat < shape_numel(shape); ++flat) {
+    const std::vector<int64_t> index = unravel_index(flat, shape);
+    ASSERT_EQ(index.size(), 3u);
+    EXPECT_EQ(index[0] * strides[0] + index[1] * strides[1] + index[2] * strides[2], flat);
+    for (size_t d = 0; d < 3; ++d) EXPECT_LT(index[d], shape[d]);
+  }
+  EXPECT_EQ(unravel_index(23, shape), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(unravel_index(0, {}), std::vector<int64_t>{});
+  EXPECT_EQ(unravel_index(0, {3, 0}), (std::vector<int64_t>{0, 0}));
+}
+
 TEST(Shape, CheckedNumelRejectsNegativeAndOverflow) {
   EXPECT_EQ(checked_numel({3, 0, int64_t{1} << 62}, "zeros"), 0);
   expect_throws<ShapeError>(
