@@ -18,8 +18,7 @@ using testing::CommandResult;
 using testing::run_command;
 
 CommandResult mpirun(int n, const std::string& args, const std::string& env = "") {
-  return run_command(testing::mpi_env_prefix() + env + " " + SPMD_MPIEXEC + " -n " +
-                     std::to_string(n) + " " + SPMD_DEBUG_PROBE + " --spmd-backend=mpi " + args);
+  return testing::run_mpirun(SPMD_MPIEXEC, n, SPMD_DEBUG_PROBE, "--spmd-backend=mpi " + args, env);
 }
 
 using testing::contains;

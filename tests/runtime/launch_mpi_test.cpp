@@ -12,11 +12,9 @@ namespace spmd {
 namespace {
 
 using testing::CommandResult;
-using testing::run_command;
 
 CommandResult mpirun(int n, const std::string& args) {
-  return run_command(testing::mpi_env_prefix() + SPMD_MPIEXEC + " -n " + std::to_string(n) + " " +
-                     SPMD_LAUNCH_PROBE + " --spmd-backend=mpi " + args);
+  return testing::run_mpirun(SPMD_MPIEXEC, n, SPMD_LAUNCH_PROBE, "--spmd-backend=mpi " + args);
 }
 
 using testing::contains;

@@ -107,6 +107,12 @@ std::string mpi_env_prefix() {
          "OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader MPIEXEC_TIMEOUT=60 ";
 }
 
+CommandResult run_mpirun(const std::string& mpiexec, int n, const std::string& program,
+                         const std::string& args, const std::string& env) {
+  return run_command(mpi_env_prefix() + env + " " + mpiexec + " -n " + std::to_string(n) + " " +
+                     program + " " + args);
+}
+
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }

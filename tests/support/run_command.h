@@ -33,5 +33,8 @@ std::string fresh_temp_dir(const std::string& name);
 
 // The OpenMPI environment of the mpi tests (notes §5), as "VAR=value ..." for a command prefix.
 std::string mpi_env_prefix();
+// Runs `mpiexec -n n program args` with that environment and `env` ("VAR=value ...") before it.
+CommandResult run_mpirun(const std::string& mpiexec, int n, const std::string& program,
+                         const std::string& args, const std::string& env = "");
 
 }  // namespace spmd::testing

@@ -11,12 +11,11 @@ namespace spmd {
 namespace {
 
 using testing::CommandResult;
-using testing::run_command;
 
 CommandResult mpirun(int n, const std::string& test) {
-  return run_command(testing::mpi_env_prefix() + "SPMD_BACKEND=mpi " + SPMD_MPIEXEC + " -n " +
-                     std::to_string(n) + " " + SPMD_TESTING_TEST +
-                     " --gtest_also_run_disabled_tests --gtest_filter=" + test);
+  return testing::run_mpirun(SPMD_MPIEXEC, n, SPMD_TESTING_TEST,
+                             "--gtest_also_run_disabled_tests --gtest_filter=" + test,
+                             "SPMD_BACKEND=mpi");
 }
 
 using testing::contains;
