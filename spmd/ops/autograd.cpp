@@ -163,6 +163,11 @@ void check_versions(const Node& node) {
   }
 }
 
+bool same_shape(const Var& a, const Var& b) {
+  if (auto same = a.kind().same_shape) return same(a, b);
+  return var_shape(a) == var_shape(b);
+}
+
 // `grad` cast to the dtype of `like` when they differ (a gradient has its value's dtype).
 Var in_dtype_of(const Var& grad, const Var& like) {
   const DType want = var_dtype(like);
@@ -202,11 +207,11 @@ void run_backward(const Var& output, const Var& grad, SourceLocation loc) {
         "marked requires_grad_() (recorded ops run with grad mode on)",
         output.kind().name, output.kind().describe(output));
   }
-  if (!grad.defined() || &grad.kind() != &output.kind() || var_shape(grad) != var_shape(output)) {
+  if (!grad.defined() || &grad.kind() != &output.kind() || !same_shape(grad, output)) {
     throw_error<ShapeError>(
-        "backward: the output gradient ({}) must be a {} of the output's shape {}",
+        "backward: the output gradient ({}) must be a {} of the output's shape ({})",
         grad.defined() ? grad.kind().describe(grad) : "undefined", output.kind().name,
-        shape_str(var_shape(output)));
+        output.kind().describe(output));
   }
   NoGradGuard no_grad;
   if (meta->grad_fn == nullptr) {
@@ -258,16 +263,24 @@ void run_backward(const Var& output, const Var& grad, SourceLocation loc) {
         throw_error<Unsupported>("backward: op '{}' has no derivative (its inputs need one)",
                                  n->name);
       }
-      fn(ctx);
+      // Note [Uneven backward]: a table op over values whose parts differ in shape.
+      const VarKind& kind = n->output.kind();
+      std::vector<Var> part_grads;
+      if (n->op != nullptr && kind.per_shape_class != nullptr &&
+          kind.per_shape_class(*n, g, fn, part_grads)) {
+        for (size_t i = 0; i < part_grads.size(); ++i) ctx.set_grad(i, std::move(part_grads[i]));
+      } else {
+        fn(ctx);
+      }
     }
     for (size_t i = 0; i < n->edges.size(); ++i) {
       const Edge& e = n->edges[i];
       Var gi = ctx.grad_of(i);
       if (gi.defined()) {
-        if (var_shape(gi) != var_shape(n->inputs[i])) {
+        if (!same_shape(gi, n->inputs[i])) {
           throw_error<InternalError>(
-              "backward of op '{}': the gradient of input {} has shape {}, the input {}", n->name,
-              i, shape_str(var_shape(gi)), shape_str(var_shape(n->inputs[i])));
+              "backward of op '{}': the gradient of input {} is {}, the input {}", n->name, i,
+              gi.kind().describe(gi), n->inputs[i].kind().describe(n->inputs[i]));
         }
         gi = in_dtype_of(gi, n->inputs[i]);
         if (auto typed = n->inputs[i].kind().typed_grad) gi = typed(n->inputs[i], gi);

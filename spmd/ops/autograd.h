@@ -15,6 +15,13 @@
 // gradients into their `grad()`. Backward runs with grad mode off; a node's saved values are
 // released after it ran, so a second backward through the same nodes is an Error. A saved value
 // written in place since it was saved (Storage::version) is an Error naming the op.
+// Note [Uneven backward]
+// A LocalTensor's shards may differ in shape per rank (an expert-parallel MoE after an uneven
+// all_to_all_single); backward formulas are written once for every kind and ask for the shape of
+// a value. Under threads and mpi each process holds one rank, so every shape is one shape. Under
+// sim the engine runs such a table op's derivative once per class of ranks whose values have the
+// same shapes (VarKind::per_shape_class), each on LocalTensors over those ranks, and joins the
+// gradients: the same formulas, the same numbers as each rank computes under threads and mpi.
 // Kinds. A Var is a Tensor, a LocalTensor or a DTensor; each kind tells the engine how to run an
 // op on its values, attach a node to an output and accumulate into a leaf (VarKind). Backward
 // formulas call table ops on Vars, so one formula serves every kind: on DTensors it runs with
@@ -38,6 +45,9 @@
 namespace spmd {
 
 class Var;
+struct Node;
+class BackwardContext;
+using BackwardFn = void (*)(BackwardContext& context);
 
 // How one kind of value takes part in autograd (Tensor here; LocalTensor in sim/, DTensor in
 // dtensor/).
@@ -59,6 +69,16 @@ struct VarKind {
   // set for the input (a LocalTensor's SPMD types: the backward types of the input's,
   // sim/spmd_types.h). Null: the gradient as computed.
   Var (*typed_grad)(const Var& input, const Var& grad) = nullptr;
+  // Optional: whether `a` and `b` have the same shape everywhere (a LocalTensor: on every rank).
+  // Null: shape(a) == shape(b).
+  bool (*same_shape)(const Var& a, const Var& b) = nullptr;
+  // Optional (Note [Uneven backward]): runs `fn`, the derivative of table-op node `node` with
+  // output gradient `grad`, once per class of the values' parts that share their shapes (a
+  // LocalTensor's ranks grouped by the shapes of the node's values on them), and sets `grads` to
+  // the input gradients joined back. Returns false, running nothing, when every value already
+  // has one shape (the engine then runs `fn` once).
+  bool (*per_shape_class)(const Node& node, const Var& grad, BackwardFn fn,
+                          std::vector<Var>& grads) = nullptr;
 };
 
 // A differentiable value: a Tensor, LocalTensor or DTensor (kept without its autograd state), its
@@ -115,9 +135,6 @@ struct Edge {
   std::shared_ptr<Node> node;
   Var leaf;  // with its autograd state: accumulate() adds into it
 };
-
-class BackwardContext;
-using BackwardFn = void (*)(BackwardContext& context);
 
 struct Node {
   std::string_view name;

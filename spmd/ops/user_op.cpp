@@ -10,7 +10,7 @@ namespace {
 
 // `t` as contiguous F64 on the host.
 Tensor host_f64(const Tensor& t) {
-  return t.to(cpu()).to(DType::F64).contiguous();
+  return t.detach().to(cpu()).to(DType::F64).contiguous();
 }
 
 }  // namespace

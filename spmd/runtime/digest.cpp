@@ -34,7 +34,7 @@ uint64_t digest(const Tensor& t) {
   }
   // A shape-only tensor's digest covers its dtype and shape (Note [Shape-only tensors]).
   if (t.is_meta()) return h;
-  const Tensor c = t.to(cpu()).contiguous();
+  const Tensor c = t.detach().to(cpu()).contiguous();
   return fnv1a(c.data_ptr(), c.nbytes(), h);
 }
 
@@ -56,8 +56,9 @@ uint64_t digest(const World& world, const std::vector<LocalTensor>& tensors, Sou
     std::vector<int64_t> row(static_cast<size_t>(k));
     for (int64_t i = 0; i < k; ++i) {
       const LocalTensor& t = tensors[static_cast<size_t>(i)];
-      row[static_cast<size_t>(i)] =
-          t.defined() && t.holds(r) ? std::bit_cast<int64_t>(digest(t.shard(r))) : 0;
+      // A shard without elements counts as none held (Note [Ranks outside the mesh]).
+      const bool held = t.defined() && t.holds(r) && t.shard(r).numel() > 0;
+      row[static_cast<size_t>(i)] = held ? std::bit_cast<int64_t>(digest(t.shard(r))) : 0;
     }
     return row;
   };

@@ -2,8 +2,10 @@
 // and the LocalTensor functions that are not table ops.
 #include <spmd/sim/local_ops.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <map>
 #include <optional>
 
 #include <spmd/core/error.h>
@@ -77,20 +79,26 @@ LocalTensor run_shards(const OpDef& op, const Operands& operands, const OpArgs& 
     for (size_t k = 0; k < n_locals && !recording; ++k) recording = locals[k]->requires_grad();
   }
   TypesPtr out_types;
-  if (types_active()) [[unlikely]] {
+  if (types_active()) {
     std::array<TypesPtr, kInlineOperands> inline_types{};
+    std::array<uint8_t, kInlineOperands> inline_grads{};
     std::vector<TypesPtr> heap_types;
+    std::vector<uint8_t> heap_grads;
     TypesPtr* types = inline_types.data();
+    uint8_t* grads = inline_grads.data();
     if (n_in > kInlineOperands) {
       heap_types.resize(n_in);
+      heap_grads.resize(n_in);
       types = heap_types.data();
+      grads = heap_grads.data();
     }
     for (size_t k = 0; k < n_in; ++k) {
       const LocalTensor* t = operands.local(k);
       types[k] = t != nullptr ? t->spmd_types() : constant_types();
+      grads[k] = recording && t != nullptr && t->requires_grad() ? 1 : 0;
     }
-    out_types =
-        spmd_type_rule(op, std::span<const TypesPtr>(types, n_in), recording, user_site_or(loc));
+    out_types = spmd_type_rule(op, std::span<const TypesPtr>(types, n_in),
+                               std::span<const uint8_t>(grads, n_in), user_site_or(loc));
   }
   LocalTensor result;
   {
@@ -172,6 +180,109 @@ const LocalTensor& local_of(const Var& v) {
   return v.as<LocalTensor>();
 }
 
+// Whether every shard of `t` has one shape.
+bool uniform_shape(const LocalTensor& t) {
+  if (t.is_replicated()) return true;
+  const std::vector<Tensor>& shards = t.class_shards();
+  return std::all_of(shards.begin(), shards.end(),
+                     [&](const Tensor& s) { return s.shape() == shards.front().shape(); });
+}
+
+bool same_local_shape(const Var& a, const Var& b) {
+  const LocalTensor& x = local_of(a);
+  const LocalTensor& y = local_of(b);
+  if (x.num_shards() != y.num_shards()) return false;
+  for (size_t i = 0; i < x.num_shards(); ++i) {
+    if (x.shard_at(i).shape() != y.shard_at(i).shape()) return false;
+  }
+  return true;
+}
+
+// The shards of `t` at `positions` (of its ranks), as a LocalTensor over those ranks, untyped.
+LocalTensor part_of(const LocalTensor& t, const std::vector<size_t>& positions) {
+  std::vector<int> ranks;
+  std::vector<Tensor> shards;
+  ranks.reserve(positions.size());
+  shards.reserve(positions.size());
+  for (size_t i : positions) {
+    ranks.push_back(t.ranks()[i]);
+    shards.push_back(t.shard_at(i));
+  }
+  return LocalTensor(std::move(ranks), std::move(shards));
+}
+
+// Note [Uneven backward] (ops/autograd.h): the derivative once per class of ranks on which every
+// value of the node has the same shapes.
+bool local_per_shape_class(const Node& node, const Var& grad, BackwardFn fn,
+                           std::vector<Var>& grads) {
+  std::vector<const LocalTensor*> values;
+  values.reserve(node.inputs.size() + 2);
+  for (const Var& v : node.inputs) {
+    if (v.defined()) values.push_back(&local_of(v));
+  }
+  values.push_back(&local_of(node.output));
+  values.push_back(&local_of(grad));
+  if (std::all_of(values.begin(), values.end(),
+                  [](const LocalTensor* t) { return uniform_shape(*t); })) {
+    return false;
+  }
+  // Ranks (by position) keyed by the shapes of every value there, in order of first appearance.
+  const size_t n = values.front()->num_shards();
+  std::vector<std::vector<size_t>> classes;
+  std::map<std::vector<Shape>, size_t> index;
+  std::vector<Shape> key(values.size());
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t k = 0; k < values.size(); ++k) key[k] = values[k]->shard_at(i).shape();
+    auto [it, fresh] = index.emplace(key, classes.size());
+    if (fresh) classes.emplace_back();
+    classes[it->second].push_back(i);
+  }
+  const std::vector<int>& ranks = values.front()->ranks();
+  // Each class's gradients, per input; then every input's shards in rank order.
+  std::vector<std::vector<Tensor>> shards(node.inputs.size(), std::vector<Tensor>(n));
+  std::vector<bool> has_grad(node.inputs.size(), false);
+  for (const std::vector<size_t>& positions : classes) {
+    Node part;
+    part.name = node.name;
+    part.op = node.op;
+    part.backward = node.backward;
+    part.args = node.args;
+    part.edges = node.edges;
+    part.payload = node.payload;
+    part.site = node.site;
+    part.has_site = node.has_site;
+    part.inputs.reserve(node.inputs.size());
+    for (const Var& v : node.inputs) {
+      part.inputs.push_back(v.defined() ? local_var(part_of(local_of(v), positions)) : Var());
+    }
+    part.output = local_var(part_of(local_of(node.output), positions));
+    const Var part_grad = local_var(part_of(local_of(grad), positions));
+    BackwardContext context(part, part_grad);
+    fn(context);
+    for (size_t k = 0; k < node.inputs.size(); ++k) {
+      const Var& g = context.grad_of(k);
+      if (!g.defined()) continue;
+      has_grad[k] = true;
+      const LocalTensor& lg = local_of(g);
+      for (size_t j = 0; j < positions.size(); ++j) shards[k][positions[j]] = lg.shard_at(j);
+    }
+  }
+  grads.assign(node.inputs.size(), Var());
+  for (size_t k = 0; k < node.inputs.size(); ++k) {
+    if (!has_grad[k]) continue;
+    const LocalTensor& input = local_of(node.inputs[k]);
+    for (size_t i = 0; i < n; ++i) {
+      // A class whose formula left this input's gradient unset contributes zeros.
+      if (!shards[k][i].defined()) {
+        const Tensor& x = input.shard_at(i);
+        shards[k][i] = zeros(x.shape(), x.dtype(), x.device());
+      }
+    }
+    grads[k] = local_var(LocalTensor(ranks, std::move(shards[k])));
+  }
+  return true;
+}
+
 const VarKind kLocalKind{
     "LocalTensor",
     [](const OpDef& op, std::span<const Var> inputs, const OpArgs& args) {
@@ -209,8 +320,17 @@ const VarKind kLocalKind{
     [](const Var& v) { return local_of(v).dtype(); },
     [](const Var& v) {
       const LocalTensor& t = local_of(v);
-      return fmt::format("{} {} on ranks {}", shape_str(t.shard_at(0).shape()), t.dtype(),
-                         t.ranks());
+      if (uniform_shape(t)) {
+        return fmt::format("{} {} on ranks {}", shape_str(t.shard_at(0).shape()), t.dtype(),
+                           t.ranks());
+      }
+      std::string shapes;
+      for (size_t i = 0; i < t.num_shards() && i < 8; ++i) {
+        shapes += fmt::format("{}rank {}: {}", i ? ", " : "", t.ranks()[i],
+                              shape_str(t.shard_at(i).shape()));
+      }
+      return fmt::format("{} per rank ({}{})", t.dtype(), shapes,
+                         t.num_shards() > 8 ? ", ..." : "");
     },
     [](const Var& input, const Var& grad) {
       const TypesPtr& types = local_of(input).spmd_types();
@@ -219,7 +339,9 @@ const VarKind kLocalKind{
           &kLocalKind,
           std::make_shared<const LocalTensor>(local_of(grad).with_types(backward_types(types))),
           grad.meta());
-    }};
+    },
+    same_local_shape,
+    local_per_shape_class};
 
 }  // namespace
 

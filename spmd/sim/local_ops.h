@@ -423,6 +423,12 @@ inline LocalTensor contiguous(const LocalTensor& t,
                               SourceLocation loc = SourceLocation::current()) {
   return local_call(op::contiguous, {t}, {}, loc);
 }
+// The shards in `dtype` (the same LocalTensor when it has that dtype already, as Tensor::to).
+inline LocalTensor to(const LocalTensor& t, DType dtype,
+                      SourceLocation loc = SourceLocation::current()) {
+  if (t.defined() && t.dtype() == dtype) return t;
+  return local_call(op::to_dtype, {t}, {{static_cast<int64_t>(dtype)}, {}}, loc);
+}
 inline LocalTensor view(const LocalTensor& t, const Shape& shape,
                         SourceLocation loc = SourceLocation::current()) {
   return local_call(op::reshape, {t}, {shape, {}}, loc);

@@ -9,6 +9,7 @@
 
 #include <spmd/core/error.h>
 #include <spmd/core/parallel.h>
+#include <spmd/sim/local_ops.h>
 #include <spmd/sim/spmd_types.h>
 #include <spmd/tensor/compare.h>
 
@@ -182,8 +183,7 @@ const std::vector<Tensor>& LocalTensor::shards() const {
 
 LocalTensor LocalTensor::replicate(const World& world, const Tensor& t, SourceLocation loc) {
   LocalTensor out = replicate_on_devices(world, t);
-  if (types_active()) [[unlikely]]
-    out.types_ = uniform_types(SpmdType::R, "replicate", user_site_or(loc));
+  if (types_active()) out.types_ = uniform_types(SpmdType::R, "replicate", user_site_or(loc));
   return out;
 }
 
@@ -214,8 +214,7 @@ LocalTensor LocalTensor::replicate(const std::vector<int>& ranks, const Tensor& 
 LocalTensor LocalTensor::from_fn(const World& world, const std::function<Tensor(int)>& fn,
                                  SourceLocation loc) {
   LocalTensor out = from_fn_on_devices(world, fn);
-  if (types_active()) [[unlikely]]
-    out.types_ = uniform_types(SpmdType::V, "from_fn", user_site_or(loc));
+  if (types_active()) out.types_ = uniform_types(SpmdType::V, "from_fn", user_site_or(loc));
   return out;
 }
 
@@ -592,37 +591,51 @@ Tensor LocalTensor::reconcile() const {
   return first.clone();
 }
 
-LocalTensor LocalTensor::narrow(int64_t d, int64_t start, int64_t length) const {
-  return apply([&](const Tensor& t) { return t.narrow(d, start, length); });
+LocalTensor LocalTensor::narrow(int64_t d, int64_t start, int64_t length,
+                                SourceLocation loc) const {
+  return spmd::narrow(*this, d, start, length, loc);
 }
-LocalTensor LocalTensor::select(int64_t d, int64_t index) const {
-  return apply([&](const Tensor& t) { return t.select(d, index); });
+LocalTensor LocalTensor::select(int64_t d, int64_t index, SourceLocation loc) const {
+  return spmd::select(*this, d, index, loc);
 }
-LocalTensor LocalTensor::transpose(int64_t a, int64_t b) const {
-  return apply([&](const Tensor& t) { return t.transpose(a, b); });
+LocalTensor LocalTensor::transpose(int64_t a, int64_t b, SourceLocation loc) const {
+  return spmd::transpose(*this, a, b, loc);
 }
-LocalTensor LocalTensor::permute(const std::vector<int64_t>& dims) const {
-  return apply([&](const Tensor& t) { return t.permute(dims); });
+LocalTensor LocalTensor::permute(const std::vector<int64_t>& dims, SourceLocation loc) const {
+  return spmd::permute(*this, dims, loc);
 }
-LocalTensor LocalTensor::reshape(const Shape& shape) const {
-  return apply([&](const Tensor& t) { return t.reshape(shape); });
+LocalTensor LocalTensor::reshape(const Shape& shape, SourceLocation loc) const {
+  return spmd::reshape(*this, shape, loc);
 }
-LocalTensor LocalTensor::unsqueeze(int64_t d) const {
-  return apply([&](const Tensor& t) { return t.unsqueeze(d); });
+LocalTensor LocalTensor::unsqueeze(int64_t d, SourceLocation loc) const {
+  return spmd::unsqueeze(*this, d, loc);
 }
-LocalTensor LocalTensor::squeeze(int64_t d) const {
-  return apply([&](const Tensor& t) { return t.squeeze(d); });
+LocalTensor LocalTensor::squeeze(int64_t d, SourceLocation loc) const {
+  return spmd::squeeze(*this, d, loc);
 }
-LocalTensor LocalTensor::contiguous() const {
-  return apply([](const Tensor& t) { return t.contiguous(); });
+LocalTensor LocalTensor::expand(const Shape& shape, SourceLocation loc) const {
+  return spmd::expand(*this, shape, loc);
 }
-LocalTensor LocalTensor::clone() const {
-  return apply([](const Tensor& t) { return t.clone(); });
+LocalTensor LocalTensor::contiguous(SourceLocation loc) const {
+  return spmd::contiguous(*this, loc);
 }
-LocalTensor LocalTensor::to(DType dtype) const {
-  return apply([&](const Tensor& t) { return t.to(dtype); });
+LocalTensor LocalTensor::clone(SourceLocation loc) const {
+  return spmd::clone(*this, loc);
+}
+LocalTensor LocalTensor::to(DType dtype, SourceLocation loc) const {
+  return spmd::to(*this, dtype, loc);
 }
 LocalTensor LocalTensor::to(Device device) const {
+  check_defined("to");
+  const bool moves = std::any_of(shards_.begin(), shards_.end(),
+                                 [&](const Tensor& t) { return t.device() != device; });
+  if (!moves) return *this;
+  if (grad_enabled() && requires_grad()) {
+    throw_error<Unsupported>(
+        "LocalTensor::to: moving a LocalTensor that takes part in autograd to {} is not "
+        "differentiable; move it before requires_grad_() or under NoGradGuard",
+        device);
+  }
   return apply([&](const Tensor& t) { return t.to(device); });
 }
 

@@ -137,17 +137,25 @@ class LocalTensor {
   // that differ from the first held rank otherwise.
   Tensor reconcile() const;
 
-  // Shard-by-shard views and copies (see Tensor for each one's meaning).
-  LocalTensor narrow(int64_t d, int64_t start, int64_t length) const;
-  LocalTensor select(int64_t d, int64_t index) const;
-  LocalTensor transpose(int64_t a, int64_t b) const;
-  LocalTensor permute(const std::vector<int64_t>& dims) const;
-  LocalTensor reshape(const Shape& shape) const;
-  LocalTensor unsqueeze(int64_t d) const;
-  LocalTensor squeeze(int64_t d) const;
-  LocalTensor contiguous() const;
-  LocalTensor clone() const;
-  LocalTensor to(DType dtype) const;
+  // Shard-by-shard views and copies (see Tensor for each one's meaning). Each member is its free
+  // function of sim/local_ops.h (t.narrow(0, 0, 1) is narrow(t, 0, 0, 1)): one op-table entry,
+  // recorded by autograd and typed like any other op.
+  LocalTensor narrow(int64_t d, int64_t start, int64_t length,
+                     SourceLocation loc = SourceLocation::current()) const;
+  LocalTensor select(int64_t d, int64_t index,
+                     SourceLocation loc = SourceLocation::current()) const;
+  LocalTensor transpose(int64_t a, int64_t b, SourceLocation loc = SourceLocation::current()) const;
+  LocalTensor permute(const std::vector<int64_t>& dims,
+                      SourceLocation loc = SourceLocation::current()) const;
+  LocalTensor reshape(const Shape& shape, SourceLocation loc = SourceLocation::current()) const;
+  LocalTensor unsqueeze(int64_t d, SourceLocation loc = SourceLocation::current()) const;
+  LocalTensor squeeze(int64_t d, SourceLocation loc = SourceLocation::current()) const;
+  LocalTensor expand(const Shape& shape, SourceLocation loc = SourceLocation::current()) const;
+  LocalTensor contiguous(SourceLocation loc = SourceLocation::current()) const;
+  LocalTensor clone(SourceLocation loc = SourceLocation::current()) const;
+  LocalTensor to(DType dtype, SourceLocation loc = SourceLocation::current()) const;
+  // Every shard on `device`. Not recorded by autograd: Unsupported when a shard must move while
+  // this LocalTensor takes part in autograd (grad mode on), as for Tensor::to(Device).
   LocalTensor to(Device device) const;
 
   // One line per rank: "rank 0: [[1, 2], [3, 4]] shape=[2, 2] f32".

@@ -515,13 +515,19 @@ Tensor Tensor::to(Device device) const {
   check_defined("to");
   // A shape-only tensor stays one: it has no values to move.
   if (device == this->device() || is_meta()) return *this;
+  if (grad_enabled() && requires_grad()) {
+    throw_error<Unsupported>(
+        "Tensor::to: moving a tensor that takes part in autograd ({} {}) to {} is not "
+        "differentiable; move it before requires_grad_() or under NoGradGuard",
+        shape_str(meta_->shape), dtype_, device);
+  }
   Tensor out = empty_for("to", meta_->shape, dtype_, device);
   out.copy_(*this);
   return out;
 }
 
 void Tensor::check_integral_values(const char* op, DType to) const {
-  const Tensor host = this->to(cpu()).to(DType::F64).contiguous();
+  const Tensor host = this->detach().to(cpu()).to(DType::F64).contiguous();
   const double* p = host.data<double>();
   const double limit = to == DType::I64 ? 0x1p63 : 0x1p31;
   for (int64_t i = 0; i < meta_->numel; ++i) {

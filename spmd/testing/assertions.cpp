@@ -33,7 +33,7 @@ struct Elements {
   std::vector<int64_t> ints;
 
   explicit Elements(const Tensor& t) : dtype(t.dtype()) {
-    const Tensor host = t.to(Device{}).contiguous();
+    const Tensor host = t.detach().to(Device{}).contiguous();
     if (is_floating(dtype)) {
       floats = host.to(DType::F64).to_vector<double>();
     } else {

@@ -1,6 +1,9 @@
 // Tests for LocalTensor (sim/local_tensor.h) and its shard-by-shard ops (sim/local_ops.h).
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <vector>
+
 #include <spmd/ops/ops.h>
 #include <spmd/sim/local_ops.h>
 #include <spmd/sim/local_tensor.h>
@@ -121,6 +124,132 @@ TEST(LocalTensor, PerRankPadding) {
   EXPECT_EQ(padded.shape(), Shape{2});
   EXPECT_EQ(padded.shard(1).to_vector<float>(), (std::vector<float>{1, 0}));
   EXPECT_EQ(unpad(padded, 0, 0, after).shard(1).shape(), Shape{1});
+}
+
+}  // namespace
+}  // namespace spmd
+
+namespace spmd {
+namespace {
+
+// ---- autograd through the members (issue: member views dropped gradients) ------------------
+
+// One LocalTensor member and the Tensor method it mirrors (recorded by autograd on Tensors).
+struct MemberCase {
+  const char* name;
+  std::function<LocalTensor(const LocalTensor&)> member;
+  std::function<Tensor(const Tensor&)> method;
+};
+
+// Every LocalTensor member that has a free function. Each must be that free function: recorded by
+// autograd, so `sum(h) + sum(member(h) * w)` gets the gradient the same program on each rank's
+// Tensor gets (the free functions and the Tensor methods are recorded).
+std::vector<MemberCase> member_cases() {
+  return {
+      {"narrow", [](const LocalTensor& h) { return h.narrow(0, 1, 2); },
+       [](const Tensor& t) { return t.narrow(0, 1, 2); }},
+      {"select", [](const LocalTensor& h) { return h.select(1, 2); },
+       [](const Tensor& t) { return t.select(1, 2); }},
+      {"transpose", [](const LocalTensor& h) { return h.transpose(0, 1); },
+       [](const Tensor& t) { return t.transpose(0, 1); }},
+      {"permute",
+       [](const LocalTensor& h) {
+         return h.permute({1, 0});
+       },
+       [](const Tensor& t) {
+         return t.permute({1, 0});
+       }},
+      {"reshape",
+       [](const LocalTensor& h) {
+         return h.reshape({4, 3});
+       },
+       [](const Tensor& t) {
+         return t.reshape({4, 3});
+       }},
+      {"unsqueeze", [](const LocalTensor& h) { return h.unsqueeze(1); },
+       [](const Tensor& t) { return t.unsqueeze(1); }},
+      {"squeeze", [](const LocalTensor& h) { return h.narrow(0, 0, 1).squeeze(0); },
+       [](const Tensor& t) { return t.narrow(0, 0, 1).squeeze(0); }},
+      {"expand",
+       [](const LocalTensor& h) {
+         return h.narrow(0, 0, 1).expand({5, 4});
+       },
+       [](const Tensor& t) {
+         return t.narrow(0, 0, 1).expand({5, 4});
+       }},
+      {"contiguous", [](const LocalTensor& h) { return h.transpose(0, 1).contiguous(); },
+       [](const Tensor& t) { return t.transpose(0, 1).contiguous(); }},
+      {"clone", [](const LocalTensor& h) { return h.clone(); },
+       [](const Tensor& t) { return t.clone(); }},
+      {"to", [](const LocalTensor& h) { return h.to(DType::F32).to(DType::F64); },
+       [](const Tensor& t) { return t.to(DType::F32).to(DType::F64); }},
+  };
+}
+
+TEST(LocalTensorAutograd, EveryMemberIsRecordedLikeItsFreeFunction) {
+  World world = World::sim(4);
+  for (const MemberCase& c : member_cases()) {
+    SCOPED_TRACE(c.name);
+    LocalTensor h = LocalTensor::from_fn(world, [](int r) {
+      return randn({3, 4}, 40 + static_cast<uint64_t>(r), DType::F64);
+    });
+    h.requires_grad_();
+    const LocalTensor view = c.member(h);
+    const Tensor w = randn(view.shard(0).shape(), 7, DType::F64);
+    backward(sum(h) + sum(view * w));
+    ASSERT_TRUE(h.grad().defined());
+    for (int r : world.held_ranks()) {
+      Tensor t = h.shard(r).detach();
+      t.requires_grad_();
+      backward(sum(t) + sum(c.method(t) * w));
+      EXPECT_TRUE(allclose(h.grad().shard(r), t.grad(), 1e-12, 1e-12))
+          << "rank " << r << ": " << h.grad().shard(r) << " vs " << t.grad();
+    }
+  }
+  // The issue's example: half the gradient was lost through the member view.
+  LocalTensor h = LocalTensor::from_fn(world, [](int r) { return full({2, 3}, r, DType::F64); });
+  h.requires_grad_();
+  backward(sum(h) + sum(h.narrow(0, 0, 1)));
+  const Tensor want = from_vector<double>({2, 2, 2, 1, 1, 1}, {2, 3});
+  for (int r : world.held_ranks()) EXPECT_TRUE(equal(h.grad().shard(r), want)) << "rank " << r;
+}
+
+TEST(LocalTensorAutograd, ToItsOwnDeviceKeepsTheGradient) {
+  World world = World::sim(2);
+  LocalTensor h = LocalTensor::from_fn(world, [](int r) { return full({2}, r); });
+  // Same device: the same value, gradients kept.
+  h.requires_grad_();
+  EXPECT_TRUE(h.to(cpu()).requires_grad());
+  Tensor t = ones({2});
+  t.requires_grad_();
+  EXPECT_TRUE(t.to(cpu()).requires_grad());
+}
+
+// Note [Uneven backward]: shards of different shapes per rank (as after an uneven
+// all_to_all_single) differentiate under sim as each rank does on its own under threads and mpi.
+TEST(LocalTensorAutograd, UnevenShardsDifferentiatePerRank) {
+  World world = World::sim(4);
+  const Tensor w_full = randn({3, 5}, 9, DType::F64);
+  LocalTensor w = LocalTensor::replicate(world, w_full);
+  w.requires_grad_();
+  // Rank r holds r + 1 rows (rank 3: none would be an empty shard; keep it non-empty here).
+  LocalTensor x = LocalTensor::from_fn(world, [](int r) {
+    return randn({r + 1, 3}, 50 + static_cast<uint64_t>(r), DType::F64);
+  });
+  x.requires_grad_();
+  const LocalTensor h = gelu(matmul(x, w) + 1.0);
+  const LocalTensor loss = sum(mean(h * h, {1}) * 0.5);
+  backward(loss);
+  for (int r : world.held_ranks()) {
+    Tensor xr = x.shard(r).detach();
+    Tensor wr = w_full.clone();
+    xr.requires_grad_();
+    wr.requires_grad_();
+    const Tensor hr = gelu(matmul(xr, wr) + 1.0);
+    backward(sum(mean(hr * hr, {1}) * 0.5));
+    EXPECT_TRUE(allclose(x.grad().shard(r), xr.grad(), 1e-12, 1e-12)) << "rank " << r;
+    EXPECT_TRUE(allclose(w.grad().shard(r), wr.grad(), 1e-12, 1e-12)) << "rank " << r;
+  }
 }
 
 }  // namespace
