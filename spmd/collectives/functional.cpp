@@ -69,7 +69,7 @@ Communicator& dim_communicator(const DeviceMesh& mesh, int d) {
 // the trace event (each participant with its group and that group's next sequence number).
 Prepared prepare(const LocalTensor& x, Communicator& comm, const World& world, std::string dim_name,
                  const CollectiveOptions& options, const std::source_location& loc,
-                 bool traced = true) {
+                 bool traced = true, const std::function<void()>& after_checks = nullptr) {
   const CollectiveKind kind = kind_of(options);
   if (!x.defined()) throw_error<CommError>("{}: the input LocalTensor is undefined", kind);
   check_input_ranks(kind, dim_name, x.ranks(), world);
@@ -160,6 +160,7 @@ Prepared prepare(const LocalTensor& x, Communicator& comm, const World& world, s
         kind, p.site.dim_name, x.ranks(), group_size,
         groups.empty() ? std::vector<int>{} : groups[0]);
   }
+  if (after_checks) after_checks();
   if (!tracing) return p;
 
   event.comm_id = comm.id();
@@ -191,16 +192,18 @@ struct Issued {
   uint64_t trace_id;
 };
 
-// Note [Autograd] (ops/autograd.h): a collective on a LocalTensor that takes part in autograd is
-// recorded, but it has no derivative of its own until typed local code gives it one: backward
-// through it is an error naming the call.
+// Note [Autograd] (ops/autograd.h): a collective on a typed LocalTensor is recorded with the
+// backward its SPMD types imply (collectives/typed.h). An untyped one (made from a rank list, or
+// the pieces of a DTensor handed around without to_local) says nothing about what its values
+// mean, so its collective is recorded without a derivative: backward through it is an error
+// naming the call.
 void local_collective_backward(BackwardContext& c) {
   throw_error<Unsupported>(
       "backward: {} on a LocalTensor is not differentiable: a local collective's gradient depends "
-      "on what the local values mean, which an untyped LocalTensor does not say; run with "
-      "--spmd-debug=types (its SPMD types decide the backward collective), write the step with "
-      "DTensor ops and redistribute, or wrap the local code in from_local/to_local with "
-      "grad_placements",
+      "on what the local values mean (SPMD types), and this LocalTensor is untyped (made from a "
+      "rank list rather than a World, or taken from a DTensor without to_local); make it with "
+      "LocalTensor::from_fn(world, ...), replicate(world, ...) or DTensor::to_local, or write the "
+      "step with DTensor ops and redistribute",
       c.payload<std::string>());
 }
 
@@ -215,9 +218,21 @@ LocalTensor on_tape(const LocalTensor& x, const LocalTensor& result, CollectiveK
       .value<LocalTensor>();
 }
 
+// Checks the input, then its SPMD types (null when untyped or in a derivative: Note [SPMD types];
+// the arguments are checked first, so a bad argument is a CommError whatever the types), then
+// issues the collective.
 Issued issue_call(const LocalTensor& x, const DeviceMesh& mesh, int d,
-                  const CollectiveOptions& options, const std::source_location& loc) {
-  Prepared p = prepare(x, dim_communicator(mesh, d), mesh.world(), mesh.dim_name(d), options, loc);
+                  const CollectiveOptions& options, const std::source_location& loc,
+                  TypesPtr& types) {
+  std::function<void()> type_check;
+  if (x.spmd_types() != nullptr && types_active()) {
+    type_check = [&] {
+      const UserCallSite site(loc);
+      types = collective_types(x.spmd_types(), options, mesh, d, loc);
+    };
+  }
+  Prepared p = prepare(x, dim_communicator(mesh, d), mesh.world(), mesh.dim_name(d), options, loc,
+                       /*traced=*/true, type_check);
   return Issued{p.backend->issue(*p.comm, x, options, p.site), p.trace_id};
 }
 
@@ -229,11 +244,7 @@ Async<LocalTensor> collective_async(const LocalTensor& x, const DeviceMesh& mesh
   const SourceLocation loc = user_site_or(caller);
   const int d = mesh.resolve(dim);
   TypesPtr types;
-  if (x.spmd_types() != nullptr && types_active()) [[unlikely]] {
-    const UserCallSite site(loc);
-    types = collective_types(x.spmd_types(), options, mesh, d, loc);
-  }
-  Issued issued = issue_call(x, mesh, d, options, loc);
+  Issued issued = issue_call(x, mesh, d, options, loc, types);
   const uint64_t id = issued.trace_id;
   CollectiveObserver observer = g_observer.load(std::memory_order_relaxed);
   const bool tape = grad_enabled() && x.requires_grad();
@@ -271,11 +282,7 @@ LocalTensor collective(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim
   const SourceLocation loc = user_site_or(caller);
   const int d = mesh.resolve(dim);
   TypesPtr types;
-  if (x.spmd_types() != nullptr && types_active()) [[unlikely]] {
-    const UserCallSite site(loc);
-    types = collective_types(x.spmd_types(), options, mesh, d, loc);
-  }
-  Issued issued = issue_call(x, mesh, d, options, loc);
+  Issued issued = issue_call(x, mesh, d, options, loc, types);
   issued.work->wait();
   if (issued.trace_id != UINT64_MAX) trace().finish(issued.trace_id);
   LocalTensor result = issued.work->take_result();
@@ -288,11 +295,6 @@ LocalTensor collective(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim
     return on_tape(x, result, kind_of(options), mesh.dim_name(d), loc);
   }
   return result;
-}
-
-const CommOptions& internal_comm_options() {
-  static const CommOptions options{"", {{"spmd", "internal"}}};
-  return options;
 }
 
 LocalTensor internal_collective(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,

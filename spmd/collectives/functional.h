@@ -87,8 +87,6 @@ Async<LocalTensor> collective_async(const LocalTensor& x, const DeviceMesh& mesh
 // reach it is reported like any collective, at the current user call site.
 LocalTensor internal_collective(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                                 CollectiveOptions options, SPMD_HERE_);
-// The options of internal_collective's communicators.
-const CommOptions& internal_comm_options();
 
 LocalTensor all_reduce(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                        ReduceOp op = ReduceOp::Sum, SPMD_HERE_);

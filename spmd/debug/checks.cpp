@@ -32,7 +32,7 @@ std::string index_str(int64_t flat, const Shape& shape) {
 
 // Values as doubles (exact for every dtype but I64 beyond 2^53, which only messages print).
 std::vector<double> values(const Tensor& t) {
-  return t.to(Device{}).contiguous().to_vector<double>();
+  return t.detach().to(Device{}).contiguous().to_vector<double>();
 }
 
 // Same value, NaN equal to NaN (and integers compared exactly).
@@ -44,8 +44,8 @@ bool same_value(double a, double b) {
 std::optional<int64_t> first_difference(const Tensor& a, const Tensor& b) {
   if (a.is_same(b)) return std::nullopt;
   if (!is_floating(a.dtype()) && !is_floating(b.dtype())) {
-    std::vector<int64_t> x = a.to(Device{}).contiguous().to_vector<int64_t>();
-    std::vector<int64_t> y = b.to(Device{}).contiguous().to_vector<int64_t>();
+    std::vector<int64_t> x = a.detach().to(Device{}).contiguous().to_vector<int64_t>();
+    std::vector<int64_t> y = b.detach().to(Device{}).contiguous().to_vector<int64_t>();
     for (size_t i = 0; i < x.size(); ++i) {
       if (x[i] != y[i]) return static_cast<int64_t>(i);
     }
@@ -161,7 +161,7 @@ PieceSet gathered_pieces(const DTensor& t) {
   SPMD_CHECK(where.has_value());
   const std::vector<int> group = family.group(where->group);
   const int64_t n = static_cast<int64_t>(group.size());
-  const Tensor mine = local.shard_at(0).to(Device{}).contiguous();
+  const Tensor mine = local.shard_at(0).detach().to(Device{}).contiguous();
   const int64_t nd = mine.dim();
 
   std::vector<int64_t> row{mine.numel()};
@@ -384,7 +384,19 @@ void check_replicas(const OpEvent& e, const PieceSet& set, const DTensor& t, Rol
             group[0], values(*first)[i], group[k], values(*other)[i],
             index_str(*at, first->shape()), ranks_str(group), describe_dtensor(t),
             spec.mesh().to_string());
-        const std::string mode = e.output.mesh().world().debug().replicate ? "replicate" : "check";
+        const DebugOptions& debug = e.output.mesh().world().debug();
+        const std::string mode = debug.replicate ? "replicate" : debug.check ? "check" : "types";
+        if (role == Role::Claim && e.op == "to_local") {
+          const std::string name = spec.mesh().dim_name(d);
+          throw_error<DivergenceError>(
+              "--spmd-debug={}: to_local at {} claims through grad_placements {} that the "
+              "gradient of its LocalTensor is Replicate on mesh dim {} ('{}'), but the gradient "
+              "that arrived differs between the ranks: {}. The '{}' pieces differ: this gradient "
+              "is Partial over '{}' (each rank computed its own term of the sum), not Replicate; "
+              "pass grad_placements with Partial{{}} on '{}' to that to_local",
+              mode, site_text(e.location), to_string(spec.placements()), d, name, facts, name, name,
+              name);
+        }
         if (role == Role::Claim) {
           throw_error<DivergenceError>(
               "--spmd-debug={}: DTensor::from_local at {} claims Replicate on mesh dim {} ('{}') "
@@ -441,9 +453,9 @@ void check_nonfinite(const OpEvent& e, bool nan_only) {
     throw_error<NonFiniteError>(
         "--spmd-debug=nan: {} '{}' at {} {} {} on rank {} at index {} of its piece (global index "
         "{}){}; output {}; {}{}{}",
-        claim ? "DTensor::from_local" : "DTensor op", e.op, site_text(e.location),
-        claim ? "received" : "produced", nonfinite_name(bad->value), rank,
-        index_str(bad->flat, piece.shape()), shape_str(global),
+        claim ? (e.op == "to_local" ? "the gradient of" : "DTensor::from_local") : "DTensor op",
+        e.op, site_text(e.location), claim ? "received" : "produced", nonfinite_name(bad->value),
+        rank, index_str(bad->flat, piece.shape()), shape_str(global),
         claim ? std::string()
               : input_note(e.inputs.size(), rank, nan_only,
                            [&](size_t i) -> const Tensor* {
@@ -560,9 +572,25 @@ void on_collective(const CollectiveEvent& e) {
   }
 }
 
+// Whether this process can see every rank's piece of a DTensor on `world`: it holds them all
+// (sim), or gathers them with internal collectives over CPU tensors (threads, mpi).
+bool sees_every_piece(const World& world) {
+  const WorldState& state = world.state();
+  return state.held_ranks.size() == static_cast<size_t>(state.size) ||
+         (state.held_ranks.size() == 1 && state.device_type == "cpu");
+}
+
 void on_op(const OpEvent& e) {
   const DebugOptions& debug = e.output.mesh().world().debug();
   if (debug.nan) check_nonfinite(e, debug.allow_inf);
+  // to_local's grad_placements, checked against the gradient that arrived: under replicate and
+  // types (whose claims it is), wherever the pieces can be seen.
+  if (e.op == "to_local" && e.inputs.empty()) {
+    if ((debug.check || debug.replicate || debug.types) &&
+        sees_every_piece(e.output.mesh().world()))
+      check_replicas(e, all_pieces(e.output), e.output, Role::Claim, 0);
+    return;
+  }
   if (!debug.check && !debug.replicate) return;
   // Every rank's pieces (gathered under threads and mpi, in the same order on every rank).
   std::vector<PieceSet> inputs;
@@ -679,7 +707,7 @@ void set_debug(World& world, const DebugOptions& debug) {
         "BackendDriver::debug_all)");
   }
   std::shared_ptr<const HookToken> checks;
-  if (debug.check || debug.replicate || debug.nan || debug.divergence)
+  if (debug.check || debug.replicate || debug.nan || debug.divergence || debug.types)
     checks = std::make_shared<const HookToken>(debug.nan, debug.allow_inf);
   // Types are on in the process while a world with them lives; the data check needs every shard
   // (Note [Types against the data] in sim/spmd_types.cpp).

@@ -28,6 +28,9 @@ Tensor identity_reference(std::span<const Tensor> inputs, const OpArgs&) {
 const OpDef kRedistributeOp{"redistribute", nullptr, nullptr, nullptr, nullptr, identity_reference};
 // The op observers see for DTensor::from_local (no DTensor inputs, no reference).
 const OpDef kFromLocalOp{"from_local", nullptr, nullptr, nullptr, nullptr, nullptr};
+// The op observers see when to_local's gradient arrives: the LocalTensor gradient laid out as
+// grad_placements claim (no DTensor inputs), at the line of the to_local that made the claim.
+const OpDef kToLocalGradOp{"to_local", nullptr, nullptr, nullptr, nullptr, nullptr};
 
 const DTensor& dtensor_of(const Var& v) {
   return v.as<DTensor>();
@@ -81,8 +84,17 @@ void to_local_backward(BackwardContext& c) {
   const DTensor& in = dtensor_of(c.input(0));
   const auto& placements = c.payload<Placements>();
   const LocalTensor& g = c.grad().as<LocalTensor>();
-  c.set_grad(0, dtensor_var(DTensor(g.detach(), std::make_shared<const DTensorSpec>(
-                                                    in.spec().with_placements(placements)))));
+  DTensor grad(g.detach(),
+               std::make_shared<const DTensorSpec>(in.spec().with_placements(placements)));
+  // The debug checks see grad_placements as a claim about pieces the local code computed, when
+  // they arrive (the current call site is the to_local's line: Note [User call sites]).
+  if (has_op_observers() && grad.participates()) {
+    if (const SourceLocation* site = current_call_site()) {
+      static const OpArgs kNoArgs;
+      notify_op_observers(OpEvent{kToLocalGradOp.name, &kToLocalGradOp, kNoArgs, {}, grad, *site});
+    }
+  }
+  c.set_grad(0, dtensor_var(grad));
 }
 
 // The gradient of the pieces: the DTensor's gradient laid out as grad_placements say, except that
@@ -94,8 +106,9 @@ void from_local_backward(BackwardContext& c) {
       0, local_var(g.redistribute(grad_target(c.payload<Placements>(), g.placements())).local()));
 }
 
-// Typed pieces (Note [SPMD types]): the gradient laid out exactly as grad_placements say, so an R
-// piece whose grad_placements are Partial gets its share of a pending sum (R -> P partitions).
+// Typed pieces (Note [SPMD types]) with explicit grad_placements: the gradient laid out exactly as
+// they say, so an R piece whose grad_placements are Partial gets its share of a pending sum (R -> P
+// partitions). Without them the default rule above applies.
 void from_local_typed_backward(BackwardContext& c) {
   const DTensor& g = dtensor_of(c.grad());
   c.set_grad(0, local_var(g.redistribute(c.payload<Placements>()).local()));
@@ -132,13 +145,8 @@ const VarKind kDTensorKind{
                          t.dtype());
     }};
 
-void check_has_ranks(const DTensorSpec& spec, const char* op) {
-  if (spec.rank_info().ranks.empty()) {
-    throw_error<PlacementError>(
-        "{}: no rank this process holds (held ranks {}) is in the mesh {}; ranks outside the "
-        "mesh cannot hold a DTensor on it",
-        op, ranks_str(spec.mesh().world().held_ranks()), spec.mesh().to_string());
-  }
+bool outside_mesh(const DTensorSpec& spec) {
+  return spec.rank_info().ranks.empty();
 }
 
 }  // namespace
@@ -197,6 +205,8 @@ const SpecPtr& DTensor::spec_ptr() const {
 Tensor DTensor::full_tensor(SourceLocation loc) const {
   const UserCallSite site(loc);
   check_defined("full_tensor");
+  // Note [Ranks outside the mesh]: an empty tensor, as in PyTorch.
+  if (!participates()) return empty({0}, dtype(), local_.shard_at(0).device());
   Tensor full = local_.shard_at(0);
   if (!spec_->is_replicated()) {
     NoGradGuard no_grad;
@@ -219,15 +229,23 @@ DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner 
   if (placements == spec_->placements()) return *this;
   DTensorSpec target = spec_->with_placements(placements, "DTensor::redistribute");
   if (target == *spec_) return *this;
-  auto plan = cached_redistribute_plan(*spec_, target, planner);
-  DTensor out(execute_redistribute(local_, *spec_, *plan),
-              std::make_shared<const DTensorSpec>(std::move(target)));
+  DTensor out;
+  if (!participates()) {
+    create_plan_communicators(*cached_redistribute_plan(*spec_, target, planner));
+    auto spec = std::make_shared<const DTensorSpec>(std::move(target));
+    LocalTensor empty_pieces = outside_mesh_local(*spec);
+    out = DTensor(std::move(empty_pieces), std::move(spec));
+  } else {
+    auto plan = cached_redistribute_plan(*spec_, target, planner);
+    out = DTensor(execute_redistribute(local_, *spec_, *plan),
+                  std::make_shared<const DTensorSpec>(std::move(target)));
+  }
   if (grad_enabled() && requires_grad() && is_floating(dtype())) {
     const Var in = dtensor_var(*this);
     out = record("redistribute", nullptr, {&in, 1}, {}, dtensor_var(out), redistribute_backward)
               .value<DTensor>();
   }
-  if (has_op_observers()) {
+  if (has_op_observers() && out.participates()) {
     const DTensor* input = this;
     static const OpArgs kNoArgs;
     notify_op_observers(OpEvent{kRedistributeOp.name, &kRedistributeOp, kNoArgs,
@@ -317,16 +335,24 @@ void check_from_local_types(const LocalTensor& local, const DeviceMesh& mesh,
   check_types_against_data(local, "DTensor::from_local", loc);
 }
 
-// The types of the pieces of `spec` (Shard: V, Replicate: R, Partial: P), from to_local at `loc`.
-TypesPtr to_local_types(const DTensorSpec& spec, const SourceLocation& loc) {
+// The types of the pieces of `spec` from to_local at `loc`: Shard V, Partial P, Replicate R; but
+// when to_local is recorded for autograd (`grad_placements` set), a Replicate whose gradient is
+// claimed Replicate is I (the gradient must arrive identical on every rank: reduced), and one whose
+// gradient is claimed Partial is R (each rank's gradient is its term of a pending sum).
+TypesPtr to_local_types(const DTensorSpec& spec, const Placements* grad_placements,
+                        const SourceLocation& loc) {
   auto types = std::make_shared<SpmdTypes>();
   types->rest = AxisType{"", SpmdType::R, "to_local", loc, nullptr, nullptr};
   const DeviceMesh& mesh = spec.mesh();
   for (int i = 0; i < mesh.ndim(); ++i) {
     const Placement& p = spec.placements()[static_cast<size_t>(i)];
-    const SpmdType t = std::holds_alternative<Shard>(p)     ? SpmdType::V
-                       : std::holds_alternative<Partial>(p) ? SpmdType::P
-                                                            : SpmdType::R;
+    SpmdType t = std::holds_alternative<Shard>(p)     ? SpmdType::V
+                 : std::holds_alternative<Partial>(p) ? SpmdType::P
+                                                      : SpmdType::R;
+    if (t == SpmdType::R && grad_placements != nullptr &&
+        is_replicate((*grad_placements)[static_cast<size_t>(i)])) {
+      t = SpmdType::I;
+    }
     *types = types->with(axis_type(mesh, i, t, "to_local", loc));
   }
   return types;
@@ -337,23 +363,20 @@ TypesPtr to_local_types(const DTensorSpec& spec, const SourceLocation& loc) {
 LocalTensor DTensor::to_local(std::optional<Placements> grad_placements, SourceLocation loc) const {
   const UserCallSite site(loc);
   check_defined("to_local");
-  if (types_active()) [[unlikely]] {
-    const LocalTensor typed = local_.with_types(to_local_types(*spec_, user_site_or(loc)));
-    if (!grad_enabled() || !requires_grad() || !is_floating(dtype())) return typed;
-    auto placements = std::make_shared<const Placements>(
+  const bool recorded = grad_enabled() && requires_grad() && is_floating(dtype());
+  std::shared_ptr<const Placements> placements;
+  if (recorded) {
+    placements = std::make_shared<const Placements>(
         grad_placements ? normalized_grad_placements(*spec_, *grad_placements, "to_local")
                         : spec_->placements());
-    const Var in = dtensor_var(*this);
-    return record("to_local", nullptr, {&in, 1}, {}, local_var(typed), to_local_backward,
-                  std::move(placements))
-        .value<LocalTensor>();
   }
-  if (!grad_enabled() || !requires_grad() || !is_floating(dtype())) return local_;
-  auto placements = std::make_shared<const Placements>(
-      grad_placements ? normalized_grad_placements(*spec_, *grad_placements, "to_local")
-                      : spec_->placements());
+  LocalTensor typed = local_;
+  if (types_active()) {
+    typed = local_.with_types(to_local_types(*spec_, placements.get(), user_site_or(loc)));
+  }
+  if (!recorded) return typed;
   const Var in = dtensor_var(*this);
-  return record("to_local", nullptr, {&in, 1}, {}, local_var(local_), to_local_backward,
+  return record("to_local", nullptr, {&in, 1}, {}, local_var(typed), to_local_backward,
                 std::move(placements))
       .value<LocalTensor>();
 }
@@ -371,6 +394,18 @@ std::ostream& operator<<(std::ostream& os, const DTensor& tensor) {
 
 // ---- distribute_tensor -------------------------------------------------------------------------
 
+LocalTensor outside_mesh_local(const DTensorSpec& spec) {
+  const World& world = spec.mesh().world();
+  return LocalTensor::from_fn(world.held_ranks(), [&](int rank) {
+    return empty({0}, spec.dtype(), meta_tensors() ? meta_device() : world.device_of(rank));
+  });
+}
+
+bool DTensor::participates() const {
+  check_defined("participates");
+  return !outside_mesh(*spec_);
+}
+
 LocalTensor shape_only_local(const DTensorSpec& spec) {
   const DTensorSpec::RankInfo& info = spec.rank_info();
   std::vector<Tensor> shards;
@@ -383,7 +418,10 @@ LocalTensor shape_only_local(const DTensorSpec& spec) {
 
 DTensor dtensor_from_blocks(const char* op, SpecPtr spec,
                             const std::function<Tensor(const Shape&, const Shape&)>& block) {
-  check_has_ranks(*spec, op);
+  if (outside_mesh(*spec)) {
+    LocalTensor empty_pieces = outside_mesh_local(*spec);
+    return DTensor(std::move(empty_pieces), std::move(spec));
+  }
   if (meta_tensors()) {
     LocalTensor local = shape_only_local(*spec);
     return DTensor(std::move(local), std::move(spec));
@@ -426,7 +464,10 @@ DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh,
   auto spec = std::make_shared<const DTensorSpec>(mesh, placements, global.shape(), global.dtype(),
                                                   "distribute_tensor");
   if (global.is_meta()) {
-    check_has_ranks(*spec, "distribute_tensor");
+    if (outside_mesh(*spec)) {
+      LocalTensor empty_pieces = outside_mesh_local(*spec);
+      return DTensor(std::move(empty_pieces), std::move(spec));
+    }
     LocalTensor local = shape_only_local(*spec);
     return DTensor(std::move(local), std::move(spec));
   }
@@ -540,19 +581,29 @@ DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements place
                                 mesh.to_string());
   }
   if (global_shape) checked_numel(*global_shape, "DTensor::from_local");
+  // The pieces' shape inference below runs untyped; the types are checked once the claim is
+  // known to fit the pieces (a bad argument is reported as such whatever the types).
   const TypesPtr typed_as = local.spmd_types();
-  if (typed_as != nullptr) [[unlikely]] {
-    // Checked before anything else; the pieces' shape inference below runs untyped.
-    const Placements claim =
-        DTensorSpec(mesh, placements, Shape(static_cast<size_t>(local.dim()), 0), local.dtype())
-            .placements();
-    check_from_local_types(local, mesh, claim, grad_placements, user_site_or(loc));
-    local = local.with_types(nullptr);
-  }
+  if (typed_as != nullptr) local = local.with_types(nullptr);
   // Validates the placements against the pieces' dim count before anything else.
   DTensorSpec probe(mesh, placements, Shape(static_cast<size_t>(local.dim()), 0), local.dtype(),
                     "DTensor::from_local");
-  check_has_ranks(probe, "DTensor::from_local");
+  if (outside_mesh(probe)) {
+    // Note [Ranks outside the mesh]: no piece to take, no peer to ask for the global shape (the
+    // even sharding of the local shape stands in when none is given).
+    Shape shape = local.shard_at(0).shape();
+    for (int i = 0; i < mesh.ndim(); ++i) {
+      if (const auto* s = std::get_if<Shard>(&probe.placements()[static_cast<size_t>(i)]))
+        shape[static_cast<size_t>(s->dim)] *= mesh.size(i);
+      // The mesh's ranks infer the global shape over every dim (infer_global_shape).
+      if (!global_shape && mesh.size(i) > 1) (void)communicator(mesh, i);
+    }
+    auto spec = std::make_shared<const DTensorSpec>(std::move(mesh), probe.placements(),
+                                                    global_shape ? *global_shape : shape,
+                                                    local.dtype(), "DTensor::from_local");
+    LocalTensor empty_pieces = outside_mesh_local(*spec);
+    return DTensor(std::move(empty_pieces), std::move(spec));
+  }
   const std::vector<int>& ranks = probe.rank_info().ranks;
   if (local.ranks() != ranks) {
     throw_error<PlacementError>(
@@ -579,6 +630,10 @@ DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements place
           shape_str(info.local_shapes[r]), held_shapes(local));
     }
   }
+  if (typed_as != nullptr) {
+    check_from_local_types(local.with_types(typed_as), spec->mesh(), spec->placements(),
+                           grad_placements, user_site_or(loc));
+  }
   DTensor out(local.detach(), std::move(spec));
   if (grad_enabled() && local.requires_grad() && is_floating(local.dtype())) {
     auto targets = std::make_shared<const Placements>(
@@ -586,12 +641,13 @@ DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements place
                         : out.placements());
     const Var in = local_var(typed_as != nullptr ? local.with_types(typed_as) : local);
     out = record("from_local", nullptr, {&in, 1}, {}, dtensor_var(out),
-                 typed_as != nullptr ? from_local_typed_backward : from_local_backward,
+                 typed_as != nullptr && grad_placements ? from_local_typed_backward
+                                                        : from_local_backward,
                  std::move(targets))
               .value<DTensor>();
   }
   // The debug checks see the claim (placements over pieces the user made): OpEvent with no inputs.
-  if (has_op_observers()) {
+  if (has_op_observers() && out.participates()) {
     static const OpArgs kNoArgs;
     notify_op_observers(
         OpEvent{kFromLocalOp.name, &kFromLocalOp, kNoArgs, {}, out, user_site_or(loc)});

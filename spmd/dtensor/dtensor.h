@@ -55,6 +55,8 @@ class DTensor {
                             SourceLocation loc = SourceLocation::current());
 
   bool defined() const { return spec_ != nullptr; }
+  // Whether a rank this process holds is in the mesh (Note [Ranks outside the mesh]).
+  bool participates() const;
   // Each held rank's piece, as a new LocalTensor handle (cheap: it shares the shards; keep it in a
   // variable before binding references into its shards). Under autograd the result is recorded:
   // its gradient becomes this DTensor's gradient with `grad_placements` (default: this DTensor's
@@ -131,6 +133,15 @@ void zero_grad(const std::vector<DTensor*>& params);
 // Ranks whose pieces coincide share one buffer (Note [Copy-on-write replicas]).
 DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh,
                           const Placements& placements);
+
+// Note [Ranks outside the mesh]
+// A process whose ranks are all outside a DTensor's mesh (threads, mpi, nccl: a pipeline stage's
+// mesh seen from another stage) holds an empty piece, as in PyTorch: distribute_tensor, from_local,
+// the DTensor ops, redistribute and backward run there without computing or communicating, and
+// give DTensors of the right spec whose pieces are empty tensors of shape [0]; full_tensor gives an
+// empty tensor. Under sim every rank is held, so the DTensor holds the mesh's ranks' pieces and
+// the others hold nothing. print_digest counts an empty piece as nothing held, so both agree.
+LocalTensor outside_mesh_local(const DTensorSpec& spec);
 
 // The pieces a shape-only DTensor of `spec` holds (Note [Shape-only tensors] in tensor/meta.h):
 // one meta shard per class of ranks with the same local shape (Note [Shard classes]).

@@ -37,7 +37,9 @@ struct OpEvent {
   const OpArgs& args;
   std::span<const DTensor* const> inputs;
   // DTensor::from_local notifies with no inputs (op "from_local"): the output's placements are
-  // the user's claim about pieces spmdsim did not compute.
+  // the user's claim about pieces spmdsim did not compute. So does the backward of
+  // DTensor::to_local (op "to_local") when the local code's gradient arrives: the output is that
+  // gradient with the grad_placements the user claimed, and `location` the to_local's line.
   const DTensor& output;
   // The user's call site of the op (Note [User call sites]).
   const SourceLocation& location;

@@ -511,7 +511,9 @@ std::vector<OpStrategy> keep_placements(ShardingInputs in, const OpArgs&, const 
 OpMeta to_dtype_meta(std::span<const InputMeta> in, const OpArgs& args) {
   const int64_t code = args.ints.at(0);
   if (code < 0 || code >= static_cast<int64_t>(std::size(kAllDTypes))) {
-    throw_error<Unsupported>("to: {} is not a dtype (shape {})", code, shape_str(*in[0].shape));
+    throw_error<Unsupported>(
+        "to: DType({}) is not a dtype (f32, f64, bf16, f16, i32, i64, bool; the input is {} {})",
+        code, shape_str(*in[0].shape), in[0].dtype);
   }
   return OpMeta{*in[0].shape, static_cast<DType>(code)};
 }

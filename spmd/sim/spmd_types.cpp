@@ -76,21 +76,18 @@ std::string SpmdTypes::to_string() const {
 // -----------------------------------------------------------------------------------
 
 namespace {
-std::atomic<int> g_types{0};
 std::atomic<int> g_data{0};
 }  // namespace
 
 bool types_active() {
-  return g_types.load(std::memory_order_relaxed) > 0 && !in_backward();
+  return !in_backward();
 }
 
 void enable_types(bool data) {
-  g_types.fetch_add(1, std::memory_order_relaxed);
   if (data) g_data.fetch_add(1, std::memory_order_relaxed);
 }
 
 void disable_types(bool data) {
-  g_types.fetch_sub(1, std::memory_order_relaxed);
   if (data) g_data.fetch_sub(1, std::memory_order_relaxed);
 }
 
@@ -158,7 +155,14 @@ struct Operand {
   size_t index;  // 1-based position among the op's inputs
   const AxisType* type;
   bool constant;  // a plain Tensor operand (constant_types())
+  bool grad;      // the operand takes part in autograd (its gradient is computed)
 };
+
+// An I operand whose gradient is not computed claims nothing about a gradient: it meets the other
+// types as R does (identical shards).
+bool invariant_claim(const Operand& o) {
+  return o.type->type == SpmdType::I && o.grad;
+}
 
 std::string operand_text(const Operand& o) {
   return fmt::format("input {} is {}", o.index, describe(*o.type));
@@ -180,16 +184,17 @@ std::string axis_text(std::string_view axis) {
 }
 
 // The output type along one axis (Note [SPMD types]); the operand whose origin it keeps.
-const AxisType* combine(const OpDef& op, std::string_view axis, const std::vector<Operand>& in,
-                        bool recorded) {
+const AxisType* combine(const OpDef& op, std::string_view axis, const std::vector<Operand>& in) {
   const Operand* p = nullptr;
   const Operand* i = nullptr;
   const Operand* v = nullptr;
   const Operand* r = nullptr;
+  const Operand* quiet_i = nullptr;  // an I operand without a gradient (meets others as R)
   for (const Operand& o : in) {
     if (o.constant) continue;  // R to a Partial (below), neutral to the other types
     const Operand** slot = o.type->type == SpmdType::P   ? &p
-                           : o.type->type == SpmdType::I ? &i
+                           : invariant_claim(o)          ? &i
+                           : o.type->type == SpmdType::I ? &quiet_i
                            : o.type->type == SpmdType::V ? &v
                                                          : &r;
     if (*slot == nullptr) *slot = &o;
@@ -231,7 +236,7 @@ const AxisType* combine(const OpDef& op, std::string_view axis, const std::vecto
                                    "products; {}",
                                    reduce));
           }
-          if (o.type->type != SpmdType::R && (recorded || o.type->type != SpmdType::I)) {
+          if (o.type->type != SpmdType::R && !(o.type->type == SpmdType::I && !o.grad)) {
             type_error(op, axis, *p, &o,
                        fmt::format("a Partial is scaled only by Replicate values in {}; {}",
                                    op.name, reduce));
@@ -244,14 +249,21 @@ const AxisType* combine(const OpDef& op, std::string_view axis, const std::vecto
         return p->type;
     }
   }
-  if (i != nullptr && !recorded) {
-    // No gradient flows: I is identical shards, as R is.
-    if (v != nullptr) return v->type;
-    if (r != nullptr) return r->type;
-  }
   if (i != nullptr) {
     const Operand* other = v != nullptr ? v : r;
     if (other != nullptr) {
+      if (i->type->via == "to_local") {
+        type_error(op, axis, *i, other,
+                   fmt::format("to_local at {} claims this value's gradient arrives identical on "
+                               "every rank of '{}' (grad_placements Replicate), but it meets {} "
+                               "here, so each rank's gradient is its own term of a sum over '{}': "
+                               "pass grad_placements with Partial on '{}' to that to_local",
+                               site_text(i->type->origin), axis,
+                               other->type->type == SpmdType::V
+                                   ? "a value that differs per rank"
+                                   : "a value whose gradient is pending a sum (R)",
+                               axis, axis));
+      }
       type_error(op, axis, *i, other,
                  "an Invariant value (its gradient is not reduced) meets one whose gradient is "
                  "(R) or that differs per rank (V); convert one first: convert(x, {axis: R}) is "
@@ -260,17 +272,40 @@ const AxisType* combine(const OpDef& op, std::string_view axis, const std::vecto
     return i->type;
   }
   if (v != nullptr) return v->type;
-  return r->type;
+  if (r != nullptr) return r->type;
+  return quiet_i->type;
 }
 
 }  // namespace
 
-TypesPtr spmd_type_rule(const OpDef& op, std::span<const TypesPtr> inputs, bool recorded,
-                        const SourceLocation& loc) {
+namespace {
+
+bool has_partial(const SpmdTypes& t) {
+  if (t.rest.type == SpmdType::P) return true;
+  return std::any_of(t.axes.begin(), t.axes.end(),
+                     [](const AxisType& a) { return a.type == SpmdType::P; });
+}
+
+}  // namespace
+
+TypesPtr spmd_type_rule(const OpDef& op, std::span<const TypesPtr> inputs,
+                        std::span<const uint8_t> grads, const SourceLocation& loc) {
   const SpmdTypes* constant = constant_types().get();
-  if (std::none_of(inputs.begin(), inputs.end(),
-                   [&](const TypesPtr& t) { return t != nullptr && t.get() != constant; }))
-    return nullptr;
+  // The common case: every typed input is one value's types (a unary op, or x op x) without a
+  // pending sum, which every op keeps as they are.
+  const TypesPtr* only = nullptr;
+  bool one = true;
+  for (const TypesPtr& t : inputs) {
+    if (t == nullptr || t.get() == constant) continue;
+    if (only == nullptr) {
+      only = &t;
+    } else if (t != *only) {
+      one = false;
+      break;
+    }
+  }
+  if (only == nullptr) return nullptr;
+  if (one && !has_partial(**only)) return *only;
   const UserCallSite site(loc);
   std::vector<std::string_view> axes;
   for (const TypesPtr& t : inputs) {
@@ -285,10 +320,11 @@ TypesPtr spmd_type_rule(const OpDef& op, std::span<const TypesPtr> inputs, bool 
     in.clear();
     for (size_t k = 0; k < inputs.size(); ++k) {
       if (inputs[k] != nullptr) {
-        in.push_back(Operand{k + 1, &inputs[k]->of(axis), inputs[k].get() == constant});
+        in.push_back(Operand{k + 1, &inputs[k]->of(axis), inputs[k].get() == constant,
+                             k < grads.size() && grads[k] != 0});
       }
     }
-    AxisType t = *combine(op, axis, in, recorded);
+    AxisType t = *combine(op, axis, in);
     // A value that changed type here (R meeting V gives V) got it at this line; one that kept the
     // type of all its inputs keeps where that came from.
     for (const Operand& o : in) {

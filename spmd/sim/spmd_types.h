@@ -13,8 +13,10 @@
 // reduce_scatter P->V, all_reduce P->R backward is all_reduce P->R, all_reduce V->I backward is the
 // identity). docs/concepts.md, "SPMD types of local code", has the table of every rule and the test
 // that checks it numerically.
-// Types are on while a world with --spmd-debug=types lives (or a TypesScope); off, a LocalTensor
-// carries none and nothing here runs. On:
+// Types are always inferred and their rules always checked (a rule's TypeError is certain: the
+// program computes a wrong value or a wrong gradient whatever the data); only derivatives run
+// untyped (each gradient gets its input's backward types instead). The data check below is what
+// --spmd-debug=types (or a TypesScope) turns on.
 //   LocalTensor::from_fn(world, ...) is V on every axis, replicate/zeros/ones/full(world, ...) R;
 //   a table op combines its inputs' types axis by axis (spmd_type_rule); the collectives
 //   (collectives/typed.h), to_local and from_local (dtensor/dtensor.cpp) state theirs.
@@ -86,18 +88,17 @@ std::string describe(const AxisType& t);
 
 // ---- the switch ---------------------------------------------------------------------------------
 
-// Whether LocalTensor ops infer and check types on this thread now: types are on in the process and
-// no derivative is running (in_backward(), ops/autograd.h).
+// Whether LocalTensor ops infer and check types on this thread now: always, except while a
+// derivative runs (in_backward(), ops/autograd.h).
 bool types_active();
-// Turns types on in the process while at least one enable is outstanding (set_debug counts the
-// worlds with `types`); `data` also turns on the data check (sim).
+// Turns the data check (Note [Types against the data]) on in the process while at least one enable
+// with `data` is outstanding (set_debug counts the worlds with `types` that hold every rank).
 void enable_types(bool data);
 void disable_types(bool data);
-// Whether the data check runs (types on under sim).
+// Whether the data check runs.
 bool types_data_check();
 
-// Types on (and the data check when `data`) for its lifetime: for tests and programs without
-// launch().
+// The data check on when `data`, for its lifetime: for tests and programs without launch().
 class TypesScope {
  public:
   explicit TypesScope(bool data = true) : data_(data) { enable_types(data_); }
@@ -117,10 +118,10 @@ TypesPtr uniform_types(SpmdType type, std::string_view via, const SourceLocation
 // The output types of table op `op` on inputs of these types (null entries: untyped or plain
 // Tensor operands, which constrain nothing); null when no input is typed. TypeError at the user's
 // line when the inputs' types cannot meet in `op` along some axis (Note [SPMD types]). R and I
-// differ only in their gradients: when the op is not `recorded` for autograd, I meets R and V as
-// R does.
-TypesPtr spmd_type_rule(const OpDef& op, std::span<const TypesPtr> inputs, bool recorded,
-                        const SourceLocation& loc);
+// differ only in their gradients: an I input whose gradient is not computed (grads[k] == 0: it
+// takes no part in autograd, or grad mode is off) meets R and V as R does.
+TypesPtr spmd_type_rule(const OpDef& op, std::span<const TypesPtr> inputs,
+                        std::span<const uint8_t> grads, const SourceLocation& loc);
 
 // The types of a plain Tensor operand of a LocalTensor op: a constant, the same on every rank and
 // without a gradient. To a Partial it is R (P + c adds c once per rank: an error; P * c is P); it

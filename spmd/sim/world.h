@@ -33,8 +33,9 @@ struct DebugOptions {
   bool allow_inf = false;    // with nan: only NaN is reported (-inf masks are fine)
   bool divergence =
       false;  // sim: the program also runs as a non-coordinator rank (Note [Shadow run])
-  // SPMD types of local code are inferred and checked (Note [SPMD types] in sim/spmd_types.h);
-  // under sim also against the data
+  // SPMD types of local code (always inferred and checked, Note [SPMD types] in
+  // sim/spmd_types.h) are also checked against the data (sim), and to_local's grad_placements
+  // against the gradient that arrives
   bool types = false;
   bool all = false;  // every check the backend supports (resolved by launch())
 

@@ -76,10 +76,16 @@ TEST(CollectiveErrors, ShapesDifferWithinGroup) {
   expect_throws<CommError>([&] { all_gather(x, mesh, "dp"); }, {"all_gather", "[1, 3]"});
 }
 
+// The inputs below vary per rank (from_fn: V), so the collectives' SPMD types allow every call and
+// each argument check is what fails.
+LocalTensor varying_zeros(const World& world, const Shape& shape) {
+  return LocalTensor::from_fn(world, [&](int) { return zeros(shape); });
+}
+
 TEST(CollectiveErrors, LocalArgumentChecks) {
   World world = World::sim(4);
   DeviceMesh mesh = init_device_mesh(world, {4}, {"tp"});
-  LocalTensor x = zeros(world, {6, 2});
+  LocalTensor x = varying_zeros(world, {6, 2});
   expect_throws<CommError>([&] { all_gather(x, mesh, "tp", 2); }, {"gather_dim=2", "out of range"});
   expect_throws<CommError>([&] { reduce_scatter(x, mesh, "tp"); },
                            {"reduce_scatter", "not divisible by the group size 4", "[6, 2]"});
@@ -103,11 +109,12 @@ TEST(CollectiveErrors, LocalArgumentChecks) {
   // Every rank sends all 8 rows to group rank 0, which expects an even 2 from each.
   expect_throws<CommError>(
       [&] {
-        all_to_all_single(zeros(world, {8, 2}), mesh, "tp", {}, std::vector<int64_t>{8, 0, 0, 0});
+        all_to_all_single(varying_zeros(world, {8, 2}), mesh, "tp", {},
+                          std::vector<int64_t>{8, 0, 0, 0});
       },
       {"split sizes do not match", "sends 8 rows to rank 0", "expects 2"});
   expect_throws<CommError>([&] { all_reduce(LocalTensor(), mesh, "tp"); }, {"undefined"});
-  expect_throws<CommError>([&] { reduce(zeros(world, {}), mesh, "tp", ReduceOp::Sum); },
+  expect_throws<CommError>([&] { reduce(varying_zeros(world, {}), mesh, "tp", ReduceOp::Sum); },
                            {"0-d", "reshape it to [1]"});
   expect_throws<MeshError>([&] { all_reduce(x, mesh, "nope"); }, {"nope"});
 }
@@ -157,7 +164,7 @@ TEST(CollectiveTrace, RecordsEveryRankWithSequenceNumbers) {
   World world = World::sim(4);
   DeviceMesh mesh = init_device_mesh(world, {2, 2}, {"dp", "tp"});
   trace().clear();
-  LocalTensor x = zeros(world, {4, 4});
+  LocalTensor x = varying_zeros(world, {4, 4});
   all_reduce(x, mesh, "tp");
   all_gather(x, mesh, "dp", 1);
   all_reduce(x, mesh, "tp", ReduceOp::Max);
@@ -224,7 +231,7 @@ TEST(CollectiveBackends, UnimplementedCallsAreUnsupported) {
   state->backend = std::make_shared<NothingBackend>();
   World world(state);
   DeviceMesh mesh = init_device_mesh(world, {2});
-  expect_throws<Unsupported>([&] { all_reduce(zeros(world, {2}), mesh, 0); },
+  expect_throws<Unsupported>([&] { all_reduce(varying_zeros(world, {2}), mesh, 0); },
                              {"backend 'nothing' does not support all_reduce"});
 }
 
@@ -238,7 +245,7 @@ TEST(CollectiveTrace, ChromeJsonAndSummaryTable) {
   World world = World::sim(2);
   DeviceMesh mesh = init_device_mesh(world, {2}, {"tp"});
   trace().clear();
-  all_reduce(zeros(world, {8}), mesh, "tp");
+  all_reduce(varying_zeros(world, {8}), mesh, "tp");
   std::string json = trace().to_chrome_json_string();
   EXPECT_NE(json.find("\"traceEvents\""), std::string::npos);
   EXPECT_NE(json.find("\"rank 1\""), std::string::npos);

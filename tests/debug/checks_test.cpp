@@ -15,6 +15,7 @@
 #include <spmd/ops/ops.h>
 #include <spmd/runtime/launch.h>
 #include <spmd/sim/local_ops.h>
+#include <spmd/sim/spmd_types.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {
@@ -346,8 +347,11 @@ TEST(CheckMode, NamesTheInputWhoseReplicasDifferBeforeTheOp) {
 TEST(ReplicateMode, FromLocalChecksAReplicateClaimAtItsLine) {
   World world = debug_world(4, {.replicate = true});
   DeviceMesh mesh = init_device_mesh(world, {2, 2}, {"dp", "tp"});
-  // Each tp rank's partial sum (its own number) claimed Replicate over tp.
-  LocalTensor partial = LocalTensor::from_fn(world, [](int r) { return full({3}, r % 2 + 1.0); });
+  // Each tp rank's partial sum (its own number) claimed Replicate over tp. Made from the rank list:
+  // untyped, like data read in, so only the data check can see the claim (a typed LocalTensor is a
+  // TypeError at from_local whatever the flags, below).
+  LocalTensor partial =
+      LocalTensor::from_fn(world.held_ranks(), [](int r) { return full({3}, r % 2 + 1.0); });
   const int line = __LINE__ + 2;
   const std::string message = expect_throws<DivergenceError>([&] {
     (void)DTensor::from_local(partial, mesh, {Replicate{}, Replicate{}});
@@ -366,8 +370,16 @@ TEST(ReplicateMode, FromLocalChecksAReplicateClaimAtItsLine) {
   World plain = World::sim(4);
   DeviceMesh plain_mesh = init_device_mesh(plain, {2, 2}, {"dp", "tp"});
   LocalTensor plain_partial =
-      LocalTensor::from_fn(plain, [](int r) { return full({3}, r % 2 + 1.0); });
+      LocalTensor::from_fn(plain.held_ranks(), [](int r) { return full({3}, r % 2 + 1.0); });
   EXPECT_NO_THROW((void)DTensor::from_local(plain_partial, plain_mesh, {Replicate{}, Replicate{}}));
+  // Typed (from_fn over the world: V), the same claim is certain to be wrong, and always reported.
+  LocalTensor typed = LocalTensor::from_fn(plain, [](int r) { return full({3}, r % 2 + 1.0); });
+  expect_throws<TypeError>(
+      [&] {
+        (void)DTensor::from_local(typed, plain_mesh, {Replicate{}, Replicate{}});
+      },
+      {"DTensor::from_local", "along mesh axis 'dp' the LocalTensor is V (from_fn at",
+       "placement R claims identical pieces"});
 }
 
 // ---- nan:allow-inf ---------------------------------------------------------------------------
@@ -467,7 +479,8 @@ TEST(ThreadsChecks, ReplicateCatchesAClaimAndADivergedReplica) {
   std::atomic<int> line{0};
   std::vector<RankOutcome> outcomes = run_threads(4, {.replicate = true}, [&line](World& w) {
     DeviceMesh mesh = init_device_mesh(w, {2, 2}, {"dp", "tp"});
-    LocalTensor partial = LocalTensor::from_fn(w, [](int r) { return full({3}, r % 2 + 1.0); });
+    LocalTensor partial =
+        LocalTensor::from_fn(w.held_ranks(), [](int r) { return full({3}, r % 2 + 1.0); });
     line.store(__LINE__ + 1);  // the same value on every rank thread
     (void)DTensor::from_local(partial, mesh, {Replicate{}, Replicate{}});
     return 0;
@@ -541,7 +554,7 @@ TEST(ShadowRun, CoordinatorOnlyCollectiveIsReportedAtItsLine) {
       (void)all_gather(x, mesh, "dp");
       fmt::print("coordinator\n");
     }
-    x = all_reduce(x, mesh, "dp");
+    x = all_reduce(reinterpret(x, {{"dp", SpmdType::V}}), mesh, "dp");
   };
   Launched plain = launch_with({"--spmd-world-size=4"}, program);
   EXPECT_EQ(plain.code, 0) << plain.err;  // the bug sim cannot see by itself
@@ -607,7 +620,7 @@ TEST(DebugAll, ResolvesToTheChecksOfTheBackend) {
                     if (w.is_coordinator()) seen = w.debug();
                   });
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(seen.to_string(), "check,replicate,nan");
+  EXPECT_EQ(seen.to_string(), "check,replicate,nan,types");
   EXPECT_EQ(parse_debug_options("nan:allow-inf").to_string(), "nan:allow-inf");
   EXPECT_EQ(parse_debug_options("types").to_string(), "types");
   expect_throws<ConfigError>([] { parse_debug_options("nan:allow-nan"); },

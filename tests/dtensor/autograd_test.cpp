@@ -131,27 +131,71 @@ SPMD_TEST(Autograd, ToLocalGradPlacementsSayWhatTheGradientIs) {
   EXPECT_TRUE(allclose(w.grad().full_tensor(), full({4}, n * (n + 1) / 2, DType::F64)))
       << w.grad().full_tensor();
 
-  // Without grad_placements the local gradients are taken as Replicate: each rank keeps only its
-  // own (r + 1), and the "replicated" gradient differs between ranks.
+  // Without grad_placements the local gradients would be taken as Replicate: each rank would keep
+  // only its own (r + 1), and the "replicated" gradient would differ between ranks (pytorch#2387's
+  // class). The claim makes the piece I (its gradient arrives reduced), which meets a value that
+  // differs per rank: a TypeError at that line, naming the to_local line that made the claim.
   DTensor v = distribute_tensor(arange(4, DType::F64) + 1.0, mesh, {Replicate{}});
   v.requires_grad_();
-  backward(sum(DTensor::from_local(v.to_local() * factor, mesh, {Partial{}}, Shape{4})));
-  for (int r : world.held_ranks()) {
-    EXPECT_TRUE(allclose(v.grad().local().shard(r), full({4}, r + 1.0, DType::F64)))
-        << "rank " << r;
-  }
+  const int claim_line = __LINE__ + 1;
+  const LocalTensor piece = v.to_local();
+  expect_throws<TypeError>(
+      [&] { (void)(piece * factor); },
+      {"mul", fmt::format("to_local at autograd_test.cpp:{} claims", claim_line),
+       "grad_placements with Partial on 'tp'"});
 }
 
-// Untyped (types off): a local collective's gradient depends on what the values mean
-// (tests/collectives/spmd_types_test.cpp has the typed ones, which are differentiable).
-SPMD_TEST(Autograd, UntypedLocalCollectivesAreNotDifferentiable) {
+// A local collective's gradient depends on what the values mean: typed LocalTensors (every one made
+// over a World, or by to_local) have it without any flag; an untyped one (made from a rank list)
+// does not, and backward through its collective is an error naming the call.
+SPMD_TEST(Autograd, LocalCollectivesAreDifferentiableWhenTyped) {
   const DeviceMesh mesh = init_device_mesh(world, {world.size()}, {"tp"});
   LocalTensor x = LocalTensor::from_fn(world, [](int r) { return full({2}, r + 1.0); });
   x.requires_grad_();
-  const LocalTensor y = all_reduce(x * 2.0, mesh, "tp");
+  backward(sum(all_reduce(x * 2.0, mesh, "tp")));
+  // V -> I: the identity backward; d/dx of 2x is 2 on every rank.
+  for (int r : world.held_ranks()) EXPECT_TRUE(equal(x.grad().shard(r), full({2}, 2.0)));
+
+  LocalTensor u =
+      LocalTensor::from_fn(world.held_ranks(), [](int r) { return full({2}, r + 1.0); });
+  u.requires_grad_();
+  const LocalTensor y = all_reduce(u * 2.0, mesh, "tp");
   expect_throws<Unsupported>(
       [&] { backward(sum(y)); },
-      {"all_reduce", "LocalTensor", "not differentiable", "--spmd-debug=types"});
+      {"all_reduce", "LocalTensor", "not differentiable", "untyped", "LocalTensor::from_fn(world"});
+}
+
+// Note [Ranks outside the mesh]: a DTensor on a mesh of ranks 0 and 1 only. Every rank runs the
+// same program (as PyTorch lets it); the ranks outside hold empty pieces and compute nothing, the
+// ranks inside get the one-device values; under sim the process holds both kinds of rank.
+SPMD_TEST(Autograd, RanksOutsideTheMeshHoldEmptyPiecesAndRunTheProgram) {
+  const DeviceMesh pair = DeviceMesh::from_ranks(world, {2}, {0, 1}, {"pair"});
+  const Tensor full_a = arange(8, DType::F64);
+  DTensor a = distribute_tensor(full_a, pair, {Shard{0}});
+  a.requires_grad_();
+  const DTensor b = a * 2.0 + 1.0;
+  const DTensor c = b.redistribute({Replicate{}});
+  const Tensor f = c.full_tensor();
+  backward(sum(c * c));
+  const LocalTensor pieces = c.to_local();
+  const bool inside = world.held_ranks().front() < 2;
+  EXPECT_EQ(a.participates(), inside);
+  EXPECT_EQ(c.shape(), (Shape{8}));
+  EXPECT_EQ(c.placements(), Placements{Replicate{}});
+  if (inside) {
+    EXPECT_TRUE(equal(f, full_a * 2.0 + 1.0));
+    EXPECT_TRUE(allclose(a.grad().full_tensor(), (full_a * 2.0 + 1.0) * 4.0));
+    // The pieces of the held ranks in the mesh; under sim the others hold nothing.
+    for (int r : pieces.ranks()) {
+      EXPECT_LT(r, 2);
+      EXPECT_TRUE(equal(pieces.shard(r), full_a * 2.0 + 1.0)) << "rank " << r;
+    }
+  } else {
+    const int r = world.held_ranks().front();
+    EXPECT_EQ(f.numel(), 0) << "rank " << r;
+    EXPECT_EQ(pieces.shard(r).shape(), (Shape{0})) << "rank " << r;
+    EXPECT_EQ(a.grad().local().shard(r).shape(), (Shape{0})) << "rank " << r;
+  }
 }
 
 TEST(Autograd, PartialLeafGetsAReplicateGradient) {

@@ -451,7 +451,7 @@ TEST(Launch, TraceFlagWritesChromeJsonAtTheEnd) {
   trace().clear();
   int code = launch(args.argc, args.pointers.data(), [](World& world) {
     DeviceMesh mesh = init_device_mesh(world, {2});
-    all_reduce(LocalTensor::replicate(world, ones({3})), mesh, 0);
+    all_reduce(LocalTensor::from_fn(world, [](int r) { return full({3}, r); }), mesh, 0);
   });
   EXPECT_EQ(code, 0);
   EXPECT_EQ(trace().capacity(), 0u);

@@ -54,7 +54,8 @@ std::vector<World> start_mpi(const WorldRequest& request) {
 BackendDriver mpi_driver() {
   BackendDriver d;
   d.name = "mpi";
-  d.debug_all = DebugOptions{.check = true, .replicate = true, .fingerprint = true, .nan = true};
+  d.debug_all = DebugOptions{
+      .check = true, .replicate = true, .fingerprint = true, .nan = true, .types = true};
   d.flight_recorder = true;
   d.start = start_mpi;
   d.abort_job = mpi_abort;

@@ -125,7 +125,7 @@ void abort_nccl_job(int code) {
 BackendDriver nccl_driver() {
   BackendDriver d;
   d.name = "nccl";
-  d.debug_all = DebugOptions{.fingerprint = true, .nan = true};
+  d.debug_all = DebugOptions{.fingerprint = true, .nan = true, .types = true};
   d.device_type = kDeviceType;
   d.flight_recorder = true;
   d.start = start_nccl;

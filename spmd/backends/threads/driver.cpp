@@ -61,7 +61,7 @@ std::vector<World> start_threads(const WorldRequest& request) {
 BackendDriver threads_driver() {
   BackendDriver d;
   d.name = "threads";
-  d.debug_all = DebugOptions{.check = true, .replicate = true, .nan = true};
+  d.debug_all = DebugOptions{.check = true, .replicate = true, .nan = true, .types = true};
   d.thread_per_world = true;
   d.start = start_threads;
   return d;
