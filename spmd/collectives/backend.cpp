@@ -8,8 +8,17 @@ namespace {
 std::atomic<uint64_t> g_next_comm_id{1};
 }  // namespace
 
+const CommOptions& internal_comm_options() {
+  static const CommOptions options{"", {{"spmd", "internal"}}};
+  return options;
+}
+
 Communicator::Communicator(GroupFamily family, CommOptions options)
     : family_(std::move(family)), options_(std::move(options)), id_(g_next_comm_id++) {}
+
+bool Communicator::is_internal() const {
+  return options_ == internal_comm_options();
+}
 
 uint64_t Communicator::next_sequence(int64_t group) {
   std::lock_guard lock(mutex_);

@@ -38,6 +38,10 @@ struct CallSite {
 };
 
 // The backend's state for one group family.
+// The options of the communicators of internal_collective (collectives/functional.h): the debug
+// checks' own collectives, on channels apart from the user's.
+const CommOptions& internal_comm_options();
+
 class Communicator {
  public:
   Communicator(GroupFamily family, CommOptions options);
@@ -47,6 +51,10 @@ class Communicator {
 
   const GroupFamily& family() const { return family_; }
   const CommOptions& options() const { return options_; }
+  // Whether this is a communicator of the debug checks' own collectives (internal_collective):
+  // their calls must also meet at the same user line on every rank, since a rank that skipped a
+  // DTensor op would otherwise pair its check's gathers with another op's.
+  bool is_internal() const;
   // Unique within the process; names the communicator in traces.
   uint64_t id() const { return id_; }
   // The next sequence number (0, 1, 2, ...) of group `group`. Collectives are matched across

@@ -75,7 +75,7 @@ std::string fingerprint_text(const CollectiveFingerprint& f, bool fingerprint) {
 }
 
 void check_fingerprints(const CollectiveCall& call, std::span<const CollectiveFingerprint> all,
-                        const std::vector<int>& members, bool fingerprint) {
+                        const std::vector<int>& members, bool fingerprint, bool same_site) {
   auto list = [&](auto&& text_of) {
     std::string out;
     for (size_t k = 0; k < all.size(); ++k) {
@@ -103,6 +103,20 @@ void check_fingerprints(const CollectiveCall& call, std::span<const CollectiveFi
           return fmt::format("mesh dim '{}', a group of {} ranks, {}", f.dim_name, f.group_size,
                              fingerprint_text(f, fingerprint));
         }));
+  }
+  bool same_line = true;
+  if (same_site) {
+    for (const CollectiveFingerprint& f : all) {
+      same_line &= std::string_view(f.site, strnlen(f.site, sizeof f.site)) ==
+                   std::string_view(first.site, strnlen(first.site, sizeof first.site));
+    }
+  }
+  if (!same_line) {
+    throw_error<CollectiveMismatchError>(
+        "{}: the ranks are at different DTensor ops, so the debug checks' gathers of them do not "
+        "meet (a rank skipped or added a call before this point): {}",
+        describe_call(call),
+        list([&](const CollectiveFingerprint& f) { return fingerprint_text(f, fingerprint); }));
   }
   if (!same_kind || !same_rest || (fingerprint && !same_tensor)) {
     throw_error<CollectiveMismatchError>(

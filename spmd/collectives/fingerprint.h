@@ -78,9 +78,11 @@ struct FingerprintInput {
 CollectiveFingerprint make_fingerprint(const FingerprintInput& in);
 
 // Throws when the members' fingerprints differ (the note says which error). `all[k]` is group
-// rank k's, `members[k]` its global rank; `fingerprint`: fingerprint mode.
+// rank k's, `members[k]` its global rank; `fingerprint`: fingerprint mode; `same_site`: the
+// members must also call from the same line (the debug checks' own collectives,
+// Communicator::is_internal; needs fingerprint mode).
 void check_fingerprints(const CollectiveCall& call, std::span<const CollectiveFingerprint> all,
-                        const std::vector<int>& members, bool fingerprint);
+                        const std::vector<int>& members, bool fingerprint, bool same_site = false);
 
 // "train.cpp:12": a call site as fingerprints, trace records and debug reports print it.
 std::string call_site_text(std::string_view file, uint32_t line);

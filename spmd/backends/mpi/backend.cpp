@@ -614,6 +614,9 @@ struct SignatureBuffers {
 
 void exchange_signatures(const Call& call, const CollectiveOptions& options, const CallSite& site,
                          bool fingerprint) {
+  // The debug checks' own collectives also meet by the user's line (Communicator::is_internal).
+  const bool internal = call.comm->is_internal();
+  fingerprint = fingerprint || internal;
   FingerprintInput input{&options, &call.input, site.dim_name, &call.comm->members()};
   if (fingerprint) {
     input.with_site = true;
@@ -628,7 +631,7 @@ void exchange_signatures(const Call& call, const CollectiveOptions& options, con
                            sizeof buffers->mine, MPI_BYTE, call.comm_handle(), &request),
             "MPI_Iallgather", call.context());
   wait_polled(request, "MPI_Iallgather", buffers, [&] { return exited_member(call, site); });
-  check_fingerprints(call.what, buffers->all, call.comm->members(), fingerprint);
+  check_fingerprints(call.what, buffers->all, call.comm->members(), fingerprint, internal);
 }
 
 // The call's checks and buffers; nothing is exchanged yet.

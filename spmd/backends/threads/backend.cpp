@@ -185,7 +185,8 @@ std::string site_pairing(const Rendezvous& rv) {
 }
 
 // The report of a complete rendezvous whose calls differ, or nullopt when they agree.
-std::optional<std::string> mismatch_report(const Rendezvous& rv) {
+// `internal`: the debug checks' own collectives, which must also come from one line.
+std::optional<std::string> mismatch_report(const Rendezvous& rv, bool internal) {
   const Call& first = *rv.calls[0];
   const bool all_splits = std::all_of(rv.calls.begin(), rv.calls.end(), [](const auto& c) {
     return c->kind == CollectiveKind::AllToAllSingle;
@@ -204,6 +205,8 @@ std::optional<std::string> mismatch_report(const Rendezvous& rv) {
       add_unique(differ, difference_name(field));
     }
   }
+  const bool other_lines = !site_pairing(rv).empty();
+  if (internal && other_lines) add_unique(differ, "source line");
   std::vector<std::string> split_lines;
   if (all_splits && differ.empty()) {
     split_lines = split_differences(rv);
@@ -217,6 +220,11 @@ std::optional<std::string> mismatch_report(const Rendezvous& rv) {
   for (const std::string& line : split_lines) report += "\n  " + line;
   if (const std::string sites = site_pairing(rv); !sites.empty()) {
     report += fmt::format("\nthe calls come from different source lines: {}", sites);
+  }
+  if (internal && other_lines) {
+    report +=
+        "\nthese are the debug checks' own gathers of the DTensor ops at those lines: the ranks "
+        "are at different DTensor ops (a rank skipped or added a call before this point)";
   }
   return report;
 }
@@ -251,14 +259,19 @@ class ThreadsWork final : public Work {
 }  // namespace
 
 struct ThreadsFamily {
-  explicit ThreadsFamily(GroupFamily f)
-      : family(std::move(f)), groups(static_cast<size_t>(family.num_groups())) {}
+  ThreadsFamily(GroupFamily f, bool internal_calls)
+      : family(std::move(f)),
+        internal(internal_calls),
+        groups(static_cast<size_t>(family.num_groups())) {}
 
   struct Group {
     std::map<uint64_t, std::shared_ptr<Rendezvous>> pending;  // by sequence number
     std::string first_site_pairing;  // the first call that paired different source lines
   };
   GroupFamily family;
+  // The debug checks' own collectives (Communicator::is_internal): they meet only from the same
+  // line.
+  bool internal;
   std::vector<Group> groups;
 };
 
@@ -322,7 +335,7 @@ std::shared_ptr<ThreadsFamily> ThreadsHub::Impl::family(const GroupFamily& famil
   std::lock_guard lock(mutex_);
   auto& slot = families_[FamilyKey{family, options}];
   if (!slot) {
-    slot = std::make_shared<ThreadsFamily>(family);
+    slot = std::make_shared<ThreadsFamily>(family, options == internal_comm_options());
   }
   return slot;
 }
@@ -355,7 +368,7 @@ std::shared_ptr<Rendezvous> ThreadsHub::Impl::arrive(const std::shared_ptr<Threa
     fail_if_doomed(*rv);
     return rv;
   }
-  if (auto report = mismatch_report(*rv)) {
+  if (auto report = mismatch_report(*rv, rv->family->internal)) {
     fail(*rv, Failure::Mismatch, *report + pairing_note(*rv));
     return rv;
   }
