@@ -18,6 +18,16 @@ int64_t steady_ns() {
 
 Trace::Trace() : epoch_ns_(steady_ns()) {}
 
+std::unique_ptr<Trace> Trace::like(const Trace& like) {
+  auto out = std::make_unique<Trace>();
+  std::lock_guard lock(like.mutex_);
+  out->epoch_ns_ = like.epoch_ns_;
+  out->capacity_ = like.capacity_;
+  out->enabled_ = like.enabled_;
+  out->keep_participants_ = like.keep_participants_;
+  return out;
+}
+
 int64_t Trace::now_ns() const {
   return steady_ns() - epoch_ns_;
 }
@@ -105,6 +115,35 @@ void Trace::clear() {
   summary_.clear();
 }
 
+void Trace::append(const Trace& other) {
+  if (&other == this) return;
+  const std::vector<TraceEvent> added = other.events();
+  const std::vector<TraceSummaryRow> rows = other.summary();
+  std::lock_guard lock(mutex_);
+  for (const TraceEvent& e : added) {
+    if (capacity_ == 0 || ring_.size() < capacity_) {
+      ring_.push_back(e);
+    } else {
+      ring_[head_] = e;
+      head_ = (head_ + 1) % ring_.size();
+      ++first_id_;
+    }
+  }
+  for (const TraceSummaryRow& r : rows) {
+    auto it = std::find_if(summary_.begin(), summary_.end(), [&](const TraceSummaryRow& mine) {
+      return mine.op == r.op && mine.dim_name == r.dim_name;
+    });
+    if (it == summary_.end()) {
+      summary_.push_back(r);
+      continue;
+    }
+    it->count += r.count;
+    it->bytes += r.bytes;
+    it->estimate_us += r.estimate_us;
+    it->measured_us += r.measured_us;
+  }
+}
+
 std::vector<TraceEvent> Trace::events() const {
   std::lock_guard lock(mutex_);
   std::vector<TraceEvent> out;
@@ -161,9 +200,25 @@ std::vector<TraceRecord> Trace::records() const {
   return out;
 }
 
-Trace& trace() {
+namespace {
+thread_local Trace* t_trace = nullptr;
+}  // namespace
+
+Trace& process_trace() {
   static Trace instance;
   return instance;
+}
+
+Trace& trace() {
+  return t_trace != nullptr ? *t_trace : process_trace();
+}
+
+TraceScope::TraceScope(Trace& t) : previous_(t_trace) {
+  t_trace = &t;
+}
+
+TraceScope::~TraceScope() {
+  t_trace = previous_;
 }
 
 }  // namespace spmd

@@ -108,6 +108,9 @@ struct TraceSummaryRow {
 class Trace {
  public:
   Trace();
+  // An empty trace with `like`'s settings (capacity, enabled, participants) and clock, so events
+  // it records can join `like` (append).
+  static std::unique_ptr<Trace> like(const Trace& like);
 
   // Appends an event and returns its id (for finish()).
   uint64_t begin(TraceEvent event);
@@ -129,6 +132,9 @@ class Trace {
   void set_keep_participants(bool keep);
   bool keeps_participants() const;
   void clear();
+  // Adds `other`'s events after this trace's (as if recorded here, in their order) and its
+  // summary rows to this one's. `other` must share this trace's clock (Trace::like).
+  void append(const Trace& other);
 
   std::vector<TraceEvent> events() const;
   std::size_t num_events() const;
@@ -163,8 +169,28 @@ class Trace {
   int64_t epoch_ns_ = 0;
 };
 
-// The process's trace.
+// Note [Traces of rank threads]
+// Under the threads backend each rank thread records into a trace of its own, so what a rank reads
+// or clears (trace().records(), trace().clear()) is its own history, as in a process of a real
+// backend; when the rank threads end, launch() appends their traces, rank by rank, to the process
+// trace, which the trace file and a program after launch() read.
+
+// The trace this thread records into: its rank thread's (a TraceScope), else the process's.
 Trace& trace();
+// The process's trace, whatever thread asks.
+Trace& process_trace();
+
+// Makes `t` the trace of this thread while it lives (launch() gives each rank thread one).
+class TraceScope {
+ public:
+  explicit TraceScope(Trace& t);
+  ~TraceScope();
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+
+ private:
+  Trace* previous_;
+};
 
 // ---- the flight recorder (Note [Flight recorder]; collectives/flight_recorder.cpp) ----------
 

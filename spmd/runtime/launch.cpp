@@ -370,6 +370,8 @@ struct RankThreads {
   std::condition_variable ended;
   std::vector<RankOutcome> outcomes;
   std::vector<bool> done;
+  // Each rank thread's trace (Note [Traces of rank threads] in collectives/trace.h).
+  std::vector<std::unique_ptr<Trace>> traces;
   size_t running = 0;
   uint64_t failures = 0;
 };
@@ -384,6 +386,7 @@ std::vector<RankOutcome> run_rank_threads(const LaunchOptions& options,
   run->session = worlds.front().state().session;
   run->outcomes.resize(worlds.size());
   run->done.resize(worlds.size());
+  for (size_t i = 0; i < worlds.size(); ++i) run->traces.push_back(Trace::like(process_trace()));
   std::vector<int> all_ranks;
   for (size_t i = 0; i < worlds.size(); ++i) {
     run->outcomes[i].rank = worlds[i].held_ranks().front();
@@ -396,6 +399,7 @@ std::vector<RankOutcome> run_rank_threads(const LaunchOptions& options,
     int code = 0;
     std::exception_ptr error;
     std::string how = "returned";
+    const TraceScope own_trace(*run->traces[index]);
     t_rank_world = &world;
     try {
       code = run->program(world);
@@ -497,6 +501,8 @@ std::vector<RankOutcome> run_rank_threads(const LaunchOptions& options,
       threads[i].join();
     }
   }
+  // Rank by rank (an abandoned thread's trace stays alive with `run`; what it holds so far joins).
+  for (const std::unique_ptr<Trace>& rank_trace : run->traces) process_trace().append(*rank_trace);
   if (run->session && !any_abandoned) run->session->finish();
   return outcomes;
 }

@@ -94,6 +94,11 @@ int rank_of(const World& world) {
 LocalTensor ranked(const World& world, const Shape& shape, DType dtype = DType::F32) {
   return LocalTensor::from_fn(world, [&](int r) { return full(shape, r + 1.0, dtype); });
 }
+// The same without SPMD types (the rank-list form): for the tests that reduce a result again to
+// exercise the rendezvous, which types would report as a doubled reduction.
+LocalTensor ranked_untyped(const World& world, const Shape& shape) {
+  return LocalTensor::from_fn(world.held_ranks(), [&](int r) { return full(shape, r + 1.0); });
+}
 
 // ---- results ---------------------------------------------------------------------------------
 
@@ -171,7 +176,7 @@ TEST(ThreadsBackend, MeshesBuiltSeparatelyMeetByTheirGroups) {
     DeviceMesh a = init_device_mesh(world, {2, 2}, {"dp", "tp"});
     DeviceMesh b = r % 2 ? DeviceMesh::from_ranks(world, {2, 2}, {0, 1, 2, 3}, {"p", "q"})
                          : init_device_mesh(world, {2, 2}, {"dp", "tp"});
-    LocalTensor x = ranked(world, {2});
+    LocalTensor x = ranked_untyped(world, {2});
     LocalTensor y = all_reduce(x, a, 1);
     y = all_reduce(y, b, 1);
     y = all_reduce(y, a, 1);
@@ -191,7 +196,7 @@ TEST(ThreadsBackend, MeshesBuiltSeparatelyMeetByTheirGroups) {
 TEST(ThreadsBackend, EachMeshNumbersItsCollectivesFromZeroAsUnderSim) {
   auto program = [](World& world) {
     DeviceMesh a = init_device_mesh(world, {2, 2}, {"dp", "tp"});
-    LocalTensor x = ranked(world, {2});
+    LocalTensor x = ranked_untyped(world, {2});
     x = all_reduce(all_reduce(x, a, "tp"), a, "tp");
     DeviceMesh b = init_device_mesh(world, {2, 2}, {"dp", "tp"});
     x = all_reduce(all_reduce(x, b, "tp"), a, "tp");
@@ -213,6 +218,31 @@ TEST(ThreadsBackend, EachMeshNumbersItsCollectivesFromZeroAsUnderSim) {
   trace().clear();
   expect_succeeded(run(4, program), {0, 1, 2, 3});
   for (int r = 0; r < 4; ++r) EXPECT_EQ(sequences(r), want) << "threads, rank " << r;
+  trace().clear();
+}
+
+// Note [Traces of rank threads]: each rank thread reads and clears its own trace (one rank's
+// clear() once wiped every rank's); after the run the process trace holds every rank's.
+TEST(ThreadsBackend, EachRankThreadHasItsOwnTrace) {
+  trace().clear();
+  std::vector<size_t> seen(4);
+  expect_succeeded(run(4,
+                       [&](World& world) {
+                         const int r = rank_of(world);
+                         DeviceMesh mesh = init_device_mesh(world, {4}, {"x"});
+                         (void)all_reduce(ranked(world, {2}), mesh, "x");
+                         if (r == 0) trace().clear();  // rank 0 only
+                         (void)all_gather(ranked(world, {2}), mesh, "x");
+                         barrier(mesh);  // every rank has recorded both before anyone reads
+                         seen[static_cast<size_t>(r)] = trace().records().size();
+                         for (const TraceRecord& t : trace().records()) EXPECT_EQ(t.rank, r);
+                       }),
+                   {0, 1, 2, 3});
+  // Rank 0 cleared its own all_reduce; the others keep theirs (and the barrier is in every trace).
+  EXPECT_EQ(seen, (std::vector<size_t>{2, 3, 3, 3}));
+  std::vector<int> per_rank(4, 0);
+  for (const TraceRecord& t : trace().records()) ++per_rank[static_cast<size_t>(t.rank)];
+  EXPECT_EQ(per_rank, (std::vector<int>{2, 3, 3, 3}));
   trace().clear();
 }
 
