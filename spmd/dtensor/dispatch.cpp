@@ -315,11 +315,18 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
   }
   std::shared_ptr<const OutputSharding> decision =
       lookup(op, SpecList(specs.data(), n), args, inputs);
+  // Note [Ranks outside the mesh] (dtensor/dtensor.h): nothing to compute or communicate here.
+  const bool outside = !inputs[0]->participates();
+  if (outside) {
+    for (size_t i = 0; i < n; ++i) {
+      if (const RedistributePlan* plan = decision->plans[i].get()) create_plan_communicators(*plan);
+    }
+  }
 
   SmallArray<LocalTensor> moved(n);
   SmallArray<const LocalTensor*> locals(n);
   SmallArray<const ShardingSpec*> laid_out(n);
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n && !outside; ++i) {
     const RedistributePlan* plan = decision->plans[i].get();
     laid_out[i] = decision->input_specs[i] ? decision->input_specs[i].get() : specs[i];
     if (plan) {
@@ -329,7 +336,8 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
       locals[i] = &inputs[i]->local();
     }
   }
-  DTensor out(run_pieces(op, locals.data(), laid_out.data(), n, args, *decision->output),
+  DTensor out(outside ? outside_mesh_local(*decision->output)
+                      : run_pieces(op, locals.data(), laid_out.data(), n, args, *decision->output),
               decision->output);
   if (grad_enabled() && is_floating(out.dtype()) &&
       std::any_of(inputs.begin(), inputs.end(),
@@ -340,7 +348,7 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
     for (size_t i = 0; i < n; ++i) vars.push_back(dtensor_var(*inputs[i]));
     out = record(op.name, &op, vars, args, dtensor_var(out)).value<DTensor>();
   }
-  if (has_op_observers()) {
+  if (has_op_observers() && !outside) {
     notify_op_observers(OpEvent{op.name, &op, args, inputs, out, user_site_or(loc)});
   }
   return out;

@@ -764,6 +764,14 @@ LocalTensor run_step(const LocalTensor& x, const DTensorSpec& spec,
 
 }  // namespace
 
+void create_plan_communicators(const RedistributePlan& plan) {
+  for (const RedistributeStep& step : plan.steps) {
+    const bool collective = step.kind == StepKind::AllGather || step.kind == StepKind::AllReduce ||
+                            step.kind == StepKind::ReduceScatter || step.kind == StepKind::AllToAll;
+    if (collective) (void)communicator(plan.source->mesh(), step.mesh_dim);
+  }
+}
+
 LocalTensor execute_redistribute(const LocalTensor& local, const DTensorSpec& from,
                                  const RedistributePlan& plan) {
   if (plan.steps.empty()) return local;

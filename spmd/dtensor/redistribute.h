@@ -133,6 +133,11 @@ struct CacheStats {
 CacheStats redistribute_cache_stats();
 void clear_redistribute_cache();
 
+// Note [Ranks outside the mesh] (dtensor/dtensor.h): a process outside the plan's mesh runs none
+// of its steps, but creates the communicators of its collective steps, since creating one takes
+// every process under mpi and nccl (the mesh's ranks create them when they run the plan).
+void create_plan_communicators(const RedistributePlan& plan);
+
 // Runs `plan` on `local`, which holds the pieces of a DTensor of spec `from` (every rank of the
 // mesh the world holds). The same code runs under every backend: pads and offsets are computed
 // per held rank from its coordinate.

@@ -8,11 +8,12 @@
 // The digest is FNV-1a (64-bit) over, for each tensor in order and each world rank 0..size-1 in
 // order, the 64-bit digest of that rank's shard: FNV-1a over its dtype, its shape and its
 // elements' bytes in row-major order (independent of strides). A rank whose shard the
-// LocalTensor does not hold contributes 0. The per-rank digests are all-gathered over the world
-// under every backend, sim included, so it is a collective: every process must call it, in the
-// same order, and every backend's trace records it as one all_gather over a mesh dim named
-// "digest", so that a sim trace of a correct program equals its cluster traces (and its threads
-// trace, with the exception docs/debugging.md names).
+// LocalTensor does not hold, or whose shard has no elements (the empty piece of a rank outside a
+// DTensor's mesh, Note [Ranks outside the mesh] in dtensor/dtensor.h), contributes 0. The per-rank
+// digests are all-gathered over the world under every backend, sim included, so it is a collective:
+// every process must call it, in the same order, and every backend's trace records it as one
+// all_gather over a mesh dim named "digest", so that a sim trace of a correct program equals its
+// cluster traces (and its threads trace, with the exception docs/debugging.md names).
 #pragma once
 
 #include <cstdint>
