@@ -45,6 +45,12 @@ void set_grad(DTensor* p, const DTensor& g) {
   static_cast<DTensorAutogradMeta&>(*p->autograd()).dtensor_grad = g;
 }
 
+// Whether two ranks' squared norms are one answer: equal, or NaN on both (non-finite gradients,
+// which the caller finds in the returned total, as a loss scaler does).
+bool same_total(double a, double b) {
+  return a == b || (std::isnan(a) && std::isnan(b));
+}
+
 }  // namespace
 
 Tensor zeros_like(const Tensor& t) {
@@ -210,7 +216,7 @@ double clip_grad_norm(const std::vector<DTensor*>& params, double max_norm, Sour
     if (first_rank < 0) {
       first_rank = rank;
       squares = rank_squares;
-    } else if (rank_squares != squares) {
+    } else if (!same_total(rank_squares, squares)) {
       throw_error<DivergenceError>(
           "clip_grad_norm: the gradients' squared norm differs between ranks {} ({}) and {} ({}): "
           "sibling meshes hold different parameters (pipeline stages?); reduce the stages' totals "

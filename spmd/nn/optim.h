@@ -86,6 +86,15 @@ template <class P>
 AdamW(std::vector<P*>, AdamWOptions) -> AdamW<P>;
 template <class P>
 AdamW(std::vector<P*>) -> AdamW<P>;
+// A braced list of parameters: `AdamW opt({&a, &b}, {.lr = 1e-3})`.
+template <class P>
+SGD(std::initializer_list<P*>, SGDOptions) -> SGD<P>;
+template <class P>
+SGD(std::initializer_list<P*>) -> SGD<P>;
+template <class P>
+AdamW(std::initializer_list<P*>, AdamWOptions) -> AdamW<P>;
+template <class P>
+AdamW(std::initializer_list<P*>) -> AdamW<P>;
 
 // Scales every gradient by max_norm / (total + 1e-6) when the 2-norm of all gradients together,
 // `total`, exceeds max_norm (torch.nn.utils.clip_grad_norm_), and returns `total`. DTensor
