@@ -38,10 +38,11 @@ const DTensor& dtensor_of(const Var& v) {
 
 // The placements a gradient arriving with `grad` placements takes for a value placed `value`
 // (PyTorch's rule): a Partial of the value that the gradient does not share becomes Replicate.
+// Empty `grad`: every Partial becomes Replicate (a leaf's gradient).
 Placements grad_target(const Placements& value, const Placements& grad) {
   Placements out = value;
   for (size_t i = 0; i < out.size(); ++i) {
-    if (is_partial(out[i]) && !is_partial(grad[i])) out[i] = Replicate{};
+    if (is_partial(out[i]) && (grad.empty() || !is_partial(grad[i]))) out[i] = Replicate{};
   }
   return out;
 }
@@ -132,7 +133,9 @@ const VarKind kDTensorKind{
       const DTensor& value = dtensor_of(leaf);
       auto& meta = static_cast<DTensorAutogradMeta&>(*leaf.meta());
       const DTensor& g = dtensor_of(grad);
-      DTensor placed = g.redistribute(grad_target(value.placements(), g.placements())).detach();
+      // A leaf's gradient has the leaf's placements, a Partial becoming Replicate (a pending
+      // sum of gradients, or a Partial(max) placement, is no gradient to step with).
+      DTensor placed = g.redistribute(grad_target(value.placements(), {})).detach();
       if (placed.dtype() != value.dtype()) placed = to(placed, value.dtype());
       meta.dtensor_grad = meta.dtensor_grad.defined() ? meta.dtensor_grad + placed : placed;
     },

@@ -168,12 +168,11 @@ inline OpArgs dropout_args(double p, uint64_t seed) {
 }
 // The shape of t reshaped with dims [start, end] merged into one (flatten), as reshape args.
 Shape flattened_shape(const Shape& shape, int64_t start, int64_t end);
-// The [start, length] ranges of split(t, sizes, d) / chunk(t, n, d) along a dim of `size`
-// (chunk: torch.chunk's ceil(size / n) per piece, fewer pieces when they run out).
+// The [start, length] ranges of split(t, sizes, d) along a dim of `size` (chunk's are
+// chunk_ranges, tensor/shape.h).
 std::vector<std::pair<int64_t, int64_t>> split_ranges(int64_t size,
                                                       const std::vector<int64_t>& sizes,
                                                       std::string_view op);
-std::vector<std::pair<int64_t, int64_t>> chunk_ranges(int64_t size, int64_t chunks);
 
 // ---- elementwise (broadcasting) ---------------------------------------------------------------
 

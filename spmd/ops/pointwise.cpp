@@ -232,8 +232,9 @@ void scalar_backward(BackwardContext& c) {
       c.set_grad(0, -(g * c.output() / c.input(0)));
       break;
     case ScalarOp::Pow:
-      // d(x^k)/dx = k x^(k-1).
-      c.set_grad(0, g * apply(op::pow_scalar, {c.input(0)}, {{}, {k - 1.0}}) * k);
+      // d(x^k)/dx = k x^(k-1); for k = 0 zero everywhere, also at x = 0 (0 * inf otherwise).
+      c.set_grad(0, k == 0.0 ? g * 0.0
+                             : g * apply(op::pow_scalar, {c.input(0)}, {{}, {k - 1.0}}) * k);
       break;
   }
 }

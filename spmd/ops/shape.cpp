@@ -874,18 +874,6 @@ std::vector<std::pair<int64_t, int64_t>> split_ranges(int64_t size,
   return out;
 }
 
-std::vector<std::pair<int64_t, int64_t>> chunk_ranges(int64_t size, int64_t chunks) {
-  if (chunks <= 0)
-    throw_error<ShapeError>("chunk: the number of chunks must be positive, got {}", chunks);
-  const int64_t step = std::max<int64_t>((size + chunks - 1) / chunks, 1);
-  std::vector<std::pair<int64_t, int64_t>> out;
-  for (int64_t start = 0; start < size; start += step) {
-    out.emplace_back(start, std::min(step, size - start));
-  }
-  if (out.empty()) out.emplace_back(0, 0);
-  return out;
-}
-
 std::vector<Tensor> split(const Tensor& t, const std::vector<int64_t>& sizes, int64_t d) {
   std::vector<Tensor> out;
   for (const auto& [start, length] : split_ranges(t.size(d), sizes, "split")) {
@@ -895,11 +883,7 @@ std::vector<Tensor> split(const Tensor& t, const std::vector<int64_t>& sizes, in
 }
 
 std::vector<Tensor> chunk(const Tensor& t, int64_t chunks, int64_t d) {
-  std::vector<Tensor> out;
-  for (const auto& [start, length] : chunk_ranges(t.size(d), chunks)) {
-    out.push_back(narrow(t, d, start, length));
-  }
-  return out;
+  return t.chunk(chunks, d);
 }
 
 Tensor unpad(const Tensor& t, int64_t d, int64_t before, int64_t after) {

@@ -441,9 +441,11 @@ struct Pow {
   SPMD_HD C operator()(C a, C b) const {
     return math_pow(a, b);
   }
+  // An exponent of 0 has a zero derivative everywhere (a^0 is 1), also at a = 0 where
+  // b a^(b-1) would be 0 * inf (PyTorch's pow_backward).
   template <class C>
   SPMD_HD static C da(C g, C a, C b) {
-    return g * b * math_pow(a, b - C(1));
+    return b == C(0) ? C(0) : g * b * math_pow(a, b - C(1));
   }
   template <class C>
   SPMD_HD static C db(C g, C a, C b) {

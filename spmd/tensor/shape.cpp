@@ -54,6 +54,32 @@ std::vector<int64_t> unravel_index(int64_t flat, const Shape& shape) {
   return index;
 }
 
+std::vector<std::pair<int64_t, int64_t>> chunk_ranges(int64_t size, int64_t chunks,
+                                                      std::string_view what) {
+  const std::string where = what.empty() ? std::string() : fmt::format(" of {}", what);
+  if (chunks <= 0) {
+    throw_error<ShapeError>("chunk: the number of chunks must be positive, got {}{}", chunks,
+                            where);
+  }
+  // ceil(size / chunks) without forming size + chunks - 1, which overflows for huge counts.
+  const int64_t piece = size / chunks + (size % chunks != 0 ? 1 : 0);
+  const int64_t count = size == 0 ? chunks : size / piece + (size % piece != 0 ? 1 : 0);
+  if (count > kMaxChunks) {
+    throw_error<ShapeError>("chunk: {} chunks{} would be {} pieces; at most {}", chunks, where,
+                            count, kMaxChunks);
+  }
+  std::vector<std::pair<int64_t, int64_t>> out;
+  out.reserve(static_cast<size_t>(count));
+  if (size == 0) {
+    out.assign(static_cast<size_t>(chunks), {0, 0});
+    return out;
+  }
+  for (int64_t start = 0; start < size; start += std::min(piece, size - start)) {
+    out.emplace_back(start, std::min(piece, size - start));
+  }
+  return out;
+}
+
 std::string shape_str(const Shape& shape) {
   // Built by hand: fmt::join trips a false GCC 12 warning in fmt 9 (see tensor/dtype.h).
   std::string out = "[";

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace spmd {
@@ -24,6 +25,14 @@ Strides contiguous_strides(const Shape& shape);
 std::string shape_str(const Shape& shape);
 // The row-major multi-index of element `flat` of `shape` (all zeros for an empty shape).
 std::vector<int64_t> unravel_index(int64_t flat, const Shape& shape);
+
+// The [start, length] ranges of torch.chunk(n) along a dim of `size`: ceil(size / n) elements each,
+// the last ones shorter and fewer than n pieces when the size runs out; a dim of size 0 gives n
+// empty pieces. ShapeError (naming `what`, e.g. "dim 1 of size 6 (shape [2, 6])") for n <= 0 or
+// more than kMaxChunks pieces. Tensor::chunk and every other chunk use it.
+constexpr int64_t kMaxChunks = int64_t{1} << 24;
+std::vector<std::pair<int64_t, int64_t>> chunk_ranges(int64_t size, int64_t chunks,
+                                                      std::string_view what = {});
 
 // Maps d in [-ndim, ndim) to [0, ndim); otherwise throws ShapeError naming `op`, the dim and
 // the shape. For ops that insert a dim (unsqueeze, stack) pass ndim + 1.

@@ -299,35 +299,19 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
 
 std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
   check_defined("chunk");
-  if (chunks <= 0) {
-    throw_error<ShapeError>("chunk: the number of chunks must be positive, got {} (shape {})",
-                            chunks, shape_str(meta_->shape));
-  }
   d = normalize_dim(d, dim(), "chunk", meta_->shape);
   const int64_t size = meta_->shape[static_cast<std::size_t>(d)];
-  // ceil(size / chunks) without forming size + chunks - 1, which overflows for huge counts.
-  const int64_t piece = size / chunks + (size % chunks != 0 ? 1 : 0);
-  // torch.chunk: a dim of size 0 gives `chunks` empty pieces.
-  const int64_t count = size == 0 ? chunks : size / piece + (size % piece != 0 ? 1 : 0);
-  if (count > kMaxChunks) {
-    throw_error<ShapeError>(
-        "chunk: {} chunks of dim {} of size {} (shape {}) would be {} tensors; at most {}", chunks,
-        d, size, shape_str(meta_->shape), count, kMaxChunks);
-  }
+  const auto ranges =
+      chunk_ranges(size, chunks, fmt::format("dim {} of size {} (shape {})", d, size,
+                                             shape_str(meta_->shape)));
   std::vector<Tensor> pieces;
   try {
-    pieces.reserve(static_cast<std::size_t>(count));
-    if (size == 0) {
-      for (int64_t i = 0; i < chunks; ++i) pieces.push_back(narrow(d, 0, 0));
-      return pieces;
-    }
-    for (int64_t start = 0; start < size; start += std::min(piece, size - start)) {
-      pieces.push_back(narrow(d, start, std::min(piece, size - start)));
-    }
+    pieces.reserve(ranges.size());
+    for (const auto& [start, length] : ranges) pieces.push_back(narrow(d, start, length));
   } catch (const std::bad_alloc&) {
     // Up to kMaxChunks handles (and a shape each) may still not fit in what memory is left.
     throw_error<OutOfMemoryError>("chunk: no memory for {} pieces of dim {} of size {} (shape {})",
-                                  count, d, size, shape_str(meta_->shape));
+                                  ranges.size(), d, size, shape_str(meta_->shape));
   }
   return pieces;
 }

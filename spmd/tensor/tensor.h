@@ -99,7 +99,7 @@ class Tensor {
   // gives `chunks` empty pieces. ShapeError for more than kMaxChunks pieces (chunk(INT64_MAX) of
   // an empty dim must not exhaust memory), OutOfMemoryError when the pieces' handles do not fit.
   std::vector<Tensor> chunk(int64_t chunks, int64_t d = 0) const;
-  static constexpr int64_t kMaxChunks = int64_t{1} << 24;
+  static constexpr int64_t kMaxChunks = spmd::kMaxChunks;
   // Consecutive pieces of the given sizes along d; the sizes must add up to size(d).
   std::vector<Tensor> split(const std::vector<int64_t>& sizes, int64_t d = 0) const;
   Tensor transpose(int64_t a, int64_t b) const;

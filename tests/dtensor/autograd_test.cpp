@@ -208,6 +208,24 @@ TEST(Autograd, PartialLeafGetsAReplicateGradient) {
   EXPECT_TRUE(allclose(p.grad().full_tensor(), arange(6, DType::F64) * 2.0));
 }
 
+// A gradient that arrives Partial (here an explicit output gradient) is reduced for the leaf:
+// docs/concepts.md promises Replicate, and a P(max) placement on a sum of gradients is wrong.
+TEST(Autograd, PartialLeafGetsAReplicateGradientWhenTheGradientArrivesPartial) {
+  World world = World::sim(4);
+  const DeviceMesh mesh = init_device_mesh(world, {4}, {"tp"});
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) {
+    SCOPED_TRACE(fmt::format("{}", op));
+    DTensor p = distribute_tensor(arange(6, DType::F64), mesh, {Partial{op}});
+    p.requires_grad_();
+    const DTensor y = p * 3.0;
+    const DTensor g = distribute_tensor(full({6}, 2.0, DType::F64), mesh, {Partial{}});
+    backward(y, g);
+    EXPECT_EQ(p.grad().placements(), Placements{Replicate{}});
+    EXPECT_TRUE(allclose(p.grad().full_tensor(), full({6}, 6.0, DType::F64)))
+        << p.grad().full_tensor();
+  }
+}
+
 TEST(Autograd, ZeroGradDropsGradients) {
   World world = World::sim(2);
   const DeviceMesh mesh = init_device_mesh(world, {2});

@@ -656,6 +656,28 @@ TEST(OpTable, TensorGradientsMatchFiniteDifferences) {
   EXPECT_GT(checked, 80);
 }
 
+// x^0 is 1 everywhere, so its derivative is 0 everywhere, also at x = 0 (k x^(k-1) there is
+// 0 * inf = NaN; PyTorch's pow_backward returns zeros): the scalar and the tensor exponent forms.
+TEST(OpTable, PowWithExponentZeroHasAZeroGradientAtZero) {
+  const Tensor base = from_vector<double>({0.0, 1.0, -2.0, 3.5}, {4});
+  Tensor x = base.clone();
+  x.requires_grad_();
+  backward(sum(pow(x, 0.0)));
+  EXPECT_TRUE(equal(x.grad(), zeros({4}, DType::F64))) << x.grad();
+  Tensor y = base.clone();
+  Tensor k = zeros({4}, DType::F64);
+  y.requires_grad_();
+  k.requires_grad_();
+  backward(sum(pow(y, k)));
+  EXPECT_TRUE(equal(y.grad(), zeros({4}, DType::F64))) << y.grad();
+  // d(x^k)/dk = x^k log x: 0 at x = 0 (the limit), log x elsewhere (NaN for x < 0, as torch).
+  const std::vector<double> dk = testing::values(k.grad());
+  EXPECT_EQ(dk[0], 0.0);
+  EXPECT_EQ(dk[1], 0.0);
+  EXPECT_TRUE(std::isnan(dk[2]));
+  EXPECT_NEAR(dk[3], std::log(3.5), 1e-12);
+}
+
 // The Tensor methods that make new tensors are recorded too (their free-function rows above check
 // the formulas): each gradient against the one the free function gives.
 TEST(OpTable, TensorMethodsAreRecorded) {

@@ -133,6 +133,13 @@ TEST(Tensor, ChunkFollowsTorch) {
   EXPECT_EQ(sizes(iota({8}).chunk(4)), (std::vector<int64_t>{2, 2, 2, 2}));
   EXPECT_EQ(sizes(iota({6}).chunk(4)), (std::vector<int64_t>{2, 2, 2}));
   EXPECT_EQ(sizes(iota({0}).chunk(3)), (std::vector<int64_t>{0, 0, 0}));
+  // The free function is the method (it gave one piece for an empty dim).
+  EXPECT_EQ(sizes(chunk(iota({0}), 3)), (std::vector<int64_t>{0, 0, 0}));
+  EXPECT_EQ(sizes(chunk(iota({5}), 4)), (std::vector<int64_t>{2, 2, 1}));
+  // A huge count of an empty dim is refused, not allocated (chunk_ranges formed size + chunks - 1).
+  expect_throws<ShapeError>([] { chunk(iota({0}), std::numeric_limits<int64_t>::max()); },
+                            {"chunk", "at most"});
+  expect_throws<ShapeError>([] { chunk(iota({3}), -2); }, {"chunk", "positive", "got -2"});
   EXPECT_EQ(sizes(iota({1}).chunk(1)), (std::vector<int64_t>{1}));
   const auto pieces = iota({2, 7}).chunk(3, -1);
   ASSERT_EQ(pieces.size(), 3u);
