@@ -1,7 +1,9 @@
 // The planted-bug catalog (tests/debug/bugs/README.md): every program, run with --spmd-debug=all
-// under each backend its row names, exits non-zero with a report naming one of the lines marked
-// `// REPORTED` in its source, and runs clean with the bug's effect absent from the flags (it is a
-// silent bug without them, except the ones the threads backend always stops).
+// (or what its row says) under each backend its row names, exits non-zero with a report naming
+// one of the lines marked `// REPORTED` in its source. The bugs the SPMD types see are reported
+// with no flag at all; the others run to the end without their check (a silent bug). This file
+// builds twice: bug_catalog_test runs the sim and threads rows, and, where MPI is built,
+// bug_catalog_mpi_test (SPMD_BUG_CATALOG_MPI, label mpi) runs the mpi rows under mpirun -n 8.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -20,9 +22,9 @@ using testing::run_command;
 
 struct Bug {
   const char* name;
-  std::vector<const char*> backends;  // where --spmd-debug=all reports it
+  std::vector<const char*> backends;  // where it is reported: sim, threads, mpi
   const char* report;                 // what the report says (a fragment)
-  const char* debug = "all";          // the --spmd-debug list
+  const char* debug = "all";          // the --spmd-debug list ("" for none)
 };
 
 // "name.cpp:12" for every line of the program's source marked `// REPORTED`.
@@ -41,14 +43,29 @@ std::vector<std::string> reported_lines(const std::string& name) {
 
 class BugCatalog : public ::testing::TestWithParam<Bug> {};
 
+// The program's command line under `backend`.
+std::string command_for(const Bug& bug, std::string_view backend) {
+  const std::string program = fmt::format("{}/bug_{}", SPMD_BUGS_DIR, bug.name);
+  const std::string flags =
+      std::string(bug.debug).empty() ? "" : fmt::format(" --spmd-debug={}", bug.debug);
+#ifdef SPMD_BUG_CATALOG_MPI
+  return fmt::format("{}{} -n 8 {} --spmd-backend=mpi{}", testing::mpi_env_prefix(), SPMD_MPIEXEC,
+                     program, flags);
+#else
+  return fmt::format("{} --spmd-backend={} --spmd-world-size=8{}", program, backend, flags);
+#endif
+}
+
 TEST_P(BugCatalog, ReportedAtTheUsersLine) {
   const Bug& bug = GetParam();
   const std::vector<std::string> lines = reported_lines(bug.name);
   for (const char* backend : bug.backends) {
-    const std::string command = fmt::format(
-        "{}/bug_{} --spmd-backend={} --spmd-world-size=8 "
-        "--spmd-debug={}",
-        SPMD_BUGS_DIR, bug.name, backend, bug.debug);
+#ifdef SPMD_BUG_CATALOG_MPI
+    if (std::string_view(backend) != "mpi") continue;
+#else
+    if (std::string_view(backend) == "mpi") continue;
+#endif
+    const std::string command = command_for(bug, backend);
     CommandResult r = run_command(command);
     SCOPED_TRACE(fmt::format("{} ({:.2f} s)\n{}", command, r.seconds, r.output));
     EXPECT_NE(r.exit_code, 0);
@@ -60,71 +77,97 @@ TEST_P(BugCatalog, ReportedAtTheUsersLine) {
   }
 }
 
-// Without the checks, the bugs that sim cannot see otherwise run to the end (that is the point of
-// the catalog: each needs its check).
+#ifndef SPMD_BUG_CATALOG_MPI
+// Without their checks, the bugs that only a check sees run to the end (that is the point of the
+// catalog: each needs its check). The SPMD types need no flag: the last rows above (debug "").
 TEST(BugCatalogSilent, SilentUnderSimWithoutChecks) {
-  for (const char* name :
-       {"forgotten_dp_grad_reduce", "sp_norm_gain_reduce", "coordinator_collective",
-        "held_ranks_branch", "partial_claimed_replicate", "moe_shared_expert_replicate",
-        "partial_to_local_from_local", "forgotten_dp_grad_local", "doubled_tp_grad_reduce",
-        "sp_norm_gain_local", "grad_norm_clip_local"}) {
+  for (const char* name : {"coordinator_collective", "held_ranks_branch", "diverged_replica",
+                           "to_local_claim_untyped"}) {
     CommandResult r =
         run_command(fmt::format("{}/bug_{} --spmd-world-size=8", SPMD_BUGS_DIR, name));
     EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
   }
 }
+#endif
 
-INSTANTIATE_TEST_SUITE_P(
-    Planted, BugCatalog,
-    ::testing::Values(
-        // Under sim `all` includes types, which see the varying pieces before the replicate check.
-        Bug{"forgotten_dp_grad_reduce",
-            {"sim"},
-            "along mesh axis 'dp' the LocalTensor is V (to_local at"},
-        Bug{"forgotten_dp_grad_reduce", {"threads"}, "DTensor::from_local at"},
-        Bug{"sp_norm_gain_reduce", {"sim"}, "along mesh axis 'tp' the LocalTensor is V (sub at"},
-        Bug{"sp_norm_gain_reduce", {"threads"}, "claims Replicate on mesh dim 1 ('tp')"},
-        Bug{"coordinator_collective", {"sim"}, "only the coordinator reaches this call"},
-        Bug{"coordinator_collective", {"threads"}, "DeadlockError"},
-        Bug{"local_rank_branch", {"sim"}, "PerRank comparison `==`"},
-        Bug{"local_rank_branch", {"threads"}, "DeadlockError"},
-        Bug{"held_ranks_branch", {"threads"}, "DeadlockError"},
-        Bug{"partial_claimed_replicate",
-            {"sim"},
-            "along mesh axis 'tp' the LocalTensor is V (to_local at"},
-        Bug{"partial_claimed_replicate", {"threads"}, "say Partial()"},
-        Bug{"diverged_replica", {"sim", "threads"}, "input 1 of DTensor op 'matmul'"},
-        Bug{"early_return", {"sim"}, "PerRank comparison `==`"},
-        Bug{"early_return", {"threads"}, "rank 3 has finished (returned)"},
-        // SPMD types (Note [SPMD types] in sim/spmd_types.h): part of `all` under sim; under
-        // threads the type rules run with --spmd-debug=types.
-        Bug{"moe_shared_expert_replicate",
-            {"sim"},
-            "TypeError: DTensor::from_local: along mesh axis 'tp' the LocalTensor is R"},
-        Bug{"moe_shared_expert_replicate", {"threads"}, "must stay Partial", "types"},
-        Bug{"partial_to_local_from_local",
-            {"sim"},
-            "TypeError: DTensor::from_local: along mesh axis 'tp' the LocalTensor is P (to_local "
-            "at"},
-        Bug{"partial_to_local_from_local",
-            {"threads"},
-            "to_local + from_local on a Partial",
-            "types"},
-        Bug{"forgotten_dp_grad_local", {"sim"}, "TypeError: sub: along mesh axis 'dp'"},
-        Bug{"forgotten_dp_grad_local", {"threads"}, "is P (backward at", "types"},
-        Bug{"doubled_tp_grad_reduce",
-            {"sim"},
-            "TypeError: all_reduce: along mesh axis 'tp' the input is R (all_reduce at"},
-        Bug{"doubled_tp_grad_reduce", {"threads"}, "doubled reduction", "types"},
-        Bug{"sp_norm_gain_local", {"sim"}, "TypeError: sub: along mesh axis 'tp'"},
-        Bug{"sp_norm_gain_local", {"threads"}, "along mesh axis 'tp'", "types"},
-        Bug{"grad_norm_clip_local",
-            {"sim"},
-            "TypeError: DTensor::from_local: along mesh axis 'tp' the LocalTensor is V (sub at"},
-        Bug{"grad_norm_clip_local", {"threads"}, "placement R claims identical pieces", "types"}),
-    [](const ::testing::TestParamInfo<Bug>& info) {
-      return fmt::format("{}_{}", info.param.name, info.param.backends.front());
-    });
+// The rows. `report` is the same under every backend its row names unless the row says otherwise.
+const Bug kBugs[] = {
+    // Under sim `all` includes types, which see the varying pieces before the replicate check;
+    // the types run on every backend without a flag.
+    {"forgotten_dp_grad_reduce",
+     {"sim", "threads", "mpi"},
+     "along mesh axis 'dp' the LocalTensor is V (to_local at",
+     ""},
+    {"sp_norm_gain_reduce",
+     {"sim", "threads", "mpi"},
+     "along mesh axis 'tp' the LocalTensor is V (sub at",
+     ""},
+    {"coordinator_collective", {"sim"}, "only the coordinator reaches this call"},
+    {"coordinator_collective", {"threads"}, "DeadlockError"},
+    {"local_rank_branch", {"sim"}, "PerRank comparison `==`"},
+    {"local_rank_branch", {"threads"}, "DeadlockError"},
+    {"held_ranks_branch", {"threads"}, "DeadlockError"},
+    {"partial_claimed_replicate",
+     {"sim", "threads", "mpi"},
+     "along mesh axis 'tp' the LocalTensor is V (to_local at",
+     ""},
+    {"diverged_replica", {"sim", "threads", "mpi"}, "input 1 of DTensor op 'matmul'"},
+    {"early_return", {"sim"}, "PerRank comparison `==`"},
+    {"early_return", {"threads"}, "rank 3 has finished (returned)"},
+    // SPMD types (Note [SPMD types] in sim/spmd_types.h): always on, on every backend.
+    {"moe_shared_expert_replicate",
+     {"sim", "threads", "mpi"},
+     "TypeError: DTensor::from_local: along mesh axis 'tp' the LocalTensor is R",
+     ""},
+    {"partial_to_local_from_local",
+     {"sim", "threads", "mpi"},
+     "TypeError: DTensor::from_local: along mesh axis 'tp' the LocalTensor is P (to_local at",
+     ""},
+    {"forgotten_dp_grad_local", {"sim", "threads", "mpi"}, "TypeError: sub: along mesh axis 'dp'", ""},
+    {"doubled_tp_grad_reduce",
+     {"sim", "threads", "mpi"},
+     "TypeError: all_reduce: along mesh axis 'tp' the input is R (all_reduce at",
+     ""},
+    {"doubled_dp_grad_reduce",
+     {"sim", "threads", "mpi"},
+     "TypeError: all_reduce: along mesh axis 'dp' the input is R (all_reduce at",
+     ""},
+    // ... and under `all`, which includes types on every backend.
+    {"doubled_dp_grad_reduce", {"sim", "threads", "mpi"}, "a doubled reduction"},
+    {"sp_norm_gain_local", {"sim", "threads", "mpi"}, "TypeError: sub: along mesh axis 'tp'", ""},
+    {"grad_norm_clip_local",
+     {"sim", "threads", "mpi"},
+     "TypeError: DTensor::from_local: along mesh axis 'tp' the LocalTensor is V (sub at",
+     ""},
+    // Gradient claims of to_local: the types see them where the local code uses the value...
+    {"to_local_used_per_rank",
+     {"sim", "threads", "mpi"},
+     "to_local at to_local_used_per_rank.cpp:17 claims this value's gradient arrives identical",
+     ""},
+    {"tp_grad_claimed_replicate",
+     {"sim", "threads", "mpi"},
+     "to_local at tp_grad_claimed_replicate.cpp:17 claims this value's gradient arrives "
+     "identical on every rank of 'tp'",
+     ""},
+    // ... and the data check sees them when the gradient arrives (untyped data hides the cause).
+    {"to_local_claim_untyped",
+     {"sim", "threads", "mpi"},
+     "to_local at to_local_claim_untyped.cpp:20 claims through grad_placements R that the "
+     "gradient of its LocalTensor is Replicate on mesh dim 0 ('tp')"},
+    // The debug checks' own gathers must not pair a skipped DTensor op with the next one.
+    {"rank_skips_clip", {"sim"}, "PerRank comparison `!=`"},
+    {"rank_skips_clip",
+     {"threads"},
+     "CollectiveMismatchError: call #36 of group ranks [0, 1, 2, 3, 4, 5, 6, 7] over mesh dim 'dp "
+     "(--spmd-debug check)'"},
+    {"rank_skips_clip", {"mpi"}, "the ranks are at different DTensor ops"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Planted, BugCatalog, ::testing::ValuesIn(kBugs),
+                         [](const ::testing::TestParamInfo<Bug>& info) {
+                           return fmt::format("{}_{}_{}", info.param.name,
+                                              info.param.backends.front(), info.index);
+                         });
 
 }  // namespace
 }  // namespace spmd
