@@ -164,6 +164,47 @@ TEST_F(Typed, InvariantMixesOnlyWithInvariant) {
   expect_throws<TypeError>([&] { (void)(i * varying({3})); }, {"input 2 is V (from_fn at"});
 }
 
+// to_local under autograd: the grad_placements say whether the gradient arrives reduced (I) or as
+// each rank's term of a pending sum (R).
+TEST_F(Typed, ToLocalTypesFollowTheGradientClaim) {
+  DTensor w = distribute_tensor(randn({3}, 5), mesh, {Replicate{}});
+  EXPECT_EQ(type_of(w.to_local(), "tp"), SpmdType::R);  // not recorded: no claim
+  w.requires_grad_();
+  const LocalTensor claimed_reduced = w.to_local();
+  EXPECT_EQ(type_of(claimed_reduced, "tp"), SpmdType::I);
+  EXPECT_EQ(type_of(w.to_local(Placements{Partial{}}), "tp"), SpmdType::R);
+  // With values identical on every rank the claim holds: I meets I and R.
+  EXPECT_EQ(type_of(claimed_reduced * claimed_reduced, "tp"), SpmdType::I);
+  // With a value that differs per rank it cannot: each rank's gradient is its own term.
+  expect_throws<TypeError>([&] { (void)(claimed_reduced * varying({3})); },
+                           {"mul", "to_local at spmd_types_test.cpp", "claims this value's gradient",
+                            "grad_placements with Partial on 'tp'"});
+  // Partial claimed: R meets V as usual, and the gradient is the sum of the ranks' terms.
+  const LocalTensor v = varying({3});
+  backward(sum(w.to_local(Placements{Partial{}}) * v));
+  Tensor total = zeros({3});
+  for (int r : world.held_ranks()) total = total + v.shard(r);
+  EXPECT_TRUE(allclose(w.grad().full_tensor(), total, 1e-5, 1e-5));
+}
+
+// The types need no flag: without any TypesScope every LocalTensor made over a world is typed and
+// every local collective differentiable (its typed backward).
+TEST(TypesAlwaysOn, NoFlagNeeded) {
+  World world = World::sim(kRanks);
+  DeviceMesh mesh = init_device_mesh(world, {kRanks}, {"tp"});
+  ASSERT_FALSE(types_data_check());
+  LocalTensor x = LocalTensor::from_fn(world, [](int r) { return full({2}, r + 1.0); });
+  EXPECT_EQ(type_of(x, "tp"), SpmdType::V);
+  x.requires_grad_();
+  const LocalTensor y = all_gather(x * 3.0, mesh, "tp");  // V -> R, backward reduce_scatter
+  EXPECT_EQ(type_of(y, "tp"), SpmdType::R);
+  backward(sum(y));
+  // Each rank's x appears in every rank's gathered copy: its gradient is 3 summed over the ranks.
+  expect_every_shard(x.grad(), full({2}, 3.0 * kRanks));
+  expect_throws<TypeError>([&] { (void)all_reduce(y.detach(), mesh, "tp"); },
+                           {"all_reduce", "doubled reduction"});
+}
+
 // ---- collectives: forward types, checked against the data
 // ----------------------------------------
 
