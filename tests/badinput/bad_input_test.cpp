@@ -9,6 +9,7 @@
 // path.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -90,6 +91,20 @@ std::string mesh_json_with_dim(const std::string& dim) {
 }
 std::string trace_json(const std::string& event) {
   return R"({"traceEvents": [)" + event + "]}";
+}
+// "weight_decay" -> "WeightDecay": a hyperparameter in a row's name.
+std::string field_name(const std::string& field) {
+  std::string out;
+  bool upper = true;
+  for (char c : field) {
+    if (c == '_') {
+      upper = true;
+      continue;
+    }
+    out += upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
+    upper = false;
+  }
+  return out;
 }
 std::string event(const std::string& fields) {
   return R"({"name": "all_reduce", "ph": "X", "pid": 0, "tid": 0, "ts": 1.0, "dur": 2.0, )" +
@@ -1370,6 +1385,106 @@ std::vector<ApiCase> dtensor_cases() {
   };
 }
 
+// ---- nn/ --------------------------------------------------------------------------------------
+
+// One parameter with a gradient, as a Tensor or a DTensor (both optimizer styles take the same
+// checks).
+Tensor* tensor_param() {
+  static Tensor w = [] {
+    Tensor t = ones({2, 2}).requires_grad_();
+    backward(sum(t * t));
+    return t;
+  }();
+  return &w;
+}
+DTensor* dtensor_param() {
+  static DTensor w = [] {
+    DTensor d = dt22();
+    d.requires_grad_();
+    backward(sum(d * d));
+    return d;
+  }();
+  return &w;
+}
+
+std::vector<ApiCase> nn_cases() {
+  std::vector<ApiCase> cases = {
+      {"SGDEmptyParams",
+       [] { SGD(std::vector<Tensor*>{}); },
+       "ConfigError",
+       {"SGD", "empty parameter list"}},
+      {"AdamWEmptyParams",
+       [] { AdamW(std::vector<DTensor*>{}); },
+       "ConfigError",
+       {"AdamW", "empty parameter list"}},
+      {"SGDNullParam", [] { SGD(std::vector<Tensor*>{nullptr}); }, "Error", {"SGD", "parameter 0"}},
+      {"ClipNegativeMaxNorm",
+       [] { clip_grad_norm({tensor_param()}, -1.0); },
+       "ConfigError",
+       {"clip_grad_norm", "max_norm", "-1"}},
+      {"ClipNaNMaxNorm",
+       [] { clip_grad_norm({tensor_param()}, kNaN); },
+       "ConfigError",
+       {"clip_grad_norm", "max_norm", "nan"}},
+      {"ClipNegativeMaxNormDTensor",
+       [] { clip_grad_norm({dtensor_param()}, -0.5); },
+       "ConfigError",
+       {"clip_grad_norm", "max_norm", "-0.5"}},
+      {"ClipNegativeInfMaxNorm",
+       [] { clip_grad_norm(std::vector<DTensor*>{}, -kInf); },
+       "ConfigError",
+       {"clip_grad_norm", "max_norm", "-inf"}},
+  };
+  // Every hyperparameter of every optimizer, for both styles (Tensor and DTensor parameters):
+  // NaN, an infinity and a value outside torch.optim's range.
+  struct Bad {
+    std::string name;  // of the row
+    std::string field;
+    double value;
+    std::string shown;
+  };
+  const std::vector<Bad> bad_values = {
+      {"NaN", "", kNaN, "nan"}, {"Inf", "", kInf, "inf"}, {"Negative", "", -1.0, "-1"}};
+  auto add = [&](const std::string& optimizer, const std::string& field, double value,
+                 const std::string& shown, const std::string& row) {
+    for (const bool dtensor : {false, true}) {
+      std::function<void()> body;
+      if (optimizer == "SGD") {
+        SGDOptions o;
+        if (field == "lr") o.lr = value;
+        if (field == "momentum") o.momentum = value;
+        if (field == "weight_decay") o.weight_decay = value;
+        body = dtensor ? std::function<void()>([o] { SGD(std::vector{dtensor_param()}, o); })
+                       : std::function<void()>([o] { SGD(std::vector{tensor_param()}, o); });
+      } else {
+        AdamWOptions o;
+        if (field == "lr") o.lr = value;
+        if (field == "beta1") o.beta1 = value;
+        if (field == "beta2") o.beta2 = value;
+        if (field == "eps") o.eps = value;
+        if (field == "weight_decay") o.weight_decay = value;
+        body = dtensor ? std::function<void()>([o] { AdamW(std::vector{dtensor_param()}, o); })
+                       : std::function<void()>([o] { AdamW(std::vector{tensor_param()}, o); });
+      }
+      cases.push_back({optimizer + (dtensor ? "DTensor" : "Tensor") + field_name(field) + row,
+                       std::move(body),
+                       "ConfigError",
+                       {optimizer, field, shown}});
+    }
+  };
+  for (const std::string field : {"lr", "momentum", "weight_decay"}) {
+    for (const Bad& b : bad_values) add("SGD", field, b.value, b.shown, b.name);
+  }
+  for (const std::string field : {"lr", "beta1", "beta2", "eps", "weight_decay"}) {
+    for (const Bad& b : bad_values) add("AdamW", field, b.value, b.shown, b.name);
+  }
+  // torch.optim.AdamW: 0 <= beta < 1 (beta = 1 divides by zero in the bias correction).
+  add("AdamW", "beta1", 1.0, "[0, 1)", "One");
+  add("AdamW", "beta2", 1.0, "[0, 1)", "One");
+  add("SGD", "momentum", -5.0, "-5", "MinusFive");
+  return cases;
+}
+
 // ---- debug/ and runtime/ ----------------------------------------------------------------------
 
 std::vector<ApiCase> debug_runtime_cases() {
@@ -1581,7 +1696,7 @@ std::vector<ApiCase> debug_runtime_cases() {
 std::vector<ApiCase> all_api_cases() {
   std::vector<ApiCase> all;
   for (auto make : {tensor_cases, ops_cases, sim_cases, mesh_cases, collective_cases, dtensor_cases,
-                    debug_runtime_cases}) {
+                    nn_cases, debug_runtime_cases}) {
     for (ApiCase& c : make()) all.push_back(std::move(c));
   }
   return all;
