@@ -318,6 +318,46 @@ std::vector<ApiCase> tensor_cases() {
        [] { from_vector<double>({-INFINITY}).to_vector<int64_t>(); },
        "Unsupported",
        {"to_vector", "-inf", "i64"}},
+      {"ToNaNIntoInt",
+       [] {
+         from_vector<float>({1, 2, NAN}).to(DType::I32);
+       },
+       "Unsupported",
+       {"to", "element 2", "[2]", "nan", "i32"}},
+      {"ToInfIntoInt",
+       [] {
+         from_vector<double>({INFINITY}).reshape({1, 1}).to(DType::I64);
+       },
+       "Unsupported",
+       {"to", "element 0", "[0, 0]", "inf", "i64"}},
+      {"ToOutOfRangeIntoInt",
+       [] {
+         from_vector<float>({0, -3e9}).to(DType::I32);
+       },
+       "Unsupported",
+       {"to", "element 1", "-3000000000", "i32"}},
+      {"ToNarrowingI64IntoI32",
+       [] {
+         from_vector<int64_t>({1, int64_t{1} << 40}).to(DType::I32);
+       },
+       "Unsupported",
+       {"to", "element 1", "1099511627776", "i32"}},
+      {"ToNaNInExpandedView",
+       [] { full({1}, kNaN).expand({int64_t{1} << 40}).to(DType::I64); },
+       "Unsupported",
+       {"to", "element 0", "nan", "i64"}},
+      {"ToBF16NaNIntoInt",
+       [] { full({3}, kNaN, DType::BF16).to(DType::I32); },
+       "Unsupported",
+       {"to", "element 0", "nan", "bf16"}},
+      {"CopyNaNIntoInt",
+       [] { zeros({2}, DType::I32).copy_(full({2}, kNaN)); },
+       "Unsupported",
+       {"copy_", "element 0", "nan", "i32"}},
+      {"ItemI64IntoI32",
+       [] { full({}, 1e12, DType::I64).item<int32_t>(); },
+       "Unsupported",
+       {"item", "1000000000000", "i32"}},
       {"FillNaNIntoInt",
        [] { zeros({2}, DType::I64).fill_(kNaN); },
        "Unsupported",
