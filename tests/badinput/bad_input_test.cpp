@@ -516,6 +516,37 @@ std::vector<ApiCase> ops_cases() {
        "ShapeError",
        {"backward"}},
       {"BackwardUndefined", [] { backward(Tensor()); }, "ShapeError", {"backward", "undefined"}},
+      {"CrossEntropyTargetTooLarge",
+       [] {
+         cross_entropy(ones({4, 5}), from_vector<int64_t>({0, 1, 7, 2}));
+       },
+       "ShapeError",
+       {"cross_entropy", "target 7", "index 2", "[0, 5)", "5 classes"}},
+      {"CrossEntropyTargetNegative",
+       [] {
+         cross_entropy(ones({2, 3}), from_vector<int32_t>({-100, 1}));
+       },
+       "ShapeError",
+       {"cross_entropy", "target -100", "index 0", "3 classes"}},
+      {"GatherIndexOutOfRange",
+       [] {
+         gather(ones({2, 3}), 1, from_vector<int64_t>({0, 1, 2, 3}, {2, 2}));
+       },
+       "ShapeError",
+       {"gather", "index 3 at [1, 1]", "[0, 3)"}},
+      {"IndexSelectOutOfRange",
+       [] {
+         index_select(ones({4, 2}), 0, from_vector<int64_t>({1, 9}));
+       },
+       "ShapeError",
+       {"index_select", "index 9", "[0, 4)"}},
+      {"EmbeddingOutOfRange",
+       [] {
+         embedding(from_vector<int64_t>({-1}), ones({4, 2}));
+       },
+       "ShapeError",
+       {"embedding", "index -1", "[0, 4)"}},
+
   };
 }
 
@@ -1418,6 +1449,20 @@ std::vector<ApiCase> dtensor_cases() {
        },
        "ShapeError",
        {"backward"}},
+      {"DTensorCrossEntropyRowsSharded",
+       [] {
+         cross_entropy(distribute_tensor(ones({4, 5}), mesh4(), {Shard{0}}),
+                       distribute_tensor(from_vector<int64_t>({0, 1, 2, 9}), mesh4(), {Shard{0}}));
+       },
+       "ShapeError",
+       {"cross_entropy", "target 9", "index 3", "[0, 5)", "5 classes"}},
+      {"DTensorCrossEntropyClassesSharded",
+       [] {
+         cross_entropy(distribute_tensor(ones({2, 8}), mesh4(), {Shard{1}}),
+                       distribute_tensor(from_vector<int64_t>({3, 8}), mesh4(), {Replicate{}}));
+       },
+       "ShapeError",
+       {"cross_entropy", "8 classes", "index 8 at [1, 0]"}},
       {"RequiresGradIntDTensor",
        [] { distribute_tensor(ones({4}, DType::I32), mesh4(), {Shard{0}}).requires_grad_(); },
        "Unsupported",
