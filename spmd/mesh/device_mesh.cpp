@@ -234,7 +234,12 @@ DeviceMesh init_device_mesh(const World& world, std::vector<int64_t> shape,
   validate_names(dim_names, shape.size(), op);
   int64_t numel = 1;
   for (int64_t s : shape) {
-    if (__builtin_mul_overflow(numel, s, &numel)) numel = INT64_MAX;
+    if (__builtin_mul_overflow(numel, s, &numel)) {
+      throw_error<MeshError>(
+          "{}: mesh shape {} has more ranks than an int64 holds (the product overflows) but the "
+          "world has only {}",
+          op, shape_text(shape), world.size());
+    }
   }
   if (numel > world.size()) {
     throw_error<MeshError>("{}: mesh shape {} has {} ranks but the world has only {}", op,

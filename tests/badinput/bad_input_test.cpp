@@ -711,6 +711,19 @@ std::vector<ApiCase> mesh_cases() {
        },
        "MeshError",
        {"init_device_mesh"}},
+      {"InitMeshOverflowWrapsToZero",
+       [] {
+         init_device_mesh(w4(), {int64_t{1} << 62, 4});
+       },
+       "MeshError",
+       {"init_device_mesh", "(4611686018427387904, 4)", "more ranks than an int64 holds",
+        "only 4"}},
+      {"InitMeshOverflowWrapsToCount",
+       [] {
+         init_device_mesh(w4(), {int64_t{1} << 62, 2, 2, 3});
+       },
+       "MeshError",
+       {"init_device_mesh", "more ranks than an int64 holds"}},
       {"InitMeshDuplicateNames",
        [] {
          init_device_mesh(w4(), {2, 2}, {"a", "a"});
