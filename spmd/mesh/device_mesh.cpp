@@ -782,6 +782,44 @@ bool DeviceMesh::operator==(const DeviceMesh& other) const {
   return true;
 }
 
+namespace {
+
+// "[0, 1, 2, 3]", or the first ranks and the count for a long map.
+std::string rank_map_text(const RankMap& map) {
+  constexpr size_t kShown = 16;
+  if (map.ranks.size() <= kShown) return fmt::format("[{}]", fmt::join(map.ranks, ", "));
+  return fmt::format("[{}, ...] ({} ranks)",
+                     fmt::join(map.ranks.begin(), map.ranks.begin() + kShown, ", "),
+                     map.ranks.size());
+}
+
+}  // namespace
+
+std::string DeviceMesh::difference(const DeviceMesh& other) const {
+  if (*this == other) return "";
+  if (!universe_ || !other.universe_) {
+    return fmt::format("{} vs {}", to_string(), other.to_string());
+  }
+  const MeshUniverse& a = *universe_;
+  const MeshUniverse& b = *other.universe_;
+  if (!(a.world() == b.world())) {
+    return fmt::format(
+        "they come from different Worlds ({} and {}): a mesh, and every DTensor on it, belongs to "
+        "the World it was built on",
+        a.world().to_string(), b.world().to_string());
+  }
+  if (a.device_type() != b.device_type()) {
+    return fmt::format("their device types differ ({} on {} vs {} on {})", to_string(),
+                       a.device_type(), other.to_string(), b.device_type());
+  }
+  if (!(*a.rank_map() == *b.rank_map())) {
+    return fmt::format("they hold different ranks ({} over ranks {} vs {} over ranks {})",
+                       to_string(), rank_map_text(*a.rank_map()), other.to_string(),
+                       rank_map_text(*b.rank_map()));
+  }
+  return fmt::format("their dims differ ({} vs {})", to_string(), other.to_string());
+}
+
 std::size_t DeviceMesh::hash() const {
   if (!universe_) return 0;
   std::size_t seed = std::hash<const void*>{}(&universe_->world().state());

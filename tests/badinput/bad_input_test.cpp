@@ -1398,6 +1398,32 @@ std::vector<ApiCase> dtensor_cases() {
        },
        "PlacementError",
        {"add", "mesh"}},
+      {"DTensorAddOtherWorld",
+       [] {
+         const World other = World::sim(4);
+         dt22() + distribute_tensor(ones({4, 4}), init_device_mesh(other, {2, 2}, {"dp", "tp"}),
+                                    {Shard{0}, Replicate{}});
+       },
+       "PlacementError",
+       {"add", "different Worlds", "world #", "(sim, 4 ranks)"}},
+      {"DTensorAddPermutedRanks",
+       [] {
+         dt22() +
+             distribute_tensor(ones({4, 4}),
+                               DeviceMesh::from_ranks(w4(), {2, 2}, {3, 2, 1, 0}, {"dp", "tp"}),
+                               {Shard{0}, Replicate{}});
+       },
+       "PlacementError",
+       {"add", "different ranks", "[0, 1, 2, 3]", "[3, 2, 1, 0]"}},
+      {"PlanOtherWorld",
+       [] {
+         const World other = World::sim(4);
+         plan_redistribute(
+             DTensorSpec(mesh4(), {Shard{0}}, {4}, DType::F32),
+             DTensorSpec(init_device_mesh(other, {4}, {"x"}), {Replicate{}}, {4}, DType::F32));
+       },
+       "PlacementError",
+       {"redistribute", "different Worlds"}},
       {"DTensorMatmulMismatch",
        [] {
          matmul(dt22({4, 3}), dt22({4, 3}));
