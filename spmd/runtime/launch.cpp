@@ -355,7 +355,7 @@ World make_world(const LaunchOptions& options) {
 void finish_world(const World& world) {
   if (!world.defined()) return;
   const std::string& path = world.state().trace_path;
-  if (!path.empty()) trace().to_chrome_json(trace_file_for(world, path));
+  if (!path.empty()) write_world_trace(world, path);
   if (world.state().session) world.state().session->finish();
 }
 
@@ -574,7 +574,7 @@ int launch_program(int& argc, char** argv, const std::function<int(World&)>& pro
     }
     if (world.defined() && !world.state().trace_path.empty()) {
       try {
-        trace().to_chrome_json(trace_file_for(world, world.state().trace_path));
+        write_world_trace(world, world.state().trace_path);
       } catch (...) {
         // The error above is the one to report.
       }

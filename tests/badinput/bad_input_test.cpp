@@ -1707,6 +1707,50 @@ std::vector<ApiCase> debug_runtime_cases() {
        parse_trace(std::string(100000, '[') + std::string(100000, ']')),
        "ConfigError",
        {"trace file 't.json'"}},
+      {"TraceNestedArray",
+       parse_trace("[[1, 2]]"),
+       "ConfigError",
+       {"trace file 't.json'", "event 0 is an array of 2 items", "bare JSON array"}},
+      {"TraceEventsNestedArray",
+       parse_trace(trace_json("[]")),
+       "ConfigError",
+       {"trace file 't.json'", "event 0 is an array of 0 items", "\"traceEvents\" array"}},
+      {"TracePerRankFileMissing",
+       [] {
+         const std::string dir =
+             ::testing::TempDir() + "/spmd_bad_input_per_rank_" + std::to_string(::getpid());
+         std::filesystem::create_directories(dir);
+         std::ofstream(dir + "/a.rank0.json")
+             << R"({"traceEvents": [], "otherData": {"ranks": [0], "world_size": 3}})";
+         std::ofstream(dir + "/a.rank2.json")
+             << R"({"traceEvents": [], "otherData": {"ranks": [2], "world_size": 3}})";
+         read_trace_file(dir + "/a.json");
+       },
+       "ConfigError",
+       {"trace file '", "a.json'", "ranks 0,2 of a world of 3", "rank 1 is missing",
+        "a.rank1.json"}},
+      {"TracePerRankFileRepeated",
+       [] {
+         const std::string dir =
+             ::testing::TempDir() + "/spmd_bad_input_per_rank_twice_" + std::to_string(::getpid());
+         std::filesystem::create_directories(dir);
+         std::ofstream(dir + "/b.rank0.json") << R"({"traceEvents": []})";
+         std::ofstream(dir + "/b.rank0.20250101T000000.json") << R"({"traceEvents": []})";
+         read_trace_file(dir + "/b.json");
+       },
+       "ConfigError",
+       {"trace file '", "b.json'", "rank 0 is in two", "b.rank0.json"}},
+      {"TracePerRankLastFileMissing",
+       [] {
+         const std::string dir =
+             ::testing::TempDir() + "/spmd_bad_input_per_rank_last_" + std::to_string(::getpid());
+         std::filesystem::create_directories(dir);
+         std::ofstream(dir + "/c.rank0.json")
+             << R"({"traceEvents": [], "otherData": {"ranks": [0], "world_size": 2}})";
+         read_trace_file(dir + "/c.json");
+       },
+       "ConfigError",
+       {"trace file '", "c.json'", "ranks 0 of a world of 2", "c.rank1.json"}},
       {"TraceMissingFile",
        [] { read_trace_file("/nonexistent/spmd_trace.json"); },
        "ConfigError",
@@ -1964,6 +2008,17 @@ std::vector<CliCase> all_cli_cases() {
        "trace summary " + temp_file("binary.json", std::string("\xff\xfe\x00\x01", 4)),
        {"not JSON"}},
       {"TraceDiffOneFile", "trace diff " + temp_file("one.json", trace_json("")), {"files"}},
+      {"TraceDiffPerRankFileMissing",
+       [] {
+         temp_file("diffmissing.rank0.json",
+                   R"({"traceEvents": [], "otherData": {"ranks": [0], "world_size": 2}})");
+         const std::string path = ::testing::TempDir() + "/spmd_bad_input_diffmissing.json";
+         return "trace diff " + path + " " + path;
+       }(),
+       {"diffmissing.json'", "rank 1 is missing", "spmd_bad_input_diffmissing.rank1.json"}},
+      {"TraceNestedArray",
+       "trace summary " + temp_file("nested.json", "[[{}]]"),
+       {"event 0 is an array of 1 items", "bare JSON array"}},
       {"TraceConvertBadInput",
        "trace convert " + temp_file("conv.json", trace_json("1")) + " " + ::testing::TempDir() +
            "/spmd_bad_input_out.json",
