@@ -117,8 +117,8 @@ std::vector<RankOutcome> run_rank_threads(const LaunchOptions& options,
 // Calling it again does nothing more.
 void finish_world(const World& world);
 
-// "CommError: message": the spmd::Error subclass's name (other exceptions: "error") and the
-// message.
+// "CommError: message": the spmd::Error subclass's name (other exceptions: their demangled C++
+// type, "std::runtime_error: message") and the message.
 std::string error_text(const std::exception_ptr& error);
 // Prints "[rank 3] CommError: message" (the ranks `world` holds, else the launcher's rank) to
 // stderr.
