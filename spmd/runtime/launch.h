@@ -31,7 +31,8 @@
 // extension: trace.json -> trace.rank3.json (no extension: trace -> trace.rank3). Under threads
 // the rank threads share the process's trace, written once to `path` after every thread ended.
 // Under mpi and nccl a failing program also dumps the flight recorder (Note [Flight recorder] in
-// collectives/trace.h): spmd_flight_recorder.rank3.json in $TMPDIR or /tmp, named on stderr.
+// collectives/trace.h): spmd_flight_recorder.<job>.rank3.<time>.json in $TMPDIR or /tmp, named
+// on stderr.
 #pragma once
 
 #include <concepts>

@@ -49,6 +49,31 @@ TEST(MpiWatchdog, ARankStuckOutsideAnyCollectiveEndsTheJobWithEveryRanksReport) 
   EXPECT_TRUE(std::filesystem::exists(dir + "/fr.rank3.json")) << r.output;
 }
 
+TEST(MpiFlightRecorder, DumpsAreNamedPerJobSoRunsDoNotOverwriteEachOther) {
+  // Rank 1 throws a std::runtime_error (reported with its C++ type); it dumps its recorder, twice
+  // over two runs, into two files.
+  const std::string dir = testing::fresh_temp_dir("spmd_fault_mpi_jobs");
+  for (int run = 0; run < 2; ++run) {
+    CommandResult r = mpirun(2, "--spmd-timeout=120 --drill=throw --drill-rank=1",
+                             "SPMD_FLIGHT_RECORDER_DIR=" + dir);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, "[rank 1] std::runtime_error: drill: planted failure"))
+        << r.output;
+    EXPECT_TRUE(contains(r.output,
+                         "[rank 1] flight recorder (std::runtime_error: drill: planted "
+                         "failure): 1 collective record(s) of the last 1 written to " +
+                             dir + "/spmd_flight_recorder.ompi"))
+        << r.output;
+  }
+  int rank1_dumps = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_TRUE(name.starts_with("spmd_flight_recorder.ompi")) << name;
+    if (name.find(".rank1.") != std::string::npos) ++rank1_dumps;
+  }
+  EXPECT_EQ(rank1_dumps, 2);
+}
+
 TEST(MpiWatchdog, ARankThatDiesEndsTheJobAndTheOthersSayWhereTheyAre) {
   // Rank 2 is killed (SIGKILL) while the others wait in the barrier: mpirun sees it die and
   // stops the others, each of which prints its state and flight recorder on the SIGTERM. The
