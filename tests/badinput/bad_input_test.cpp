@@ -92,6 +92,19 @@ std::string mesh_json_with_dim(const std::string& dim) {
 std::string trace_json(const std::string& event) {
   return R"({"traceEvents": [)" + event + "]}";
 }
+// Sets an environment variable for one row's body (each row runs alone in its process under
+// CTest; the variable is gone again when the body ends).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
 // "weight_decay" -> "WeightDecay": a hyperparameter in a row's name.
 std::string field_name(const std::string& field) {
   std::string out;
@@ -1841,6 +1854,165 @@ std::vector<ApiCase> debug_runtime_cases() {
        },
        "ConfigError",
        {"World::set_topology", "devices_per_host"}},
+      {"TopologyNegativeBaseLatency",
+       [] { Topology::from_json(R"({"base_latency_us": -1})"); },
+       "ConfigError",
+       {"Topology", "base_latency_us", "-1"}},
+      {"TopologyLinkNotObject",
+       [] { Topology::from_json(R"({"inter_host": [1, 2]})"); },
+       "ConfigError",
+       {"Topology", "inter_host", "array"}},
+      {"TopologyUnknownKey",
+       [] { Topology::from_json(R"({"devices": 8})"); },
+       "ConfigError",
+       {"Topology", "'devices'"}},
+      {"TopologyFractionalDevices",
+       [] { Topology::from_json(R"({"devices_per_host": 2.5})"); },
+       "ConfigError",
+       {"Topology", "devices_per_host", "2.5"}},
+      {"TopologyLoadMissing",
+       [] { Topology::load("/nonexistent/topo.json"); },
+       "ConfigError",
+       {"Topology::load", "/nonexistent/topo.json"}},
+      {"DeviceSpecNotJson", [] { DeviceSpec::from_json("{"); }, "ConfigError", {"DeviceSpec"}},
+      {"DeviceSpecDeepJson",
+       [] { DeviceSpec::from_json(std::string(100000, '[') + std::string(100000, ']')); },
+       "ConfigError",
+       {"DeviceSpec", "array"}},
+      {"DeviceSpecNotObject",
+       [] { DeviceSpec::from_json("[1, 2]"); },
+       "ConfigError",
+       {"DeviceSpec", "expected a JSON object", "an array of 2 items"}},
+      {"DeviceSpecUnknownKey",
+       [] { DeviceSpec::from_json(R"({"memory_gb": 80})"); },
+       "ConfigError",
+       {"DeviceSpec", "'memory_gb'"}},
+      {"DeviceSpecNegativeMemory",
+       [] { DeviceSpec::from_json(R"({"memory_gib": -80})"); },
+       "ConfigError",
+       {"DeviceSpec", "memory_gib", "-80"}},
+      {"DeviceSpecZeroBandwidth",
+       [] { DeviceSpec::from_json(R"({"memory_bandwidth_gbps": 0})"); },
+       "ConfigError",
+       {"DeviceSpec", "memory_bandwidth_gbps", "0"}},
+      {"DeviceSpecEfficiencyAboveOne",
+       [] { DeviceSpec::from_json(R"({"efficiency": 1.5})"); },
+       "ConfigError",
+       {"DeviceSpec", "efficiency", "1.5"}},
+      {"DeviceSpecTflopsNotNumber",
+       [] { DeviceSpec::from_json(R"({"tflops": {"bf16": "fast"}})"); },
+       "ConfigError",
+       {"DeviceSpec", "'tflops.bf16'", "\"fast\""}},
+      {"DeviceSpecTflopsUnknownDtype",
+       [] { DeviceSpec::from_json(R"({"tflops": {"fp8": 2000}})"); },
+       "ConfigError",
+       {"DeviceSpec", "tflops.fp8"}},
+      {"DeviceSpecNameNotString",
+       [] { DeviceSpec::from_json(R"({"name": {"a": 1}})"); },
+       "ConfigError",
+       {"DeviceSpec", "'name'", "an object of 1 items"}},
+      {"DeviceSpecLoadMissing",
+       [] { DeviceSpec::load("/nonexistent/gpu.device.json"); },
+       "ConfigError",
+       {"DeviceSpec", "/nonexistent/gpu.device.json"}},
+      {"NumThreadsNotInt",
+       [] {
+         const ScopedEnv env("SPMD_NUM_THREADS", "four");
+         env_num_threads();
+       },
+       "ConfigError",
+       {"SPMD_NUM_THREADS=four", "[1, 4096]"}},
+      {"NumThreadsZero",
+       [] {
+         const ScopedEnv env("SPMD_NUM_THREADS", "0");
+         env_num_threads();
+       },
+       "ConfigError",
+       {"SPMD_NUM_THREADS=0"}},
+      {"NumThreadsHuge",
+       [] {
+         const ScopedEnv env("SPMD_NUM_THREADS", "1000000");
+         env_num_threads();
+       },
+       "ConfigError",
+       {"SPMD_NUM_THREADS=1000000"}},
+      {"NumThreadsTrailing",
+       [] {
+         const ScopedEnv env("SPMD_NUM_THREADS", "4x");
+         env_num_threads();
+       },
+       "ConfigError",
+       {"SPMD_NUM_THREADS=4x"}},
+      {"LaunchChecksNumThreads",
+       [] {
+         const ScopedEnv env("SPMD_NUM_THREADS", "-2");
+         std::vector<std::string> args = {"prog"};
+         std::vector<char*> argv;
+         for (std::string& a : args) argv.push_back(a.data());
+         argv.push_back(nullptr);
+         int argc = 1;
+         parse_launch_options(argc, argv.data());
+       },
+       "ConfigError",
+       {"SPMD_NUM_THREADS=-2"}},
+      {"FlightRecorderSizeNegative",
+       [] {
+         const ScopedEnv env("SPMD_FLIGHT_RECORDER_SIZE", "-5");
+         flight_recorder_size();
+       },
+       "ConfigError",
+       {"SPMD_FLIGHT_RECORDER_SIZE=-5"}},
+      {"FlightRecorderSizeHuge",
+       [] {
+         const ScopedEnv env("SPMD_FLIGHT_RECORDER_SIZE", "99999999999999999999999");
+         flight_recorder_size();
+       },
+       "ConfigError",
+       {"SPMD_FLIGHT_RECORDER_SIZE=99999999999999999999999"}},
+      {"LaunchGpusPerProcessZero",
+       [] {
+         std::vector<std::string> args = {"prog", "--spmd-gpus-per-process=0"};
+         std::vector<char*> argv;
+         for (std::string& a : args) argv.push_back(a.data());
+         argv.push_back(nullptr);
+         int argc = 2;
+         parse_launch_options(argc, argv.data());
+       },
+       "ConfigError",
+       {"--spmd-gpus-per-process=0", "positive"}},
+      {"LaunchTimeoutNaN",
+       [] {
+         std::vector<std::string> args = {"prog", "--spmd-timeout=nan"};
+         std::vector<char*> argv;
+         for (std::string& a : args) argv.push_back(a.data());
+         argv.push_back(nullptr);
+         int argc = 2;
+         parse_launch_options(argc, argv.data());
+       },
+       "ConfigError",
+       {"--spmd-timeout=nan", "seconds"}},
+      {"LaunchTimeoutNegative",
+       [] {
+         std::vector<std::string> args = {"prog", "--spmd-timeout=-3"};
+         std::vector<char*> argv;
+         for (std::string& a : args) argv.push_back(a.data());
+         argv.push_back(nullptr);
+         int argc = 2;
+         parse_launch_options(argc, argv.data());
+       },
+       "ConfigError",
+       {"--spmd-timeout=-3", "seconds"}},
+      {"LaunchTensorsUnknown",
+       [] {
+         std::vector<std::string> args = {"prog", "--spmd-tensors=fake"};
+         std::vector<char*> argv;
+         for (std::string& a : args) argv.push_back(a.data());
+         argv.push_back(nullptr);
+         int argc = 2;
+         parse_launch_options(argc, argv.data());
+       },
+       "ConfigError",
+       {"--spmd-tensors=fake", "'meta'"}},
       {"TopologyDeepJson",
        [] { Topology::from_json(std::string(100000, '[') + std::string(100000, ']')); },
        "ConfigError",
