@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <ostream>
 #include <set>
@@ -720,13 +721,42 @@ DeviceMesh DeviceMesh::from_json(const World& world, std::string_view text) {
       throw_error<MeshError>("{}: {}: {}", op, what, e.what());
     }
   };
+  // A list of integers, strictly: nlohmann would truncate 1.5 to 1.
+  auto integers = [&](const nlohmann::json& v, std::string_view what) {
+    std::vector<int64_t> out;
+    if (v.is_array()) {
+      for (const nlohmann::json& item : v) {
+        if (!item.is_number_integer()) break;
+        if (item.is_number_unsigned() &&
+            item.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+          break;
+        }
+        out.push_back(item.get<int64_t>());
+      }
+      if (out.size() == v.size()) return out;
+    }
+    throw_error<MeshError>(
+        "{}: \"{}\" must be a list of integers, got {}", op, what,
+        v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).substr(0, 80));
+  };
   try {
     nlohmann::json j = nlohmann::json::parse(text);
-    if (j.value("format", "") != "spmdsim.DeviceMesh" || j.value("version", 0) != 1) {
-      throw_error<MeshError>("{}: not a version-1 spmdsim.DeviceMesh document", op);
+    if (!j.is_object()) {
+      throw_error<MeshError>("{}: expected a JSON object, got a JSON {}", op, j.type_name());
     }
-    auto ranks = j.at("rank_map").get<std::vector<int64_t>>();
-    auto root_shape = j.at("root").at("shape").get<std::vector<int64_t>>();
+    if (j.value("format", "") != "spmdsim.DeviceMesh" || j.value("version", 0) != 1) {
+      throw_error<MeshError>(
+          "{}: not a version-1 spmdsim.DeviceMesh document (format {}, version {})", op,
+          j.contains("format") ? j.at("format").dump() : "missing",
+          j.contains("version") ? j.at("version").dump() : "missing");
+    }
+    const std::string device_type = j.at("device_type").get<std::string>();
+    if (device_type != "cpu" && device_type != "cuda") {
+      throw_error<MeshError>("{}: \"device_type\" must be \"cpu\" or \"cuda\", got \"{}\"", op,
+                             device_type);
+    }
+    auto ranks = integers(j.at("rank_map"), "rank_map");
+    auto root_shape = integers(j.at("root").at("shape"), "root.shape");
     auto root_names = j.at("root").at("dim_names").get<std::vector<std::string>>();
     validate_shape(root_shape, op);
     validate_names(root_names, root_shape.size(), op);
@@ -735,8 +765,8 @@ DeviceMesh DeviceMesh::from_json(const World& world, std::string_view text) {
                              shape_text(root_shape), ranks.size());
     }
     auto universe = std::make_shared<MeshUniverse>(
-        world, j.at("device_type").get<std::string>(),
-        RankMap::make(std::move(ranks), world.size(), op), root_shape, root_names);
+        world, device_type, RankMap::make(std::move(ranks), world.size(), op), root_shape,
+        root_names);
     for (const auto& [name, value] : j.at("flattened").items()) {
       if (name.empty()) throw_error<MeshError>("{}: a flattened dim has an empty name", op);
       Layout l = parse_saved(value.get<std::string>(), fmt::format("flattened dim '{}'", name));

@@ -1011,6 +1011,41 @@ std::vector<ApiCase> mesh_cases() {
        },
        "MeshError",
        {"DeviceMesh::from_json", "empty"}},
+      {"FromJsonNestedArray",
+       [] { DeviceMesh::from_json(w4(), "[[1]]"); },
+       "MeshError",
+       {"DeviceMesh::from_json", "expected a JSON object", "array"}},
+      {"FromJsonWrongVersion",
+       [] { DeviceMesh::from_json(w4(), R"({"format": "spmdsim.DeviceMesh", "version": 7})"); },
+       "MeshError",
+       {"DeviceMesh::from_json", "version 7"}},
+      {"FromJsonFractionalRank",
+       [] {
+         DeviceMesh::from_json(
+             w4(), R"({"format": "spmdsim.DeviceMesh", "version": 1, "device_type": "cpu",
+                    "rank_map": [0, 1.5, 2, 3], "root": {"shape": [4], "dim_names": ["x"]},
+                    "flattened": {}, "dims": ["4:1"], "dim_names": ["x"]})");
+       },
+       "MeshError",
+       {"DeviceMesh::from_json", "rank_map", "1.5"}},
+      {"FromJsonFractionalShape",
+       [] {
+         DeviceMesh::from_json(
+             w4(), R"({"format": "spmdsim.DeviceMesh", "version": 1, "device_type": "cpu",
+                    "rank_map": [0, 1, 2, 3], "root": {"shape": [4.2], "dim_names": ["x"]},
+                    "flattened": {}, "dims": ["4:1"], "dim_names": ["x"]})");
+       },
+       "MeshError",
+       {"DeviceMesh::from_json", "root.shape", "4.2"}},
+      {"FromJsonUnknownDeviceType",
+       [] {
+         DeviceMesh::from_json(
+             w4(), R"({"format": "spmdsim.DeviceMesh", "version": 1, "device_type": "tpu",
+                    "rank_map": [0, 1, 2, 3], "root": {"shape": [4], "dim_names": ["x"]},
+                    "flattened": {}, "dims": ["4:1"], "dim_names": ["x"]})");
+       },
+       "MeshError",
+       {"DeviceMesh::from_json", "device_type", "tpu"}},
       {"FromJsonDimOutsideRankMap",
        [] { DeviceMesh::from_json(w4(), mesh_json_with_dim("8:1")); },
        "MeshError",
