@@ -43,7 +43,9 @@ std::vector<OpStrategy> rowwise_strategies(ShardingInputs in, size_t n_rows) {
 
 double eps_arg(std::string_view op, const OpArgs& args) {
   const double eps = args.reals.at(0);
-  if (!(eps >= 0.0)) throw_error<ConfigError>("{}: eps must be >= 0, got {}", op, eps);
+  if (!(eps >= 0.0) || !std::isfinite(eps)) {
+    throw_error<ConfigError>("{}: eps must be a finite number >= 0, got {}", op, eps);
+  }
   return eps;
 }
 
@@ -379,16 +381,26 @@ void check_attention(std::span<const InputMeta> in) {
   }
 }
 
-OpMeta attention_meta(std::span<const InputMeta> in, const OpArgs&) {
+// An infinite or NaN scale makes every score NaN (a negative one is unusual but well defined).
+void check_scale(const OpArgs& args) {
+  const double scale = args.reals.at(0);
+  if (!std::isfinite(scale)) {
+    throw_error<ConfigError>("scaled_dot_product_attention: scale must be finite, got {}", scale);
+  }
+}
+
+OpMeta attention_meta(std::span<const InputMeta> in, const OpArgs& args) {
   check_attention(in);
+  check_scale(args);
   Shape out = *in[0].shape;
   out.back() = in[2].shape->back();
   DType dtype = promote_types(promote_types(in[0].dtype, in[1].dtype), in[2].dtype);
   return OpMeta{std::move(out), dtype};
 }
 
-OpMeta attention_probs_meta(std::span<const InputMeta> in, const OpArgs&) {
+OpMeta attention_probs_meta(std::span<const InputMeta> in, const OpArgs& args) {
   check_attention(in);
+  check_scale(args);
   Shape out = *in[0].shape;
   out.back() = (*in[1].shape)[in[1].shape->size() - 2];
   return OpMeta{std::move(out), promote_types(in[0].dtype, in[1].dtype)};

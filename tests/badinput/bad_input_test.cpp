@@ -529,6 +529,38 @@ std::vector<ApiCase> ops_cases() {
        "ShapeError",
        {"backward"}},
       {"BackwardUndefined", [] { backward(Tensor()); }, "ShapeError", {"backward", "undefined"}},
+      {"LayerNormNegativeEps",
+       [] {
+         layer_norm(ones({2, 3}), ones({3}), zeros({3}), -1e-5);
+       },
+       "ConfigError",
+       {"layer_norm", "eps", "-1e-05"}},
+      {"LayerNormInfEps",
+       [] {
+         layer_norm(ones({2, 3}), ones({3}), zeros({3}), kInf);
+       },
+       "ConfigError",
+       {"layer_norm", "eps", "inf"}},
+      {"RmsNormNaNEps",
+       [] {
+         rms_norm(ones({2, 3}), ones({3}), kNaN);
+       },
+       "ConfigError",
+       {"rms_norm", "eps", "nan"}},
+      {"DropoutNaN", [] { dropout(ones({4}), kNaN, 0); }, "ConfigError", {"dropout", "nan"}},
+      {"DropoutAboveOne", [] { dropout(ones({4}), 1.5, 0); }, "ConfigError", {"dropout", "1.5"}},
+      {"AttentionNaNScale",
+       [] {
+         scaled_dot_product_attention(ones({2, 4}), ones({2, 4}), ones({2, 4}), false, kNaN);
+       },
+       "ConfigError",
+       {"scaled_dot_product_attention", "scale", "nan"}},
+      {"AttentionInfScale",
+       [] {
+         scaled_dot_product_attention(ones({2, 4}), ones({2, 4}), ones({2, 4}), true, kInf);
+       },
+       "ConfigError",
+       {"scaled_dot_product_attention", "scale", "inf"}},
       {"CrossEntropyTargetTooLarge",
        [] {
          cross_entropy(ones({4, 5}), from_vector<int64_t>({0, 1, 7, 2}));
