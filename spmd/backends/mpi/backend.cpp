@@ -75,8 +75,9 @@ struct MpiState {
   std::unique_ptr<Watchdog> watchdog;  // Note [MPI watchdog]
 
   // Note [Roll call]: the main thread's alone.
-  uint64_t roll_calls = 0;             // roll calls this process started
-  std::deque<std::vector<char>> sent;  // queries and answers, alive while their sends may be
+  uint64_t roll_calls = 0;  // roll calls this process started
+  // Queries and answers sent, kept alive: their sends are never waited for.
+  std::deque<std::vector<char>> sent;
 };
 
 MpiState& state() {
