@@ -63,23 +63,24 @@ struct IndexSource {
 }
 
 // The piece's offset along `dim` of sharded input `k`, and the input's global size there (the
-// Tensor op: offset 0, its own size).
+// Tensor op: offset 0, its own size); `shape`, the whole input's, names it in messages.
 struct Block {
   int64_t offset = 0;
   int64_t limit = 0;
+  Shape shape;
 };
 
 Block input_block(const PieceContext* where, size_t k, int64_t dim, const Tensor& piece) {
-  if (where == nullptr || where->inputs.empty()) return {0, piece.size(dim)};
+  if (where == nullptr || where->inputs.empty()) return {0, piece.size(dim), piece.shape()};
   const ShardingSpec& spec = *where->inputs[k];
   return {spec.local_offset(where->coordinate)[static_cast<size_t>(dim)],
-          spec.shape()[static_cast<size_t>(dim)]};
+          spec.shape()[static_cast<size_t>(dim)], spec.shape()};
 }
 
 Block output_block(const PieceContext* where, int64_t dim, const Shape& shape) {
-  if (where == nullptr) return {0, shape[static_cast<size_t>(dim)]};
+  if (where == nullptr) return {0, shape[static_cast<size_t>(dim)], shape};
   return {where->output.local_offset(where->coordinate)[static_cast<size_t>(dim)],
-          where->output.shape()[static_cast<size_t>(dim)]};
+          where->output.shape()[static_cast<size_t>(dim)], where->output.shape()};
 }
 
 // The accumulation dtype of a scatter-add into `dtype`.
@@ -93,7 +94,7 @@ Tensor gather_into(std::string_view op, const Tensor& in, int64_t dim, const Ten
   DeviceOps& kernels = kernels_for(op, {&in, &index});
   Tensor out = empty(shape, in.dtype(), in.device());
   if (!kernels.gather(out, in, dim, index, block.offset, block.limit)) {
-    out_of_range(op, dim, block.limit, in.shape(), index, source);
+    out_of_range(op, dim, block.limit, block.shape, index, source);
   }
   return out;
 }
@@ -105,7 +106,7 @@ Tensor scatter_into(std::string_view op, const Tensor& src, int64_t dim, const T
   const DType acc = accumulation_dtype(src.dtype());
   Tensor out = zeros(shape, acc, src.device());
   if (!kernels.scatter_add(out, dim, index, src.to(acc), block.offset, block.limit)) {
-    out_of_range(op, dim, block.limit, shape, index, source);
+    out_of_range(op, dim, block.limit, block.shape, index, source);
   }
   return out.to(src.dtype());
 }

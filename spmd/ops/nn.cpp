@@ -231,10 +231,15 @@ OpMeta cross_entropy_meta(std::span<const InputMeta> in, const OpArgs& args) {
   return OpMeta{{}, in[0].dtype};
 }
 
-// ShapeError naming the first target that is not a class index in [0, classes), its row (the
-// piece's rows start at `first_row` of the whole target), and the class count, as torch's
-// "Target 7 is out of bounds" says less.
-void check_targets(const Tensor& target, const Tensor& logits, int64_t first_row) {
+// Where a piece of rows sits: its first row in the whole target, and the whole logits' shape.
+struct Rows {
+  int64_t first = 0;
+  Shape logits;  // empty: the piece is the whole
+};
+
+// ShapeError naming the first target that is not a class index in [0, classes), its row and the
+// class count, as torch's "Target 7 is out of bounds" says less.
+void check_targets(const Tensor& target, const Tensor& logits, const Rows& rows) {
   if (target.is_meta()) return;
   const int64_t classes = logits.size(1);
   const Tensor host = target.to(cpu()).to(DType::I64).contiguous();
@@ -243,16 +248,16 @@ void check_targets(const Tensor& target, const Tensor& logits, int64_t first_row
     if (p[i] >= 0 && p[i] < classes) continue;
     throw_error<ShapeError>(
         "cross_entropy: target {} at index {} is not a class index: expected [0, {}) for the {} "
-        "classes of logits {} (targets {})",
-        p[i], first_row + i, classes, classes, shape_str(logits.shape()),
-        shape_str(target.shape()));
+        "classes of logits {}",
+        p[i], rows.first + i, classes, classes,
+        shape_str(rows.logits.empty() ? logits.shape() : rows.logits));
   }
 }
 
 // The summed losses of these rows divided by `divisor`.
 Tensor cross_entropy_rows(const Tensor& logits, const Tensor& target, double divisor,
-                          int64_t first_row = 0) {
-  check_targets(target, logits, first_row);
+                          const Rows& rows = {}) {
+  check_targets(target, logits, rows);
   const Tensor shifted = logits - amax(logits, {1}, true);
   const Tensor lse = log(sum(exp(shifted), {1}));
   const Tensor picked =
@@ -270,8 +275,9 @@ Tensor cross_entropy_compute(std::span<const Tensor> in, const OpArgs& args, con
 
 Tensor cross_entropy_piece(std::span<const Tensor> pieces, const OpArgs& args,
                            const PieceContext& where) {
-  return cross_entropy_rows(pieces[0], pieces[1], loss_divisor(args, where.inputs[1]->shape()[0]),
-                            where.inputs[1]->local_offset(where.coordinate)[0]);
+  return cross_entropy_rows(
+      pieces[0], pieces[1], loss_divisor(args, where.inputs[1]->shape()[0]),
+      Rows{where.inputs[1]->local_offset(where.coordinate)[0], where.inputs[0]->shape()});
 }
 
 std::vector<OpStrategy> cross_entropy_strategies(ShardingInputs in, const OpArgs&, const OpMeta&) {
@@ -304,7 +310,8 @@ Var cross_entropy_composite(std::span<const Var> in, const OpArgs& args) {
     const int64_t classes = var_shape(logits)[1];
     throw_error<ShapeError>(
         "cross_entropy: a target is not a class index: expected [0, {}) for the {} classes of "
-        "logits {} (the classes sharded; the target's row is the first position below): {}",
+        "logits {} (vocabulary-parallel: the gather of the target logits reports the target's "
+        "value and its position [row, 0]): {}",
         classes, classes, shape_str(var_shape(logits)), e.what());
   }
   const Var picked = apply(op::reshape, {gathered}, {{rows}, {}});
