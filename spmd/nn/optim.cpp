@@ -87,8 +87,9 @@ DTensor zeros_like(const DTensor& t) {
 // ---- SGD --------------------------------------------------------------------------------------
 
 template <class P>
-SGD<P>::SGD(std::vector<P*> params, SGDOptions options)
+SGD<P>::SGD(std::vector<P*> params, SGDOptions options, SourceLocation loc)
     : params_(std::move(params)), options_(options), momentum_(params_.size()) {
+  const UserCallSite site(loc);
   check_optimizer_params(params_, "SGD");
   // Note [Optimizer hyperparameters]
   check_hyperparameter("SGD", "lr", options_.lr, 0.0);
@@ -122,8 +123,9 @@ void SGD<P>::zero_grad() {
 // ---- AdamW ------------------------------------------------------------------------------------
 
 template <class P>
-AdamW<P>::AdamW(std::vector<P*> params, AdamWOptions options)
+AdamW<P>::AdamW(std::vector<P*> params, AdamWOptions options, SourceLocation loc)
     : params_(std::move(params)), options_(options), m_(params_.size()), v_(params_.size()) {
+  const UserCallSite site(loc);
   check_optimizer_params(params_, "AdamW");
   // Note [Optimizer hyperparameters]
   check_hyperparameter("AdamW", "lr", options_.lr, 0.0);

@@ -41,7 +41,8 @@ struct SGDOptions {
 template <class P>
 class SGD {
  public:
-  SGD(std::vector<P*> params, SGDOptions options = {});
+  SGD(std::vector<P*> params, SGDOptions options = {},
+      SourceLocation loc = SourceLocation::current());
   void step(SourceLocation loc = SourceLocation::current());
   // Drops every parameter's gradient.
   void zero_grad();
@@ -67,7 +68,8 @@ struct AdamWOptions {
 template <class P>
 class AdamW {
  public:
-  AdamW(std::vector<P*> params, AdamWOptions options = {});
+  AdamW(std::vector<P*> params, AdamWOptions options = {},
+        SourceLocation loc = SourceLocation::current());
   void step(SourceLocation loc = SourceLocation::current());
   void zero_grad();
   // The moments of parameter i (undefined before its first step), placed like the parameter.
