@@ -590,10 +590,14 @@ DeviceMesh concatenate(const std::vector<DeviceMesh>& meshes) {
   std::vector<std::string> names;
   for (const DeviceMesh& m : meshes) {
     if (m.universe() != universe) {
+      const World& a = universe->world();
+      const World& b = m.universe()->world();
       throw_error<MeshError>(
-          "concatenate: {}: {} and {} come from different root meshes; only meshes derived from "
+          "concatenate: {}: {} and {} come from different root meshes{}; only meshes derived from "
           "one root can be concatenated",
-          source(), meshes[0].to_string(), m.to_string());
+          source(), meshes[0].to_string(), m.to_string(),
+          a == b ? std::string()
+                 : fmt::format(" of different Worlds ({} and {})", a.to_string(), b.to_string()));
     }
     if (m.has_dim_names() != meshes[0].has_dim_names()) {
       throw_error<MeshError>("concatenate: {}: the meshes must be all named or all unnamed",

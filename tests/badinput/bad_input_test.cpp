@@ -924,6 +924,13 @@ std::vector<ApiCase> mesh_cases() {
        },
        "MeshError",
        {"concatenate", "different root"}},
+      {"ConcatenateWorlds",
+       [] {
+         const World other = World::sim(4);
+         concatenate({mesh22()["dp"], init_device_mesh(other, {2, 2}, {"dp", "tp"})["tp"]});
+       },
+       "MeshError",
+       {"concatenate", "different root", "different Worlds", "(sim, 4 ranks)"}},
       {"ConcatenateUndefined",
        [] { concatenate({DeviceMesh()}); },
        "MeshError",
