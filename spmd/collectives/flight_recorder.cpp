@@ -1,13 +1,19 @@
 // spmd/collectives/flight_recorder.cpp: the flight recorder's dump (Note [Flight recorder] in
 // collectives/trace.h).
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <optional>
 
 #include <spmd/collectives/trace.h>
 #include <spmd/collectives/trace_export.h>
 #include <spmd/core/env.h>
 #include <spmd/core/error.h>
+#include <spmd/sim/launcher.h>
 #include <spmd/sim/world.h>
 
 namespace spmd {
@@ -33,11 +39,34 @@ std::size_t flight_recorder_size() {
   return value;
 }
 
+std::string flight_recorder_dir() {
+  return env_value("SPMD_FLIGHT_RECORDER_DIR").value_or(env_value("TMPDIR").value_or("/tmp"));
+}
+
+std::string flight_recorder_job() {
+  std::optional<LauncherInfo> launcher;
+  try {
+    launcher = detect_launcher();
+  } catch (const Error&) {
+    // A launcher's variables that do not describe a rank: the pid names the job.
+  }
+  if (launcher && !launcher->job_id.empty()) return launcher->job_id;
+  return fmt::format("pid{}", ::getpid());
+}
+
 std::string flight_recorder_file(const World& world) {
-  std::string path =
-      env_value("SPMD_FLIGHT_RECORDER_FILE")
-          .value_or(env_value("TMPDIR").value_or("/tmp") + "/spmd_flight_recorder.json");
-  return trace_file_for(world, path);
+  if (auto file = env_value("SPMD_FLIGHT_RECORDER_FILE")) return trace_file_for(world, *file);
+  // dir/spmd_flight_recorder.<job>.rank3.<stamp>.json: the stamp after the rank, so the job's
+  // files are the per-rank files of dir/spmd_flight_recorder.<job>.json.
+  const std::string per_rank = trace_file_for(
+      world,
+      fmt::format("{}/spmd_flight_recorder.{}.json", flight_recorder_dir(), flight_recorder_job()));
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &utc);
+  return fmt::format("{}.{}.json", per_rank.substr(0, per_rank.size() - 5), stamp);
 }
 
 std::string dump_flight_recorder(const World& world, std::string_view reason) {
@@ -72,11 +101,20 @@ std::string dump_flight_recorder(const World& world, std::string_view reason) {
     info.capacity = size;
     info.first_event = first + (events.size() - keep);
     const std::string path = flight_recorder_file(world);
+    std::error_code ignored;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ignored);
     write_trace_file(path, records, info);
 
     std::string text = fmt::format(
         "{}flight recorder ({}): {} collective record(s) of the last {} written to {}{}\n", prefix,
         reason, records.size(), keep, path, info.first_event > 0 ? " (older ones dropped)" : "");
+    if (!env_value("SPMD_FLIGHT_RECORDER_FILE") &&
+        world.held_ranks().size() != static_cast<size_t>(world.size())) {
+      text += fmt::format(
+          "{}flight recorder: every rank's dump of this job: spmd trace summary "
+          "{}/spmd_flight_recorder.{}.json\n",
+          prefix, flight_recorder_dir(), flight_recorder_job());
+    }
     for (int rank : world.held_ranks()) {
       std::vector<const TraceRecord*> mine;
       for (const TraceRecord& r : records) {

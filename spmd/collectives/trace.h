@@ -10,10 +10,17 @@
 // Under a real backend (mpi, nccl) launch() keeps the last SPMD_FLIGHT_RECORDER_SIZE events
 // (default 2000; 0 turns the recorder off) unless --spmd-trace asks for all of them, and when
 // the program fails it dumps them: dump_flight_recorder(world, reason) writes this process's
-// records, oldest first, to SPMD_FLIGHT_RECORDER_FILE (default
-// $TMPDIR/spmd_flight_recorder.json, TMPDIR defaulting to /tmp) with the rank inserted as for
-// trace files (spmd_flight_recorder.rank3.json), and prints the last few to stderr. The NCCL
-// watchdog calls it on a timeout. The file is the Chrome trace JSON of
+// records, oldest first, to
+//   $SPMD_FLIGHT_RECORDER_DIR/spmd_flight_recorder.<job>.rank3.<UTC time>.json
+// (the directory defaulting to $TMPDIR, else /tmp; created when missing), and prints the file's
+// path and the last few records to stderr. <job> is the launcher's job id (LauncherInfo::job_id:
+// mpirun's jobid, srun's job and step, spmdrun's launch), else "pid<pid>", so two jobs on one
+// host, or one job's runs one after another, never overwrite each other's dumps, while one job's
+// dumps are the per-rank files of $SPMD_FLIGHT_RECORDER_DIR/spmd_flight_recorder.<job>.json
+// (debug/trace_file.h reads them together; the report names that path). SPMD_FLIGHT_RECORDER_FILE
+// overrides all of this with one path, the rank inserted as for trace files
+// (fr.json -> fr.rank3.json, rewritten by every run). The NCCL watchdog calls it on a timeout. The
+// file is the Chrome trace JSON of
 // Trace::to_chrome_json (it opens in Perfetto) with the same record args, plus
 //   "state": "completed" | "pending"   per record (pending: issued, never finished: a hang shows
 //                                     up as each rank's last, pending, call)
@@ -197,8 +204,12 @@ class TraceScope {
 // SPMD_FLIGHT_RECORDER_SIZE, or 2000 when unset. ConfigError for a value that is not a
 // non-negative integer.
 std::size_t flight_recorder_size();
-// The file dump_flight_recorder writes for `world`'s ranks.
+// The file dump_flight_recorder writes for `world`'s ranks now (Note [Flight recorder]).
 std::string flight_recorder_file(const World& world);
+// Where dumps go: SPMD_FLIGHT_RECORDER_DIR, else TMPDIR, else /tmp.
+std::string flight_recorder_dir();
+// The job's name in dump files: the launcher's job id, else "pid<pid>".
+std::string flight_recorder_job();
 // Writes the last flight_recorder_size() events of the ranks `world` holds to
 // flight_recorder_file(world) and prints the last few to stderr, each line prefixed with the
 // rank, `reason` (e.g. "timeout after 600 s in all_reduce over 'tp'") first. Returns the path

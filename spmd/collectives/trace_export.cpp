@@ -174,16 +174,42 @@ std::string trace_file_for(const World& world, const std::string& path) {
   return fmt::format("{}.{}{}", path.substr(0, dot), tag, path.substr(dot));
 }
 
-std::string Trace::to_chrome_json_string() const {
-  const uint64_t first_event = first_event_id();
-  const std::vector<TraceRecord> records = this->records();
+namespace {
+
+// The otherData of the trace's `records`: the ranks with records, the ring's size and what it
+// dropped.
+TraceFileInfo trace_info(const Trace& trace, uint64_t first_event,
+                         const std::vector<TraceRecord>& records) {
   TraceFileInfo info;
   for (const TraceRecord& r : records) {
     if (info.ranks.empty() || info.ranks.back() != r.rank) info.ranks.push_back(r.rank);
   }
-  info.capacity = capacity();
+  info.capacity = trace.capacity();
   info.first_event = first_event;
-  return chrome_trace_json(records, info);
+  return info;
+}
+
+}  // namespace
+
+std::string Trace::to_chrome_json_string() const {
+  const uint64_t first_event = first_event_id();
+  const std::vector<TraceRecord> records = this->records();
+  return chrome_trace_json(records, trace_info(*this, first_event, records));
+}
+
+std::string write_world_trace(const World& world, const std::string& path) {
+  const std::string file = trace_file_for(world, path);
+  const Trace& t = trace();
+  const uint64_t first_event = t.first_event_id();
+  const std::vector<TraceRecord> records = t.records();
+  TraceFileInfo info = trace_info(t, first_event, records);
+  // A per-rank file names every rank it stands for, records or not (Note [Per-rank trace files]
+  // in debug/trace_file.cpp).
+  if (file != path) info.ranks = world.held_ranks();
+  info.world_size = world.size();
+  info.backend = world.backend_name();
+  write_trace_file(file, records, info);
+  return file;
 }
 
 void Trace::to_chrome_json(const std::string& path) const {

@@ -46,5 +46,10 @@ std::string format_record(const TraceRecord& record);
 // runtime/launch.h): `path` itself when `world` holds every rank, else the held rank(s) inserted
 // before the extension: trace.json -> trace.rank3.json, trace -> trace.rank3.
 std::string trace_file_for(const World& world, const std::string& path);
+// Writes this process's trace as Chrome trace JSON to trace_file_for(world, path), its otherData
+// naming the world's size and backend and, in a per-rank file, every rank the world holds (a
+// reader then tells a missing rank's file from a rank without collectives). Returns the file.
+// ConfigError when it cannot be written. What launch() does for --spmd-trace.
+std::string write_world_trace(const World& world, const std::string& path);
 
 }  // namespace spmd

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <condition_variable>
 #include <exception>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include <spmd/core/env.h>
+#include <spmd/core/error.h>
 
 namespace spmd {
 namespace {
@@ -18,13 +20,7 @@ namespace {
 thread_local bool t_inside_parallel = false;
 
 int default_thread_count() {
-  if (auto value = env_value("SPMD_NUM_THREADS")) {
-    try {
-      return std::max(1, std::stoi(*value));
-    } catch (const std::exception&) {
-      return 1;
-    }
-  }
+  if (std::optional<int> n = env_num_threads()) return *n;
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
@@ -146,6 +142,19 @@ Pool& pool() {
 }
 
 }  // namespace
+
+std::optional<int> env_num_threads() {
+  const std::optional<std::string> value = env_value("SPMD_NUM_THREADS");
+  if (!value) return std::nullopt;
+  int n = 0;
+  const auto [end, ec] = std::from_chars(value->data(), value->data() + value->size(), n);
+  if (ec != std::errc() || end != value->data() + value->size() || n < 1 || n > kMaxThreads) {
+    throw_error<ConfigError>(
+        "SPMD_NUM_THREADS={}: expected the number of kernel threads, an integer in [1, {}]", *value,
+        kMaxThreads);
+  }
+  return n;
+}
 
 int num_threads() {
   return pool().threads();

@@ -8,12 +8,20 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 namespace spmd {
 
 // Threads parallel_for may use, the caller included: SPMD_NUM_THREADS if set, otherwise
 // std::thread::hardware_concurrency(), at least 1.
 int num_threads();
+
+// The most threads SPMD_NUM_THREADS may ask for.
+constexpr int kMaxThreads = 4096;
+// SPMD_NUM_THREADS, or nullopt when unset; ConfigError naming the value when it is not an integer
+// in [1, kMaxThreads]. launch() checks it before the program runs (the pool reads it at its first
+// parallel_for, deep inside some op).
+std::optional<int> env_num_threads();
 
 // Sets the thread count (1 runs everything inline). Not thread-safe against running
 // parallel_for calls; call it at start-up.

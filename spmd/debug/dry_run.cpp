@@ -21,11 +21,22 @@ namespace {
 
 constexpr int kParticipantListLimit = 64;
 
-double positive(const nlohmann::json& j, const char* key, double fallback) {
+// A JSON value for a message: scalars as written (long ones cut), containers by their type and
+// size (dumping one would recurse as deep as it nests).
+std::string shown(const nlohmann::json& v) {
+  if (v.is_structured()) return fmt::format("an {} of {} items", v.type_name(), v.size());
+  std::string text = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return text.size() > 80 ? text.substr(0, 80) + "..." : text;
+}
+
+// `prefix` names the enclosing object in messages ("tflops.").
+double positive(const nlohmann::json& j, const char* key, double fallback,
+                const char* prefix = "") {
   if (!j.contains(key)) return fallback;
   const auto& v = j.at(key);
   if (!v.is_number() || v.get<double>() <= 0) {
-    throw_error<ConfigError>("DeviceSpec: '{}' must be a positive number, got {}", key, v.dump());
+    throw_error<ConfigError>("DeviceSpec: '{}{}' must be a positive number, got {}", prefix, key,
+                             shown(v));
   }
   return v.get<double>();
 }
@@ -135,7 +146,7 @@ DeviceSpec DeviceSpec::from_json(const std::string& text) {
     throw_error<ConfigError>("DeviceSpec: malformed JSON: {}", e.what());
   }
   if (!j.is_object()) {
-    throw_error<ConfigError>("DeviceSpec: expected a JSON object, got {}", j.dump());
+    throw_error<ConfigError>("DeviceSpec: expected a JSON object, got {}", shown(j));
   }
   DeviceSpec d;
   for (const auto& [key, value] : j.items()) {
@@ -149,7 +160,7 @@ DeviceSpec DeviceSpec::from_json(const std::string& text) {
   }
   if (j.contains("name")) {
     if (!j.at("name").is_string()) {
-      throw_error<ConfigError>("DeviceSpec: 'name' must be a string, got {}", j.at("name").dump());
+      throw_error<ConfigError>("DeviceSpec: 'name' must be a string, got {}", shown(j.at("name")));
     }
     d.name = j.at("name").get<std::string>();
   }
@@ -157,7 +168,7 @@ DeviceSpec DeviceSpec::from_json(const std::string& text) {
     const auto& t = j.at("tflops");
     if (!t.is_object()) {
       throw_error<ConfigError>("DeviceSpec: 'tflops' must be an object of dtype: TFLOP/s, got {}",
-                               t.dump());
+                               shown(t));
     }
     for (const auto& [key, value] : t.items()) {
       if (key != "f64" && key != "f32" && key != "bf16" && key != "f16" && key != "int") {
@@ -165,11 +176,11 @@ DeviceSpec DeviceSpec::from_json(const std::string& text) {
             "DeviceSpec: unknown dtype 'tflops.{}' (expected f64, f32, bf16, f16, int)", key);
       }
     }
-    d.tflops_f64 = positive(t, "f64", d.tflops_f64);
-    d.tflops_f32 = positive(t, "f32", d.tflops_f32);
-    d.tflops_bf16 = positive(t, "bf16", d.tflops_bf16);
-    d.tflops_f16 = positive(t, "f16", d.tflops_f16);
-    d.tflops_int = positive(t, "int", d.tflops_int);
+    d.tflops_f64 = positive(t, "f64", d.tflops_f64, "tflops.");
+    d.tflops_f32 = positive(t, "f32", d.tflops_f32, "tflops.");
+    d.tflops_bf16 = positive(t, "bf16", d.tflops_bf16, "tflops.");
+    d.tflops_f16 = positive(t, "f16", d.tflops_f16, "tflops.");
+    d.tflops_int = positive(t, "int", d.tflops_int, "tflops.");
   }
   d.memory_bandwidth_gbps = positive(j, "memory_bandwidth_gbps", d.memory_bandwidth_gbps);
   d.memory_gib = positive(j, "memory_gib", d.memory_gib);

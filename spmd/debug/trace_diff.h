@@ -1,7 +1,7 @@
 // spmd/debug/trace_diff.h: where two traces of one program part ways, rank by rank: the simulator's
 // expected sequence of collectives against a cluster's trace or flight-recorder dump, or two runs.
 //
-//   TraceDiff d = diff_traces("sim.json", "/tmp/spmd_flight_recorder.json");  // rank files too
+//   TraceDiff d = diff_traces("sim.json", "/tmp/spmd_flight_recorder.ompi42.json");  // rank files
 //   fmt::print("{}", d.to_string());
 //   return d.identical() ? 0 : 1;
 //

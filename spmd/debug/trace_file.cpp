@@ -2,12 +2,15 @@
 #include <spmd/debug/trace_file.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <spmd/core/error.h>
@@ -197,6 +200,95 @@ std::vector<std::string> per_rank_files(const std::string& path) {
   return out;
 }
 
+// The rank a per-rank file's name gives: stem.rank3.json and stem.rank3.<stamp>.json -> 3;
+// -1 for another name (stem.ranks0_1.json: the ranks are in the file).
+int rank_in_name(const std::string& file, const std::string& stem) {
+  const std::string name = fs::path(file).filename().string();
+  const std::string prefix = stem + ".rank";
+  if (!name.starts_with(prefix)) return -1;
+  int rank = -1;
+  const char* begin = name.data() + prefix.size();
+  const char* end = name.data() + name.size();
+  const auto [next, ec] = std::from_chars(begin, end, rank);
+  if (ec != std::errc() || next == begin || (next != end && *next != '.')) return -1;
+  return rank;
+}
+
+// Note [Per-rank trace files]
+// A path read through its per-rank files (trace.json -> trace.rank0.json, trace.rank1.json, ...)
+// stands for the whole world's trace, so the files must hold every rank once: the ranks a file
+// holds are those its otherData lists (written for every per-rank file), those with records, and
+// the one its name gives; the world is otherData's world_size, or else reaches the highest rank
+// seen. A rank held by no file, or by two, is a ConfigError naming the file(s), rather than a
+// trace (or a diff of two) that silently lacks that rank. A folder, or a file given by its own
+// name, is read as it is.
+class PerRankSet {
+ public:
+  PerRankSet(std::string path) : path_(std::move(path)) {
+    const fs::path p(path_);
+    stem_ = p.has_extension() ? p.stem().string() : p.filename().string();
+    ext_ = p.has_extension() ? p.extension().string() : "";
+    dir_ = p.has_parent_path() ? p.parent_path() : fs::path();
+  }
+
+  void add(const std::string& file, const TraceFile& part) {
+    std::vector<int> ranks = part.ranks();
+    for (const TraceFileInfo& info : part.infos) {
+      ranks.insert(ranks.end(), info.ranks.begin(), info.ranks.end());
+      world_size_ = std::max(world_size_, info.world_size);
+    }
+    const int named = rank_in_name(file, stem_);
+    if (named >= 0) ranks.push_back(named);
+    const std::string name = fs::path(file).filename().string();
+    if (named >= 0 && name != stem_ + ".rank" + std::to_string(named) + ext_) stamped_ = true;
+    std::sort(ranks.begin(), ranks.end());
+    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+    for (int rank : ranks) {
+      auto [it, inserted] = holder_.emplace(rank, file);
+      if (!inserted) {
+        throw_error<ConfigError>(
+            "trace file '{}': rank {} is in two of its per-rank files, '{}' and '{}' (two runs' "
+            "files in one folder?); give the file you mean by its own name",
+            path_, rank, it->second, file);
+      }
+    }
+  }
+
+  void check() const {
+    const int highest = holder_.empty() ? -1 : holder_.rbegin()->first;
+    const int world = std::max(world_size_, highest + 1);
+    std::vector<int> missing;
+    for (int rank = 0; rank < world; ++rank) {
+      if (!holder_.contains(rank)) missing.push_back(rank);
+    }
+    if (missing.empty()) return;
+    constexpr size_t kNamed = 8;
+    std::vector<std::string> names;
+    for (size_t i = 0; i < missing.size() && i < kNamed; ++i) {
+      const std::string name =
+          fmt::format("{}.rank{}{}{}", stem_, missing[i], stamped_ ? ".*" : "", ext_);
+      names.push_back((dir_ / name).string());
+    }
+    std::vector<int> held;
+    for (const auto& [rank, file] : holder_) held.push_back(rank);
+    throw_error<ConfigError>(
+        "trace file '{}': its per-rank files hold ranks {} of a world of {}, so rank{} {} {} "
+        "missing: no {}{}; give the files that exist by their own names to read only them",
+        path_, fmt::join(held, ","), world, missing.size() == 1 ? "" : "s", fmt::join(missing, ","),
+        missing.size() == 1 ? "is" : "are", fmt::join(names, ", "),
+        missing.size() > kNamed ? ", ..." : "");
+  }
+
+ private:
+  std::string path_;
+  std::string stem_;
+  std::string ext_;
+  fs::path dir_;
+  bool stamped_ = false;
+  int world_size_ = 0;
+  std::map<int, std::string> holder_;  // rank -> the file holding it
+};
+
 void append(TraceFile& into, TraceFile&& part) {
   into.paths.insert(into.paths.end(), part.paths.begin(), part.paths.end());
   into.infos.insert(into.infos.end(), part.infos.begin(), part.infos.end());
@@ -259,7 +351,12 @@ TraceFile parse_trace_json(std::string_view text, const std::string& source) {
   size_t index = 0;
   for (const json& e : *events) {
     const FieldReader f(e, source, fmt::format("event {}", index));
-    if (!e.is_object()) f.fail("traceEvents", e, "an object per event");
+    if (!e.is_object()) {
+      throw_error<ConfigError>("trace file '{}': event {} is {}, expected an object per event ({})",
+                               source, index, shown(e),
+                               doc.is_object() ? "in its \"traceEvents\" array"
+                                               : "the file is a bare JSON array of events");
+    }
     const std::string ph = f.string("ph", "");
     if (ph == "X" || ph == "i" || ph == "I") out.records.push_back(parse_record(f, source, index));
     ++index;
@@ -272,6 +369,7 @@ TraceFile parse_trace_json(std::string_view text, const std::string& source) {
 TraceFile read_trace_file(const std::string& path) {
   std::error_code ec;
   std::vector<std::string> files;
+  bool per_rank = false;
   if (fs::is_directory(path, ec)) {
     for (const fs::directory_entry& entry : fs::directory_iterator(path, ec)) {
       if (entry.path().extension() == ".json") files.push_back(entry.path().string());
@@ -281,6 +379,7 @@ TraceFile read_trace_file(const std::string& path) {
   } else if (fs::exists(path, ec)) {
     files.push_back(path);
   } else {
+    per_rank = true;
     files = per_rank_files(path);
     if (files.empty()) {
       throw_error<ConfigError>("no trace file '{}' (nor per-rank files such as '{}')", path,
@@ -291,7 +390,14 @@ TraceFile read_trace_file(const std::string& path) {
     }
   }
   TraceFile out;
-  for (const std::string& file : files) append(out, parse_trace_json(read_text(file), file));
+  PerRankSet set(path);
+  for (const std::string& file : files) {
+    TraceFile part = parse_trace_json(read_text(file), file);
+    if (per_rank) set.add(file, part);
+    append(out, std::move(part));
+  }
+  // Note [Per-rank trace files]
+  if (per_rank) set.check();
   std::stable_sort(out.records.begin(), out.records.end(),
                    [](const TraceRecord& a, const TraceRecord& b) { return a.rank < b.rank; });
   return out;

@@ -47,9 +47,11 @@ struct TraceFile {
 
 // Reads `path`: a trace or flight-recorder file; a folder (every *.json file in it); or a path
 // that does not exist but whose per-rank files do (trace.json -> trace.rank0.json,
-// trace.rank1.json, ... as Note [Trace files] names them). ConfigError naming the path when
-// nothing is found or a file is not such JSON, and naming the event and the field when an event
-// is malformed (not an object, no name, a field of the wrong type, a negative rank, time or size).
+// trace.rank1.json, ... as Note [Trace files] names them), which must then hold every rank of the
+// world once (Note [Per-rank trace files] in trace_file.cpp). ConfigError naming the path when
+// nothing is found, a per-rank file is missing or repeats a rank, or a file is not such JSON, and
+// naming the event and the field when an event is malformed (not an object, no name, a field of
+// the wrong type, a negative rank, time or size).
 TraceFile read_trace_file(const std::string& path);
 // The same from the text of one file (`source` names it in errors).
 TraceFile parse_trace_json(std::string_view text, const std::string& source = "<text>");

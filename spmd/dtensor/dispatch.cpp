@@ -108,8 +108,10 @@ std::shared_ptr<const OutputSharding> decide(const OpDef& op, SpecList inputs, c
   for (size_t i = 1; i < inputs.size(); ++i) {
     if (!(inputs[i]->mesh() == inputs[0]->mesh())) {
       throw_error<PlacementError>(
-          "{}: DTensor inputs live on different meshes ({}); redistribute them onto one mesh",
-          op.name, describe_inputs(inputs));
+          "{}: DTensor inputs 0 and {} live on different meshes: {} ({}); a DTensor op takes "
+          "inputs of one mesh (redistribute within a mesh; across meshes, go through the local "
+          "tensors)",
+          op.name, i, inputs[0]->mesh().difference(inputs[i]->mesh()), describe_inputs(inputs));
     }
   }
   OpMeta meta;

@@ -435,7 +435,13 @@ RedistributePlan make_plan(const DTensorSpec& from, const DTensorSpec& to,
 }
 
 void check_compatible(const DTensorSpec& from, const DTensorSpec& to) {
-  if (!(from.mesh() == to.mesh()) || from.shape() != to.shape() || from.dtype() != to.dtype()) {
+  if (!(from.mesh() == to.mesh())) {
+    throw_error<PlacementError>(
+        "redistribute: cannot redistribute {} to {}: the meshes differ: {} (cross-mesh "
+        "redistribution is not supported)",
+        from, to, from.mesh().difference(to.mesh()));
+  }
+  if (from.shape() != to.shape() || from.dtype() != to.dtype()) {
     throw_error<PlacementError>(
         "redistribute: cannot redistribute {} to {}: mesh, shape and dtype must be the same "
         "(cross-mesh redistribution is not supported)",

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <ostream>
 #include <set>
@@ -234,7 +235,12 @@ DeviceMesh init_device_mesh(const World& world, std::vector<int64_t> shape,
   validate_names(dim_names, shape.size(), op);
   int64_t numel = 1;
   for (int64_t s : shape) {
-    if (__builtin_mul_overflow(numel, s, &numel)) numel = INT64_MAX;
+    if (__builtin_mul_overflow(numel, s, &numel)) {
+      throw_error<MeshError>(
+          "{}: mesh shape {} has more ranks than an int64 holds (the product overflows) but the "
+          "world has only {}",
+          op, shape_text(shape), world.size());
+    }
   }
   if (numel > world.size()) {
     throw_error<MeshError>("{}: mesh shape {} has {} ranks but the world has only {}", op,
@@ -584,10 +590,14 @@ DeviceMesh concatenate(const std::vector<DeviceMesh>& meshes) {
   std::vector<std::string> names;
   for (const DeviceMesh& m : meshes) {
     if (m.universe() != universe) {
+      const World& a = universe->world();
+      const World& b = m.universe()->world();
       throw_error<MeshError>(
-          "concatenate: {}: {} and {} come from different root meshes; only meshes derived from "
+          "concatenate: {}: {} and {} come from different root meshes{}; only meshes derived from "
           "one root can be concatenated",
-          source(), meshes[0].to_string(), m.to_string());
+          source(), meshes[0].to_string(), m.to_string(),
+          a == b ? std::string()
+                 : fmt::format(" of different Worlds ({} and {})", a.to_string(), b.to_string()));
     }
     if (m.has_dim_names() != meshes[0].has_dim_names()) {
       throw_error<MeshError>("concatenate: {}: the meshes must be all named or all unnamed",
@@ -715,13 +725,42 @@ DeviceMesh DeviceMesh::from_json(const World& world, std::string_view text) {
       throw_error<MeshError>("{}: {}: {}", op, what, e.what());
     }
   };
+  // A list of integers, strictly: nlohmann would truncate 1.5 to 1.
+  auto integers = [&](const nlohmann::json& v, std::string_view what) {
+    std::vector<int64_t> out;
+    if (v.is_array()) {
+      for (const nlohmann::json& item : v) {
+        if (!item.is_number_integer()) break;
+        if (item.is_number_unsigned() &&
+            item.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+          break;
+        }
+        out.push_back(item.get<int64_t>());
+      }
+      if (out.size() == v.size()) return out;
+    }
+    throw_error<MeshError>(
+        "{}: \"{}\" must be a list of integers, got {}", op, what,
+        v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).substr(0, 80));
+  };
   try {
     nlohmann::json j = nlohmann::json::parse(text);
-    if (j.value("format", "") != "spmdsim.DeviceMesh" || j.value("version", 0) != 1) {
-      throw_error<MeshError>("{}: not a version-1 spmdsim.DeviceMesh document", op);
+    if (!j.is_object()) {
+      throw_error<MeshError>("{}: expected a JSON object, got a JSON {}", op, j.type_name());
     }
-    auto ranks = j.at("rank_map").get<std::vector<int64_t>>();
-    auto root_shape = j.at("root").at("shape").get<std::vector<int64_t>>();
+    if (j.value("format", "") != "spmdsim.DeviceMesh" || j.value("version", 0) != 1) {
+      throw_error<MeshError>(
+          "{}: not a version-1 spmdsim.DeviceMesh document (format {}, version {})", op,
+          j.contains("format") ? j.at("format").dump() : "missing",
+          j.contains("version") ? j.at("version").dump() : "missing");
+    }
+    const std::string device_type = j.at("device_type").get<std::string>();
+    if (device_type != "cpu" && device_type != "cuda") {
+      throw_error<MeshError>("{}: \"device_type\" must be \"cpu\" or \"cuda\", got \"{}\"", op,
+                             device_type);
+    }
+    auto ranks = integers(j.at("rank_map"), "rank_map");
+    auto root_shape = integers(j.at("root").at("shape"), "root.shape");
     auto root_names = j.at("root").at("dim_names").get<std::vector<std::string>>();
     validate_shape(root_shape, op);
     validate_names(root_names, root_shape.size(), op);
@@ -730,8 +769,8 @@ DeviceMesh DeviceMesh::from_json(const World& world, std::string_view text) {
                              shape_text(root_shape), ranks.size());
     }
     auto universe = std::make_shared<MeshUniverse>(
-        world, j.at("device_type").get<std::string>(),
-        RankMap::make(std::move(ranks), world.size(), op), root_shape, root_names);
+        world, device_type, RankMap::make(std::move(ranks), world.size(), op), root_shape,
+        root_names);
     for (const auto& [name, value] : j.at("flattened").items()) {
       if (name.empty()) throw_error<MeshError>("{}: a flattened dim has an empty name", op);
       Layout l = parse_saved(value.get<std::string>(), fmt::format("flattened dim '{}'", name));
@@ -775,6 +814,44 @@ bool DeviceMesh::operator==(const DeviceMesh& other) const {
     }
   }
   return true;
+}
+
+namespace {
+
+// "[0, 1, 2, 3]", or the first ranks and the count for a long map.
+std::string rank_map_text(const RankMap& map) {
+  constexpr size_t kShown = 16;
+  if (map.ranks.size() <= kShown) return fmt::format("[{}]", fmt::join(map.ranks, ", "));
+  return fmt::format("[{}, ...] ({} ranks)",
+                     fmt::join(map.ranks.begin(), map.ranks.begin() + kShown, ", "),
+                     map.ranks.size());
+}
+
+}  // namespace
+
+std::string DeviceMesh::difference(const DeviceMesh& other) const {
+  if (*this == other) return "";
+  if (!universe_ || !other.universe_) {
+    return fmt::format("{} vs {}", to_string(), other.to_string());
+  }
+  const MeshUniverse& a = *universe_;
+  const MeshUniverse& b = *other.universe_;
+  if (!(a.world() == b.world())) {
+    return fmt::format(
+        "they come from different Worlds ({} and {}): a mesh, and every DTensor on it, belongs to "
+        "the World it was built on",
+        a.world().to_string(), b.world().to_string());
+  }
+  if (a.device_type() != b.device_type()) {
+    return fmt::format("their device types differ ({} on {} vs {} on {})", to_string(),
+                       a.device_type(), other.to_string(), b.device_type());
+  }
+  if (!(*a.rank_map() == *b.rank_map())) {
+    return fmt::format("they hold different ranks ({} over ranks {} vs {} over ranks {})",
+                       to_string(), rank_map_text(*a.rank_map()), other.to_string(),
+                       rank_map_text(*b.rank_map()));
+  }
+  return fmt::format("their dims differ ({} vs {})", to_string(), other.to_string());
 }
 
 std::size_t DeviceMesh::hash() const {

@@ -225,6 +225,11 @@ class DeviceMesh {
 
   // Note [Mesh equality].
   bool operator==(const DeviceMesh& other) const;
+  // Why this mesh and `other` are not equal, for messages: "they come from different Worlds
+  // (world #1 (sim, 4 ranks) and world #2 (sim, 4 ranks)): ...", "they hold different ranks
+  // (... over ranks [0, 1] vs ... over ranks [1, 0])", "their dims differ (A vs B)"; empty when
+  // they are equal. Two meshes may print alike and still differ in their World or rank map.
+  std::string difference(const DeviceMesh& other) const;
   std::size_t hash() const;
   // DeviceMesh((dp=2, tp=4), stride=(4, 1)); unnamed: DeviceMesh((2, 4), stride=(4, 1)); a
   // nested dim prints its strides as a tuple: DeviceMesh((dp_tp=4), stride=((4, 1),)).

@@ -22,6 +22,32 @@ void check_params(const std::vector<P*>& params, const char* op) {
   }
 }
 
+// An optimizer's parameters: at least one (torch.optim's "optimizer got an empty parameter list"),
+// none null or undefined.
+template <class P>
+void check_optimizer_params(const std::vector<P*>& params, const char* op) {
+  if (params.empty()) {
+    throw_error<ConfigError>("{}: the optimizer got an empty parameter list", op);
+  }
+  check_params(params, op);
+}
+
+// Note [Optimizer hyperparameters]
+// Each optimizer checks its hyperparameters when it is built, as torch.optim does (lr >= 0,
+// eps >= 0, 0 <= beta < 1, weight_decay >= 0, momentum >= 0), and also refuses NaN and infinities,
+// which torch lets through and which turn every parameter into NaN at the first step: a
+// ConfigError naming the optimizer, the hyperparameter, the rule and the value.
+void check_hyperparameter(const char* op, const char* name, double value, double lo,
+                          double hi = std::numeric_limits<double>::infinity(),
+                          bool hi_open = false) {
+  const bool ok = std::isfinite(value) && value >= lo && (hi_open ? value < hi : value <= hi);
+  if (ok) return;
+  if (hi_open) {
+    throw_error<ConfigError>("{}: {} must lie in [{}, {}), got {}", op, name, lo, hi, value);
+  }
+  throw_error<ConfigError>("{}: {} must be a finite number >= {}, got {}", op, name, lo, value);
+}
+
 // Replaces *p by `value` as a new leaf (no gradient).
 template <class P>
 void assign_leaf(P* p, const P& value) {
@@ -67,9 +93,14 @@ DTensor zeros_like(const DTensor& t) {
 // ---- SGD --------------------------------------------------------------------------------------
 
 template <class P>
-SGD<P>::SGD(std::vector<P*> params, SGDOptions options)
+SGD<P>::SGD(std::vector<P*> params, SGDOptions options, SourceLocation loc)
     : params_(std::move(params)), options_(options), momentum_(params_.size()) {
-  check_params(params_, "SGD");
+  const UserCallSite site(loc);
+  check_optimizer_params(params_, "SGD");
+  // Note [Optimizer hyperparameters]
+  check_hyperparameter("SGD", "lr", options_.lr, 0.0);
+  check_hyperparameter("SGD", "momentum", options_.momentum, 0.0);
+  check_hyperparameter("SGD", "weight_decay", options_.weight_decay, 0.0);
 }
 
 template <class P>
@@ -98,9 +129,16 @@ void SGD<P>::zero_grad() {
 // ---- AdamW ------------------------------------------------------------------------------------
 
 template <class P>
-AdamW<P>::AdamW(std::vector<P*> params, AdamWOptions options)
+AdamW<P>::AdamW(std::vector<P*> params, AdamWOptions options, SourceLocation loc)
     : params_(std::move(params)), options_(options), m_(params_.size()), v_(params_.size()) {
-  check_params(params_, "AdamW");
+  const UserCallSite site(loc);
+  check_optimizer_params(params_, "AdamW");
+  // Note [Optimizer hyperparameters]
+  check_hyperparameter("AdamW", "lr", options_.lr, 0.0);
+  check_hyperparameter("AdamW", "beta1", options_.beta1, 0.0, 1.0, /*hi_open=*/true);
+  check_hyperparameter("AdamW", "beta2", options_.beta2, 0.0, 1.0, /*hi_open=*/true);
+  check_hyperparameter("AdamW", "eps", options_.eps, 0.0);
+  check_hyperparameter("AdamW", "weight_decay", options_.weight_decay, 0.0);
 }
 
 template <class P>
@@ -142,6 +180,14 @@ template class AdamW<DTensor>;
 
 namespace {
 
+// A max_norm below 0 would flip every gradient's sign, and NaN would make every gradient NaN while
+// the returned norm stays finite; +inf means no clipping.
+void check_max_norm(double max_norm) {
+  if (max_norm >= 0.0) return;
+  throw_error<ConfigError>("clip_grad_norm: max_norm must be >= 0 (or +inf: no clipping), got {}",
+                           max_norm);
+}
+
 template <class P>
 void scale_grads(const std::vector<P*>& params, double total, double max_norm) {
   const double coefficient = max_norm / (total + 1e-6);
@@ -157,6 +203,7 @@ void scale_grads(const std::vector<P*>& params, double total, double max_norm) {
 
 double clip_grad_norm(const std::vector<Tensor*>& params, double max_norm, SourceLocation loc) {
   const UserCallSite site(loc);
+  check_max_norm(max_norm);
   check_params(params, "clip_grad_norm");
   NoGradGuard no_grad;
   double squares = 0.0;
@@ -175,6 +222,7 @@ double clip_grad_norm(const std::vector<Tensor*>& params, double max_norm, Sourc
 
 double clip_grad_norm(const std::vector<DTensor*>& params, double max_norm, SourceLocation loc) {
   const UserCallSite site(loc);
+  check_max_norm(max_norm);
   check_params(params, "clip_grad_norm");
   NoGradGuard no_grad;
   // Per mesh: every gradient's sum of squares made P(sum) on every mesh dim (a Replicate value is

@@ -13,6 +13,11 @@
 // them (elementwise ops follow their first input, Note [Following the first input]), so a step
 // needs no communication: the gradients arrive already reduced (dp all_reduce, FSDP
 // reduce_scatter). A parameter without a gradient is left as it is.
+//
+// Both constructors check their arguments as torch.optim does, and refuse NaN and infinities too
+// (Note [Optimizer hyperparameters] in nn/optim.cpp): an empty parameter list, lr < 0, eps < 0, a
+// beta outside [0, 1), weight_decay < 0 or momentum < 0 is a ConfigError naming the optimizer, the
+// hyperparameter and the value.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +41,8 @@ struct SGDOptions {
 template <class P>
 class SGD {
  public:
-  SGD(std::vector<P*> params, SGDOptions options = {});
+  SGD(std::vector<P*> params, SGDOptions options = {},
+      SourceLocation loc = SourceLocation::current());
   void step(SourceLocation loc = SourceLocation::current());
   // Drops every parameter's gradient.
   void zero_grad();
@@ -62,7 +68,8 @@ struct AdamWOptions {
 template <class P>
 class AdamW {
  public:
-  AdamW(std::vector<P*> params, AdamWOptions options = {});
+  AdamW(std::vector<P*> params, AdamWOptions options = {},
+        SourceLocation loc = SourceLocation::current());
   void step(SourceLocation loc = SourceLocation::current());
   void zero_grad();
   // The moments of parameter i (undefined before its first step), placed like the parameter.
@@ -97,7 +104,9 @@ template <class P>
 AdamW(std::initializer_list<P*>) -> AdamW<P>;
 
 // Scales every gradient by max_norm / (total + 1e-6) when the 2-norm of all gradients together,
-// `total`, exceeds max_norm (torch.nn.utils.clip_grad_norm_), and returns `total`. DTensor
+// `total`, exceeds max_norm (torch.nn.utils.clip_grad_norm_), and returns `total`. max_norm must
+// be >= 0 (+inf: no clipping); a negative one (which would flip every gradient's sign) or NaN is a
+// ConfigError naming the value. DTensor
 // gradients: each one's squared norm is a partial sum over its mesh, all of one mesh reduced
 // together (an all_reduce per mesh dim), then the meshes' totals added. Parameters may live on
 // several meshes (mesh["tp"] beside mesh[{"dp", "tp"}]): each rank adds the totals of the meshes

@@ -11,7 +11,8 @@
 // the table, without communication). The table rides along as the last input of the backward
 // entries, unused by the math: its placements are what the gradient's strategy follows.
 //
-// Indices outside [0, size of the dim) are a ShapeError naming the op and the size.
+// Indices outside [0, size of the dim) are a ShapeError naming the op, the first such index (and,
+// for gather, its position in the index tensor) and the size.
 #include <algorithm>
 
 #include <spmd/core/error.h>
@@ -31,29 +32,55 @@ void check_indices(std::string_view op, const InputMeta& index, std::string_view
   }
 }
 
-[[noreturn]] void out_of_range(std::string_view op, int64_t dim, int64_t size, const Shape& shape) {
+// Where an op's index tensor sits in the whole index, for messages: gather's index is the user's,
+// so its positions are named (offset by the piece's `origin` in the global index); the others walk
+// a derived index, so only the value is.
+struct IndexSource {
+  bool positional = false;
+  Shape origin;  // empty: the index starts at 0
+};
+
+// ShapeError naming the first index of `index` (I64) outside [0, size), and where it is.
+[[noreturn]] void out_of_range(std::string_view op, int64_t dim, int64_t size, const Shape& shape,
+                               const Tensor& index, const IndexSource& source) {
+  const Tensor host = index.to(cpu()).contiguous();
+  const int64_t* p = host.data<int64_t>();
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    if (p[i] >= 0 && p[i] < size) continue;
+    std::string at;
+    if (source.positional) {
+      std::vector<int64_t> position = unravel_index(i, host.shape());
+      for (size_t d = 0; d < source.origin.size() && d < position.size(); ++d) {
+        position[d] += source.origin[d];
+      }
+      at = fmt::format(" at {}", shape_str(position));
+    }
+    throw_error<ShapeError>("{}: index {}{} lies outside [0, {}) (dim {} of shape {})", op, p[i],
+                            at, size, dim, shape_str(shape));
+  }
   throw_error<ShapeError>("{}: an index lies outside [0, {}) (dim {} of shape {})", op, size, dim,
                           shape_str(shape));
 }
 
 // The piece's offset along `dim` of sharded input `k`, and the input's global size there (the
-// Tensor op: offset 0, its own size).
+// Tensor op: offset 0, its own size); `shape`, the whole input's, names it in messages.
 struct Block {
   int64_t offset = 0;
   int64_t limit = 0;
+  Shape shape;
 };
 
 Block input_block(const PieceContext* where, size_t k, int64_t dim, const Tensor& piece) {
-  if (where == nullptr || where->inputs.empty()) return {0, piece.size(dim)};
+  if (where == nullptr || where->inputs.empty()) return {0, piece.size(dim), piece.shape()};
   const ShardingSpec& spec = *where->inputs[k];
   return {spec.local_offset(where->coordinate)[static_cast<size_t>(dim)],
-          spec.shape()[static_cast<size_t>(dim)]};
+          spec.shape()[static_cast<size_t>(dim)], spec.shape()};
 }
 
 Block output_block(const PieceContext* where, int64_t dim, const Shape& shape) {
-  if (where == nullptr) return {0, shape[static_cast<size_t>(dim)]};
+  if (where == nullptr) return {0, shape[static_cast<size_t>(dim)], shape};
   return {where->output.local_offset(where->coordinate)[static_cast<size_t>(dim)],
-          where->output.shape()[static_cast<size_t>(dim)]};
+          where->output.shape()[static_cast<size_t>(dim)], where->output.shape()};
 }
 
 // The accumulation dtype of a scatter-add into `dtype`.
@@ -63,23 +90,23 @@ DType accumulation_dtype(DType dtype) {
 
 // gather of `in` along `dim` into a new tensor of `shape` (index I64 of that shape).
 Tensor gather_into(std::string_view op, const Tensor& in, int64_t dim, const Tensor& index,
-                   const Shape& shape, Block block) {
+                   const Shape& shape, Block block, const IndexSource& source = {}) {
   DeviceOps& kernels = kernels_for(op, {&in, &index});
   Tensor out = empty(shape, in.dtype(), in.device());
   if (!kernels.gather(out, in, dim, index, block.offset, block.limit)) {
-    out_of_range(op, dim, block.limit, in.shape());
+    out_of_range(op, dim, block.limit, block.shape, index, source);
   }
   return out;
 }
 
 // Zeros of `shape` plus src scattered along `dim` (index I64 of src's shape), in src's dtype.
 Tensor scatter_into(std::string_view op, const Tensor& src, int64_t dim, const Tensor& index,
-                    const Shape& shape, Block block) {
+                    const Shape& shape, Block block, const IndexSource& source = {}) {
   DeviceOps& kernels = kernels_for(op, {&src, &index});
   const DType acc = accumulation_dtype(src.dtype());
   Tensor out = zeros(shape, acc, src.device());
   if (!kernels.scatter_add(out, dim, index, src.to(acc), block.offset, block.limit)) {
-    out_of_range(op, dim, block.limit, shape);
+    out_of_range(op, dim, block.limit, block.shape, index, source);
   }
   return out.to(src.dtype());
 }
@@ -198,11 +225,20 @@ OpMeta gather_meta(std::span<const InputMeta> in, const OpArgs& args) {
   return OpMeta{index, in[0].dtype};
 }
 
+// gather's index as messages name it: positions in the whole index.
+IndexSource gather_index_source(const PieceContext* where) {
+  IndexSource source{true, {}};
+  if (where != nullptr && where->inputs.size() > 1) {
+    source.origin = where->inputs[1]->local_offset(where->coordinate);
+  }
+  return source;
+}
+
 Tensor gather_run(std::span<const Tensor> in, const OpArgs& args, const Shape& out,
                   const PieceContext* where) {
   const int64_t d = select_dim(args, in[0].shape(), "gather");
-  return gather_into("gather", in[0], d, in[1].to(DType::I64), out,
-                     input_block(where, 0, d, in[0]));
+  return gather_into("gather", in[0], d, in[1].to(DType::I64), out, input_block(where, 0, d, in[0]),
+                     gather_index_source(where));
 }
 
 std::vector<OpStrategy> gather_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {

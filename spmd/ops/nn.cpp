@@ -43,7 +43,9 @@ std::vector<OpStrategy> rowwise_strategies(ShardingInputs in, size_t n_rows) {
 
 double eps_arg(std::string_view op, const OpArgs& args) {
   const double eps = args.reals.at(0);
-  if (!(eps >= 0.0)) throw_error<ConfigError>("{}: eps must be >= 0, got {}", op, eps);
+  if (!(eps >= 0.0) || !std::isfinite(eps)) {
+    throw_error<ConfigError>("{}: eps must be a finite number >= 0, got {}", op, eps);
+  }
   return eps;
 }
 
@@ -229,8 +231,33 @@ OpMeta cross_entropy_meta(std::span<const InputMeta> in, const OpArgs& args) {
   return OpMeta{{}, in[0].dtype};
 }
 
+// Where a piece of rows sits: its first row in the whole target, and the whole logits' shape.
+struct Rows {
+  int64_t first = 0;
+  Shape logits;  // empty: the piece is the whole
+};
+
+// ShapeError naming the first target that is not a class index in [0, classes), its row and the
+// class count, as torch's "Target 7 is out of bounds" says less.
+void check_targets(const Tensor& target, const Tensor& logits, const Rows& rows) {
+  if (target.is_meta()) return;
+  const int64_t classes = logits.size(1);
+  const Tensor host = target.to(cpu()).to(DType::I64).contiguous();
+  const int64_t* p = host.data<int64_t>();
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    if (p[i] >= 0 && p[i] < classes) continue;
+    throw_error<ShapeError>(
+        "cross_entropy: target {} at index {} is not a class index: expected [0, {}) for the {} "
+        "classes of logits {}",
+        p[i], rows.first + i, classes, classes,
+        shape_str(rows.logits.empty() ? logits.shape() : rows.logits));
+  }
+}
+
 // The summed losses of these rows divided by `divisor`.
-Tensor cross_entropy_rows(const Tensor& logits, const Tensor& target, double divisor) {
+Tensor cross_entropy_rows(const Tensor& logits, const Tensor& target, double divisor,
+                          const Rows& rows = {}) {
+  check_targets(target, logits, rows);
   const Tensor shifted = logits - amax(logits, {1}, true);
   const Tensor lse = log(sum(exp(shifted), {1}));
   const Tensor picked =
@@ -248,7 +275,9 @@ Tensor cross_entropy_compute(std::span<const Tensor> in, const OpArgs& args, con
 
 Tensor cross_entropy_piece(std::span<const Tensor> pieces, const OpArgs& args,
                            const PieceContext& where) {
-  return cross_entropy_rows(pieces[0], pieces[1], loss_divisor(args, where.inputs[1]->shape()[0]));
+  return cross_entropy_rows(
+      pieces[0], pieces[1], loss_divisor(args, where.inputs[1]->shape()[0]),
+      Rows{where.inputs[1]->local_offset(where.coordinate)[0], where.inputs[0]->shape()});
 }
 
 std::vector<OpStrategy> cross_entropy_strategies(ShardingInputs in, const OpArgs&, const OpMeta&) {
@@ -272,8 +301,20 @@ Var cross_entropy_composite(std::span<const Var> in, const OpArgs& args) {
   const Var lse =
       apply(op::log, {apply(op::sum, {apply(op::exp, {shifted})}, reduction_args({1}, false))});
   const Var index = apply(op::unsqueeze, {target}, {{1}, {}});
-  const Var picked =
-      apply(op::reshape, {apply(op::gather, {shifted, index}, {{1}, {}})}, {{rows}, {}});
+  Var gathered;
+  try {
+    gathered = apply(op::gather, {shifted, index}, {{1}, {}});
+  } catch (const ShapeError& e) {
+    // The gather's pieces see the whole class range (Note [Masked lookup]): its report names the
+    // bad target's value and its position [row, 0].
+    const int64_t classes = var_shape(logits)[1];
+    throw_error<ShapeError>(
+        "cross_entropy: a target is not a class index: expected [0, {}) for the {} classes of "
+        "logits {} (vocabulary-parallel: the gather of the target logits reports the target's "
+        "value and its position [row, 0]): {}",
+        classes, classes, shape_str(var_shape(logits)), e.what());
+  }
+  const Var picked = apply(op::reshape, {gathered}, {{rows}, {}});
   const Var total = apply(op::sum, {lse - picked}, reduction_args({}, false));
   return total * (1.0 / loss_divisor(args, rows));
 }
@@ -347,16 +388,26 @@ void check_attention(std::span<const InputMeta> in) {
   }
 }
 
-OpMeta attention_meta(std::span<const InputMeta> in, const OpArgs&) {
+// An infinite or NaN scale makes every score NaN (a negative one is unusual but well defined).
+void check_scale(const OpArgs& args) {
+  const double scale = args.reals.at(0);
+  if (!std::isfinite(scale)) {
+    throw_error<ConfigError>("scaled_dot_product_attention: scale must be finite, got {}", scale);
+  }
+}
+
+OpMeta attention_meta(std::span<const InputMeta> in, const OpArgs& args) {
   check_attention(in);
+  check_scale(args);
   Shape out = *in[0].shape;
   out.back() = in[2].shape->back();
   DType dtype = promote_types(promote_types(in[0].dtype, in[1].dtype), in[2].dtype);
   return OpMeta{std::move(out), dtype};
 }
 
-OpMeta attention_probs_meta(std::span<const InputMeta> in, const OpArgs&) {
+OpMeta attention_probs_meta(std::span<const InputMeta> in, const OpArgs& args) {
   check_attention(in);
+  check_scale(args);
   Shape out = *in[0].shape;
   out.back() = (*in[1].shape)[in[1].shape->size() - 2];
   return OpMeta{std::move(out), promote_types(in[0].dtype, in[1].dtype)};

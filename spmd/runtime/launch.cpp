@@ -2,6 +2,7 @@
 // report.
 #include <spmd/runtime/launch.h>
 
+#include <cxxabi.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <typeinfo>
 
 #include <fmt/ranges.h>
 
@@ -113,18 +115,34 @@ std::vector<World> start_worlds(const BackendDriver& driver, const LaunchOptions
   return worlds;
 }
 
-std::string_view error_type(const std::exception& e) {
-  if (const auto* error = dynamic_cast<const Error*>(&e)) return error->type_name();
-  return "error";
+// "std::runtime_error": a C++ type as the program spells it.
+std::string demangled(const char* name) {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> text(abi::__cxa_demangle(name, nullptr, nullptr, &status),
+                                              std::free);
+  return status == 0 && text ? std::string(text.get()) : std::string(name);
 }
 
-std::string_view error_type(const std::exception_ptr& error) {
+// The name reports give an exception: the spmd::Error subclass's ("CommError"), else the C++ type
+// ("std::out_of_range"), so an exception from the user's code or a library says what it is.
+std::string error_type(const std::exception& e) {
+  if (const auto* error = dynamic_cast<const Error*>(&e)) return std::string(error->type_name());
+  return demangled(typeid(e).name());
+}
+
+// The C++ type of the exception being handled (in a catch block), or "unknown".
+std::string current_exception_type() {
+  const std::type_info* type = abi::__cxa_current_exception_type();
+  return type != nullptr ? demangled(type->name()) : std::string("unknown");
+}
+
+std::string error_type(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
   } catch (const std::exception& e) {
     return error_type(e);
   } catch (...) {
-    return "error";
+    return current_exception_type();
   }
 }
 
@@ -355,7 +373,7 @@ World make_world(const LaunchOptions& options) {
 void finish_world(const World& world) {
   if (!world.defined()) return;
   const std::string& path = world.state().trace_path;
-  if (!path.empty()) trace().to_chrome_json(trace_file_for(world, path));
+  if (!path.empty()) write_world_trace(world, path);
   if (world.state().session) world.state().session->finish();
 }
 
@@ -513,7 +531,7 @@ std::string error_text(const std::exception_ptr& error) {
   } catch (const std::exception& e) {
     return fmt::format("{}: {}", error_type(e), e.what());
   } catch (...) {
-    return "error: an exception that is not a std::exception";
+    return fmt::format("{}: an exception that is not a std::exception", current_exception_type());
   }
 }
 
@@ -580,7 +598,7 @@ int launch_program(int& argc, char** argv, const std::function<int(World&)>& pro
     }
     if (world.defined() && !world.state().trace_path.empty()) {
       try {
-        trace().to_chrome_json(trace_file_for(world, world.state().trace_path));
+        write_world_trace(world, world.state().trace_path);
       } catch (...) {
         // The error above is the one to report.
       }

@@ -31,7 +31,8 @@
 // extension: trace.json -> trace.rank3.json (no extension: trace -> trace.rank3). Under threads
 // the rank threads share the process's trace, written once to `path` after every thread ended.
 // Under mpi and nccl a failing program also dumps the flight recorder (Note [Flight recorder] in
-// collectives/trace.h): spmd_flight_recorder.rank3.json in $TMPDIR or /tmp, named on stderr.
+// collectives/trace.h): spmd_flight_recorder.<job>.rank3.<time>.json in $TMPDIR or /tmp, named
+// on stderr.
 #pragma once
 
 #include <concepts>
@@ -117,8 +118,8 @@ std::vector<RankOutcome> run_rank_threads(const LaunchOptions& options,
 // Calling it again does nothing more.
 void finish_world(const World& world);
 
-// "CommError: message": the spmd::Error subclass's name (other exceptions: "error") and the
-// message.
+// "CommError: message": the spmd::Error subclass's name (other exceptions: their demangled C++
+// type, "std::runtime_error: message") and the message.
 std::string error_text(const std::exception_ptr& error);
 // Prints "[rank 3] CommError: message" (the ranks `world` holds, else the launcher's rank) to
 // stderr.

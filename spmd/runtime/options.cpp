@@ -8,6 +8,7 @@
 
 #include <spmd/core/env.h>
 #include <spmd/core/error.h>
+#include <spmd/core/parallel.h>
 #include <spmd/sim/backend_driver.h>
 
 namespace spmd {
@@ -149,6 +150,8 @@ DebugOptions parse_debug_options(std::string_view list, std::string_view source)
 
 LaunchOptions launch_options_from_env() {
   LaunchOptions o;
+  // Read by the kernels' thread pool, not here; checked here so a bad value fails the launch.
+  env_num_threads();
   for (const FlagSpec& f : kFlags) {
     if (auto value = env_value(f.variable)) {
       apply(o, f.flag, *value, fmt::format("{}={}", f.variable, *value));

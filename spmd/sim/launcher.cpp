@@ -23,6 +23,34 @@ int env_int(const char* name, int fallback) {
   return n;
 }
 
+// `text` with every character but letters, digits, '.', '_' and '-' replaced by '_' (a job id
+// becomes part of a file name).
+std::string file_name_safe(const std::string& text) {
+  std::string out = text;
+  for (char& c : out) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) c = '_';
+  }
+  return out;
+}
+
+// LauncherInfo::job_id for launcher `name`.
+std::string job_id_of(std::string_view name) {
+  if (name == "mpirun") {
+    if (auto id = env_value("OMPI_MCA_ess_base_jobid")) return file_name_safe("ompi" + *id);
+    if (auto id = env_value("PMIX_NAMESPACE")) return file_name_safe("pmix" + *id);
+  } else if (name == "srun") {
+    if (auto id = env_value("SLURM_JOB_ID")) {
+      const auto step = env_value("SLURM_STEP_ID");
+      return file_name_safe("slurm" + *id + (step ? "." + *step : ""));
+    }
+  } else if (auto id = env_value("SPMD_JOB_ID")) {
+    return file_name_safe(*id);
+  }
+  return "";
+}
+
 }  // namespace
 
 std::optional<LauncherInfo> detect_launcher() {
@@ -48,6 +76,7 @@ std::optional<LauncherInfo> detect_launcher() {
     info.local_rank = env_int(s.local_rank, 0);
     info.local_size = s.local_size ? env_int(s.local_size, 0) : 0;
     info.size_variable = s.size;
+    info.job_id = job_id_of(s.name);
     if (info.size < 1 || info.rank < 0 || info.rank >= info.size) {
       throw_error<ConfigError>("{}: {}={} and {}={} do not describe a rank of the job", s.name,
                                s.rank, info.rank, s.size, info.size);

@@ -18,6 +18,11 @@ struct LauncherInfo {
   int local_rank = 0;         // rank among the processes on this host
   int local_size = 0;         // processes on this host; 0 when the launcher does not say
   std::string size_variable;  // the variable the size came from, e.g. "OMPI_COMM_WORLD_SIZE"
+  // The job's id, the same in every process of the job and different for another job running
+  // beside it: "ompi503119873" (OMPI_MCA_ess_base_jobid, else PMIX_NAMESPACE), "slurm123.0"
+  // (SLURM_JOB_ID.SLURM_STEP_ID), spmdrun's SPMD_JOB_ID; only letters, digits, '.', '_' and '-'.
+  // Empty when the launcher's environment gives none.
+  std::string job_id;
 };
 
 // mpirun (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE), srun (SLURM_PROCID, SLURM_NTASKS,

@@ -2,6 +2,7 @@
 #include <spmd/sim/world.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 
 #include <spmd/core/error.h>
@@ -33,6 +34,8 @@ void add_new_world_listener(void (*listener)()) {
 }
 
 World::World(std::shared_ptr<WorldState> state) : state_(std::move(state)) {
+  static std::atomic<uint64_t> next_id{1};
+  if (state_ && state_->id == 0) state_->id = next_id.fetch_add(1, std::memory_order_relaxed);
   std::vector<void (*)()> listeners;
   {
     NewWorldListeners& l = new_world_listeners();
@@ -51,6 +54,18 @@ World World::sim(int world_size) {
   request.world_size = world_size;
   request.world_size_source = source;
   return backend_driver("sim", source).start(request).front();
+}
+
+std::string World::to_string() const {
+  if (!state_) return "world (undefined)";
+  const WorldState& s = *state_;
+  std::string held;
+  if (s.held_ranks.size() != static_cast<size_t>(s.size)) {
+    held = s.held_ranks.size() == 1 ? fmt::format(", holding rank {}", s.held_ranks[0])
+                                    : fmt::format(", holding {} ranks", s.held_ranks.size());
+  }
+  return fmt::format("world #{} ({}, {} rank{}{})", s.id, s.backend_name, s.size,
+                     s.size == 1 ? "" : "s", held);
 }
 
 const WorldState& World::checked(const char* op) const {

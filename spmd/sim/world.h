@@ -9,6 +9,7 @@
 // World::sim and launch() (runtime/) ask it.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -48,6 +49,10 @@ struct DebugOptions {
 
 // The state World handles share. Filled in by the backend's driver when a world is created.
 struct WorldState {
+  // This world's number in the process (1, 2, ...), given by World(state) when 0: reports tell
+  // worlds apart by it (World::to_string). A copy of the state made to adjust a world (launch()'s
+  // trace path) keeps it: it is the same world.
+  uint64_t id = 0;
   int size = 0;
   std::vector<int> held_ranks;  // ascending
   std::vector<Device> devices;  // the device of each held rank, in held_ranks order; empty: CPU
@@ -132,6 +137,11 @@ class World {
   // set_debug (debug/checks.h) instead: it checks the options and installs the observers.
   void store_debug(const DebugOptions& debug, std::shared_ptr<const void> hooks);
   const WorldState& state() const;
+
+  // "world #2 (sim, 4 ranks)", "world #1 (mpi, 8 ranks, holding rank 3)": the world in reports,
+  // e.g. of values from two worlds that cannot be combined. "world (undefined)" for an undefined
+  // one.
+  std::string to_string() const;
 
   bool operator==(const World& other) const { return state_ == other.state_; }
 

@@ -143,7 +143,9 @@ decltype(auto) dispatch_dtype(DType dtype, F&& fn) {
 
 // Element conversions through the widest type that holds the value exactly. Floating to integer
 // truncates toward zero and saturates at the integer's range, NaN giving 0 (a plain cast would
-// be undefined behaviour there).
+// be undefined behaviour there). Tensor conversions refuse such values before they get here (Note
+// [Conversions to integers] in tensor/tensor.cpp); kernels rely on the saturation only for values
+// they compute themselves.
 template <class To, class From>
 inline To convert_element(From v) {
   if constexpr (std::is_same_v<To, From>) {

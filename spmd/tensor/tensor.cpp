@@ -490,9 +490,15 @@ Tensor Tensor::to(DType dtype) const {
   check_defined("to");
   check_dtype(dtype, "to");
   if (dtype == dtype_) return *this;
+  check_integral_values("to", dtype);
+  return tracked(TensorMethod::Cast, {static_cast<int64_t>(dtype)}, converted(dtype));
+}
+
+Tensor Tensor::converted(DType dtype) const {
+  if (dtype == dtype_) return *this;
   Tensor out = empty_for("to", meta_->shape, dtype, device());
-  out.copy_(*this);
-  return tracked(TensorMethod::Cast, {static_cast<int64_t>(dtype)}, std::move(out));
+  out.copy_unchecked(*this);
+  return out;
 }
 
 Tensor Tensor::to(Device device) const {
@@ -510,25 +516,61 @@ Tensor Tensor::to(Device device) const {
   return out;
 }
 
+// Note [Conversions to integers]
+// Converting a value an integer dtype cannot hold (NaN, an infinity, or a number outside its
+// range: a float, or an I64 narrowed to I32) is an Unsupported error naming the op, the first
+// such element (flat and multi-dim index) and its value, whether the conversion is to(),
+// copy_(), item() or to_vector(). torch leaves these undefined (NaN becomes INT_MIN on x86, an
+// I64 wraps); a silent 0 or a wrapped number would pass unnoticed into indices and counts.
+// Fractions truncate toward zero, as in a cast. Bool and floating destinations take any value.
+bool Tensor::needs_value_check(DType from, DType to) {
+  return (to == DType::I32 && (is_floating(from) || from == DType::I64)) ||
+         (to == DType::I64 && is_floating(from));
+}
+
 void Tensor::check_integral_values(const char* op, DType to) const {
-  const Tensor host = this->detach().to(cpu()).to(DType::F64).contiguous();
-  const double* p = host.data<double>();
+  if (!needs_value_check(dtype_, to) || meta_->numel == 0 || is_meta()) return;
+  const Tensor host = this->detach().to(cpu());
   const double limit = to == DType::I64 ? 0x1p63 : 0x1p31;
-  for (int64_t i = 0; i < meta_->numel; ++i) {
-    const double v = p[i];
-    // As check_fill_value: i64 also takes 2^63, the double INT64_MAX rounds to.
-    if (v >= -limit && (v < limit || (to == DType::I64 && v == limit))) continue;
-    std::vector<int64_t> index(meta_->shape.size());
-    int64_t rest = i;
-    for (std::size_t d = index.size(); d-- > 0;) {
-      index[d] = rest % meta_->shape[d];
-      rest /= meta_->shape[d];
+  const Shape& shape = host.meta_->shape;
+  const Strides& strides = host.meta_->strides;
+  const int64_t bad = dispatch_dtype(dtype_, [&]<class S>() -> int64_t {
+    const S* base = host.data<S>();
+    auto holds = [&](S element) {
+      const double v = convert_element<double>(element);
+      // As check_fill_value: i64 also takes 2^63, the double INT64_MAX rounds to.
+      return v >= -limit && (v < limit || (to == DType::I64 && v == limit));
+    };
+    if (host.is_contiguous()) {
+      for (int64_t i = 0; i < meta_->numel; ++i) {
+        if (!holds(base[i])) return i;
+      }
+      return -1;
     }
-    throw_error<Unsupported>(
-        "{}: element {} (index {}) is {}, which {} cannot hold (tensor shape {} {}); to({}) casts "
-        "with saturation and NaN as 0",
-        op, i, shape_str(index), v, to, shape_str(meta_->shape), dtype_, to);
-  }
+    // Row-major over a strided view, without materializing it (it may be an expanded view).
+    std::vector<int64_t> index(shape.size(), 0);
+    int64_t offset = 0;
+    for (int64_t i = 0; i < meta_->numel; ++i) {
+      if (!holds(base[offset])) return i;
+      for (size_t d = shape.size(); d-- > 0;) {
+        offset += strides[d];
+        if (++index[d] < shape[d]) break;
+        offset -= strides[d] * shape[d];
+        index[d] = 0;
+      }
+    }
+    return -1;
+  });
+  if (bad < 0) return;
+  const std::vector<int64_t> index = unravel_index(bad, shape);
+  int64_t offset = 0;
+  for (size_t d = 0; d < index.size(); ++d) offset += index[d] * strides[d];
+  const double value = dispatch_dtype(
+      dtype_, [&]<class S>() { return convert_element<double>(host.data<S>()[offset]); });
+  throw_error<Unsupported>(
+      "{}: element {} (index {}) is {}, which {} cannot hold (tensor shape {} {}; Note "
+      "[Conversions to integers])",
+      op, bad, shape_str(index), value, to, shape_str(shape), dtype_);
 }
 
 template <class T>
@@ -539,9 +581,7 @@ T Tensor::item() const {
                             shape_str(meta_->shape), meta_->numel);
   }
   if (is_meta()) throw_shape_only("item", *this);
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    if (is_floating(dtype_)) check_integral_values("item", dtype_of<T>());
-  }
+  check_integral_values("item", dtype_of<T>());
   if (!device().is_cpu()) return to(cpu()).item<T>();
   return dispatch_dtype(dtype_, [&]<class S>() { return convert_element<T>(*data<S>()); });
 }
@@ -550,10 +590,8 @@ template <class T>
 std::vector<T> Tensor::to_vector() const {
   check_defined("to_vector");
   if (is_meta()) throw_shape_only("to_vector", *this);
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    if (is_floating(dtype_)) check_integral_values("to_vector", dtype_of<T>());
-  }
-  const Tensor host = to(cpu()).to(dtype_of<T>()).contiguous();
+  check_integral_values("to_vector", dtype_of<T>());
+  const Tensor host = to(cpu()).converted(dtype_of<T>()).contiguous();
   const T* p = host.data<T>();
   return std::vector<T>(p, p + meta_->numel);
 }
@@ -592,6 +630,12 @@ Tensor& Tensor::fill_(double value) {
 }
 
 Tensor& Tensor::copy_(const Tensor& src) {
+  check_defined("copy_");
+  if (src.defined()) src.check_integral_values("copy_", dtype());
+  return copy_unchecked(src);
+}
+
+Tensor& Tensor::copy_unchecked(const Tensor& src) {
   check_defined("copy_");
   if (!src.defined()) throw_error<Error>("copy_: the source is an undefined tensor");
   check_in_place("copy_");

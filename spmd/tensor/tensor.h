@@ -118,13 +118,15 @@ class Tensor {
   Tensor contiguous() const;
   // A contiguous copy that shares nothing with this tensor.
   Tensor clone() const;
-  // A copy converted to `dtype` (this tensor itself when the dtype already matches).
+  // A copy converted to `dtype` (this tensor itself when the dtype already matches). Unsupported,
+  // naming the element and its value, when `dtype` is an integer dtype that cannot hold an
+  // element (NaN, an infinity, out of range: Note [Conversions to integers] in tensor.cpp).
   Tensor to(DType dtype) const;
   // A copy on `device` (this tensor itself when already there).
   Tensor to(Device device) const;
   // The single element of a tensor with numel() == 1, converted to T; ShapeError otherwise.
   // Unsupported, naming the value, when T is an integer type that cannot hold it (NaN, an
-  // infinity or out of range): to() is the cast that saturates and sends NaN to 0.
+  // infinity or out of range), as to().
   template <class T>
   T item() const;
   // All elements in row-major order, converted to T; Unsupported naming the first element an
@@ -136,7 +138,8 @@ class Tensor {
   // Unsupported when an integer dtype cannot hold `value` (check_fill_value: NaN into i32).
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }
-  // Copies `src` (broadcast to this shape, converted to this dtype) into this view.
+  // Copies `src` (broadcast to this shape, converted to this dtype) into this view; Unsupported
+  // for values this dtype cannot hold, as to().
   Tensor& copy_(const Tensor& src);
 
   // ---- autograd (Note [Autograd] in ops/autograd.h) -----------------------------------------
@@ -164,9 +167,14 @@ class Tensor {
       undefined_error(op);
   }
   [[noreturn]] static void undefined_error(const char* op);
-  // Unsupported naming `op` and the first element that the integer type `to` cannot hold
-  // (this tensor is floating).
+  // Whether converting `from` to `to` can meet a value `to` cannot hold.
+  static bool needs_value_check(DType from, DType to);
+  // Unsupported naming `op` and the first element that the integer dtype `to` cannot hold (Note
+  // [Conversions to integers] in tensor.cpp); nothing for conversions that always fit.
   void check_integral_values(const char* op, DType to) const;
+  // to(dtype) and copy_(src) without that check (the caller made it) and without the tape.
+  Tensor converted(DType dtype) const;
+  Tensor& copy_unchecked(const Tensor& src);
   // Another view of this tensor's storage.
   Tensor as_view(Shape shape, Strides strides, int64_t offset) const;
   // `result` of `method` on this tensor, recorded on the tape when this tensor takes part in

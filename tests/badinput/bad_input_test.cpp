@@ -9,6 +9,7 @@
 // path.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -90,6 +91,33 @@ std::string mesh_json_with_dim(const std::string& dim) {
 }
 std::string trace_json(const std::string& event) {
   return R"({"traceEvents": [)" + event + "]}";
+}
+// Sets an environment variable for one row's body (each row runs alone in its process under
+// CTest; the variable is gone again when the body ends).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+// "weight_decay" -> "WeightDecay": a hyperparameter in a row's name.
+std::string field_name(const std::string& field) {
+  std::string out;
+  bool upper = true;
+  for (char c : field) {
+    if (c == '_') {
+      upper = true;
+      continue;
+    }
+    out += upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
+    upper = false;
+  }
+  return out;
 }
 std::string event(const std::string& fields) {
   return R"({"name": "all_reduce", "ph": "X", "pid": 0, "tid": 0, "ts": 1.0, "dur": 2.0, )" +
@@ -303,6 +331,46 @@ std::vector<ApiCase> tensor_cases() {
        [] { from_vector<double>({-INFINITY}).to_vector<int64_t>(); },
        "Unsupported",
        {"to_vector", "-inf", "i64"}},
+      {"ToNaNIntoInt",
+       [] {
+         from_vector<float>({1, 2, NAN}).to(DType::I32);
+       },
+       "Unsupported",
+       {"to", "element 2", "[2]", "nan", "i32"}},
+      {"ToInfIntoInt",
+       [] {
+         from_vector<double>({INFINITY}).reshape({1, 1}).to(DType::I64);
+       },
+       "Unsupported",
+       {"to", "element 0", "[0, 0]", "inf", "i64"}},
+      {"ToOutOfRangeIntoInt",
+       [] {
+         from_vector<float>({0, -3e9}).to(DType::I32);
+       },
+       "Unsupported",
+       {"to", "element 1", "-3000000000", "i32"}},
+      {"ToNarrowingI64IntoI32",
+       [] {
+         from_vector<int64_t>({1, int64_t{1} << 40}).to(DType::I32);
+       },
+       "Unsupported",
+       {"to", "element 1", "1099511627776", "i32"}},
+      {"ToNaNInExpandedView",
+       [] { full({1}, kNaN).expand({int64_t{1} << 40}).to(DType::I64); },
+       "Unsupported",
+       {"to", "element 0", "nan", "i64"}},
+      {"ToBF16NaNIntoInt",
+       [] { full({3}, kNaN, DType::BF16).to(DType::I32); },
+       "Unsupported",
+       {"to", "element 0", "nan", "bf16"}},
+      {"CopyNaNIntoInt",
+       [] { zeros({2}, DType::I32).copy_(full({2}, kNaN)); },
+       "Unsupported",
+       {"copy_", "element 0", "nan", "i32"}},
+      {"ItemI64IntoI32",
+       [] { full({}, 1e12, DType::I64).item<int32_t>(); },
+       "Unsupported",
+       {"item", "1000000000000", "i32"}},
       {"FillNaNIntoInt",
        [] { zeros({2}, DType::I64).fill_(kNaN); },
        "Unsupported",
@@ -461,6 +529,69 @@ std::vector<ApiCase> ops_cases() {
        "ShapeError",
        {"backward"}},
       {"BackwardUndefined", [] { backward(Tensor()); }, "ShapeError", {"backward", "undefined"}},
+      {"LayerNormNegativeEps",
+       [] {
+         layer_norm(ones({2, 3}), ones({3}), zeros({3}), -1e-5);
+       },
+       "ConfigError",
+       {"layer_norm", "eps", "-1e-05"}},
+      {"LayerNormInfEps",
+       [] {
+         layer_norm(ones({2, 3}), ones({3}), zeros({3}), kInf);
+       },
+       "ConfigError",
+       {"layer_norm", "eps", "inf"}},
+      {"RmsNormNaNEps",
+       [] {
+         rms_norm(ones({2, 3}), ones({3}), kNaN);
+       },
+       "ConfigError",
+       {"rms_norm", "eps", "nan"}},
+      {"DropoutNaN", [] { dropout(ones({4}), kNaN, 0); }, "ConfigError", {"dropout", "nan"}},
+      {"DropoutAboveOne", [] { dropout(ones({4}), 1.5, 0); }, "ConfigError", {"dropout", "1.5"}},
+      {"AttentionNaNScale",
+       [] {
+         scaled_dot_product_attention(ones({2, 4}), ones({2, 4}), ones({2, 4}), false, kNaN);
+       },
+       "ConfigError",
+       {"scaled_dot_product_attention", "scale", "nan"}},
+      {"AttentionInfScale",
+       [] {
+         scaled_dot_product_attention(ones({2, 4}), ones({2, 4}), ones({2, 4}), true, kInf);
+       },
+       "ConfigError",
+       {"scaled_dot_product_attention", "scale", "inf"}},
+      {"CrossEntropyTargetTooLarge",
+       [] {
+         cross_entropy(ones({4, 5}), from_vector<int64_t>({0, 1, 7, 2}));
+       },
+       "ShapeError",
+       {"cross_entropy", "target 7", "index 2", "[0, 5)", "5 classes"}},
+      {"CrossEntropyTargetNegative",
+       [] {
+         cross_entropy(ones({2, 3}), from_vector<int32_t>({-100, 1}));
+       },
+       "ShapeError",
+       {"cross_entropy", "target -100", "index 0", "3 classes"}},
+      {"GatherIndexOutOfRange",
+       [] {
+         gather(ones({2, 3}), 1, from_vector<int64_t>({0, 1, 2, 3}, {2, 2}));
+       },
+       "ShapeError",
+       {"gather", "index 3 at [1, 1]", "[0, 3)"}},
+      {"IndexSelectOutOfRange",
+       [] {
+         index_select(ones({4, 2}), 0, from_vector<int64_t>({1, 9}));
+       },
+       "ShapeError",
+       {"index_select", "index 9", "[0, 4)"}},
+      {"EmbeddingOutOfRange",
+       [] {
+         embedding(from_vector<int64_t>({-1}), ones({4, 2}));
+       },
+       "ShapeError",
+       {"embedding", "index -1", "[0, 4)"}},
+
   };
 }
 
@@ -625,6 +756,19 @@ std::vector<ApiCase> mesh_cases() {
        },
        "MeshError",
        {"init_device_mesh"}},
+      {"InitMeshOverflowWrapsToZero",
+       [] {
+         init_device_mesh(w4(), {int64_t{1} << 62, 4});
+       },
+       "MeshError",
+       {"init_device_mesh", "(4611686018427387904, 4)", "more ranks than an int64 holds",
+        "only 4"}},
+      {"InitMeshOverflowWrapsToCount",
+       [] {
+         init_device_mesh(w4(), {int64_t{1} << 62, 2, 2, 3});
+       },
+       "MeshError",
+       {"init_device_mesh", "more ranks than an int64 holds"}},
       {"InitMeshDuplicateNames",
        [] {
          init_device_mesh(w4(), {2, 2}, {"a", "a"});
@@ -780,6 +924,13 @@ std::vector<ApiCase> mesh_cases() {
        },
        "MeshError",
        {"concatenate", "different root"}},
+      {"ConcatenateWorlds",
+       [] {
+         const World other = World::sim(4);
+         concatenate({mesh22()["dp"], init_device_mesh(other, {2, 2}, {"dp", "tp"})["tp"]});
+       },
+       "MeshError",
+       {"concatenate", "different root", "different Worlds", "(sim, 4 ranks)"}},
       {"ConcatenateUndefined",
        [] { concatenate({DeviceMesh()}); },
        "MeshError",
@@ -899,6 +1050,41 @@ std::vector<ApiCase> mesh_cases() {
        },
        "MeshError",
        {"DeviceMesh::from_json", "empty"}},
+      {"FromJsonNestedArray",
+       [] { DeviceMesh::from_json(w4(), "[[1]]"); },
+       "MeshError",
+       {"DeviceMesh::from_json", "expected a JSON object", "array"}},
+      {"FromJsonWrongVersion",
+       [] { DeviceMesh::from_json(w4(), R"({"format": "spmdsim.DeviceMesh", "version": 7})"); },
+       "MeshError",
+       {"DeviceMesh::from_json", "version 7"}},
+      {"FromJsonFractionalRank",
+       [] {
+         DeviceMesh::from_json(
+             w4(), R"({"format": "spmdsim.DeviceMesh", "version": 1, "device_type": "cpu",
+                    "rank_map": [0, 1.5, 2, 3], "root": {"shape": [4], "dim_names": ["x"]},
+                    "flattened": {}, "dims": ["4:1"], "dim_names": ["x"]})");
+       },
+       "MeshError",
+       {"DeviceMesh::from_json", "rank_map", "1.5"}},
+      {"FromJsonFractionalShape",
+       [] {
+         DeviceMesh::from_json(
+             w4(), R"({"format": "spmdsim.DeviceMesh", "version": 1, "device_type": "cpu",
+                    "rank_map": [0, 1, 2, 3], "root": {"shape": [4.2], "dim_names": ["x"]},
+                    "flattened": {}, "dims": ["4:1"], "dim_names": ["x"]})");
+       },
+       "MeshError",
+       {"DeviceMesh::from_json", "root.shape", "4.2"}},
+      {"FromJsonUnknownDeviceType",
+       [] {
+         DeviceMesh::from_json(
+             w4(), R"({"format": "spmdsim.DeviceMesh", "version": 1, "device_type": "tpu",
+                    "rank_map": [0, 1, 2, 3], "root": {"shape": [4], "dim_names": ["x"]},
+                    "flattened": {}, "dims": ["4:1"], "dim_names": ["x"]})");
+       },
+       "MeshError",
+       {"DeviceMesh::from_json", "device_type", "tpu"}},
       {"FromJsonDimOutsideRankMap",
        [] { DeviceMesh::from_json(w4(), mesh_json_with_dim("8:1")); },
        "MeshError",
@@ -1299,6 +1485,32 @@ std::vector<ApiCase> dtensor_cases() {
        },
        "PlacementError",
        {"add", "mesh"}},
+      {"DTensorAddOtherWorld",
+       [] {
+         const World other = World::sim(4);
+         dt22() + distribute_tensor(ones({4, 4}), init_device_mesh(other, {2, 2}, {"dp", "tp"}),
+                                    {Shard{0}, Replicate{}});
+       },
+       "PlacementError",
+       {"add", "different Worlds", "world #", "(sim, 4 ranks)"}},
+      {"DTensorAddPermutedRanks",
+       [] {
+         dt22() +
+             distribute_tensor(ones({4, 4}),
+                               DeviceMesh::from_ranks(w4(), {2, 2}, {3, 2, 1, 0}, {"dp", "tp"}),
+                               {Shard{0}, Replicate{}});
+       },
+       "PlacementError",
+       {"add", "different ranks", "[0, 1, 2, 3]", "[3, 2, 1, 0]"}},
+      {"PlanOtherWorld",
+       [] {
+         const World other = World::sim(4);
+         plan_redistribute(
+             DTensorSpec(mesh4(), {Shard{0}}, {4}, DType::F32),
+             DTensorSpec(init_device_mesh(other, {4}, {"x"}), {Replicate{}}, {4}, DType::F32));
+       },
+       "PlacementError",
+       {"redistribute", "different Worlds"}},
       {"DTensorMatmulMismatch",
        [] {
          matmul(dt22({4, 3}), dt22({4, 3}));
@@ -1363,11 +1575,125 @@ std::vector<ApiCase> dtensor_cases() {
        },
        "ShapeError",
        {"backward"}},
+      {"DTensorCrossEntropyRowsSharded",
+       [] {
+         cross_entropy(distribute_tensor(ones({4, 5}), mesh4(), {Shard{0}}),
+                       distribute_tensor(from_vector<int64_t>({0, 1, 2, 9}), mesh4(), {Shard{0}}));
+       },
+       "ShapeError",
+       {"cross_entropy", "target 9", "index 3", "[0, 5)", "5 classes"}},
+      {"DTensorCrossEntropyClassesSharded",
+       [] {
+         cross_entropy(distribute_tensor(ones({2, 8}), mesh4(), {Shard{1}}),
+                       distribute_tensor(from_vector<int64_t>({3, 8}), mesh4(), {Replicate{}}));
+       },
+       "ShapeError",
+       {"cross_entropy", "8 classes", "index 8 at [1, 0]"}},
       {"RequiresGradIntDTensor",
        [] { distribute_tensor(ones({4}, DType::I32), mesh4(), {Shard{0}}).requires_grad_(); },
        "Unsupported",
        {"DTensor::requires_grad_", "i32"}},
   };
+}
+
+// ---- nn/ --------------------------------------------------------------------------------------
+
+// One parameter with a gradient, as a Tensor or a DTensor (both optimizer styles take the same
+// checks).
+Tensor* tensor_param() {
+  static Tensor w = [] {
+    Tensor t = ones({2, 2}).requires_grad_();
+    backward(sum(t * t));
+    return t;
+  }();
+  return &w;
+}
+DTensor* dtensor_param() {
+  static DTensor w = [] {
+    DTensor d = dt22();
+    d.requires_grad_();
+    backward(sum(d * d));
+    return d;
+  }();
+  return &w;
+}
+
+std::vector<ApiCase> nn_cases() {
+  std::vector<ApiCase> cases = {
+      {"SGDEmptyParams",
+       [] { SGD(std::vector<Tensor*>{}); },
+       "ConfigError",
+       {"SGD", "empty parameter list"}},
+      {"AdamWEmptyParams",
+       [] { AdamW(std::vector<DTensor*>{}); },
+       "ConfigError",
+       {"AdamW", "empty parameter list"}},
+      {"SGDNullParam", [] { SGD(std::vector<Tensor*>{nullptr}); }, "Error", {"SGD", "parameter 0"}},
+      {"ClipNegativeMaxNorm",
+       [] { clip_grad_norm({tensor_param()}, -1.0); },
+       "ConfigError",
+       {"clip_grad_norm", "max_norm", "-1"}},
+      {"ClipNaNMaxNorm",
+       [] { clip_grad_norm({tensor_param()}, kNaN); },
+       "ConfigError",
+       {"clip_grad_norm", "max_norm", "nan"}},
+      {"ClipNegativeMaxNormDTensor",
+       [] { clip_grad_norm({dtensor_param()}, -0.5); },
+       "ConfigError",
+       {"clip_grad_norm", "max_norm", "-0.5"}},
+      {"ClipNegativeInfMaxNorm",
+       [] { clip_grad_norm(std::vector<DTensor*>{}, -kInf); },
+       "ConfigError",
+       {"clip_grad_norm", "max_norm", "-inf"}},
+  };
+  // Every hyperparameter of every optimizer, for both styles (Tensor and DTensor parameters):
+  // NaN, an infinity and a value outside torch.optim's range.
+  struct Bad {
+    std::string name;  // of the row
+    std::string field;
+    double value;
+    std::string shown;
+  };
+  const std::vector<Bad> bad_values = {
+      {"NaN", "", kNaN, "nan"}, {"Inf", "", kInf, "inf"}, {"Negative", "", -1.0, "-1"}};
+  auto add = [&](const std::string& optimizer, const std::string& field, double value,
+                 const std::string& shown, const std::string& row) {
+    for (const bool dtensor : {false, true}) {
+      std::function<void()> body;
+      if (optimizer == "SGD") {
+        SGDOptions o;
+        if (field == "lr") o.lr = value;
+        if (field == "momentum") o.momentum = value;
+        if (field == "weight_decay") o.weight_decay = value;
+        body = dtensor ? std::function<void()>([o] { SGD(std::vector{dtensor_param()}, o); })
+                       : std::function<void()>([o] { SGD(std::vector{tensor_param()}, o); });
+      } else {
+        AdamWOptions o;
+        if (field == "lr") o.lr = value;
+        if (field == "beta1") o.beta1 = value;
+        if (field == "beta2") o.beta2 = value;
+        if (field == "eps") o.eps = value;
+        if (field == "weight_decay") o.weight_decay = value;
+        body = dtensor ? std::function<void()>([o] { AdamW(std::vector{dtensor_param()}, o); })
+                       : std::function<void()>([o] { AdamW(std::vector{tensor_param()}, o); });
+      }
+      cases.push_back({optimizer + (dtensor ? "DTensor" : "Tensor") + field_name(field) + row,
+                       std::move(body),
+                       "ConfigError",
+                       {optimizer, field, shown}});
+    }
+  };
+  for (const std::string field : {"lr", "momentum", "weight_decay"}) {
+    for (const Bad& b : bad_values) add("SGD", field, b.value, b.shown, b.name);
+  }
+  for (const std::string field : {"lr", "beta1", "beta2", "eps", "weight_decay"}) {
+    for (const Bad& b : bad_values) add("AdamW", field, b.value, b.shown, b.name);
+  }
+  // torch.optim.AdamW: 0 <= beta < 1 (beta = 1 divides by zero in the bias correction).
+  add("AdamW", "beta1", 1.0, "[0, 1)", "One");
+  add("AdamW", "beta2", 1.0, "[0, 1)", "One");
+  add("SGD", "momentum", -5.0, "-5", "MinusFive");
+  return cases;
 }
 
 // ---- debug/ and runtime/ ----------------------------------------------------------------------
@@ -1468,6 +1794,50 @@ std::vector<ApiCase> debug_runtime_cases() {
        parse_trace(std::string(100000, '[') + std::string(100000, ']')),
        "ConfigError",
        {"trace file 't.json'"}},
+      {"TraceNestedArray",
+       parse_trace("[[1, 2]]"),
+       "ConfigError",
+       {"trace file 't.json'", "event 0 is an array of 2 items", "bare JSON array"}},
+      {"TraceEventsNestedArray",
+       parse_trace(trace_json("[]")),
+       "ConfigError",
+       {"trace file 't.json'", "event 0 is an array of 0 items", "\"traceEvents\" array"}},
+      {"TracePerRankFileMissing",
+       [] {
+         const std::string dir =
+             ::testing::TempDir() + "/spmd_bad_input_per_rank_" + std::to_string(::getpid());
+         std::filesystem::create_directories(dir);
+         std::ofstream(dir + "/a.rank0.json")
+             << R"({"traceEvents": [], "otherData": {"ranks": [0], "world_size": 3}})";
+         std::ofstream(dir + "/a.rank2.json")
+             << R"({"traceEvents": [], "otherData": {"ranks": [2], "world_size": 3}})";
+         read_trace_file(dir + "/a.json");
+       },
+       "ConfigError",
+       {"trace file '", "a.json'", "ranks 0,2 of a world of 3", "rank 1 is missing",
+        "a.rank1.json"}},
+      {"TracePerRankFileRepeated",
+       [] {
+         const std::string dir =
+             ::testing::TempDir() + "/spmd_bad_input_per_rank_twice_" + std::to_string(::getpid());
+         std::filesystem::create_directories(dir);
+         std::ofstream(dir + "/b.rank0.json") << R"({"traceEvents": []})";
+         std::ofstream(dir + "/b.rank0.20250101T000000.json") << R"({"traceEvents": []})";
+         read_trace_file(dir + "/b.json");
+       },
+       "ConfigError",
+       {"trace file '", "b.json'", "rank 0 is in two", "b.rank0.json"}},
+      {"TracePerRankLastFileMissing",
+       [] {
+         const std::string dir =
+             ::testing::TempDir() + "/spmd_bad_input_per_rank_last_" + std::to_string(::getpid());
+         std::filesystem::create_directories(dir);
+         std::ofstream(dir + "/c.rank0.json")
+             << R"({"traceEvents": [], "otherData": {"ranks": [0], "world_size": 2}})";
+         read_trace_file(dir + "/c.json");
+       },
+       "ConfigError",
+       {"trace file '", "c.json'", "ranks 0 of a world of 2", "c.rank1.json"}},
       {"TraceMissingFile",
        [] { read_trace_file("/nonexistent/spmd_trace.json"); },
        "ConfigError",
@@ -1558,6 +1928,165 @@ std::vector<ApiCase> debug_runtime_cases() {
        },
        "ConfigError",
        {"World::set_topology", "devices_per_host"}},
+      {"TopologyNegativeBaseLatency",
+       [] { Topology::from_json(R"({"base_latency_us": -1})"); },
+       "ConfigError",
+       {"Topology", "base_latency_us", "-1"}},
+      {"TopologyLinkNotObject",
+       [] { Topology::from_json(R"({"inter_host": [1, 2]})"); },
+       "ConfigError",
+       {"Topology", "inter_host", "array"}},
+      {"TopologyUnknownKey",
+       [] { Topology::from_json(R"({"devices": 8})"); },
+       "ConfigError",
+       {"Topology", "'devices'"}},
+      {"TopologyFractionalDevices",
+       [] { Topology::from_json(R"({"devices_per_host": 2.5})"); },
+       "ConfigError",
+       {"Topology", "devices_per_host", "2.5"}},
+      {"TopologyLoadMissing",
+       [] { Topology::load("/nonexistent/topo.json"); },
+       "ConfigError",
+       {"Topology::load", "/nonexistent/topo.json"}},
+      {"DeviceSpecNotJson", [] { DeviceSpec::from_json("{"); }, "ConfigError", {"DeviceSpec"}},
+      {"DeviceSpecDeepJson",
+       [] { DeviceSpec::from_json(std::string(100000, '[') + std::string(100000, ']')); },
+       "ConfigError",
+       {"DeviceSpec", "array"}},
+      {"DeviceSpecNotObject",
+       [] { DeviceSpec::from_json("[1, 2]"); },
+       "ConfigError",
+       {"DeviceSpec", "expected a JSON object", "an array of 2 items"}},
+      {"DeviceSpecUnknownKey",
+       [] { DeviceSpec::from_json(R"({"memory_gb": 80})"); },
+       "ConfigError",
+       {"DeviceSpec", "'memory_gb'"}},
+      {"DeviceSpecNegativeMemory",
+       [] { DeviceSpec::from_json(R"({"memory_gib": -80})"); },
+       "ConfigError",
+       {"DeviceSpec", "memory_gib", "-80"}},
+      {"DeviceSpecZeroBandwidth",
+       [] { DeviceSpec::from_json(R"({"memory_bandwidth_gbps": 0})"); },
+       "ConfigError",
+       {"DeviceSpec", "memory_bandwidth_gbps", "0"}},
+      {"DeviceSpecEfficiencyAboveOne",
+       [] { DeviceSpec::from_json(R"({"efficiency": 1.5})"); },
+       "ConfigError",
+       {"DeviceSpec", "efficiency", "1.5"}},
+      {"DeviceSpecTflopsNotNumber",
+       [] { DeviceSpec::from_json(R"({"tflops": {"bf16": "fast"}})"); },
+       "ConfigError",
+       {"DeviceSpec", "'tflops.bf16'", "\"fast\""}},
+      {"DeviceSpecTflopsUnknownDtype",
+       [] { DeviceSpec::from_json(R"({"tflops": {"fp8": 2000}})"); },
+       "ConfigError",
+       {"DeviceSpec", "tflops.fp8"}},
+      {"DeviceSpecNameNotString",
+       [] { DeviceSpec::from_json(R"({"name": {"a": 1}})"); },
+       "ConfigError",
+       {"DeviceSpec", "'name'", "an object of 1 items"}},
+      {"DeviceSpecLoadMissing",
+       [] { DeviceSpec::load("/nonexistent/gpu.device.json"); },
+       "ConfigError",
+       {"DeviceSpec", "/nonexistent/gpu.device.json"}},
+      {"NumThreadsNotInt",
+       [] {
+         const ScopedEnv env("SPMD_NUM_THREADS", "four");
+         env_num_threads();
+       },
+       "ConfigError",
+       {"SPMD_NUM_THREADS=four", "[1, 4096]"}},
+      {"NumThreadsZero",
+       [] {
+         const ScopedEnv env("SPMD_NUM_THREADS", "0");
+         env_num_threads();
+       },
+       "ConfigError",
+       {"SPMD_NUM_THREADS=0"}},
+      {"NumThreadsHuge",
+       [] {
+         const ScopedEnv env("SPMD_NUM_THREADS", "1000000");
+         env_num_threads();
+       },
+       "ConfigError",
+       {"SPMD_NUM_THREADS=1000000"}},
+      {"NumThreadsTrailing",
+       [] {
+         const ScopedEnv env("SPMD_NUM_THREADS", "4x");
+         env_num_threads();
+       },
+       "ConfigError",
+       {"SPMD_NUM_THREADS=4x"}},
+      {"LaunchChecksNumThreads",
+       [] {
+         const ScopedEnv env("SPMD_NUM_THREADS", "-2");
+         std::vector<std::string> args = {"prog"};
+         std::vector<char*> argv;
+         for (std::string& a : args) argv.push_back(a.data());
+         argv.push_back(nullptr);
+         int argc = 1;
+         parse_launch_options(argc, argv.data());
+       },
+       "ConfigError",
+       {"SPMD_NUM_THREADS=-2"}},
+      {"FlightRecorderSizeNegative",
+       [] {
+         const ScopedEnv env("SPMD_FLIGHT_RECORDER_SIZE", "-5");
+         flight_recorder_size();
+       },
+       "ConfigError",
+       {"SPMD_FLIGHT_RECORDER_SIZE=-5"}},
+      {"FlightRecorderSizeHuge",
+       [] {
+         const ScopedEnv env("SPMD_FLIGHT_RECORDER_SIZE", "99999999999999999999999");
+         flight_recorder_size();
+       },
+       "ConfigError",
+       {"SPMD_FLIGHT_RECORDER_SIZE=99999999999999999999999"}},
+      {"LaunchGpusPerProcessZero",
+       [] {
+         std::vector<std::string> args = {"prog", "--spmd-gpus-per-process=0"};
+         std::vector<char*> argv;
+         for (std::string& a : args) argv.push_back(a.data());
+         argv.push_back(nullptr);
+         int argc = 2;
+         parse_launch_options(argc, argv.data());
+       },
+       "ConfigError",
+       {"--spmd-gpus-per-process=0", "positive"}},
+      {"LaunchTimeoutNaN",
+       [] {
+         std::vector<std::string> args = {"prog", "--spmd-timeout=nan"};
+         std::vector<char*> argv;
+         for (std::string& a : args) argv.push_back(a.data());
+         argv.push_back(nullptr);
+         int argc = 2;
+         parse_launch_options(argc, argv.data());
+       },
+       "ConfigError",
+       {"--spmd-timeout=nan", "seconds"}},
+      {"LaunchTimeoutNegative",
+       [] {
+         std::vector<std::string> args = {"prog", "--spmd-timeout=-3"};
+         std::vector<char*> argv;
+         for (std::string& a : args) argv.push_back(a.data());
+         argv.push_back(nullptr);
+         int argc = 2;
+         parse_launch_options(argc, argv.data());
+       },
+       "ConfigError",
+       {"--spmd-timeout=-3", "seconds"}},
+      {"LaunchTensorsUnknown",
+       [] {
+         std::vector<std::string> args = {"prog", "--spmd-tensors=fake"};
+         std::vector<char*> argv;
+         for (std::string& a : args) argv.push_back(a.data());
+         argv.push_back(nullptr);
+         int argc = 2;
+         parse_launch_options(argc, argv.data());
+       },
+       "ConfigError",
+       {"--spmd-tensors=fake", "'meta'"}},
       {"TopologyDeepJson",
        [] { Topology::from_json(std::string(100000, '[') + std::string(100000, ']')); },
        "ConfigError",
@@ -1581,7 +2110,7 @@ std::vector<ApiCase> debug_runtime_cases() {
 std::vector<ApiCase> all_api_cases() {
   std::vector<ApiCase> all;
   for (auto make : {tensor_cases, ops_cases, sim_cases, mesh_cases, collective_cases, dtensor_cases,
-                    debug_runtime_cases}) {
+                    nn_cases, debug_runtime_cases}) {
     for (ApiCase& c : make()) all.push_back(std::move(c));
   }
   return all;
@@ -1725,6 +2254,17 @@ std::vector<CliCase> all_cli_cases() {
        "trace summary " + temp_file("binary.json", std::string("\xff\xfe\x00\x01", 4)),
        {"not JSON"}},
       {"TraceDiffOneFile", "trace diff " + temp_file("one.json", trace_json("")), {"files"}},
+      {"TraceDiffPerRankFileMissing",
+       [] {
+         temp_file("diffmissing.rank0.json",
+                   R"({"traceEvents": [], "otherData": {"ranks": [0], "world_size": 2}})");
+         const std::string path = ::testing::TempDir() + "/spmd_bad_input_diffmissing.json";
+         return "trace diff " + path + " " + path;
+       }(),
+       {"diffmissing.json'", "rank 1 is missing", "spmd_bad_input_diffmissing.rank1.json"}},
+      {"TraceNestedArray",
+       "trace summary " + temp_file("nested.json", "[[{}]]"),
+       {"event 0 is an array of 1 items", "bare JSON array"}},
       {"TraceConvertBadInput",
        "trace convert " + temp_file("conv.json", trace_json("1")) + " " + ::testing::TempDir() +
            "/spmd_bad_input_out.json",

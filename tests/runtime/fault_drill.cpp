@@ -13,6 +13,13 @@
 //                         return after one all_reduce over 'pair'; the other pairs make another
 //                         and print "drill: pair done 2"
 //   --drill=die           rank R kills itself (SIGKILL) while the others wait in a barrier
+//   --drill=stop          rank R stops itself (SIGSTOP) while the others wait in a barrier; it
+//                         goes on (to the barrier) when it gets SIGCONT
+//   --drill=elsewhere     rank R makes an all_reduce over a new mesh's dim 'pair' (whose
+//                         communicator every process must create) while the others wait in a
+//                         barrier
+//   --drill=throw         rank R throws a std::runtime_error (not an spmd::Error) while the others
+//                         wait in a barrier
 //   --drill=oom           every rank adds a [2^20, 1] and a [1, 2^20] f32 tensor: the broadcast
 //                         result needs 4 TiB
 #include <signal.h>
@@ -20,6 +27,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -59,6 +67,16 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       raise(SIGKILL);
     }
+    if (drill == "stop" && world.holds(rank)) {
+      // As for die: the others are waiting in the barrier when this rank stops.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      raise(SIGSTOP);
+    }
+    if (drill == "elsewhere" && world.holds(rank)) {
+      DeviceMesh pairs = init_device_mesh(world, {world.size() / 2, 2}, {"pairs", "pair"});
+      all_reduce(x, pairs, "pair");
+    }
+    if (drill == "throw" && world.holds(rank)) throw std::runtime_error("drill: planted failure");
     if (drill == "return-pair") {
       DeviceMesh pairs = init_device_mesh(world, {world.size() / 2, 2}, {"pairs", "pair"});
       LocalTensor one = LocalTensor::from_fn(world, [](int) { return ones({4}); });

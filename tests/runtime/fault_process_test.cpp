@@ -79,6 +79,23 @@ TEST(ThreadsTimeout, ARankThatReturnsIsADeadlockAtOnceNotATimeout) {
   EXPECT_FALSE(contains(r.output, "TimeoutError")) << r.output;
 }
 
+TEST(ForeignExceptions, AreReportedWithTheirCppType) {
+  // Under sim the program runs once for every rank; under threads the others learn how rank 2
+  // ended.
+  CommandResult sim = drill("--spmd-world-size=4 --drill=throw --drill-rank=2");
+  EXPECT_EQ(sim.exit_code, 1) << sim.output;
+  EXPECT_TRUE(contains(sim.output, "[ranks 0-3] std::runtime_error: drill: planted failure"))
+      << sim.output;
+  CommandResult threads = drill(
+      "--spmd-backend=threads --spmd-world-size=4 --spmd-timeout=100 --drill=throw "
+      "--drill-rank=2");
+  EXPECT_EQ(threads.exit_code, 1) << threads.output;
+  EXPECT_TRUE(contains(threads.output, "[rank 2] std::runtime_error: drill: planted failure"))
+      << threads.output;
+  EXPECT_TRUE(contains(threads.output, "rank 2 has finished (threw std::runtime_error)"))
+      << threads.output;
+}
+
 TEST(ThreadsTimeout, ACleanRunIsUntouchedByAShortTimeout) {
   CommandResult r = drill("--spmd-backend=threads --spmd-world-size=4 --spmd-timeout=0.5");
   EXPECT_EQ(r.exit_code, 0) << r.output;

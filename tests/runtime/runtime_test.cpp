@@ -433,11 +433,17 @@ TEST(Launch, OtherExceptionsAreCaughtToo) {
   Args args({"prog"});
   ::testing::internal::CaptureStderr();
   int code = launch(args.argc, args.pointers.data(), [](World&) { throw std::runtime_error("x"); });
-  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "[ranks 0-7] error: x\n");
+  // A non-spmd exception is named by its C++ type.
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "[ranks 0-7] std::runtime_error: x\n");
   EXPECT_EQ(code, 1);
   ::testing::internal::CaptureStderr();
   code = launch(args.argc, args.pointers.data(), [](World&) { throw 42; });
-  EXPECT_NE(::testing::internal::GetCapturedStderr().find("not a std::exception"),
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            "[ranks 0-7] int: an exception that is not a std::exception\n");
+  EXPECT_EQ(code, 1);
+  ::testing::internal::CaptureStderr();
+  code = launch(args.argc, args.pointers.data(), [](World&) { std::vector<int>().at(3); });
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("[ranks 0-7] std::out_of_range: "),
             std::string::npos);
   EXPECT_EQ(code, 1);
 }

@@ -36,6 +36,18 @@ TEST(Spmdrun, StaleLauncherVariablesAreReplaced) {
   EXPECT_EQ(r.output, "0/1\n");
 }
 
+TEST(Spmdrun, EveryRankGetsTheLaunchsJobId) {
+  // The flight recorder names its dumps by it (Note [Flight recorder]): one id per launch, the
+  // same on every rank; one left behind by an outer launch is replaced.
+  CommandResult r = run_command("SPMD_JOB_ID=stale " + std::string(SPMD_SPMDRUN) +
+                                " -n 2 sh -c 'echo job=$SPMD_JOB_ID'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const size_t first = r.output.find("job=spmdrun-");
+  ASSERT_NE(first, std::string::npos) << r.output;
+  const std::string line = r.output.substr(first, r.output.find('\n', first) - first);
+  EXPECT_EQ(r.output, line + "\n" + line + "\n");
+}
+
 TEST(Spmdrun, TagOutputPrefixesEveryLineOfBothStreamsAndKeepsUnterminatedLines) {
   CommandResult r = spmdrun("-n 2 --tag-output sh -c 'printf \"a\\nb\\n\"; printf c >&2'");
   EXPECT_EQ(r.exit_code, 0);

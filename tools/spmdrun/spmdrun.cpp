@@ -3,7 +3,8 @@
 //   spmdrun -n 8 [--tag-output] [--timeout S] [--] ./train --spmd-backend=nccl
 //
 // Starts N processes of the program (posix_spawnp) with SPMD_RANK, SPMD_WORLD_SIZE,
-// SPMD_LOCAL_RANK and SPMD_LOCAL_WORLD_SIZE set, which launch() reads (runtime/options.h). Each
+// SPMD_LOCAL_RANK and SPMD_LOCAL_WORLD_SIZE set, which launch() reads (runtime/options.h), and
+// SPMD_JOB_ID, this launch's id ("spmdrun-<pid>-<UTC start>", sim/launcher.h). Each
 // rank is the leader of a process group of its own, so what it starts belongs to its rank: the
 // signals spmdrun forwards (SIGINT, SIGTERM, SIGHUP; the ranks start with their default
 // handling) and the ones it sends to stop a rank reach the whole group. With --tag-output each
@@ -33,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -52,7 +54,8 @@ constexpr const char* kUsage =
     "usage: spmdrun -n N [--tag-output] [--timeout S] [--] program [args...]\n"
     "\n"
     "Starts N local processes of `program`, rank r with SPMD_RANK=r, SPMD_WORLD_SIZE=N,\n"
-    "SPMD_LOCAL_RANK=r and SPMD_LOCAL_WORLD_SIZE=N in its environment.\n"
+    "SPMD_LOCAL_RANK=r, SPMD_LOCAL_WORLD_SIZE=N and SPMD_JOB_ID (this launch's id) in its\n"
+    "environment.\n"
     "\n"
     "  -n N            number of processes (ranks), at least 1\n"
     "  --tag-output    prefix every line a rank prints with \"[rank] \"\n"
@@ -156,11 +159,25 @@ std::string nccl_unique_id_hex() {
 #endif
 }
 
+// This launch's id, for every rank's SPMD_JOB_ID (the flight recorder names its dumps by it):
+// "spmdrun-<pid>-<UTC start time>", unique on the host and over time.
+std::string job_id() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &utc);
+  return fmt::format("spmdrun-{}-{}", ::getpid(), stamp);
+}
+
 // The environment of rank `rank`'s process: spmdrun's own, without launcher variables a previous
-// launch left behind, plus this rank's and the launch's NCCL unique id (when there is one).
-std::vector<std::string> child_environment(int rank, int size, const std::string& nccl_id) {
-  static constexpr std::string_view kOwn[] = {"SPMD_RANK=", "SPMD_WORLD_SIZE=", "SPMD_LOCAL_RANK=",
-                                              "SPMD_LOCAL_WORLD_SIZE=", "SPMD_NCCL_UNIQUE_ID="};
+// launch left behind, plus this rank's, the launch's id and its NCCL unique id (when there is
+// one).
+std::vector<std::string> child_environment(int rank, int size, const std::string& job,
+                                           const std::string& nccl_id) {
+  static constexpr std::string_view kOwn[] = {
+      "SPMD_RANK=",           "SPMD_WORLD_SIZE=", "SPMD_LOCAL_RANK=", "SPMD_LOCAL_WORLD_SIZE=",
+      "SPMD_NCCL_UNIQUE_ID=", "SPMD_JOB_ID="};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view entry = *e;
@@ -172,6 +189,7 @@ std::vector<std::string> child_environment(int rank, int size, const std::string
   env.push_back(fmt::format("SPMD_WORLD_SIZE={}", size));
   env.push_back(fmt::format("SPMD_LOCAL_RANK={}", rank));
   env.push_back(fmt::format("SPMD_LOCAL_WORLD_SIZE={}", size));
+  env.push_back(fmt::format("SPMD_JOB_ID={}", job));
   if (!nccl_id.empty()) env.push_back(fmt::format("SPMD_NCCL_UNIQUE_ID={}", nccl_id));
   return env;
 }
@@ -290,6 +308,7 @@ int main(int argc, char** argv) {
   child_argv.push_back(nullptr);
 
   const std::string nccl_id = nccl_unique_id_hex();
+  const std::string job = job_id();
   std::vector<Child> children(static_cast<size_t>(options.n));
   std::vector<Stream> streams;
   int live = 0;
@@ -297,7 +316,7 @@ int main(int argc, char** argv) {
   bool stopping = false;
   std::string failure;
   for (int rank = 0; rank < options.n; ++rank) {
-    std::vector<std::string> env = child_environment(rank, options.n, nccl_id);
+    std::vector<std::string> env = child_environment(rank, options.n, job, nccl_id);
     std::vector<char*> envp;
     for (std::string& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);

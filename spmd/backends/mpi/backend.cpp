@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -71,6 +73,11 @@ struct MpiState {
   std::vector<std::shared_ptr<void>> parked;
 
   std::unique_ptr<Watchdog> watchdog;  // Note [MPI watchdog]
+
+  // Note [Roll call]: the main thread's alone.
+  uint64_t roll_calls = 0;  // roll calls this process started
+  // Queries and answers sent, kept alive: their sends are never waited for.
+  std::deque<std::vector<char>> sent;
 };
 
 MpiState& state() {
@@ -276,6 +283,15 @@ class Activity {
  public:
   enum class Kind { Running, Collective, Split, Finishing };
 
+  // What a roll call's answer says about this process (Note [Roll call]).
+  struct Snapshot {
+    Kind kind = Kind::Running;
+    int comm = -1;          // Collective: the communicator's number
+    uint64_t sequence = 0;  // Collective: the call's number on it; Split: the new one's number
+    double waited_s = 0.0;  // how long the wait has lasted
+    std::string text;       // text()
+  };
+
   // The main thread waits in `call` (from `site`), in `step`.
   void begin(const Call& call, const CallSite& site, const char* step) {
     std::lock_guard lock(mutex_);
@@ -285,11 +301,12 @@ class Activity {
     step_ = step;
     since_ = Clock::now();
   }
-  // The main thread creates the communicator of mesh dim `dim`.
-  void begin_split(const std::string& dim) {
+  // The main thread creates communicator `number`, of mesh dim `dim`.
+  void begin_split(const std::string& dim, size_t number) {
     std::lock_guard lock(mutex_);
     kind_ = Kind::Split;
     split_ = dim;
+    split_number_ = number;
     since_ = Clock::now();
   }
   void step(const char* step) {
@@ -309,12 +326,28 @@ class Activity {
     since_ = Clock::now();
   }
 
-  // Note [MPI watchdog]: the report of a wait older than `timeout_s`, or nullopt.
+  // The watchdog thread's tick (Note [Stopped processes]): a tick that comes more than
+  // kStoppedGap after the last one means the whole process did not run in between.
+  void heartbeat() {
+    std::lock_guard lock(mutex_);
+    const Clock::time_point now = Clock::now();
+    if (last_beat_ != Clock::time_point{} && now - last_beat_ > kStoppedGap) {
+      stopped_s_ = std::chrono::duration<double>(now - last_beat_).count();
+      stopped_until_ = now;
+    }
+    last_beat_ = now;
+  }
+
+  // Note [MPI watchdog]: the report of a wait older than `timeout_s`, or nullopt. The polled
+  // waits (the signature exchange, a communicator's creation) report themselves after a roll call
+  // (Note [Roll call]); the watchdog reports them only if that has not happened kRollCallBackstop
+  // later.
   std::optional<std::string> overdue(double timeout_s) const {
     std::lock_guard lock(mutex_);
     if (kind_ != Kind::Collective && kind_ != Kind::Split) return std::nullopt;
     const double age = seconds_since(since_);
-    if (age <= timeout_s) return std::nullopt;
+    const bool polled = kind_ == Kind::Split || step_ == kSignatureExchange;
+    if (age <= timeout_s + (polled ? kRollCallBackstop : 0.0)) return std::nullopt;
     if (kind_ == Kind::Split) {
       return fmt::format(
           "creating the communicator of mesh dim '{}' has waited {:.1f} s (--spmd-timeout={}): "
@@ -332,9 +365,43 @@ class Activity {
   }
 
   // "waiting 3.2 s in ... at train.cpp:42 (the signature exchange)", "running outside any
-  // collective (the last one ended 1.5 s ago)", ...
+  // collective (the last one ended 1.5 s ago)", ..., followed by Note [Stopped processes]'s
+  // remark when the process did not run for a while.
   std::string text() const {
     std::lock_guard lock(mutex_);
+    return text_locked() + stopped_text_locked();
+  }
+
+  Snapshot snapshot() const {
+    std::lock_guard lock(mutex_);
+    Snapshot out;
+    out.kind = kind_;
+    if (kind_ == Kind::Collective) {
+      out.comm = call_->comm->number();
+      out.sequence = call_->sequence;
+    } else if (kind_ == Kind::Split) {
+      out.sequence = split_number_;
+    }
+    out.waited_s = kind_ == Kind::Running ? 0.0 : seconds_since(since_);
+    out.text = text_locked() + stopped_text_locked();
+    return out;
+  }
+
+  static constexpr const char* kSignatureExchange = "the signature exchange";
+  // Note [Roll call]: how long after the timeout the watchdog still leaves a polled wait to
+  // report itself.
+  static constexpr double kRollCallBackstop = 3.0;
+  static constexpr std::chrono::seconds kStoppedGap{1};
+
+ private:
+  static double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  }
+  std::string site_text() const {
+    return call_site_text(site_->location.file_name(), site_->location.line());
+  }
+
+  std::string text_locked() const {
     switch (kind_) {
       case Kind::Collective:
         return fmt::format("waiting {:.1f} s in {} at {} ({})", seconds_since(since_),
@@ -357,14 +424,22 @@ class Activity {
                        seconds_since(last_end_));
   }
 
-  static constexpr const char* kSignatureExchange = "the signature exchange";
-
- private:
-  static double seconds_since(Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-  }
-  std::string site_text() const {
-    return call_site_text(site_->location.file_name(), site_->location.line());
+  // Note [Stopped processes]: the watchdog's ticks stopped now (the report runs as soon as the
+  // process goes on, maybe before the next tick), or stopped for a while before.
+  std::string stopped_text_locked() const {
+    if (last_beat_ == Clock::time_point{}) return "";
+    const double silent = seconds_since(last_beat_);
+    if (silent > std::chrono::duration<double>(kStoppedGap).count()) {
+      return fmt::format(
+          "; this process did not run for the last {:.1f} s (stopped, e.g. by SIGSTOP, or "
+          "starved of CPU), so the times above count that pause",
+          silent);
+    }
+    if (stopped_until_ == Clock::time_point{}) return "";
+    return fmt::format(
+        "; this process did not run for {:.1f} s until {:.1f} s ago (stopped, e.g. by SIGSTOP, "
+        "or starved of CPU)",
+        stopped_s_, seconds_since(stopped_until_));
   }
 
   mutable std::mutex mutex_;
@@ -372,9 +447,13 @@ class Activity {
   const Call* call_ = nullptr;      // Collective: alive until end() (the main thread's)
   const CallSite* site_ = nullptr;  // Collective
   const char* step_ = "";
-  std::string split_;  // Split: the mesh dim
+  std::string split_;        // Split: the mesh dim
+  size_t split_number_ = 0;  // Split: the communicator's number
   Clock::time_point since_{};
   Clock::time_point last_end_{};
+  Clock::time_point last_beat_{};
+  double stopped_s_ = 0.0;
+  Clock::time_point stopped_until_{};
 };
 
 Activity& activity() {
@@ -387,7 +466,9 @@ struct ActivityScope {
   ActivityScope(const Call& call, const CallSite& site) {
     activity().begin(call, site, Activity::kSignatureExchange);
   }
-  explicit ActivityScope(const std::string& split_dim) { activity().begin_split(split_dim); }
+  ActivityScope(const std::string& split_dim, size_t number) {
+    activity().begin_split(split_dim, number);
+  }
   ~ActivityScope() { activity().end(); }
   ActivityScope(const ActivityScope&) = delete;
   ActivityScope& operator=(const ActivityScope&) = delete;
@@ -424,6 +505,7 @@ struct Watchdog {
   void run() {
     std::unique_lock lock(mutex);
     while (!wake.wait_for(lock, kWatchdogInterval, [this] { return stop; })) {
+      activity().heartbeat();
       if (std::optional<std::string> message = activity().overdue(timeout_s)) {
         lock.unlock();
         report_timeout(*message);
@@ -493,10 +575,13 @@ std::optional<ExitNotice> decode_notice(const std::vector<char>& bytes) {
   return n;
 }
 
-// Receives every notice that has arrived.
+void answer_roll_calls();
+
+// Receives every notice that has arrived, and answers every roll call (Note [Roll call]).
 void read_notices() {
   MpiState& s = state();
   if (s.notices == MPI_COMM_NULL) return;
+  answer_roll_calls();
   for (;;) {
     int flag = 0;
     MPI_Status status;
@@ -513,6 +598,218 @@ void read_notices() {
     }
   }
 }
+
+// ---- the roll call (Note [Roll call]) -------------------------------------------------------
+
+constexpr int kRollQueryTag = 7302;
+constexpr int kRollAnswerTag = 7303;
+constexpr uint32_t kRollMagic = 0x524f'4c4c;  // "ROLL"
+// How long a roll call waits for answers: a process that polls answers within milliseconds.
+constexpr std::chrono::milliseconds kRollCallGrace{1000};
+
+struct RollQuery {
+  uint32_t magic;
+  uint32_t unused;
+  uint64_t id;
+};
+
+struct RollAnswerHeader {
+  uint32_t magic;
+  int32_t kind;  // Activity::Kind
+  int32_t comm;
+  uint32_t text_bytes;
+  uint64_t id;
+  uint64_t sequence;
+  double waited_s;
+};
+
+struct RollAnswer {
+  Activity::Snapshot state;
+  uint64_t id = 0;
+};
+
+// Sends `bytes` to `rank` on the notices communicator without waiting (small enough to go
+// eagerly); the buffer stays alive in MpiState::sent.
+void send_small(std::vector<char> bytes, int rank, int tag) {
+  MpiState& s = state();
+  s.sent.push_back(std::move(bytes));
+  const std::vector<char>& buffer = s.sent.back();
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (MPI_Isend(buffer.data(), static_cast<int>(buffer.size()), MPI_BYTE, rank, tag, s.notices,
+                &request) == MPI_SUCCESS) {
+    MPI_Request_free(&request);
+  }
+}
+
+// The next message with `tag` that has arrived, and its sender.
+std::optional<std::pair<int, std::vector<char>>> receive_small(int tag) {
+  const MpiState& s = state();
+  int flag = 0;
+  MPI_Status status;
+  check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, tag, s.notices, &flag, &status), "MPI_Iprobe");
+  if (!flag) return std::nullopt;
+  int bytes = 0;
+  check_mpi(MPI_Get_count(&status, MPI_BYTE, &bytes), "MPI_Get_count");
+  std::vector<char> buffer(static_cast<size_t>(std::max(bytes, 0)));
+  check_mpi(MPI_Recv(buffer.data(), bytes, MPI_BYTE, status.MPI_SOURCE, tag, s.notices,
+                     MPI_STATUS_IGNORE),
+            "MPI_Recv");
+  return std::make_pair(status.MPI_SOURCE, std::move(buffer));
+}
+
+// Answers every roll call that has arrived with this process's activity.
+void answer_roll_calls() {
+  while (auto query = receive_small(kRollQueryTag)) {
+    RollQuery q{};
+    if (query->second.size() != sizeof q) continue;
+    std::memcpy(&q, query->second.data(), sizeof q);
+    if (q.magic != kRollMagic) continue;
+    const Activity::Snapshot now = activity().snapshot();
+    const std::string text = now.text.substr(0, kNoticeText);
+    const RollAnswerHeader header{kRollMagic,  static_cast<int32_t>(now.kind),
+                                  now.comm,    static_cast<uint32_t>(text.size()),
+                                  q.id,        now.sequence,
+                                  now.waited_s};
+    std::vector<char> bytes(sizeof header + text.size());
+    std::memcpy(bytes.data(), &header, sizeof header);
+    std::memcpy(bytes.data() + sizeof header, text.data(), text.size());
+    send_small(std::move(bytes), query->first, kRollAnswerTag);
+  }
+}
+
+std::optional<RollAnswer> decode_answer(const std::vector<char>& bytes) {
+  RollAnswerHeader header{};
+  if (bytes.size() < sizeof header) return std::nullopt;
+  std::memcpy(&header, bytes.data(), sizeof header);
+  if (header.magic != kRollMagic || bytes.size() != sizeof header + header.text_bytes) {
+    return std::nullopt;
+  }
+  RollAnswer out;
+  out.id = header.id;
+  out.state.kind = static_cast<Activity::Kind>(header.kind);
+  out.state.comm = header.comm;
+  out.state.sequence = header.sequence;
+  out.state.waited_s = header.waited_s;
+  out.state.text.assign(bytes.data() + sizeof header, header.text_bytes);
+  return out;
+}
+
+// "3", "0-2", "0-2,5": ranks ascending.
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += fmt::format("{}{}", out.empty() ? "" : ",", ranks[i]);
+    if (j > i) out += fmt::format("-{}", ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+// Note [Roll call]
+// A wait that only polls (the signature exchange, the barrier before a communicator split) can
+// say who has not arrived when it times out: this process asks every rank it waits for where it
+// is (a small message on the notices communicator, Note [Exit notices]), and every process that is
+// itself in a polled wait answers within milliseconds with its activity: the same call (it has
+// arrived, and has waited so long), another one (which, where), or finishing. A rank that does not
+// answer within kRollCallGrace has not arrived: it is stopped (SIGSTOP), busy outside any
+// collective, or blocked in an MPI call that is not polled (the data exchange of another
+// collective). The TimeoutError then names the ranks that did not arrive, where the others are
+// and how long each has waited, instead of "a member has not made this call"; it is printed
+// about kRollCallGrace after the timeout (the watchdog reports a polled wait itself only
+// Activity::kRollCallBackstop after it, should the roll call never end).
+class RollCall {
+ public:
+  // What the wait is: `members` the world ranks it needs (this process's excluded), `here` says
+  // whether an answer shows the rank in this same wait; the report reads "{what} has waited 2.0 s
+  // (--spmd-timeout=2){step}: rank 3 has not {absent}: ...".
+  RollCall(std::vector<int> members, std::function<bool(const Activity::Snapshot&)> here,
+           std::function<std::string()> what, std::string step, std::string absent)
+      : members_(std::move(members)),
+        here_(std::move(here)),
+        what_(std::move(what)),
+        step_(std::move(step)),
+        absent_(std::move(absent)) {}
+
+  // Polls the roll call for a wait that began at `start`: starts it once the wait is older than
+  // the timeout, collects the answers, and reports (never returning) when all are in or the
+  // grace has passed.
+  void poll(Clock::time_point start, Clock::time_point now) {
+    MpiState& s = state();
+    const double timeout_s = s.watchdog ? s.watchdog->timeout_s : kDefaultTimeoutSeconds;
+    if (!started_) {
+      if (std::chrono::duration<double>(now - start).count() <= timeout_s) return;
+      started_ = true;
+      asked_at_ = now;
+      asked_waited_s_ = std::chrono::duration<double>(now - start).count();
+      id_ = ++s.roll_calls;
+      const RollQuery query{kRollMagic, 0, id_};
+      for (int rank : members_) {
+        std::vector<char> bytes(sizeof query);
+        std::memcpy(bytes.data(), &query, sizeof query);
+        send_small(std::move(bytes), rank, kRollQueryTag);
+      }
+    }
+    while (auto message = receive_small(kRollAnswerTag)) {
+      std::optional<RollAnswer> answer = decode_answer(message->second);
+      if (!answer || answer->id != id_) continue;  // a late answer to an earlier roll call
+      answers_[message->first] = std::move(answer->state);
+    }
+    if (answers_.size() < members_.size() && now - asked_at_ < kRollCallGrace) return;
+    report_timeout(report(std::chrono::duration<double>(now - start).count(), timeout_s));
+  }
+
+ private:
+  std::string report(double waited_s, double timeout_s) const {
+    const MpiState& s = state();
+    std::vector<int> missing;
+    std::vector<std::string> elsewhere;
+    std::vector<std::string> here = {
+        fmt::format("rank {} (this one) for {:.1f} s", s.rank, asked_waited_s_)};
+    for (int rank : members_) {
+      const auto it = answers_.find(rank);
+      if (it == answers_.end()) {
+        missing.push_back(rank);
+      } else if (here_(it->second)) {
+        here.push_back(fmt::format("rank {} for {:.1f} s", rank, it->second.waited_s));
+      } else {
+        elsewhere.push_back(
+            fmt::format("rank {} has not {}: it is {}", rank, absent_, it->second.text));
+      }
+    }
+    std::string out = fmt::format("{} has waited {:.1f} s (--spmd-timeout={}){}: ", what_(),
+                                  waited_s, timeout_s, step_);
+    if (!missing.empty()) {
+      const bool one = missing.size() == 1;
+      out += fmt::format(
+          "rank{} {} {} not {}: {} did not answer a roll call within {:.1f} s ({} stopped, e.g. by "
+          "SIGSTOP, busy outside any collective, or blocked in another collective's data "
+          "exchange; {} own report, if any, says where)",
+          one ? "" : "s", rank_list(missing), one ? "has" : "have", absent_, one ? "it" : "they",
+          std::chrono::duration<double>(kRollCallGrace).count(), one ? "it is" : "each is",
+          one ? "its" : "each one's");
+    } else if (elsewhere.empty()) {
+      out += "every rank it waits for answered from this wait, yet MPI has not completed it";
+    }
+    for (const std::string& e : elsewhere) {
+      out += fmt::format("{}{}", missing.empty() && &e == &elsewhere.front() ? "" : "; ", e);
+    }
+    out += fmt::format("; waiting in it when the roll call began: {}", fmt::join(here, ", "));
+    return out;
+  }
+
+  std::vector<int> members_;
+  std::function<bool(const Activity::Snapshot&)> here_;
+  std::function<std::string()> what_;
+  std::string step_;
+  std::string absent_;
+  bool started_ = false;
+  uint64_t id_ = 0;
+  Clock::time_point asked_at_{};
+  double asked_waited_s_ = 0.0;
+  std::map<int, Activity::Snapshot> answers_;
+};
 
 std::string last_collective_clause(const ExitNotice& n) {
   return n.last.empty() ? "it made no collective call"
@@ -558,10 +855,11 @@ std::optional<std::string> exited_before_split(size_t number, const std::string&
 
 // Waits for `request` without blocking in MPI (Note [Exit notices]): polls it, and reads exit
 // notices while it is pending; when `doomed()` says a rank it needs is gone, the request and
-// `buffers` are parked for good and the wait ends with DeadlockError.
+// `buffers` are parked for good and the wait ends with DeadlockError. Past the timeout, `roll`
+// finds out who has not arrived and reports (Note [Roll call]).
 template <class Doomed>
 void wait_polled(MPI_Request& request, const char* call, const std::shared_ptr<void>& buffers,
-                 Doomed&& doomed) {
+                 Doomed&& doomed, RollCall& roll) {
   int done = 0;
   check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), call);
   if (done) return;
@@ -579,6 +877,7 @@ void wait_polled(MPI_Request& request, const char* call, const std::shared_ptr<v
         s.failed = *why;
         throw DeadlockError(*why);
       }
+      roll.poll(start, now);
       next_look = now + std::chrono::milliseconds(1);
     }
     // A peer that is not there yet: look less often, leaving the core to the ranks that work.
@@ -630,7 +929,23 @@ void exchange_signatures(const Call& call, const CollectiveOptions& options, con
   check_mpi(MPI_Iallgather(&buffers->mine, sizeof buffers->mine, MPI_BYTE, buffers->all.data(),
                            sizeof buffers->mine, MPI_BYTE, call.comm_handle(), &request),
             "MPI_Iallgather", call.context());
-  wait_polled(request, "MPI_Iallgather", buffers, [&] { return exited_member(call, site); });
+  std::vector<int> others;
+  for (int member : call.comm->members()) {
+    if (member != call.rank) others.push_back(member);
+  }
+  RollCall roll(
+      std::move(others),
+      [&](const Activity::Snapshot& a) {
+        return a.kind == Activity::Kind::Collective && a.comm == call.comm->number() &&
+               a.sequence == call.sequence;
+      },
+      [&] {
+        return fmt::format("{} at {}", call.describe(),
+                           call_site_text(site.location.file_name(), site.location.line()));
+      },
+      fmt::format(" in {}", Activity::kSignatureExchange), "made this call");
+  wait_polled(
+      request, "MPI_Iallgather", buffers, [&] { return exited_member(call, site); }, roll);
   check_fingerprints(call.what, buffers->all, call.comm->members(), fingerprint, internal);
 }
 
@@ -905,11 +1220,28 @@ std::shared_ptr<Communicator> MpiBackend::make_communicator(const GroupFamily& f
   {
     // Every process first meets in a polled barrier, so a process whose program has returned
     // is reported instead of leaving the others in MPI_Comm_split (Note [Exit notices]).
-    ActivityScope scope(family.dim_name());
+    ActivityScope scope(family.dim_name(), number);
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Ibarrier(world_, &request), "MPI_Ibarrier", [&] { return what; });
-    wait_polled(request, "MPI_Ibarrier", nullptr,
-                [&] { return exited_before_split(number, family.dim_name()); });
+    std::vector<int> others;
+    for (int rank = 0; rank < size_; ++rank) {
+      if (rank != rank_) others.push_back(rank);
+    }
+    RollCall roll(
+        std::move(others),
+        [&](const Activity::Snapshot& a) {
+          return a.kind == Activity::Kind::Split && a.sequence == number;
+        },
+        [&] {
+          return fmt::format(
+              "creating the communicator of mesh dim '{}' (MPI_Comm_split, which takes every "
+              "process)",
+              family.dim_name());
+        },
+        "", "reached it");
+    wait_polled(
+        request, "MPI_Ibarrier", nullptr,
+        [&] { return exited_before_split(number, family.dim_name()); }, roll);
     check_mpi(MPI_Comm_split(world_, color, key, &comm), "MPI_Comm_split", [&] {
       return fmt::format("communicator of mesh dim '{}', color {} key {}", family.dim_name(), color,
                          key);

@@ -28,19 +28,32 @@
 // this process on its peers is published as its activity (which collective, called from which
 // file:line, in which step, since when; or the creation of a communicator; or MPI_Finalize), and
 // a watchdog thread looks at it every 100 ms. When a collective or a communicator creation has
-// waited longer than --spmd-timeout (SPMD_TIMEOUT, default 300 s), the thread prints
+// waited longer than --spmd-timeout (SPMD_TIMEOUT, default 300 s), the process prints
 //     [rank 0] TimeoutError: all_reduce over mesh dim 'dp' (group ranks [0, 1, 2, 3]) at
-//     train.cpp:42 has waited 300 s (--spmd-timeout=300) in the signature exchange: ...
-// dumps the flight recorder (its file, and the last collectives with the pending one marked:
-// Note [Flight recorder] in collectives/trace.h) and ends the job with MPI_Abort(1). mpirun then
-// sends SIGTERM to the other processes, and each prints where it is and its own flight recorder
-// (Note [Signal reports] in runtime/signal_report.h), so the output shows every rank: the ones
-// waiting in the collective and the one that is elsewhere. A process that has printed its
+//     train.cpp:42 has waited 301.0 s (--spmd-timeout=300) in the signature exchange: rank 3 has
+//     not made this call: it did not answer a roll call within 1.0 s (...); waiting in it when
+//     the roll call began: rank 0 (this one) for 300.0 s, rank 1 for 300.0 s, rank 2 for 300.0 s
+// (the polled waits, the signature exchange and a communicator's creation, first ask the ranks
+// they wait for where they are: Note [Roll call] in backend.cpp; the data exchange that follows
+// is reported by the watchdog thread: "every member made the call, but the data has not
+// arrived"), dumps the flight recorder (its file, and the last collectives with the pending one
+// marked: Note [Flight recorder] in collectives/trace.h) and ends the job with MPI_Abort(1). mpirun
+// then sends SIGTERM to the other processes, and each prints where it is and its own flight
+// recorder (Note [Signal reports] in runtime/signal_report.h), so the output shows every rank: the
+// ones waiting in the collective and the one that is elsewhere. A process that has printed its
 // TimeoutError ignores SIGINT and SIGTERM from then on, so it does not report twice. The thread
 // calls MPI_Abort while the main thread may be inside MPI (under MPI_THREAD_FUNNELED): OpenMPI's
 // abort goes to the runtime (PMIx), not to the communication layer the main thread uses, and ends
 // the process. MPI_Finalize is not watched: a rank that has returned may wait there as long as its
 // peers still compute.
+//
+// Note [Stopped processes]
+// A process stopped (SIGSTOP, a debugger, the machine starved) does not run at all, its watchdog
+// thread included, and when mpirun ends the job it continues it (SIGCONT) before the SIGTERM: its
+// report would then describe what it does in the instant after it went on ("waiting 0.0 s in
+// barrier"). The watchdog thread ticks every 100 ms; a tick more than 1 s after the previous one
+// means the process did not run in between, and reports say so: "...; this process did not run
+// for 12.3 s until 0.0 s ago (stopped, e.g. by SIGSTOP, or starved of CPU)".
 //
 // Note [Exit notices]
 // A rank that returns from the program while its peers wait in a collective would leave them
