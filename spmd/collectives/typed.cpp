@@ -162,6 +162,12 @@ TypesPtr collective_types(const TypesPtr& in, const CollectiveOptions& options,
                           const DeviceMesh& mesh, int d, const SourceLocation& loc) {
   if (in == nullptr) return nullptr;
   const UserCallSite site(loc);
+  if (in->world != 0 && in->world != mesh.world().state().id) {
+    throw_error<TypeError>(
+        "{}: the LocalTensor comes from world #{}, the mesh {} from {}: a collective runs on the "
+        "values of its own world",
+        kind_of(options), in->world, mesh.to_string(), mesh.world().to_string());
+  }
   const AxisType& along = in->of(mesh.dim_name(d));
   AxisType named = along;
   named.axis = mesh.dim_name(d);
@@ -233,6 +239,7 @@ LocalTensor convert(const LocalTensor& t, const std::map<std::string, SpmdType>&
   LocalTensor data = t.detach();
   auto steps = std::make_shared<std::vector<Conversion>>();
   for (const auto& [axis, want] : types) {
+    check_axis_name(out, axis, "convert");
     const AxisType& got = out.of(axis);
     if (got.type == want) continue;
     const bool same = got.type == SpmdType::R || got.type == SpmdType::I;

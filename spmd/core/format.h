@@ -6,7 +6,24 @@
 // fill_t, fmtlib/fmt#3334.) Use it at global scope, after the type's declaration.
 #pragma once
 
+#include <cstddef>
+#include <string>
+#include <vector>
+
 #include <fmt/format.h>
+
+namespace spmd {
+
+// "'dp', 'tp'": each name in single quotes, comma-separated (messages listing names).
+inline std::string quoted_list(const std::vector<std::string>& names) {
+  std::string out;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    out += fmt::format("{}'{}'", k ? ", " : "", names[k]);
+  }
+  return out;
+}
+
+}  // namespace spmd
 
 namespace spmd::detail {
 

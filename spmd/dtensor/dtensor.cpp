@@ -270,6 +270,13 @@ void check_from_local_types(const LocalTensor& local, const DeviceMesh& mesh,
                             const SourceLocation& loc) {
   if (!types_active()) return;
   const UserCallSite site(loc);
+  const uint64_t from = local.spmd_types()->world;
+  if (from != 0 && from != mesh.world().state().id) {
+    throw_error<TypeError>(
+        "DTensor::from_local: the LocalTensor comes from world #{}, the mesh {} from {}: a DTensor "
+        "holds the pieces of its own world",
+        from, mesh.to_string(), mesh.world().to_string());
+  }
   const bool grads = grad_enabled() && local.requires_grad();
   for (int i = 0; i < mesh.ndim(); ++i) {
     const std::string axis = mesh.dim_name(i);
@@ -347,6 +354,8 @@ TypesPtr to_local_types(const DTensorSpec& spec, const Placements* grad_placemen
   auto types = std::make_shared<SpmdTypes>();
   types->rest = AxisType{"", SpmdType::R, "to_local", loc, nullptr, nullptr};
   const DeviceMesh& mesh = spec.mesh();
+  types->world = mesh.world().state().id;
+  types->axis_names = mesh.world().axis_names();
   for (int i = 0; i < mesh.ndim(); ++i) {
     const Placement& p = spec.placements()[static_cast<size_t>(i)];
     SpmdType t = std::holds_alternative<Shard>(p)     ? SpmdType::V

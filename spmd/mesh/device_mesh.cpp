@@ -30,12 +30,6 @@ std::string join(const std::vector<std::string>& names, std::string_view sep) {
   return out;
 }
 
-std::string quoted_list(const std::vector<std::string>& names) {
-  std::string out;
-  for (size_t k = 0; k < names.size(); ++k) out += fmt::format("{}'{}'", k ? ", " : "", names[k]);
-  return out;
-}
-
 std::string shape_text(const std::vector<int64_t>& shape) {
   if (shape.size() == 1) return fmt::format("({},)", shape[0]);
   return fmt::format("({})", fmt::join(shape, ", "));
@@ -111,6 +105,22 @@ std::string MeshDim::to_string() const {
 
 // ---- MeshUniverse -----------------------------------------------------------------------------
 
+namespace {
+
+// Records a new mesh's dim names (dim_name's "dim 0", ... when unnamed) as axes of its world.
+void note_axis_names(const World& world, const std::vector<std::string>& names, size_t ndim) {
+  if (!world.defined() || world.axis_names() == nullptr) return;
+  if (!names.empty()) {
+    world.axis_names()->add(names);
+    return;
+  }
+  std::vector<std::string> unnamed;
+  for (size_t i = 0; i < ndim; ++i) unnamed.push_back(fmt::format("dim {}", i));
+  world.axis_names()->add(unnamed);
+}
+
+}  // namespace
+
 MeshUniverse::MeshUniverse(World world, std::string device_type,
                            std::shared_ptr<const RankMap> rank_map, std::vector<int64_t> root_shape,
                            std::vector<std::string> root_names)
@@ -120,6 +130,7 @@ MeshUniverse::MeshUniverse(World world, std::string device_type,
       root_names_(std::move(root_names)) {
   Layout root = Layout::row_major(root_shape);
   for (int i = 0; i < root.num_modes(); ++i) root_dims_.push_back(root.mode(i));
+  note_axis_names(world_, root_names_, root_dims_.size());
 }
 
 std::optional<Layout> MeshUniverse::flattened(const std::string& name) const {
@@ -179,6 +190,9 @@ DeviceMesh DeviceMesh::make(std::shared_ptr<MeshUniverse> universe, std::vector<
                            op, source(), layout, n);
   }
   DeviceMesh mesh;
+  // A slice keeps names its world knows; unflatten, concatenate and saved meshes may bring new
+  // ones.
+  if (op != "slice") note_axis_names(universe->world(), names, dims.size());
   mesh.universe_ = std::move(universe);
   mesh.dims_ = std::move(dims);
   mesh.names_ = std::move(names);
@@ -511,6 +525,7 @@ DeviceMesh DeviceMesh::flatten(const std::string& name) const {
         "{}",
         to_string(), flat_name, registered, flat);
   }
+  note_axis_names(u.world(), {flat_name}, 1);
   DeviceMesh mesh;
   mesh.universe_ = universe_;
   mesh.dims_ = {std::move(flat)};

@@ -183,7 +183,9 @@ const std::vector<Tensor>& LocalTensor::shards() const {
 
 LocalTensor LocalTensor::replicate(const World& world, const Tensor& t, SourceLocation loc) {
   LocalTensor out = replicate_on_devices(world, t);
-  if (types_active()) out.types_ = uniform_types(SpmdType::R, "replicate", user_site_or(loc));
+  if (types_active()) {
+    out.types_ = uniform_types(SpmdType::R, "replicate", user_site_or(loc), world);
+  }
   return out;
 }
 
@@ -214,7 +216,9 @@ LocalTensor LocalTensor::replicate(const std::vector<int>& ranks, const Tensor& 
 LocalTensor LocalTensor::from_fn(const World& world, const std::function<Tensor(int)>& fn,
                                  SourceLocation loc) {
   LocalTensor out = from_fn_on_devices(world, fn);
-  if (types_active()) out.types_ = uniform_types(SpmdType::V, "from_fn", user_site_or(loc));
+  if (types_active()) {
+    out.types_ = uniform_types(SpmdType::V, "from_fn", user_site_or(loc), world);
+  }
   return out;
 }
 

@@ -95,11 +95,47 @@ bool types_data_check() {
   return g_data.load(std::memory_order_relaxed) > 0;
 }
 
-TypesPtr uniform_types(SpmdType type, std::string_view via, const SourceLocation& loc) {
+TypesPtr uniform_types(SpmdType type, std::string_view via, const SourceLocation& loc,
+                       const World& world) {
   if (!types_active()) return nullptr;
   auto out = std::make_shared<SpmdTypes>();
   out->rest = AxisType{"", type, via, loc, nullptr, nullptr};
+  out->world = world.state().id;
+  out->axis_names = world.axis_names();
   return out;
+}
+
+void check_axis_name(const SpmdTypes& types, std::string_view axis, std::string_view op) {
+  if (axis.empty()) {
+    throw_error<TypeError>("{}: an axis name is empty; axes are the mesh dim names ({})", op,
+                           types.axis_names ? quoted_list(types.axis_names->names()) : "none yet");
+  }
+  if (types.axis_names == nullptr || types.axis_names->contains(axis)) return;
+  const std::vector<std::string> known = types.axis_names->names();
+  // The closest known name, for a typo: the fewest single-character edits.
+  std::string_view nearest;
+  size_t best = SIZE_MAX;
+  for (const std::string& k : known) {
+    std::vector<size_t> row(k.size() + 1);
+    for (size_t j = 0; j <= k.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= axis.size(); ++i) {
+      size_t diagonal = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= k.size(); ++j) {
+        const size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (axis[i - 1] != k[j - 1])});
+        diagonal = up;
+      }
+    }
+    if (row[k.size()] < best) {
+      best = row[k.size()];
+      nearest = k;
+    }
+  }
+  throw_error<TypeError>(
+      "{}: '{}' is no mesh axis of this LocalTensor's world (world #{} has meshes with dims {}){}",
+      op, axis, types.world, known.empty() ? std::string("none yet") : quoted_list(known),
+      best <= 2 ? fmt::format("; did you mean '{}'?", nearest) : std::string());
 }
 
 const TypesPtr& constant_types() {
@@ -307,6 +343,20 @@ TypesPtr spmd_type_rule(const OpDef& op, std::span<const TypesPtr> inputs,
   if (only == nullptr) return nullptr;
   if (one && !has_partial(**only)) return *only;
   const UserCallSite site(loc);
+  // Values of two Worlds (two simulations in one process) never meet.
+  const SpmdTypes* from = nullptr;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const SpmdTypes* t = inputs[k].get();
+    if (t == nullptr || t->world == 0) continue;
+    if (from == nullptr) {
+      from = t;
+    } else if (t->world != from->world) {
+      throw_error<TypeError>(
+          "{}: its LocalTensor inputs come from different Worlds (world #{} and world #{}): "
+          "values of one simulation cannot meet another's",
+          op.name, from->world, t->world);
+    }
+  }
   std::vector<std::string_view> axes;
   for (const TypesPtr& t : inputs) {
     if (t == nullptr) continue;
@@ -336,6 +386,10 @@ TypesPtr spmd_type_rule(const OpDef& op, std::span<const TypesPtr> inputs,
     return t;
   };
   auto out = std::make_shared<SpmdTypes>();
+  if (from != nullptr) {
+    out->world = from->world;
+    out->axis_names = from->axis_names;
+  }
   for (std::string_view axis : axes) {
     AxisType t = along(axis);
     t.axis = std::string(axis);
@@ -413,6 +467,7 @@ const LocalTensor& assert_type(const LocalTensor& t, const std::map<std::string,
         "expected {}",
         expected);
   }
+  for (const auto& [axis, want] : types) check_axis_name(*t.spmd_types(), axis, "assert_type");
   std::string wrong;
   for (const auto& [axis, want] : types) {
     const AxisType& got = t.spmd_types()->of(axis);
@@ -456,6 +511,7 @@ LocalTensor reinterpret(const LocalTensor& t, const std::map<std::string, SpmdTy
   if (!types_active() || t.spmd_types() == nullptr) return t;
   SpmdTypes out = *t.spmd_types();
   for (const auto& [axis, want] : types) {
+    check_axis_name(out, axis, "reinterpret");
     const AxisType& got = out.of(axis);
     if (!may_reinterpret(got.type, want)) {
       throw_error<TypeError>(

@@ -74,6 +74,10 @@ struct AxisType {
 struct SpmdTypes {
   AxisType rest;
   std::vector<AxisType> axes;
+  // The World the LocalTensor belongs to (World's id; 0 when not known: a plain Tensor operand) and
+  // the mesh dim names built on it so far: the axes a type may name.
+  uint64_t world = 0;
+  std::shared_ptr<const AxisNames> axis_names;
 
   const AxisType& of(std::string_view axis) const;
   // A copy with `t` for its axis (rest when t.axis is empty).
@@ -112,8 +116,14 @@ class TypesScope {
 
 // ---- inference and checks (the layers above call these) ---------------------------------------
 
-// Types with `type` on every axis, from `via` at `loc`; null when types are not active.
-TypesPtr uniform_types(SpmdType type, std::string_view via, const SourceLocation& loc);
+// Types with `type` on every axis of `world`'s LocalTensors, from `via` at `loc`; null when types
+// are not active.
+TypesPtr uniform_types(SpmdType type, std::string_view via, const SourceLocation& loc,
+                       const World& world);
+
+// TypeError at the user's line when `axis` names no mesh dim of `types`' world (a typo reads as the
+// type of every other axis), or is empty; `op` names the caller.
+void check_axis_name(const SpmdTypes& types, std::string_view axis, std::string_view op);
 
 // The output types of table op `op` on inputs of these types (null entries: untyped or plain
 // Tensor operands, which constrain nothing); null when no input is typed. TypeError at the user's

@@ -33,9 +33,28 @@ void add_new_world_listener(void (*listener)()) {
   }
 }
 
+void AxisNames::add(const std::vector<std::string>& names) {
+  const std::lock_guard lock(mutex_);
+  for (const std::string& name : names) {
+    auto it = std::lower_bound(names_.begin(), names_.end(), name);
+    if (it == names_.end() || *it != name) names_.insert(it, name);
+  }
+}
+
+bool AxisNames::contains(std::string_view name) const {
+  const std::lock_guard lock(mutex_);
+  return std::binary_search(names_.begin(), names_.end(), name);
+}
+
+std::vector<std::string> AxisNames::names() const {
+  const std::lock_guard lock(mutex_);
+  return names_;
+}
+
 World::World(std::shared_ptr<WorldState> state) : state_(std::move(state)) {
   static std::atomic<uint64_t> next_id{1};
   if (state_ && state_->id == 0) state_->id = next_id.fetch_add(1, std::memory_order_relaxed);
+  if (state_ && state_->axis_names == nullptr) state_->axis_names = std::make_shared<AxisNames>();
   std::vector<void (*)()> listeners;
   {
     NewWorldListeners& l = new_world_listeners();
@@ -54,6 +73,10 @@ World World::sim(int world_size) {
   request.world_size = world_size;
   request.world_size_source = source;
   return backend_driver("sim", source).start(request).front();
+}
+
+const std::shared_ptr<AxisNames>& World::axis_names() const {
+  return checked("axis_names").axis_names;
 }
 
 std::string World::to_string() const {

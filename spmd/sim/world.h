@@ -47,6 +47,19 @@ struct DebugOptions {
   std::string to_string() const;
 };
 
+// The names of the mesh dims built on one world (DeviceMesh registers them): the axes its
+// LocalTensors' SPMD types may name (sim/spmd_types.h). Thread-safe.
+class AxisNames {
+ public:
+  void add(const std::vector<std::string>& names);
+  bool contains(std::string_view name) const;
+  std::vector<std::string> names() const;  // sorted
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::string> names_;  // sorted, unique
+};
+
 // The state World handles share. Filled in by the backend's driver when a world is created.
 struct WorldState {
   // This world's number in the process (1, 2, ...), given by World(state) when 0: reports tell
@@ -68,6 +81,8 @@ struct WorldState {
   // Keeps debug/'s observers of ops and collectives installed while a world with checks lives.
   std::shared_ptr<const void> debug_hooks;
   std::string trace_path;  // where launch() writes the Chrome trace at exit; empty for none
+  // Made by World(state) when null; a copy of the state (launch()'s) shares it.
+  std::shared_ptr<AxisNames> axis_names;
 };
 
 // Note [Caches and worlds]
@@ -137,6 +152,9 @@ class World {
   // set_debug (debug/checks.h) instead: it checks the options and installs the observers.
   void store_debug(const DebugOptions& debug, std::shared_ptr<const void> hooks);
   const WorldState& state() const;
+
+  // The mesh dim names of the meshes built on this world so far (DeviceMesh records them).
+  const std::shared_ptr<AxisNames>& axis_names() const;
 
   // "world #2 (sim, 4 ranks)", "world #1 (mpi, 8 ranks, holding rank 3)": the world in reports,
   // e.g. of values from two worlds that cannot be combined. "world (undefined)" for an undefined

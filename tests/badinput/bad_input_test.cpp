@@ -725,6 +725,51 @@ std::vector<ApiCase> sim_cases() {
        },
        "DivergenceError",
        {"PerRank"}},
+      // SPMD types name mesh axes of the LocalTensor's world; values of two Worlds never meet.
+      {"AssertTypeUnknownAxis",
+       [] {
+         (void)mesh22();
+         assert_type(LocalTensor::from_fn(w4(), [](int) { return ones({2}); }),
+                     {{"pp", SpmdType::V}});
+       },
+       "TypeError",
+       {"assert_type", "'pp' is no mesh axis", "'dp', 'tp'"}},
+      {"AssertTypeMisspeltAxis",
+       [] {
+         (void)mesh22();
+         assert_type(lt4(), {{"tq", SpmdType::R}});
+       },
+       "TypeError",
+       {"assert_type", "'tq'", "did you mean 'tp'?"}},
+      {"ReinterpretUnknownAxis",
+       [] {
+         (void)mesh22();
+         (void)reinterpret(LocalTensor::from_fn(w4(), [](int) { return ones({2}); }),
+                           {{"ep", SpmdType::P}});
+       },
+       "TypeError",
+       {"reinterpret", "'ep' is no mesh axis"}},
+      {"ConvertEmptyAxis",
+       [] {
+         (void)convert(lt4(), {{"", SpmdType::I}});
+       },
+       "TypeError",
+       {"convert", "an axis name is empty"}},
+      {"LocalTensorsOfTwoWorlds",
+       [] {
+         const World other = World::sim(4);
+         (void)(lt4() + LocalTensor::replicate(other, ones({4, 4})));
+       },
+       "TypeError",
+       {"add", "different Worlds", "world #"}},
+      {"CollectiveOnAnotherWorldsMesh",
+       [] {
+         const World other = World::sim(4);
+         const DeviceMesh there = init_device_mesh(other, {4}, {"x"});
+         (void)all_gather(LocalTensor::from_fn(w4(), [](int) { return ones({2}); }), there, "x");
+       },
+       "TypeError",
+       {"all_gather", "comes from world #", "a collective runs on the values of its own world"}},
   };
 }
 
