@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <type_traits>
 
 #include <spmd/collectives/trace.h>
 #include <spmd/dtensor/ops.h>
@@ -218,7 +220,11 @@ SPMD_TEST(Optimizers, AdamWMatchesTheClosedFormAndTensors) {
   }
   DTensor d = distribute_tensor(randn({6, 8}, 1, DType::F64), mesh, {Shard{0}, Shard{1}});
   d.requires_grad_();
-  AdamW dopt(std::vector<DTensor*>{&d});
+  // A braced list of parameters deduces the optimizer's parameter type.
+  AdamW dopt({&d}, {.lr = 1e-3});
+  SGD sgd({&d, &d}, {.lr = 0.1});
+  static_assert(std::is_same_v<decltype(dopt), AdamW<DTensor>>);
+  static_assert(std::is_same_v<decltype(sgd), SGD<DTensor>>);
   backward(sum(d * d));
   dopt.step();
   EXPECT_EQ(dopt.exp_avg(0).placements(), d.placements());
@@ -262,6 +268,17 @@ SPMD_TEST(ClipGradNorm, TheNormOfAllGradientsTogetherOnOneMeshAndSeveral) {
   backward(sum(tb * tb));
   EXPECT_NEAR(clip_grad_norm({&ta, &tb}, 1.0), total, 1e-10);
   EXPECT_TRUE(allclose(ta.grad(), a * (2.0 / (total + 1e-6)), 1e-10, 1e-12));
+}
+
+// Non-finite gradients (a loss scaler's overflow) give a NaN total on every rank: the caller skips
+// the step. NaN on every rank is one answer, not a DivergenceError ("nan differs from nan").
+SPMD_TEST(ClipGradNorm, NaNGradientsGiveANaNTotalNotADivergence) {
+  const DeviceMesh mesh = dp_tp(world);
+  DTensor w = distribute_tensor(randn({8, 4}, 3, DType::F64), mesh, {Replicate{}, Shard{0}});
+  w.requires_grad_();
+  backward(sum(w) * std::numeric_limits<double>::quiet_NaN());
+  const double total = clip_grad_norm({&w}, 1.0);
+  EXPECT_TRUE(std::isnan(total)) << total;
 }
 
 }  // namespace
