@@ -25,7 +25,7 @@
 #include <spmd/collectives/trace.h>
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/ops.h>
-#include <spmd/sim/local_ops.h>
+#include <spmd/world/local_ops.h>
 
 namespace spmd {
 namespace {

@@ -10,7 +10,7 @@
 // The global batch is one sequence per dp rank. The parameters are tensor- and sequence-parallel
 // over tp and replicated over dp (the `sp` layout of examples/gpt), AdamW state included. Ranks
 // whose shards have the same shapes are computed once (Note [Shard classes] in
-// spmd/sim/local_tensor.h), so the time follows the distinct shard shapes, not the world size.
+// spmd/world/local_tensor.h), so the time follows the distinct shard shapes, not the world size.
 #include <malloc.h>
 
 #include <cstdio>

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <spmd/mesh/device_mesh.h>
-#include <spmd/sim/world.h>
+#include <spmd/world/world.h>
 
 namespace spmd {
 namespace {

@@ -10,7 +10,7 @@
 #
 #   FOLDER    source folders, relative to the repository root; headers install under
 #             <prefix>/include/<FOLDER minus its leading "spmd/"> as <spmd/...>
-#   BACKEND   the module is the driver and backend named `name` (sim/backend_driver.h). Nothing
+#   BACKEND   the module is the driver and backend named `name` (world/backend_driver.h). Nothing
 #             includes or links a backend but the modules naming it in USES: programs get
 #             backends through spmd::spmd or, for SEPARATE ones, their own target. Linking a
 #             backend keeps its driver (LINKER:-u,spmd_backend_driver_<name>).
@@ -48,7 +48,7 @@ endfunction()
 spmd_module(core            spmd/core)
 spmd_module(tensor          spmd/tensor)
 spmd_module(ops             spmd/ops)
-spmd_module(sim             spmd/sim)
+spmd_module(world           spmd/world spmd/sim)
 spmd_module(mesh            spmd/mesh)
 spmd_module(collectives     spmd/collectives)
 spmd_module(backend_sim     spmd/backends/sim     BACKEND sim)
@@ -110,7 +110,7 @@ macro(spmd_add_modules)
       endif()
     endforeach()
     if(SPMD_MODULE_${_m}_BACKEND)
-      # Note [Backend drivers] (sim/backend_driver.h): keeps the driver's object file.
+      # Note [Backend drivers] (world/backend_driver.h): keeps the driver's object file.
       target_link_options(spmd_${_m} INTERFACE
         "LINKER:-u,spmd_backend_driver_${SPMD_MODULE_${_m}_BACKEND}")
     else()

@@ -15,7 +15,7 @@
 //
 // Under sim every rank runs in this process and the `if` on a PerRank value cannot take one
 // branch for some ranks and another for the rest, so it raises DivergenceError at the branch,
-// naming each rank's answer (Note [Divergence checks], sim/per_rank.h). Under threads every rank
+// naming each rank's answer (Note [Divergence checks], world/per_rank.h). Under threads every rank
 // runs on its own thread, takes its own branch for real, and the threads backend compares the
 // calls that meet in the dp group before running any of them (Note [Threads rendezvous],
 // backends/threads/backend.h): the report lists every rank's call with its file:line, so both

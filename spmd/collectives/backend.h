@@ -26,7 +26,7 @@
 #include <spmd/collectives/types.h>
 #include <spmd/mesh/comm_cache.h>
 #include <spmd/mesh/group_family.h>
-#include <spmd/sim/local_tensor.h>
+#include <spmd/world/local_tensor.h>
 
 namespace spmd {
 

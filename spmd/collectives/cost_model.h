@@ -1,5 +1,5 @@
 // spmd/collectives/cost_model.h: the alpha-beta cost of each collective on a topology
-// (sim/topology.h).
+// (world/topology.h).
 //
 // Note [Cost model]
 // Taken from PyTorch DTensor's collective cost model (ring algorithms on Ampere/Hopper, see
@@ -24,7 +24,7 @@
 #include <vector>
 
 #include <spmd/collectives/types.h>
-#include <spmd/sim/topology.h>
+#include <spmd/world/topology.h>
 
 namespace spmd {
 

@@ -13,8 +13,8 @@
 #include <spmd/collectives/trace_export.h>
 #include <spmd/core/env.h>
 #include <spmd/core/error.h>
-#include <spmd/sim/launcher.h>
-#include <spmd/sim/world.h>
+#include <spmd/world/launcher.h>
+#include <spmd/world/world.h>
 
 namespace spmd {
 namespace {

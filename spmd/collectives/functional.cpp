@@ -11,7 +11,7 @@
 #include <spmd/collectives/validate.h>
 #include <spmd/core/error.h>
 #include <spmd/ops/ops.h>
-#include <spmd/sim/local_ops.h>
+#include <spmd/world/local_ops.h>
 
 namespace spmd {
 

@@ -27,7 +27,7 @@
 #include <spmd/collectives/types.h>
 #include <spmd/core/call_site.h>
 #include <spmd/mesh/device_mesh.h>
-#include <spmd/sim/local_tensor.h>
+#include <spmd/world/local_tensor.h>
 
 namespace spmd {
 

@@ -49,7 +49,7 @@
 
 namespace spmd {
 
-class World;  // sim/world.h
+class World;  // world/world.h
 
 // One rank's part in one collective call.
 struct TraceParticipant {

@@ -18,7 +18,7 @@
 
 #include <spmd/collectives/fingerprint.h>
 #include <spmd/core/error.h>
-#include <spmd/sim/world.h>
+#include <spmd/world/world.h>
 
 namespace spmd {
 namespace {

@@ -5,7 +5,7 @@
 #include <spmd/collectives/functional.h>
 #include <spmd/core/error.h>
 #include <spmd/ops/autograd.h>
-#include <spmd/sim/local_ops.h>
+#include <spmd/world/local_ops.h>
 
 namespace spmd {
 

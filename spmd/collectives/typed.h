@@ -1,5 +1,5 @@
 // spmd/collectives/typed.h: the SPMD types of the local collectives (Note [SPMD types] in
-// sim/spmd_types.h): the type each one needs and gives along its mesh dim, the backward collective
+// world/spmd_types.h): the type each one needs and gives along its mesh dim, the backward collective
 // those types imply, and convert().
 //
 // Along the collective's dim (other axes keep their types):
@@ -25,8 +25,8 @@
 #include <spmd/collectives/types.h>
 #include <spmd/core/call_site.h>
 #include <spmd/mesh/device_mesh.h>
-#include <spmd/sim/local_tensor.h>
-#include <spmd/sim/spmd_types.h>
+#include <spmd/world/local_tensor.h>
+#include <spmd/world/spmd_types.h>
 
 namespace spmd {
 

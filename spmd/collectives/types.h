@@ -34,7 +34,7 @@
 
 #include <spmd/core/format.h>
 #include <spmd/core/hash.h>
-#include <spmd/sim/per_rank.h>
+#include <spmd/world/per_rank.h>
 #include <spmd/tensor/reduce_op.h>
 
 namespace spmd {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include <spmd/collectives/types.h>
-#include <spmd/sim/world.h>
+#include <spmd/world/world.h>
 #include <spmd/tensor/tensor.h>
 
 namespace spmd {

@@ -102,7 +102,7 @@ class OutOfMemoryError : public Error {
   using Error::Error;
   std::string_view type_name() const noexcept override { return "OutOfMemoryError"; }
 };
-// Local code whose SPMD types (R, I, V, P per mesh axis: sim/spmd_types.h) contradict what an
+// Local code whose SPMD types (R, I, V, P per mesh axis: world/spmd_types.h) contradict what an
 // op, collective or from_local needs, or (--spmd-debug=types under sim) contradict the data; the
 // message names the axis, the types and where each input got its type.
 class TypeError : public Error {

@@ -18,8 +18,8 @@
 #include <spmd/dtensor/hooks.h>
 #include <spmd/mesh/layout.h>
 #include <spmd/ops/ops.h>
-#include <spmd/sim/local_ops.h>
-#include <spmd/sim/spmd_types.h>
+#include <spmd/world/local_ops.h>
+#include <spmd/world/spmd_types.h>
 
 namespace spmd {
 namespace {
@@ -710,7 +710,7 @@ void set_debug(World& world, const DebugOptions& debug) {
   if (debug.check || debug.replicate || debug.nan || debug.divergence || debug.types)
     checks = std::make_shared<const HookToken>(debug.nan, debug.allow_inf);
   // Types are on in the process while a world with them lives; the data check needs every shard
-  // (Note [Types against the data] in sim/spmd_types.cpp).
+  // (Note [Types against the data] in world/spmd_types.cpp).
   std::shared_ptr<const TypesScope> types;
   if (debug.types) types = std::make_shared<const TypesScope>(holds_all && state.size > 1);
   world.store_debug(

@@ -24,10 +24,10 @@
 //   nan        the first op whose result holds NaN or Inf is a NonFiniteError naming the op, the
 //              rank and the index, and saying whether its inputs were finite: DTensor ops (this
 //              observer), collectives (set_collective_observer, collectives/functional.h) and
-//              LocalTensor arithmetic (set_local_op_observer, sim/local_ops.h). The LocalTensor
+//              LocalTensor arithmetic (set_local_op_observer, world/local_ops.h). The LocalTensor
 //              hook has no world, so it is on in the whole process while a world with nan lives
 //              (the sharding and plan caches keep the worlds of past ops alive until the next
-//              world is made, Note [Caches and worlds] in sim/world.h, or clear_sharding_cache()
+//              world is made, Note [Caches and worlds] in world/world.h, or clear_sharding_cache()
 //              and clear_redistribute_cache()).
 // check and replicate compare every rank's piece. Under sim the process holds them; under threads
 // and mpi (one rank per thread or process) each check first gathers every piece of its inputs and
@@ -39,7 +39,7 @@
 // the user's line of the op (OpEvent::location). fingerprint is read by a real backend when it is
 // created (its driver gets the debug options in WorldRequest), not by set_debug.
 //   nan:allow-inf  like nan, but only NaN is reported (-inf attention masks are meant).
-//   types      SPMD types of local code (Note [SPMD types] in sim/spmd_types.h): every
+//   types      SPMD types of local code (Note [SPMD types] in world/spmd_types.h): every
 //              LocalTensor op, local collective, to_local and from_local infers and checks the
 //              R/I/V/P type of each mesh axis (a TypeError at the user's line); under sim (part
 //              of `all` there) the types are also checked against the data where they are claimed

@@ -13,7 +13,7 @@
 #include <spmd/collectives/trace_export.h>
 #include <spmd/core/error.h>
 #include <spmd/dtensor/hooks.h>
-#include <spmd/sim/topology.h>
+#include <spmd/world/topology.h>
 #include <spmd/tensor/meta.h>
 
 namespace spmd {

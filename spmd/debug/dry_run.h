@@ -31,7 +31,7 @@
 #include <vector>
 
 #include <spmd/dtensor/dtensor.h>
-#include <spmd/sim/world.h>
+#include <spmd/world/world.h>
 
 namespace spmd {
 

@@ -78,7 +78,7 @@ struct ShardingCache {
 
 ShardingCache& sharding_cache() {
   static ShardingCache* cache = [] {
-    // Each new world drops the entries (Note [Caches and worlds] in sim/world.h).
+    // Each new world drops the entries (Note [Caches and worlds] in world/world.h).
     add_new_world_listener([] { drop_cache_entries(sharding_cache()); });
     return new ShardingCache();  // never destroyed
   }();

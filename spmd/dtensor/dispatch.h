@@ -22,7 +22,7 @@
 // lookup plus the shard-by-shard math. The cache is process-wide and thread-safe; hits and
 // misses are counted (sharding_cache_stats()). Like PyTorch's lru_cache(None) it has no size
 // bound, and its entries keep their specs (so their meshes and worlds) alive; each new world
-// drops them (Note [Caches and worlds] in sim/world.h), and so does clear_sharding_cache() (and
+// drops them (Note [Caches and worlds] in world/world.h), and so does clear_sharding_cache() (and
 // clear_redistribute_cache() for plans), which also resets the counters.
 #pragma once
 

@@ -13,7 +13,7 @@
 #include <spmd/dtensor/hooks.h>
 #include <spmd/dtensor/ops.h>
 #include <spmd/ops/ops.h>
-#include <spmd/sim/local_ops.h>
+#include <spmd/world/local_ops.h>
 #include <spmd/tensor/factory.h>
 #include <spmd/tensor/meta.h>
 
@@ -260,7 +260,7 @@ DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner 
 
 namespace {
 
-// Note [SPMD types] (sim/spmd_types.h) at from_local: the placement of each mesh dim claims a type
+// Note [SPMD types] (world/spmd_types.h) at from_local: the placement of each mesh dim claims a type
 // of the pieces along it (Shard: V, Replicate: R or I, Partial: P, or V read as P), and when the
 // pieces take part in autograd, grad_placements must hand back the gradient their type has (an R
 // piece's gradient is pending a sum, P; an I piece's is reduced, R).

@@ -24,7 +24,7 @@
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/placement.h>
-#include <spmd/sim/local_tensor.h>
+#include <spmd/world/local_tensor.h>
 #include <spmd/tensor/tensor.h>
 
 namespace spmd {

@@ -19,7 +19,7 @@
 #include <spmd/core/error.h>
 #include <spmd/core/hash.h>
 #include <spmd/ops/ops.h>
-#include <spmd/sim/local_ops.h>
+#include <spmd/world/local_ops.h>
 
 namespace spmd {
 
@@ -496,7 +496,7 @@ struct PlanCache {
 
 PlanCache& plan_cache() {
   static PlanCache* cache = [] {
-    // Each new world drops the entries (Note [Caches and worlds] in sim/world.h).
+    // Each new world drops the entries (Note [Caches and worlds] in world/world.h).
     add_new_world_listener([] { drop_cache_entries(plan_cache()); });
     return new PlanCache();  // never destroyed: used from static destructors
   }();

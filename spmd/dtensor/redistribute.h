@@ -60,7 +60,7 @@
 #include <spmd/collectives/types.h>
 #include <spmd/dtensor/spec.h>
 #include <spmd/ops/placement.h>
-#include <spmd/sim/local_tensor.h>
+#include <spmd/world/local_tensor.h>
 
 namespace spmd {
 
@@ -114,7 +114,7 @@ struct RedistributePlan {
 
 // The steps from `from` to `to` (same mesh, shape and dtype, else PlacementError naming both).
 // Cached by (from, to, planner, topology): see redistribute_cache_stats(). Each new world drops
-// the cached plans (Note [Caches and worlds] in sim/world.h).
+// the cached plans (Note [Caches and worlds] in world/world.h).
 RedistributePlan plan_redistribute(const DTensorSpec& from, const DTensorSpec& to);
 RedistributePlan plan_redistribute(const DTensorSpec& from, const DTensorSpec& to,
                                    RedistributePlanner planner);

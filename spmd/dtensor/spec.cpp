@@ -155,7 +155,7 @@ struct RankInfoCache {
 
 RankInfoCache& rank_info_cache() {
   static RankInfoCache* cache = [] {
-    // Each new world drops the entries (Note [Caches and worlds] in sim/world.h): they hold
+    // Each new world drops the entries (Note [Caches and worlds] in world/world.h): they hold
     // their specs' meshes and, at 16384 ranks, every rank's coordinates, shapes and offsets.
     add_new_world_listener([] { drop_cache_entries(rank_info_cache()); });
     return new RankInfoCache();  // never destroyed

@@ -63,7 +63,7 @@ class DTensorSpec : public ShardingSpec {
     std::vector<Shape> local_shapes;
     std::vector<Shape> local_offsets;
     bool uniform_shapes = true;  // every held rank's local shape is the same
-    // Note [Shard classes] (sim/local_tensor.h): the ranks grouped by local shape: the class of
+    // Note [Shard classes] (world/local_tensor.h): the ranks grouped by local shape: the class of
     // each rank (by position) and each class's local shape. A shape-only DTensor of this spec
     // holds one shard per class.
     std::shared_ptr<const std::vector<int>> shared_ranks;

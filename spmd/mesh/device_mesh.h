@@ -58,8 +58,8 @@
 #include <spmd/mesh/comm_cache.h>
 #include <spmd/mesh/group_family.h>
 #include <spmd/mesh/layout.h>
-#include <spmd/sim/per_rank.h>
-#include <spmd/sim/world.h>
+#include <spmd/world/per_rank.h>
+#include <spmd/world/world.h>
 #include <spmd/tensor/tensor.h>
 
 namespace spmd {

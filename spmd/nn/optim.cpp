@@ -8,7 +8,7 @@
 #include <spmd/core/error.h>
 #include <spmd/dtensor/ops.h>
 #include <spmd/ops/ops.h>
-#include <spmd/sim/local_ops.h>
+#include <spmd/world/local_ops.h>
 
 namespace spmd {
 namespace {

@@ -67,7 +67,7 @@ struct VarKind {
   std::string (*describe)(const Var& value);
   // Optional: `grad` (the gradient computed for `input`) with what the kind keeps beside the data
   // set for the input (a LocalTensor's SPMD types: the backward types of the input's,
-  // sim/spmd_types.h). Null: the gradient as computed.
+  // world/spmd_types.h). Null: the gradient as computed.
   Var (*typed_grad)(const Var& input, const Var& grad) = nullptr;
   // Optional: whether `a` and `b` have the same shape everywhere (a LocalTensor: on every rank).
   // Null: shape(a) == shape(b).

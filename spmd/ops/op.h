@@ -19,7 +19,7 @@
 //   composite    (optional) the op written with other table ops, which dispatch runs instead for
 //                the input shardings `use_composite` accepts: ops whose sharded form needs
 //                collectives inside (cross_entropy over classes sharded across ranks).
-// The Tensor entry points (ops/ops.h), the LocalTensor ones (sim/local_ops.h) and the DTensor
+// The Tensor entry points (ops/ops.h), the LocalTensor ones (world/local_ops.h) and the DTensor
 // ones (dtensor/ops.h) are one-line calls into an entry: call(), local_call(), dispatch().
 // docs/design.md, "Adding an op", lists what a new op touches.
 #pragma once

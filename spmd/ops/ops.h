@@ -3,7 +3,7 @@
 // Each op is one entry of the table, `op::<name>`, an OpDef (ops/op.h): its meta, its math on
 // Tensors, its sharding strategies, its reference and its backward slot. The elementwise entries
 // are made from the functors of tensor/element_ops.h right here; the others are defined in
-// ops/<family>.cpp. The functions below run an entry on Tensors; sim/local_ops.h runs the same
+// ops/<family>.cpp. The functions below run an entry on Tensors; world/local_ops.h runs the same
 // entries on LocalTensors shard by shard and dtensor/ops.h on DTensors with sharding propagation.
 //
 // Every op checks its inputs and throws a typed spmd::Error naming the op and the shapes:

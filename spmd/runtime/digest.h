@@ -21,8 +21,8 @@
 #include <vector>
 
 #include <spmd/core/call_site.h>
-#include <spmd/sim/local_tensor.h>
-#include <spmd/sim/world.h>
+#include <spmd/world/local_tensor.h>
+#include <spmd/world/world.h>
 #include <spmd/tensor/tensor.h>
 
 namespace spmd {

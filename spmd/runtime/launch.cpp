@@ -26,8 +26,8 @@
 #include <spmd/core/error.h>
 #include <spmd/debug/checks.h>
 #include <spmd/runtime/signal_report.h>
-#include <spmd/sim/backend_driver.h>
-#include <spmd/sim/topology.h>
+#include <spmd/world/backend_driver.h>
+#include <spmd/world/topology.h>
 #include <spmd/tensor/meta.h>
 
 namespace spmd {

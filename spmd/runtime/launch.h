@@ -46,7 +46,7 @@
 
 #include <spmd/collectives/trace_export.h>
 #include <spmd/runtime/options.h>
-#include <spmd/sim/world.h>
+#include <spmd/world/world.h>
 
 namespace spmd {
 
@@ -75,7 +75,7 @@ int launch(int& argc, char** argv, Program&& program) {
 }
 
 // The world `options` describe, for this process, without running a program (tests, tools), made
-// by the backend's driver (Note [Backend drivers] in sim/backend_driver.h): sim holds every rank;
+// by the backend's driver (Note [Backend drivers] in world/backend_driver.h): sim holds every rank;
 // mpi holds the rank mpirun/srun gave this process and initializes MPI; nccl holds this process's
 // rank(s) and creates their world communicators (Note [NCCL bootstrap]). Applies the debug
 // options (set_debug), the topology file and the trace settings. Pair it with finish_world().

@@ -9,7 +9,7 @@
 #include <spmd/core/env.h>
 #include <spmd/core/error.h>
 #include <spmd/core/parallel.h>
-#include <spmd/sim/backend_driver.h>
+#include <spmd/world/backend_driver.h>
 
 namespace spmd {
 namespace {

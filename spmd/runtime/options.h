@@ -1,5 +1,5 @@
 // spmd/runtime/options.h: what launch() reads from the command line and the environment. Which
-// launcher (mpirun, srun, spmdrun) started this process is sim/launcher.h.
+// launcher (mpirun, srun, spmdrun) started this process is world/launcher.h.
 //
 // Every flag has an environment variable; a flag wins over its variable:
 //   --spmd-backend=sim|threads|mpi|nccl   SPMD_BACKEND     (default sim)
@@ -28,13 +28,13 @@
 #include <string_view>
 #include <vector>
 
-#include <spmd/sim/launcher.h>
-#include <spmd/sim/world.h>
+#include <spmd/world/launcher.h>
+#include <spmd/world/world.h>
 
 namespace spmd {
 
 // The backends launch() knows, built into this installation or not, in the order error messages
-// list them (known_backends() in sim/backend_driver.h). Whether a program can run one depends on
+// list them (known_backends() in world/backend_driver.h). Whether a program can run one depends on
 // the libraries it links: spmd::spmd (sim, threads, mpi) or spmd::nccl.
 const std::vector<std::string>& backend_names();
 

@@ -50,7 +50,7 @@ class MetaTensorsScope {
 
 // Bytes of meta storages alive now and the most alive at once since the last reset: what a
 // dry run would hold (each distinct shard counted once: per rank when ranks' shards have the
-// same shapes, Note [Shard classes] in sim/local_tensor.h).
+// same shapes, Note [Shard classes] in world/local_tensor.h).
 int64_t meta_live_bytes();
 int64_t meta_peak_bytes();
 void reset_meta_peak_bytes();

@@ -16,7 +16,7 @@
 
 #include <spmd/collectives/functional.h>
 #include <spmd/debug/visualize.h>
-#include <spmd/sim/backend_driver.h>
+#include <spmd/world/backend_driver.h>
 #include <spmd/tensor/autograd_meta.h>
 #include <spmd/tensor/compare.h>
 #include <spmd/tensor/factory.h>

@@ -40,7 +40,7 @@
 #include <spmd/dtensor/dtensor.h>
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/placement.h>
-#include <spmd/sim/local_tensor.h>
+#include <spmd/world/local_tensor.h>
 #include <spmd/tensor/tensor.h>
 
 namespace spmd::testing {

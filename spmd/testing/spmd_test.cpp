@@ -15,7 +15,7 @@
 
 #include <spmd/debug/visualize.h>
 #include <spmd/runtime/launch.h>
-#include <spmd/sim/backend_driver.h>
+#include <spmd/world/backend_driver.h>
 
 namespace spmd::testing {
 namespace {

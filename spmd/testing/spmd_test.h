@@ -35,7 +35,7 @@
 #include <vector>
 
 #include <spmd/runtime/options.h>
-#include <spmd/sim/world.h>
+#include <spmd/world/world.h>
 
 namespace spmd::testing {
 

@@ -114,7 +114,7 @@ const Bug kBugs[] = {
     {"diverged_replica", {"sim", "threads", "mpi"}, "input 1 of DTensor op 'matmul'"},
     {"early_return", {"sim"}, "PerRank comparison `==`"},
     {"early_return", {"threads"}, "rank 3 has finished (returned)"},
-    // SPMD types (Note [SPMD types] in sim/spmd_types.h): always on, on every backend.
+    // SPMD types (Note [SPMD types] in world/spmd_types.h): always on, on every backend.
     {"moe_shared_expert_replicate",
      {"sim", "threads", "mpi"},
      "TypeError: DTensor::from_local: along mesh axis 'tp' the LocalTensor is R",

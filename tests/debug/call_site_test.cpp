@@ -11,7 +11,7 @@
 #include <spmd/debug/checks.h>
 #include <spmd/dtensor/ops.h>
 #include <spmd/dtensor/redistribute.h>
-#include <spmd/sim/local_ops.h>
+#include <spmd/world/local_ops.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {

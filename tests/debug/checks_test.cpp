@@ -14,8 +14,8 @@
 #include <spmd/dtensor/redistribute.h>
 #include <spmd/ops/ops.h>
 #include <spmd/runtime/launch.h>
-#include <spmd/sim/local_ops.h>
-#include <spmd/sim/spmd_types.h>
+#include <spmd/world/local_ops.h>
+#include <spmd/world/spmd_types.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {

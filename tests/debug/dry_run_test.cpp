@@ -1,5 +1,5 @@
 // tests/debug/dry_run_test.cpp: shape-only tensors (tensor/meta.h), shard classes
-// (sim/local_tensor.h) and the dry-run report (debug/dry_run.h); the fidelity of examples/gpt's
+// (world/local_tensor.h) and the dry-run report (debug/dry_run.h); the fidelity of examples/gpt's
 // dry run against its sim run at 8 ranks: the same collectives, record for record, and the same
 // bytes per rank for every parameter, gradient and optimizer moment.
 #include <gtest/gtest.h>

@@ -14,7 +14,7 @@
 #include <spmd/debug/trace_file.h>
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/ops.h>
-#include <spmd/sim/local_ops.h>
+#include <spmd/world/local_ops.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {

@@ -11,7 +11,7 @@
 #include <spmd/collectives/trace.h>
 #include <spmd/dtensor/ops.h>
 #include <spmd/dtensor/random.h>
-#include <spmd/sim/local_ops.h>
+#include <spmd/world/local_ops.h>
 #include "tests/support/collectives_since.h"
 #include "tests/support/test_support.h"
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include <spmd/mesh/comm_cache.h>
-#include <spmd/sim/world.h>
+#include <spmd/world/world.h>
 
 namespace spmd::testing {
 

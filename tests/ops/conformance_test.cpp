@@ -19,7 +19,7 @@
 #include <spmd/dtensor/ops.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/user_op.h>
-#include <spmd/sim/local_ops.h>
+#include <spmd/world/local_ops.h>
 #include "tests/dtensor/dtensor_test_support.h"
 #include "tests/support/test_support.h"
 #include "tests/tensor/reference.h"

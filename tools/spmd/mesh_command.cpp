@@ -20,7 +20,7 @@
 
 #include <spmd/core/error.h>
 #include <spmd/mesh/device_mesh.h>
-#include <spmd/sim/world.h>
+#include <spmd/world/world.h>
 #include <spmd/tensor/shape.h>
 #include "tools/spmd/cli.h"
 

@@ -27,7 +27,7 @@
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/ops.h>
 #include <spmd/ops/placement.h>
-#include <spmd/sim/world.h>
+#include <spmd/world/world.h>
 #include <spmd/tensor/dtype.h>
 #include "tools/spmd/cli.h"
 

@@ -7,13 +7,13 @@
 #include <fmt/format.h>
 
 #include <spmd/config.h>
-#include <spmd/sim/backend_driver.h>
+#include <spmd/world/backend_driver.h>
 #include "tools/spmd/cli.h"
 
 namespace spmd::cli {
 namespace {
 
-// The backends compiled into this build, in the catalog's order (sim/backend_driver.h); a program
+// The backends compiled into this build, in the catalog's order (world/backend_driver.h); a program
 // gets nccl only by linking spmd::nccl.
 std::vector<std::string> built_backends() {
   std::vector<std::string> out;

@@ -4,7 +4,7 @@
 //
 // Starts N processes of the program (posix_spawnp) with SPMD_RANK, SPMD_WORLD_SIZE,
 // SPMD_LOCAL_RANK and SPMD_LOCAL_WORLD_SIZE set, which launch() reads (runtime/options.h), and
-// SPMD_JOB_ID, this launch's id ("spmdrun-<pid>-<UTC start>", sim/launcher.h). Each
+// SPMD_JOB_ID, this launch's id ("spmdrun-<pid>-<UTC start>", world/launcher.h). Each
 // rank is the leader of a process group of its own, so what it starts belongs to its rank: the
 // signals spmdrun forwards (SIGINT, SIGTERM, SIGHUP; the ranks start with their default
 // handling) and the ones it sends to stop a rank reach the whole group. With --tag-output each

@@ -30,7 +30,7 @@
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
 #include <spmd/ops/ops.h>
-#include <spmd/sim/world.h>
+#include <spmd/world/world.h>
 
 namespace spmd {
 namespace {

@@ -83,7 +83,7 @@
 #include <vector>
 
 #include <spmd/collectives/backend.h>
-#include <spmd/sim/backend_driver.h>
+#include <spmd/world/backend_driver.h>
 
 namespace spmd {
 

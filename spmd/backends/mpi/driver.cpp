@@ -1,10 +1,10 @@
 // spmd/backends/mpi/driver.cpp: the mpi backend's driver (Note [Backend drivers] in
-// sim/backend_driver.h): one process per rank, started by mpirun or srun.
+// world/backend_driver.h): one process per rank, started by mpirun or srun.
 #include <memory>
 
 #include <spmd/backends/mpi/backend.h>
 #include <spmd/core/error.h>
-#include <spmd/sim/backend_driver.h>
+#include <spmd/world/backend_driver.h>
 
 namespace spmd {
 namespace {

@@ -1,5 +1,5 @@
 // spmd/backends/nccl/driver.cpp: the nccl backend's driver (Note [Backend drivers] in
-// sim/backend_driver.h): this process's ranks, one GPU each. Note [NCCL bootstrap]
+// world/backend_driver.h): this process's ranks, one GPU each. Note [NCCL bootstrap]
 // (backends/nccl/bootstrap.h) lists the steps of start_nccl, in this order.
 #include <cstdio>
 #include <cstdlib>
@@ -11,7 +11,7 @@
 #include <spmd/config.h>
 #include <spmd/core/env.h>
 #include <spmd/core/error.h>
-#include <spmd/sim/backend_driver.h>
+#include <spmd/world/backend_driver.h>
 #include <spmd/tensor/cuda/device.h>
 
 #if SPMD_HAVE_MPI

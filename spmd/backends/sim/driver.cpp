@@ -1,11 +1,11 @@
 // spmd/backends/sim/driver.cpp: the sim backend's driver (Note [Backend drivers] in
-// sim/backend_driver.h): one world in this process holding every rank.
+// world/backend_driver.h): one world in this process holding every rank.
 #include <memory>
 #include <numeric>
 
 #include <spmd/backends/sim/backend.h>
 #include <spmd/core/error.h>
-#include <spmd/sim/backend_driver.h>
+#include <spmd/world/backend_driver.h>
 
 namespace spmd {
 namespace {

@@ -70,7 +70,7 @@
 
 #include <spmd/collectives/backend.h>
 #include <spmd/core/error.h>
-#include <spmd/sim/backend_driver.h>
+#include <spmd/world/backend_driver.h>
 
 namespace spmd {
 

@@ -1,11 +1,11 @@
 // spmd/backends/threads/driver.cpp: the threads backend's driver (Note [Backend drivers] in
-// sim/backend_driver.h): one world per rank, each run by launch() on its own thread, their
+// world/backend_driver.h): one world per rank, each run by launch() on its own thread, their
 // ThreadsBackends sharing one ThreadsHub.
 #include <memory>
 
 #include <spmd/backends/threads/backend.h>
 #include <spmd/core/error.h>
-#include <spmd/sim/backend_driver.h>
+#include <spmd/world/backend_driver.h>
 
 namespace spmd {
 namespace {

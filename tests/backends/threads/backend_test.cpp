@@ -20,7 +20,7 @@
 #include <spmd/ops/ops.h>
 #include <spmd/runtime/digest.h>
 #include <spmd/runtime/launch.h>
-#include <spmd/sim/local_ops.h>
+#include <spmd/world/local_ops.h>
 #include <spmd/tensor/random.h>
 
 namespace spmd {

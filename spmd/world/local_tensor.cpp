@@ -1,5 +1,5 @@
-// spmd/sim/local_tensor.cpp: LocalTensor construction, access, copy-on-write and printing.
-#include <spmd/sim/local_tensor.h>
+// spmd/world/local_tensor.cpp: LocalTensor construction, access, copy-on-write and printing.
+#include <spmd/world/local_tensor.h>
 
 #include <algorithm>
 #include <map>
@@ -9,8 +9,8 @@
 
 #include <spmd/core/error.h>
 #include <spmd/core/parallel.h>
-#include <spmd/sim/local_ops.h>
-#include <spmd/sim/spmd_types.h>
+#include <spmd/world/local_ops.h>
+#include <spmd/world/spmd_types.h>
 #include <spmd/tensor/compare.h>
 
 namespace spmd {

@@ -1,6 +1,6 @@
-// spmd/sim/spmd_types.cpp: the SPMD type rules of table ops, the switch, assert_type, reinterpret
+// spmd/world/spmd_types.cpp: the SPMD type rules of table ops, the switch, assert_type, reinterpret
 // and the data check.
-#include <spmd/sim/spmd_types.h>
+#include <spmd/world/spmd_types.h>
 
 #include <algorithm>
 #include <atomic>
@@ -8,7 +8,7 @@
 #include <spmd/core/error.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
-#include <spmd/sim/local_ops.h>
+#include <spmd/world/local_ops.h>
 #include <spmd/tensor/compare.h>
 
 namespace spmd {
@@ -139,9 +139,12 @@ void check_axis_name(const SpmdTypes& types, std::string_view axis, std::string_
 }
 
 const TypesPtr& constant_types() {
-  static const TypesPtr kConstant = std::make_shared<const SpmdTypes>(SpmdTypes{
-      AxisType{"", SpmdType::R, "a Tensor operand", SourceLocation::current(), nullptr, nullptr},
-      {}});
+  static const TypesPtr kConstant = [] {
+    auto t = std::make_shared<SpmdTypes>();
+    t->rest =
+        AxisType{"", SpmdType::R, "a Tensor operand", SourceLocation::current(), nullptr, nullptr};
+    return TypesPtr(std::move(t));
+  }();
   return kConstant;
 }
 

@@ -1,5 +1,5 @@
-// spmd/sim/launcher.cpp: launcher detection from the environment.
-#include <spmd/sim/launcher.h>
+// spmd/world/launcher.cpp: launcher detection from the environment.
+#include <spmd/world/launcher.h>
 
 #include <algorithm>
 #include <charconv>

@@ -1,6 +1,6 @@
-// spmd/sim/backend_driver.cpp: the registry of backend drivers and the catalog of backends
+// spmd/world/backend_driver.cpp: the registry of backend drivers and the catalog of backends
 // (Note [Backend drivers]).
-#include <spmd/sim/backend_driver.h>
+#include <spmd/world/backend_driver.h>
 
 #include <algorithm>
 #include <cctype>

@@ -1,5 +1,5 @@
-// spmd/sim/topology.cpp: Topology in code and as JSON.
-#include <spmd/sim/topology.h>
+// spmd/world/topology.cpp: Topology in code and as JSON.
+#include <spmd/world/topology.h>
 
 #include <fstream>
 #include <limits>

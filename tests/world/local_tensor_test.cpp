@@ -1,12 +1,12 @@
-// Tests for LocalTensor (sim/local_tensor.h) and its shard-by-shard ops (sim/local_ops.h).
+// Tests for LocalTensor (world/local_tensor.h) and its shard-by-shard ops (world/local_ops.h).
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <vector>
 
 #include <spmd/ops/ops.h>
-#include <spmd/sim/local_ops.h>
-#include <spmd/sim/local_tensor.h>
+#include <spmd/world/local_ops.h>
+#include <spmd/world/local_tensor.h>
 #include <spmd/tensor/random.h>
 #include "tests/support/test_support.h"
 

@@ -1,13 +1,13 @@
-// spmd/sim/world.cpp: World accessors, and World::sim through the sim backend's driver.
-#include <spmd/sim/world.h>
+// spmd/world/world.cpp: World accessors, and World::sim through the sim backend's driver.
+#include <spmd/world/world.h>
 
 #include <algorithm>
 #include <atomic>
 #include <mutex>
 
 #include <spmd/core/error.h>
-#include <spmd/sim/backend_driver.h>
-#include <spmd/sim/topology.h>
+#include <spmd/world/backend_driver.h>
+#include <spmd/world/topology.h>
 
 namespace spmd {
 

@@ -1,5 +1,5 @@
-// Tests for sim/per_rank.h: collapsing, arithmetic, and the divergence check on comparisons.
-#include <spmd/sim/per_rank.h>
+// Tests for world/per_rank.h: collapsing, arithmetic, and the divergence check on comparisons.
+#include <spmd/world/per_rank.h>
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Tests for the SPMD types of local code (sim/spmd_types.h, collectives/typed.h, to_local and
+// Tests for the SPMD types of local code (world/spmd_types.h, collectives/typed.h, to_local and
 // from_local): every rule of the table in docs/concepts.md ("SPMD types"), each checked
 // numerically under sim against what the type means (R and I: identical shards equal to the
 // value; P: the shards sum to it; V: each rank's own shard), and every gradient against a closed

@@ -1,6 +1,6 @@
-// spmd/sim/local_ops.cpp: local_call, which runs an op-table entry on LocalTensor shard by shard,
+// spmd/world/local_ops.cpp: local_call, which runs an op-table entry on LocalTensor shard by shard,
 // and the LocalTensor functions that are not table ops.
-#include <spmd/sim/local_ops.h>
+#include <spmd/world/local_ops.h>
 
 #include <algorithm>
 #include <array>
@@ -9,7 +9,7 @@
 #include <optional>
 
 #include <spmd/core/error.h>
-#include <spmd/sim/spmd_types.h>
+#include <spmd/world/spmd_types.h>
 #include <spmd/tensor/random.h>
 
 namespace spmd {
