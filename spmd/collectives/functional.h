@@ -82,9 +82,10 @@ Async<LocalTensor> collective_async(const LocalTensor& x, const DeviceMesh& mesh
                                     CollectiveOptions options, SPMD_HERE_);
 
 // A collective spmdsim issues for its own checks (--spmd-debug=check,replicate under threads and
-// mpi): on a communicator of its own (kInternalComm), so the program's per-group sequence numbers
-// stay as they are, and neither traced, observed nor recorded by autograd. A rank that does not
-// reach it is reported like any collective, at the current user call site.
+// mpi): on a communicator of its own (internal_comm_options(), collectives/backend.h), so the
+// program's per-group sequence numbers stay as they are, and neither traced, observed nor recorded
+// by autograd. Its calls meet only at the same user line on every rank (Communicator::is_internal).
+// A rank that does not reach it is reported like any collective, at the current user call site.
 LocalTensor internal_collective(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                                 CollectiveOptions options, SPMD_HERE_);
 

@@ -396,7 +396,7 @@ TraceFile read_trace_file(const std::string& path) {
     if (per_rank) set.add(file, part);
     append(out, std::move(part));
   }
-  // Note [Per-rank trace files]
+  // The check of Note [Per-rank trace files].
   if (per_rank) set.check();
   std::stable_sort(out.records.begin(), out.records.end(),
                    [](const TraceRecord& a, const TraceRecord& b) { return a.rank < b.rank; });

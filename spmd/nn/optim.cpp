@@ -97,7 +97,7 @@ SGD<P>::SGD(std::vector<P*> params, SGDOptions options, SourceLocation loc)
     : params_(std::move(params)), options_(options), momentum_(params_.size()) {
   const UserCallSite site(loc);
   check_optimizer_params(params_, "SGD");
-  // Note [Optimizer hyperparameters]
+  // The checks of Note [Optimizer hyperparameters].
   check_hyperparameter("SGD", "lr", options_.lr, 0.0);
   check_hyperparameter("SGD", "momentum", options_.momentum, 0.0);
   check_hyperparameter("SGD", "weight_decay", options_.weight_decay, 0.0);
@@ -133,7 +133,7 @@ AdamW<P>::AdamW(std::vector<P*> params, AdamWOptions options, SourceLocation loc
     : params_(std::move(params)), options_(options), m_(params_.size()), v_(params_.size()) {
   const UserCallSite site(loc);
   check_optimizer_params(params_, "AdamW");
-  // Note [Optimizer hyperparameters]
+  // The checks of Note [Optimizer hyperparameters].
   check_hyperparameter("AdamW", "lr", options_.lr, 0.0);
   check_hyperparameter("AdamW", "beta1", options_.beta1, 0.0, 1.0, /*hi_open=*/true);
   check_hyperparameter("AdamW", "beta2", options_.beta2, 0.0, 1.0, /*hi_open=*/true);

@@ -137,10 +137,13 @@ void norm_backward(BackwardContext& c) {
 }
 
 // ---- dropout ------------------------------------------------------------------------------------
-// args.reals = [p], args.seed. Note [Mesh-invariant dropout]: element i (flat row-major index of
-// the global tensor) is dropped when philox_uniform(seed, i) < p (tensor/random.h), so the mask is
-// a function of the global index alone: every rank generates its own block's, and any mesh and
-// placements drop the same elements as one device. Kept elements are scaled by 1 / (1 - p).
+// args.reals = [p], args.seed.
+//
+// Note [Mesh-invariant dropout]
+// Element i (flat row-major index of the global tensor) is dropped when philox_uniform(seed, i) < p
+// (tensor/random.h), so the mask is a function of the global index alone: every rank generates its
+// own block's, and any mesh and placements drop the same elements as one device. Kept elements are
+// scaled by 1 / (1 - p).
 
 OpMeta dropout_meta(std::span<const InputMeta> in, const OpArgs& args) {
   check_floating("dropout", in[0], "input");

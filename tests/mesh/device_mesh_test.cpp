@@ -1,6 +1,6 @@
-// Tests for mesh/device_mesh.h, mesh/group_family.h and mesh/comm_cache.h: the reference vectors
-// of notes/prior_art_pytorch.md section 3.5 as group and coordinate tables, error messages,
-// printing, save/load, and communicator sharing.
+// Tests for mesh/device_mesh.h, mesh/group_family.h and mesh/comm_cache.h: PyTorch's reference
+// vectors (the team's research notes on PyTorch, prior_art_pytorch.md section 3.5) as group and
+// coordinate tables, error messages, printing, save/load, and communicator sharing.
 #include <spmd/mesh/device_mesh.h>
 
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 // Tests for mesh/layout.h: every contract checked at every point of the domain for every flat
 // layout with up to 4 modes (sizes 1..4, strides from kStrides plus every permuted row-major
 // stride set), a seeded random sample of larger and nested layouts, and the reference vectors
-// of notes/prior_art_pytorch.md section 2.3.
+// of the team's research notes on PyTorch (prior_art_pytorch.md section 2.3).
 #include <spmd/mesh/layout.h>
 
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 // spmd/tensor/cuda/element.h: element conversions and strided indexing of the CUDA kernels.
 //
 // Internal to tensor/cuda. Every function here compiles for the host and for the device
-// (SPMD_HD), so the CUDA kernels run exactly the code that tests/tensor/cuda_element_test.cpp
+// (SPMD_HD), so the CUDA kernels run exactly the code that tests/tensor/cuda/element_test.cpp
 // checks on the CPU against the CPU kernels: conversions bit for bit convert_element
 // (tensor/dtype.h, BFloat16/Half of tensor/half.h). The per-element math of every elementwise op
 // is tensor/element_ops.h's, which the CPU kernels run too.
