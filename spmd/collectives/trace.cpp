@@ -41,7 +41,27 @@ TraceSummaryRow& Trace::summary_row(CollectiveKind kind, const std::string& dim_
   return summary_.back();
 }
 
+namespace {
+thread_local PipelineContext t_pipeline;
+}  // namespace
+
+PipelineContext pipeline_context() {
+  return t_pipeline;
+}
+
+PipelineContextScope::PipelineContextScope(int stage, int microbatch) : saved_(t_pipeline) {
+  t_pipeline = PipelineContext{stage, microbatch};
+}
+
+PipelineContextScope::~PipelineContextScope() {
+  t_pipeline = saved_;
+}
+
 uint64_t Trace::begin(TraceEvent event) {
+  if (event.stage < 0 && event.microbatch < 0) {
+    event.stage = t_pipeline.stage;
+    event.microbatch = t_pipeline.microbatch;
+  }
   std::lock_guard lock(mutex_);
   if (!enabled_) return UINT64_MAX;
   TraceSummaryRow& row = summary_row(event.kind, event.dim_name);
@@ -113,13 +133,28 @@ void Trace::clear() {
   ring_.clear();
   head_ = 0;
   summary_.clear();
+  spans_.clear();
+}
+
+void Trace::add_span(ComputeSpan span) {
+  std::lock_guard lock(mutex_);
+  if (!enabled_) return;
+  if (capacity_ != 0 && spans_.size() >= capacity_) spans_.erase(spans_.begin());
+  spans_.push_back(span);
+}
+
+std::vector<ComputeSpan> Trace::spans() const {
+  std::lock_guard lock(mutex_);
+  return spans_;
 }
 
 void Trace::append(const Trace& other) {
   if (&other == this) return;
   const std::vector<TraceEvent> added = other.events();
   const std::vector<TraceSummaryRow> rows = other.summary();
+  const std::vector<ComputeSpan> spans = other.spans();
   std::lock_guard lock(mutex_);
+  spans_.insert(spans_.end(), spans.begin(), spans.end());
   for (const TraceEvent& e : added) {
     if (capacity_ == 0 || ring_.size() < capacity_) {
       ring_.push_back(e);
@@ -191,6 +226,8 @@ std::vector<TraceRecord> Trace::records() const {
       r.start_us = static_cast<double>(e.start_ns) / 1e3;
       r.end_us = static_cast<double>(e.end_ns) / 1e3;
       r.estimate_us = e.estimate_us;
+      r.stage = e.stage;
+      r.microbatch = e.microbatch;
       out.push_back(std::move(r));
     }
   }

@@ -51,6 +51,42 @@ namespace spmd {
 
 class World;  // world/world.h
 
+// Note [Pipeline context]
+// The pipeline stage and microbatch this thread works on: spmd::pipeline's runner sets them around
+// each action of a schedule (PipelineContextScope). Every collective traced meanwhile carries them
+// (TraceEvent, TraceRecord: `spmd trace diff` then tells a stage that received microbatch 4 where
+// the reference received 3), and the actions themselves are recorded as compute spans
+// (Trace::add_span): Perfetto draws them on a track per stage, and the trace's summary draws the
+// schedule as it ran (ranks x ticks). -1: not inside a pipeline action.
+struct PipelineContext {
+  int stage = -1;
+  int microbatch = -1;
+};
+PipelineContext pipeline_context();
+
+class PipelineContextScope {
+ public:
+  PipelineContextScope(int stage, int microbatch);
+  ~PipelineContextScope();
+  PipelineContextScope(const PipelineContextScope&) = delete;
+  PipelineContextScope& operator=(const PipelineContextScope&) = delete;
+
+ private:
+  PipelineContext saved_;
+};
+
+// One action of a pipeline schedule as it ran on one rank (Note [Pipeline context]).
+struct ComputeSpan {
+  int rank = 0;
+  int stage = -1;
+  int microbatch = -1;
+  char phase = 'F';   // F forward, B backward, I input gradient, W weight gradient
+  int64_t tick = -1;  // the action's column in the schedule's picture
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  bool operator==(const ComputeSpan&) const = default;
+};
+
 // One rank's part in one collective call.
 struct TraceParticipant {
   int rank = 0;
@@ -78,6 +114,9 @@ struct TraceEvent {
   uint32_t line = 0;
   int64_t start_ns = 0;  // since the trace's epoch
   int64_t end_ns = 0;    // 0 while an async call is pending
+  // Note [Pipeline context]: set by Trace::begin from the issuing thread's context.
+  int stage = -1;
+  int microbatch = -1;
   double estimate_us = 0.0;
 };
 
@@ -98,6 +137,8 @@ struct TraceRecord {
   double start_us = 0.0;
   double end_us = 0.0;
   double estimate_us = 0.0;
+  int stage = -1;  // Note [Pipeline context]; -1: none
+  int microbatch = -1;
 
   bool operator==(const TraceRecord&) const = default;
 };
@@ -139,9 +180,14 @@ class Trace {
   void set_keep_participants(bool keep);
   bool keeps_participants() const;
   void clear();
-  // Adds `other`'s events after this trace's (as if recorded here, in their order) and its
-  // summary rows to this one's. `other` must share this trace's clock (Trace::like).
+  // Adds `other`'s events and spans after this trace's (as if recorded here, in their order) and
+  // its summary rows to this one's. `other` must share this trace's clock (Trace::like).
   void append(const Trace& other);
+
+  // Records one pipeline action as it ran (Note [Pipeline context]); kept while the trace is
+  // enabled, at most capacity() of them (the oldest go first).
+  void add_span(ComputeSpan span);
+  std::vector<ComputeSpan> spans() const;
 
   std::vector<TraceEvent> events() const;
   std::size_t num_events() const;
@@ -171,6 +217,7 @@ class Trace {
   uint64_t first_id_ = 0;         // id of the oldest event
   std::size_t capacity_ = kDefaultCapacity;
   std::vector<TraceSummaryRow> summary_;
+  std::vector<ComputeSpan> spans_;
   bool enabled_ = true;
   bool keep_participants_ = true;
   int64_t epoch_ns_ = 0;

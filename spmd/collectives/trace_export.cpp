@@ -38,6 +38,12 @@ nlohmann::json record_args(const TraceRecord& r) {
           {"state", r.end_us > 0.0 ? "completed" : "pending"}};
 }
 
+nlohmann::json with_pipeline(nlohmann::json args, const TraceRecord& r) {
+  if (r.stage >= 0) args["stage"] = r.stage;
+  if (r.microbatch >= 0) args["microbatch"] = r.microbatch;
+  return args;
+}
+
 nlohmann::json info_json(const TraceFileInfo& info) {
   nlohmann::json out = {{"producer", "spmdsim"}, {"kind", info.kind}};
   if (!info.reason.empty()) out["reason"] = info.reason;
@@ -71,7 +77,8 @@ std::string format_summary(const std::vector<TraceSummaryRow>& rows) {
 
 }  // namespace
 
-std::string chrome_trace_json(std::span<const TraceRecord> records, const TraceFileInfo& info) {
+std::string chrome_trace_json(std::span<const TraceRecord> records, const TraceFileInfo& info,
+                              std::span<const ComputeSpan> spans) {
   nlohmann::json events = nlohmann::json::array();
   std::vector<int> ranks;
   for (const TraceRecord& r : records) {
@@ -86,8 +93,9 @@ std::string chrome_trace_json(std::span<const TraceRecord> records, const TraceF
                       {"args", {{"name", fmt::format("rank {}", rank)}}}});
   }
   for (const TraceRecord& r : records) {
-    nlohmann::json e = {{"name", r.op},  {"cat", r.dim_name}, {"pid", 0},
-                        {"tid", r.rank}, {"ts", r.start_us},  {"args", record_args(r)}};
+    nlohmann::json e = {{"name", r.op},     {"cat", r.dim_name},
+                        {"pid", 0},         {"tid", r.rank},
+                        {"ts", r.start_us}, {"args", with_pipeline(record_args(r), r)}};
     if (r.end_us > 0.0) {
       e["ph"] = "X";
       e["dur"] = std::max(r.end_us - r.start_us, 0.001);
@@ -97,17 +105,75 @@ std::string chrome_trace_json(std::span<const TraceRecord> records, const TraceF
     }
     events.push_back(std::move(e));
   }
+  // Note [Pipeline context]: the actions, one process per stage ("stage 0", ...), a track per rank.
+  std::vector<int> stages;
+  for (const ComputeSpan& c : spans) {
+    if (std::find(stages.begin(), stages.end(), c.stage) == stages.end()) stages.push_back(c.stage);
+  }
+  std::sort(stages.begin(), stages.end());
+  for (int stage : stages) {
+    events.push_back({{"name", "process_name"},
+                      {"ph", "M"},
+                      {"pid", 1 + stage},
+                      {"args", {{"name", fmt::format("stage {}", stage)}}}});
+  }
+  for (const ComputeSpan& c : spans) {
+    events.push_back({{"name", fmt::format("{}{}", c.phase, c.microbatch)},
+                      {"cat", "compute"},
+                      {"ph", "X"},
+                      {"pid", 1 + c.stage},
+                      {"tid", c.rank},
+                      {"ts", static_cast<double>(c.start_ns) / 1e3},
+                      {"dur", std::max(static_cast<double>(c.end_ns - c.start_ns) / 1e3, 0.001)},
+                      {"args",
+                       {{"stage", c.stage},
+                        {"microbatch", c.microbatch},
+                        {"phase", std::string(1, c.phase)},
+                        {"tick", c.tick}}}});
+  }
   nlohmann::json doc = {{"traceEvents", std::move(events)},
                         {"displayTimeUnit", "ns"},
                         {"otherData", info_json(info)}};
   return doc.dump();
 }
 
+std::string schedule_picture(std::span<const ComputeSpan> spans) {
+  if (spans.empty()) return "";
+  std::map<int, std::map<int64_t, std::string>> cells;  // rank -> tick -> "F3"
+  int64_t ticks = 0;
+  size_t width = 1;
+  for (const ComputeSpan& c : spans) {
+    std::string cell = fmt::format("{}{}", c.phase, c.microbatch);
+    width = std::max(width, cell.size());
+    cells[c.rank][c.tick] = std::move(cell);
+    ticks = std::max(ticks, c.tick + 1);
+  }
+  std::string out;
+  int64_t idle_total = 0;
+  for (const auto& [rank, row] : cells) {
+    std::string line = fmt::format("rank {:>3} ", rank);
+    int64_t idle = 0;
+    for (int64_t t = 0; t < ticks; ++t) {
+      auto it = row.find(t);
+      const std::string cell = it == row.end() ? "." : it->second;
+      if (it == row.end()) ++idle;
+      line += fmt::format(" {:>{}}", cell, width);
+    }
+    idle_total += idle;
+    out += fmt::format("{}   idle {:.0f}%\n", line,
+                       100.0 * static_cast<double>(idle) / static_cast<double>(ticks));
+  }
+  const double cells_total = static_cast<double>(ticks) * static_cast<double>(cells.size());
+  out += fmt::format("{} ranks x {} ticks, bubble {:.1f}% (idle cells over all cells)\n",
+                     cells.size(), ticks, 100.0 * static_cast<double>(idle_total) / cells_total);
+  return out;
+}
+
 void write_trace_file(const std::string& path, std::span<const TraceRecord> records,
-                      const TraceFileInfo& info) {
+                      const TraceFileInfo& info, std::span<const ComputeSpan> spans) {
   std::ofstream out(path);
   if (!out) throw_error<ConfigError>("cannot open trace file '{}' for writing", path);
-  out << chrome_trace_json(records, info) << '\n';
+  out << chrome_trace_json(records, info, spans) << '\n';
   if (!out) throw_error<ConfigError>("writing trace file '{}' failed", path);
 }
 
@@ -151,6 +217,9 @@ std::string format_record(const TraceRecord& r) {
                   shape_str(std::vector<int64_t>(r.group_ranks.begin(), r.group_ranks.end())),
                   shape_str(r.shape), r.dtype);
   if (!r.detail.empty()) text += " " + r.detail;
+  if (r.stage >= 0 || r.microbatch >= 0) {
+    text += fmt::format(" [stage {} microbatch {}]", r.stage, r.microbatch);
+  }
   if (!r.file.empty()) text += " at " + call_site_text(r.file, r.line);
   if (r.end_us > 0.0) {
     text += fmt::format(" (completed, {:.1f} us)", r.end_us - r.start_us);
@@ -194,7 +263,7 @@ TraceFileInfo trace_info(const Trace& trace, uint64_t first_event,
 std::string Trace::to_chrome_json_string() const {
   const uint64_t first_event = first_event_id();
   const std::vector<TraceRecord> records = this->records();
-  return chrome_trace_json(records, trace_info(*this, first_event, records));
+  return chrome_trace_json(records, trace_info(*this, first_event, records), spans());
 }
 
 std::string write_world_trace(const World& world, const std::string& path) {
@@ -208,7 +277,7 @@ std::string write_world_trace(const World& world, const std::string& path) {
   if (file != path) info.ranks = world.held_ranks();
   info.world_size = world.size();
   info.backend = world.backend_name();
-  write_trace_file(file, records, info);
+  write_trace_file(file, records, info, t.spans());
   return file;
 }
 
@@ -220,7 +289,9 @@ void Trace::to_chrome_json(const std::string& path) const {
 }
 
 std::string Trace::summary_table() const {
-  return format_summary(summary());
+  const std::string picture = schedule_picture(spans());
+  return format_summary(summary()) +
+         (picture.empty() ? "" : "\npipeline schedule as it ran:\n" + picture);
 }
 
 }  // namespace spmd

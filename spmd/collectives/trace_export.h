@@ -27,11 +27,21 @@ struct TraceFileInfo {
   uint64_t first_event = 0;    // events dropped before the first one in the file
 };
 
-// The Chrome trace JSON of `records` (Trace::to_chrome_json writes this for its records).
-std::string chrome_trace_json(std::span<const TraceRecord> records, const TraceFileInfo& info);
+// The Chrome trace JSON of `records` (Trace::to_chrome_json writes this for its records), with the
+// pipeline's compute spans (Note [Pipeline context]) as events of category "compute" on one
+// process per stage ("stage 1", a track per rank).
+std::string chrome_trace_json(std::span<const TraceRecord> records, const TraceFileInfo& info,
+                              std::span<const ComputeSpan> spans = {});
 // Writes it; ConfigError when the file cannot be written.
 void write_trace_file(const std::string& path, std::span<const TraceRecord> records,
-                      const TraceFileInfo& info);
+                      const TraceFileInfo& info, std::span<const ComputeSpan> spans = {});
+
+// The schedule as it ran: one row per rank, one column per tick, each cell the action's phase and
+// microbatch ("F3", "B0", "W12") or "." when the rank was idle, then each rank's idle share and
+// the bubble (idle cells over all cells). Empty when there are no spans.
+//
+//   rank 0  F0 F1 B0 F2 B1 B2  .  .   idle 25%
+std::string schedule_picture(std::span<const ComputeSpan> spans);
 
 // Per op and mesh dim, in first-seen order: calls (one per group and sequence number), bytes
 // (every rank's input), the cost model's estimate (once per call) and the measured time (the

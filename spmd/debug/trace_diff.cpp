@@ -19,6 +19,10 @@ std::vector<std::string> differing_fields(const TraceRecord& a, const TraceRecor
     out.push_back("detail");
   }
   if (a.sequence != b.sequence) out.push_back("seq");
+  // Note [Pipeline context]: a stage that sends or receives another microbatch than the
+  // reference is a difference even when every shape agrees.
+  if (a.stage != b.stage) out.push_back("stage");
+  if (a.microbatch != b.microbatch) out.push_back("microbatch");
   return out;
 }
 

@@ -170,7 +170,33 @@ TraceRecord parse_record(const FieldReader& f, const std::string& source, size_t
   r.line = static_cast<uint32_t>(a.integer("line", 0, 0, std::numeric_limits<uint32_t>::max()));
   r.function = a.string("function", "");
   r.estimate_us = a.non_negative("estimate_us", 0.0);
+  r.stage = static_cast<int>(a.integer("stage", -1, -1, kMaxInt));
+  r.microbatch = static_cast<int>(a.integer("microbatch", -1, -1, kMaxInt));
   return r;
+}
+
+// A compute span (category "compute"): a pipeline action as it ran (Note [Pipeline context]).
+ComputeSpan parse_span(const FieldReader& f, const std::string& source, size_t index) {
+  ComputeSpan c;
+  c.rank = static_cast<int>(f.integer("tid", 0, 0, kMaxInt));
+  const double start = f.non_negative("ts", 0.0);
+  c.start_ns = static_cast<int64_t>(start * 1e3);
+  c.end_ns = static_cast<int64_t>((start + f.non_negative("dur", 0.0)) * 1e3);
+  const json* args = f.find("args");
+  if (args == nullptr || !args->is_object()) {
+    f.fail("args", args ? *args : json(), "an object with stage, microbatch, phase and tick");
+  }
+  const FieldReader a(*args, source,
+                      fmt::format("event {} (compute, rank {}) args", index, c.rank));
+  c.stage = static_cast<int>(a.integer("stage", -1, -1, kMaxInt));
+  c.microbatch = static_cast<int>(a.integer("microbatch", -1, -1, kMaxInt));
+  c.tick = a.integer("tick", -1, -1, kMaxInt64);
+  const std::string phase = a.string("phase", "");
+  if (phase.size() != 1 || std::string_view("FBIW").find(phase[0]) == std::string_view::npos) {
+    a.fail("phase", json(phase), "one of F, B, I, W");
+  }
+  c.phase = phase[0];
+  return c;
 }
 
 std::string read_text(const std::string& path) {
@@ -294,6 +320,7 @@ void append(TraceFile& into, TraceFile&& part) {
   into.infos.insert(into.infos.end(), part.infos.begin(), part.infos.end());
   into.records.insert(into.records.end(), std::make_move_iterator(part.records.begin()),
                       std::make_move_iterator(part.records.end()));
+  into.spans.insert(into.spans.end(), part.spans.begin(), part.spans.end());
 }
 
 }  // namespace
@@ -358,7 +385,11 @@ TraceFile parse_trace_json(std::string_view text, const std::string& source) {
                                                : "the file is a bare JSON array of events");
     }
     const std::string ph = f.string("ph", "");
-    if (ph == "X" || ph == "i" || ph == "I") out.records.push_back(parse_record(f, source, index));
+    if (ph == "X" && f.string("cat", "") == "compute") {
+      out.spans.push_back(parse_span(f, source, index));
+    } else if (ph == "X" || ph == "i" || ph == "I") {
+      out.records.push_back(parse_record(f, source, index));
+    }
     ++index;
   }
   std::stable_sort(out.records.begin(), out.records.end(),

@@ -35,6 +35,8 @@ struct TraceFile {
   std::vector<TraceFileInfo> infos;  // one per file
   // Every record, by rank, then in issue order within each rank (as Trace::records()).
   std::vector<TraceRecord> records;
+  // The pipeline's compute spans (events of category "compute", Note [Pipeline context]).
+  std::vector<ComputeSpan> spans;
 
   // The ranks with records, ascending.
   std::vector<int> ranks() const;

@@ -10,6 +10,7 @@
 
 #include <spmd/collectives/functional.h>
 #include <spmd/collectives/trace.h>
+#include <spmd/collectives/trace_export.h>
 #include <spmd/debug/trace_diff.h>
 #include <spmd/debug/trace_file.h>
 #include <spmd/mesh/device_mesh.h>
@@ -87,6 +88,53 @@ TEST(TraceFile, ChromeJsonReadsBackIntoTheSameRecords) {
       << table;
   EXPECT_NE(table.find("total                                6             96"), std::string::npos)
       << table;
+}
+
+// Note [Pipeline context]: collectives inside a pipeline action carry its stage and microbatch,
+// the actions are compute spans, both survive the file, the diff names a wrong microbatch, and
+// the summary draws the schedule as it ran.
+TEST(TraceFile, PipelineStagesMicrobatchesAndSpansSurviveTheFile) {
+  World world = World::sim(4);
+  DeviceMesh mesh = init_device_mesh(world, {2, 2}, {"dp", "tp"});
+  trace().clear();
+  {
+    const PipelineContextScope action(1, 3);
+    three_calls(world, mesh);
+  }
+  all_reduce(LocalTensor::from_fn(world, [](int r) { return full({2}, r); }), mesh, "tp");
+  for (int rank = 0; rank < 2; ++rank) {
+    trace().add_span(ComputeSpan{rank, 0, 0, 'F', 0, 10, 20});
+    trace().add_span(ComputeSpan{rank, 0, 0, 'B', 2, 30, 50});
+  }
+  trace().add_span(ComputeSpan{2, 1, 0, 'F', 1, 20, 30});
+  const std::vector<TraceRecord> records = trace().records();
+  ASSERT_EQ(records.size(), 16u);
+  EXPECT_EQ(records[0].stage, 1);
+  EXPECT_EQ(records[0].microbatch, 3);
+  EXPECT_EQ(records[3].stage, -1);  // rank 0's fourth call: outside the action
+  EXPECT_NE(format_record(records[0]).find("[stage 1 microbatch 3]"), std::string::npos);
+
+  const std::string path = temp_path("pipeline.json");
+  trace().to_chrome_json(path);
+  TraceFile file = read_trace_file(path);
+  expect_same_records(file.records, records);
+  EXPECT_EQ(file.spans, trace().spans());
+
+  const std::string picture = schedule_picture(file.spans);
+  EXPECT_NE(picture.find("rank   0  F0  . B0   idle 33%"), std::string::npos) << picture;
+  EXPECT_NE(picture.find("rank   2   . F0  .   idle 67%"), std::string::npos) << picture;
+  EXPECT_NE(picture.find("3 ranks x 3 ticks, bubble 44.4%"), std::string::npos) << picture;
+  EXPECT_NE(trace().summary_table().find("pipeline schedule as it ran:"), std::string::npos);
+
+  // The same calls from microbatch 4: the diff names the field.
+  TraceFile other = file;
+  for (TraceRecord& r : other.records) {
+    if (r.microbatch == 3) r.microbatch = 4;
+  }
+  const TraceDiff d = diff_traces(file, other, "a", "b");
+  ASSERT_FALSE(d.identical());
+  EXPECT_EQ(d.ranks[0].fields, (std::vector<std::string>{"microbatch"}));
+  trace().clear();
 }
 
 TEST(TraceFile, ReadsPerRankFilesAndFolders) {

@@ -87,6 +87,9 @@ int run_summary(const TraceOptions& o) {
   if (!o.json) {
     fmt::print("{} records of {} ranks from {}\n{}", trace.records.size(), trace.ranks().size(),
                fmt::join(trace.paths, ", "), summary_table(trace.records));
+    if (const std::string picture = schedule_picture(trace.spans); !picture.empty()) {
+      fmt::print("\npipeline schedule as it ran:\n{}", picture);
+    }
     return 0;
   }
   const std::vector<TraceSummaryRow> rows = summary_rows(trace.records);
