@@ -74,7 +74,7 @@ namespace spmd::pipeline {
 //                the input gradients set the pace: (m + p - 1)(F + I) + W.
 //
 // make_schedule builds these; validate checks any Schedule, hand-built ones included; simulate
-// times it; picture draws the timeline.
+// times it; picture draws the timeline (docs/pipeline.md shows each for p = 4, m = 8).
 
 enum class ActionKind { Forward, Backward, BackwardInput, BackwardWeight };
 

@@ -74,7 +74,7 @@ Timeline simulate(const Schedule& schedule, Costs costs = {},
 // running at the column's middle (F, B, I, W; '.' idle) and the rank's idle %, a row "mb" with each
 // action's microbatch under its first column (0-9, then a-z for 10-35; modulo 36 beyond) and, with
 // virtual stages, a row "chunk" with its chunk likewise; a legend last. Deterministic: the tests
-// show it literally. A time_unit that is not a finite time > 0 is a
+// and docs/pipeline.md show it literally. A time_unit that is not a finite time > 0 is a
 // ConfigError.
 std::string picture(const Timeline& timeline, double time_unit = 1);
 

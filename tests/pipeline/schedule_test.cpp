@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <tuple>
@@ -334,6 +336,21 @@ TEST(PipelinePicture, ChunksOfInterleavedAndATimeUnit) {
             "mb: each action's microbatch, at its first column\n"
             "chunk: each action's chunk; chunk c of rank r is stage c x 2 + r\n");
   expect_throws<ConfigError>([&] { picture(run({"gpipe", 2, 2, 1}), 0); }, {"time_unit = 0"});
+}
+
+// docs/pipeline.md shows each schedule for p = 4, m = 8 (interleaved: v = 2) as picture() prints
+// it.
+TEST(PipelinePicture, TheDocsShowEachScheduleAsPrinted) {
+  std::ifstream file(std::string(SPMD_DOCS_DIR) + "/pipeline.md");
+  ASSERT_TRUE(file) << SPMD_DOCS_DIR << "/pipeline.md";
+  const std::string docs((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  for (const std::string& name : schedule_names()) {
+    const std::string text =
+        picture(simulate(make_schedule(name, 4, 8, name == "interleaved" ? 2 : 1)));
+    EXPECT_NE(docs.find("```\n" + text + "```\n"), std::string::npos)
+        << "docs/pipeline.md lacks the picture of " << name << ":\n"
+        << text;
+  }
 }
 
 TEST(PipelineBadInput, MakeScheduleNamesTheValue) {
