@@ -59,6 +59,7 @@ spmd_module(nccl            spmd/backends/nccl spmd/tensor/cuda BACKEND nccl
             IF SPMD_HAVE_NCCL OPTION SPMD_WITH_NCCL USES backend_mpi SEPARATE)
 spmd_module(dtensor         spmd/dtensor)
 spmd_module(nn              spmd/nn)
+spmd_module(pipeline        spmd/pipeline)
 spmd_module(debug           spmd/debug)
 spmd_module(runtime         spmd/runtime)
 spmd_module(testing         spmd/testing          IF SPMD_HAVE_GTEST SEPARATE)

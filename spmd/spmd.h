@@ -45,6 +45,8 @@
 #include <spmd/ops/ops.h>
 #include <spmd/ops/placement.h>
 #include <spmd/ops/strategy.h>
+#include <spmd/pipeline/schedule.h>
+#include <spmd/pipeline/timeline.h>
 #include <spmd/runtime/digest.h>
 #include <spmd/runtime/launch.h>
 #include <spmd/runtime/options.h>
