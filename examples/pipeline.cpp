@@ -49,7 +49,7 @@ Tensor microbatch(int64_t m) {
       .reshape({kMicrobatchRows, kHidden});
 }
 
-int pipeline(World& world) {
+int pipeline_example(World& world) {
   if (world.size() % 2 != 0 || world.size() < 4) {
     throw_error<ConfigError>("pipeline needs an even world size of at least 4, got {}",
                              world.size());
@@ -150,5 +150,5 @@ int pipeline(World& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return launch(argc, argv, pipeline);
+  return launch(argc, argv, pipeline_example);
 }
