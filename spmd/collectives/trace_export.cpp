@@ -119,7 +119,7 @@ std::string chrome_trace_json(std::span<const TraceRecord> records, const TraceF
   }
   for (const ComputeSpan& c : spans) {
     events.push_back({{"name", fmt::format("{}{}", c.phase, c.microbatch)},
-                      {"cat", "compute"},
+                      {"cat", "pipeline"},
                       {"ph", "X"},
                       {"pid", 1 + c.stage},
                       {"tid", c.rank},

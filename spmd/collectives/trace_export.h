@@ -28,7 +28,7 @@ struct TraceFileInfo {
 };
 
 // The Chrome trace JSON of `records` (Trace::to_chrome_json writes this for its records), with the
-// pipeline's compute spans (Note [Pipeline context]) as events of category "compute" on one
+// pipeline's compute spans (Note [Pipeline context]) as events of category "pipeline" on one
 // process per stage ("stage 1", a track per rank).
 std::string chrome_trace_json(std::span<const TraceRecord> records, const TraceFileInfo& info,
                               std::span<const ComputeSpan> spans = {});

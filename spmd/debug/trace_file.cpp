@@ -175,7 +175,7 @@ TraceRecord parse_record(const FieldReader& f, const std::string& source, size_t
   return r;
 }
 
-// A compute span (category "compute"): a pipeline action as it ran (Note [Pipeline context]).
+// A compute span (category "pipeline"): a pipeline action as it ran (Note [Pipeline context]).
 ComputeSpan parse_span(const FieldReader& f, const std::string& source, size_t index) {
   ComputeSpan c;
   c.rank = static_cast<int>(f.integer("tid", 0, 0, kMaxInt));
@@ -385,7 +385,7 @@ TraceFile parse_trace_json(std::string_view text, const std::string& source) {
                                                : "the file is a bare JSON array of events");
     }
     const std::string ph = f.string("ph", "");
-    if (ph == "X" && f.string("cat", "") == "compute") {
+    if (ph == "X" && f.string("cat", "") == "pipeline") {
       out.spans.push_back(parse_span(f, source, index));
     } else if (ph == "X" || ph == "i" || ph == "I") {
       out.records.push_back(parse_record(f, source, index));

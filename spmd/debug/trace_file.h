@@ -35,7 +35,7 @@ struct TraceFile {
   std::vector<TraceFileInfo> infos;  // one per file
   // Every record, by rank, then in issue order within each rank (as Trace::records()).
   std::vector<TraceRecord> records;
-  // The pipeline's compute spans (events of category "compute", Note [Pipeline context]).
+  // The pipeline's compute spans (events of category "pipeline", Note [Pipeline context]).
   std::vector<ComputeSpan> spans;
 
   // The ranks with records, ascending.
