@@ -102,121 +102,6 @@ void check_kernel(cudaError_t error, const char* kernel, const Part& p) {
   gpu::check(error, kernel, p.device);
 }
 
-// ---- collectives: one run() per collective, reached by run_collective's visit ----------------
-
-WorkPtr run(Call& c, const LocalTensor& x, const AllReduceOptions& options) {
-  const DType dtype = x.dtype();
-  const ReducePlan plan = plan_reduction(options.op, dtype);
-  for (Part& p : c.parts) p.result = device_empty(p, p.input.shape(), dtype);
-  const size_t count = static_cast<size_t>(c.parts.front().input.numel());
-  if (count > 0) {
-    if (plan.kind == ReducePlan::Gathered) {
-      std::vector<Tensor> stacked;
-      for (Part& p : c.parts) stacked.push_back(device_empty(p, {c.n, int64_t(count)}, dtype));
-      size_t i = 0;
-      c.group([&](Part& p) {
-        c.check(ncclAllGather(p.input.data_ptr(), stacked[i++].data_ptr(), count, nccl_type(dtype),
-                              c.comm(p), p.stream),
-                "ncclAllGather", p);
-      });
-      for (size_t k = 0; k < c.parts.size(); ++k) {
-        Part& p = c.parts[k];
-        check_kernel(
-            cuda_kernels::reduce_stacked(static_cast<int>(options.op), elt(dtype),
-                                         stacked[k].data_ptr(), c.n, static_cast<int64_t>(count),
-                                         p.result.data_ptr(), int64_t(count), p.stream),
-            "reduce_stacked kernel", p);
-      }
-    } else {
-      c.group([&](Part& p) {
-        c.check(ncclAllReduce(p.input.data_ptr(), p.result.data_ptr(), count, nccl_type(dtype),
-                              plan.op, c.comm(p), p.stream),
-                "ncclAllReduce", p);
-      });
-      if (plan.kind == ReducePlan::ParityOfSum) {
-        for (Part& p : c.parts) {
-          check_kernel(cuda_kernels::keep_low_bit(static_cast<uint8_t*>(p.result.data_ptr()),
-                                                  int64_t(count), p.stream),
-                       "keep_low_bit kernel", p);
-        }
-      }
-    }
-  }
-  return c.finish(x);
-}
-
-WorkPtr run(Call& c, const LocalTensor& x, const AllGatherOptions& options) {
-  const DType dtype = x.dtype();
-  const int64_t d = wrap_dim(options.gather_dim, x.dim());
-  std::vector<Tensor> buffers;
-  for (Part& p : c.parts)
-    buffers.push_back(device_empty(p, stacked_shape(c.n, p.input.shape()), dtype));
-  const size_t count = static_cast<size_t>(c.parts.front().input.numel());
-  if (count > 0) {
-    size_t i = 0;
-    c.group([&](Part& p) {
-      c.check(ncclAllGather(p.input.data_ptr(), buffers[i++].data_ptr(), count, nccl_type(dtype),
-                            c.comm(p), p.stream),
-              "ncclAllGather", p);
-    });
-  }
-  for (size_t k = 0; k < c.parts.size(); ++k) c.parts[k].result = concat_blocks(buffers[k], d);
-  return c.finish(x);
-}
-
-WorkPtr run(Call& c, const LocalTensor& x, const ReduceScatterOptions& options) {
-  const DType dtype = x.dtype();
-  const ReducePlan plan = plan_reduction(options.op, dtype);
-  const int64_t d = wrap_dim(options.scatter_dim, x.dim());
-  std::vector<Tensor> sends;
-  for (Part& p : c.parts) {
-    Shape out_shape = p.input.shape();
-    out_shape[static_cast<size_t>(d)] /= c.n;
-    p.result = device_empty(p, out_shape, dtype);
-    sends.push_back(pieces_stacked(p.input, d, c.n));
-  }
-  const size_t count = static_cast<size_t>(c.parts.front().result.numel());
-  if (count > 0) {
-    if (plan.kind == ReducePlan::Gathered) {
-      // Every member's whole input, then this rank's piece of each reduced in group order.
-      std::vector<Tensor> stacked;
-      for (Part& p : c.parts) {
-        stacked.push_back(device_empty(p, {c.n, c.n * int64_t(count)}, dtype));
-      }
-      size_t i = 0;
-      c.group([&](Part& p) {
-        c.check(ncclAllGather(sends[i].data_ptr(), stacked[i].data_ptr(), c.n * count,
-                              nccl_type(dtype), c.comm(p), p.stream),
-                "ncclAllGather", p);
-        ++i;
-      });
-      for (size_t k = 0; k < c.parts.size(); ++k) {
-        Part& p = c.parts[k];
-        check_kernel(cuda_kernels::reduce_stacked(static_cast<int>(options.op), elt(dtype),
-                                                  byte_ptr(stacked[k], c.index(p) * int64_t(count)),
-                                                  c.n, c.n * int64_t(count), p.result.data_ptr(),
-                                                  int64_t(count), p.stream),
-                     "reduce_stacked kernel", p);
-      }
-    } else {
-      size_t i = 0;
-      c.group([&](Part& p) {
-        c.check(ncclReduceScatter(sends[i++].data_ptr(), p.result.data_ptr(), count,
-                                  nccl_type(dtype), plan.op, c.comm(p), p.stream),
-                "ncclReduceScatter", p);
-      });
-      if (plan.kind == ReducePlan::ParityOfSum) {
-        for (Part& p : c.parts) {
-          check_kernel(cuda_kernels::keep_low_bit(static_cast<uint8_t*>(p.result.data_ptr()),
-                                                  int64_t(count), p.stream),
-                       "keep_low_bit kernel", p);
-        }
-      }
-    }
-  }
-  return c.finish(x);
-}
-
 // sends[i]'s block j (of `count` elements) to group rank j, into block j' = source of recvs[i]:
 // ncclAlltoAll, or grouped send/recv with the own block copied locally.
 void all_to_all_blocks(Call& c, const std::vector<Tensor>& sends, const std::vector<Tensor>& recvs,
@@ -296,6 +181,120 @@ void gather_blocks(Call& c, const std::vector<Tensor>& inputs, const std::vector
     }
     ++i;
   });
+}
+
+// The one path of the reductions (all_reduce, reduce_scatter, reduce), once their results are
+// made: every member contributes its part's `sends` (all of one size), and each part that gets a
+// result (every part, or with `root` >= 0 the root's) gets `count` elements: the reduction of the
+// whole contributions, or with `scatter` its own block of it. The plan decides how
+// (Note [NCCL semantics]). Native and ParityOfSum: enqueue(part, send, op) puts the part's NCCL
+// reduction with `op` in one group, and ParityOfSum keeps the low bit of every result. Gathered
+// (bitwise ops on integers, which NCCL lacks): every contribution is gathered to the parts that
+// get a result and folded there in group order.
+template <class Enqueue>
+void reduce_by_plan(Call& c, ReduceOp op, const ReducePlan& plan, DType dtype,
+                    const std::vector<Tensor>& sends, size_t count, int root, bool scatter,
+                    Enqueue&& enqueue) {
+  if (count == 0) return;
+  auto gets_result = [&](const Part& p) { return root < 0 || c.index(p) == root; };
+  if (plan.kind == ReducePlan::Gathered) {
+    const int64_t stride = sends.front().numel();
+    std::vector<Tensor> stacked;
+    for (Part& p : c.parts) {
+      stacked.push_back(gets_result(p) ? device_empty(p, {c.n, stride}, dtype) : Tensor{});
+    }
+    if (root < 0) {
+      size_t i = 0;
+      c.group([&](Part& p) {
+        c.check(ncclAllGather(sends[i].data_ptr(), stacked[i].data_ptr(),
+                              static_cast<size_t>(stride), nccl_type(dtype), c.comm(p), p.stream),
+                "ncclAllGather", p);
+        ++i;
+      });
+    } else {
+      gather_blocks(c, sends, stacked, root, static_cast<size_t>(stride), dtype);
+    }
+    for (size_t k = 0; k < c.parts.size(); ++k) {
+      Part& p = c.parts[k];
+      if (!gets_result(p)) continue;
+      const int64_t at = scatter ? c.index(p) * int64_t(count) : 0;
+      check_kernel(
+          cuda_kernels::reduce_stacked(static_cast<int>(op), elt(dtype), byte_ptr(stacked[k], at),
+                                       c.n, stride, p.result.data_ptr(), int64_t(count), p.stream),
+          "reduce_stacked kernel", p);
+    }
+    return;
+  }
+  size_t i = 0;
+  c.group([&](Part& p) { enqueue(p, sends[i++], plan.op); });
+  if (plan.kind == ReducePlan::ParityOfSum) {
+    for (Part& p : c.parts) {
+      if (!gets_result(p)) continue;
+      check_kernel(cuda_kernels::keep_low_bit(static_cast<uint8_t*>(p.result.data_ptr()),
+                                              int64_t(count), p.stream),
+                   "keep_low_bit kernel", p);
+    }
+  }
+}
+
+// ---- collectives: one run() per collective, reached by run_collective's visit ----------------
+
+WorkPtr run(Call& c, const LocalTensor& x, const AllReduceOptions& options) {
+  const DType dtype = x.dtype();
+  const ReducePlan plan = plan_reduction(options.op, dtype);
+  std::vector<Tensor> sends;
+  for (Part& p : c.parts) {
+    p.result = device_empty(p, p.input.shape(), dtype);
+    sends.push_back(p.input);
+  }
+  const size_t count = static_cast<size_t>(c.parts.front().input.numel());
+  reduce_by_plan(c, options.op, plan, dtype, sends, count, /*root=*/-1, /*scatter=*/false,
+                 [&](Part& p, const Tensor& send, ncclRedOp_t op) {
+                   c.check(ncclAllReduce(send.data_ptr(), p.result.data_ptr(), count,
+                                         nccl_type(dtype), op, c.comm(p), p.stream),
+                           "ncclAllReduce", p);
+                 });
+  return c.finish(x);
+}
+
+WorkPtr run(Call& c, const LocalTensor& x, const AllGatherOptions& options) {
+  const DType dtype = x.dtype();
+  const int64_t d = wrap_dim(options.gather_dim, x.dim());
+  std::vector<Tensor> buffers;
+  for (Part& p : c.parts)
+    buffers.push_back(device_empty(p, stacked_shape(c.n, p.input.shape()), dtype));
+  const size_t count = static_cast<size_t>(c.parts.front().input.numel());
+  if (count > 0) {
+    size_t i = 0;
+    c.group([&](Part& p) {
+      c.check(ncclAllGather(p.input.data_ptr(), buffers[i++].data_ptr(), count, nccl_type(dtype),
+                            c.comm(p), p.stream),
+              "ncclAllGather", p);
+    });
+  }
+  for (size_t k = 0; k < c.parts.size(); ++k) c.parts[k].result = concat_blocks(buffers[k], d);
+  return c.finish(x);
+}
+
+WorkPtr run(Call& c, const LocalTensor& x, const ReduceScatterOptions& options) {
+  const DType dtype = x.dtype();
+  const ReducePlan plan = plan_reduction(options.op, dtype);
+  const int64_t d = wrap_dim(options.scatter_dim, x.dim());
+  std::vector<Tensor> sends;
+  for (Part& p : c.parts) {
+    Shape out_shape = p.input.shape();
+    out_shape[static_cast<size_t>(d)] /= c.n;
+    p.result = device_empty(p, out_shape, dtype);
+    sends.push_back(pieces_stacked(p.input, d, c.n));
+  }
+  const size_t count = static_cast<size_t>(c.parts.front().result.numel());
+  reduce_by_plan(c, options.op, plan, dtype, sends, count, /*root=*/-1, /*scatter=*/true,
+                 [&](Part& p, const Tensor& send, ncclRedOp_t op) {
+                   c.check(ncclReduceScatter(send.data_ptr(), p.result.data_ptr(), count,
+                                             nccl_type(dtype), op, c.comm(p), p.stream),
+                           "ncclReduceScatter", p);
+                 });
+  return c.finish(x);
 }
 
 WorkPtr run(Call& c, const LocalTensor& x, const AllToAllOptions& options) {
@@ -521,6 +520,7 @@ WorkPtr run(Call& c, const LocalTensor& x, const ReduceOptions& options) {
   }
   const ReducePlan plan = plan_reduction(options.op, dtype);
   const int root = options.dst;
+  std::vector<Tensor> sends;
   for (Part& p : c.parts) {
     if (c.index(p) == root) {
       p.result = device_empty(p, p.input.shape(), dtype);
@@ -529,43 +529,16 @@ WorkPtr run(Call& c, const LocalTensor& x, const ReduceOptions& options) {
       none[0] = 0;
       p.result = device_empty(p, none, dtype);
     }
+    sends.push_back(p.input);
   }
   const size_t count = static_cast<size_t>(c.parts.front().input.numel());
-  if (count > 0) {
-    if (plan.kind == ReducePlan::Gathered) {
-      std::vector<Tensor> inputs;
-      std::vector<Tensor> buffers;
-      for (Part& p : c.parts) {
-        inputs.push_back(p.input);
-        buffers.push_back(c.index(p) == root ? device_empty(p, {c.n, int64_t(count)}, dtype)
-                                             : Tensor{});
-      }
-      gather_blocks(c, inputs, buffers, root, count, dtype);
-      for (size_t k = 0; k < c.parts.size(); ++k) {
-        Part& p = c.parts[k];
-        if (c.index(p) != root) continue;
-        check_kernel(cuda_kernels::reduce_stacked(static_cast<int>(options.op), elt(dtype),
-                                                  buffers[k].data_ptr(), c.n, int64_t(count),
-                                                  p.result.data_ptr(), int64_t(count), p.stream),
-                     "reduce_stacked kernel", p);
-      }
-    } else {
-      c.group([&](Part& p) {
-        void* recv = c.index(p) == root ? p.result.data_ptr() : nullptr;
-        c.check(ncclReduce(p.input.data_ptr(), recv, count, nccl_type(dtype), plan.op, root,
-                           c.comm(p), p.stream),
-                "ncclReduce", p);
-      });
-      if (plan.kind == ReducePlan::ParityOfSum) {
-        for (Part& p : c.parts) {
-          if (c.index(p) != root) continue;
-          check_kernel(cuda_kernels::keep_low_bit(static_cast<uint8_t*>(p.result.data_ptr()),
-                                                  int64_t(count), p.stream),
-                       "keep_low_bit kernel", p);
-        }
-      }
-    }
-  }
+  reduce_by_plan(c, options.op, plan, dtype, sends, count, root, /*scatter=*/false,
+                 [&](Part& p, const Tensor& send, ncclRedOp_t op) {
+                   void* recv = c.index(p) == root ? p.result.data_ptr() : nullptr;
+                   c.check(ncclReduce(send.data_ptr(), recv, count, nccl_type(dtype), op, root,
+                                      c.comm(p), p.stream),
+                           "ncclReduce", p);
+                 });
   return c.finish(x);
 }
 
