@@ -28,9 +28,9 @@
 #include <spmd/core/env.h>
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/ops.h>
-#include <spmd/world/local_tensor.h>
 #include <spmd/tensor/random.h>
 #include <spmd/testing.h>
+#include <spmd/world/local_tensor.h>
 
 namespace spmd {
 namespace {
