@@ -77,7 +77,7 @@ class CollectiveMismatchError : public Error {
   std::string_view type_name() const noexcept override { return "CollectiveMismatchError"; }
 };
 // A collective that can never complete: a member of its group has finished without making the
-// call (threads; mpi: Note [Exit notices] in backends/mpi/backend.h), or every unfinished rank
+// call (threads; mpi: Note [Exit notices] in backends/mpi/exit_notice.h), or every unfinished rank
 // waits in a collective that lacks a member (Note [Threads deadlock detection] in
 // backends/threads/backend.h). A
 // CollectiveMismatchError: on a cluster it is the same bug, a rank that did not make the call its

@@ -12,9 +12,10 @@
 // Adding an elementwise op: a functor below, its name in UnaryElementOps or BinaryElementOps, and
 // its op-table entry in ops/ops.h (docs/design.md, "Adding an op").
 //
-// This header depends on nothing else in spmdsim, so nvcc compiles it alone; everything in it is
-// callable on the host and the device (SPMD_HD). Transcendentals call the C math functions (expf,
-// erff, ...): glibc on the host, CUDA's device library on the GPU (whose last bit may differ).
+// This header depends on nothing else in spmdsim but tensor/host_device.h, so nvcc compiles it
+// alone; everything in it is callable on the host and the device (SPMD_HD). Transcendentals call
+// the C math functions (expf, erff, ...): glibc on the host, CUDA's device library on the GPU
+// (whose last bit may differ).
 #pragma once
 
 #include <math.h>
@@ -23,13 +24,7 @@
 #include <string_view>
 #include <type_traits>
 
-#if !defined(SPMD_HD)
-#if defined(__CUDACC__)
-#define SPMD_HD __host__ __device__ __forceinline__
-#else
-#define SPMD_HD inline
-#endif
-#endif
+#include <spmd/tensor/host_device.h>
 
 namespace spmd::element {
 

@@ -28,9 +28,9 @@
 #include <spmd/core/env.h>
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/ops.h>
-#include <spmd/world/local_tensor.h>
 #include <spmd/tensor/random.h>
 #include <spmd/testing.h>
+#include <spmd/world/local_tensor.h>
 
 namespace spmd {
 namespace {
@@ -693,7 +693,7 @@ SPMD_TEST(Conformance, Permute) {
 // and averages round, and every backend must give the bits of ((x0 op x1) op x2) op ... with the
 // accumulation type of the note (F32 for BF16 and F32, F64 for F64), rounded once. The reference
 // is that loop, written out here. Groups of 4 and 8 under mpirun are what Note [Rank-ordered
-// floating reductions] (backends/mpi/backend.cpp) is for. NCCL brackets as it likes (Note [NCCL
+// floating reductions] (backends/mpi/collectives.cpp) is for. NCCL brackets as it likes (Note [NCCL
 // semantics]), so this test does not run there.
 template <class Acc>
 std::vector<double> rank_order_fold(const std::vector<std::vector<double>>& rows, ReduceOp op) {

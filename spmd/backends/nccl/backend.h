@@ -11,34 +11,27 @@
 // collective over the world, so every process makes the first call on each mesh dim in the same
 // order (an SPMD program does).
 //
+// Before each NCCL call the group exchanges every member's CollectiveFingerprint with one small
+// ncclAllGather and checks them with check_fingerprints, exactly as the mpi backend does
+// (Note [Collective fingerprint] in collectives/fingerprint.h: one schema, the group hash
+// included), so mismatched calls are errors, not hangs; --spmd-debug=fingerprint adds
+// per-communicator sequence numbers and call sites. Where the results differ from sim's:
+// Note [NCCL semantics] in collectives.h.
+//
+// The folder, file against file with backends/mpi: backend.h/.cpp (this one: the communicators and
+// the Backend, which creates them and issues calls), state.h/.cpp (the held ranks, the API lock,
+// the nonblocking waits and the communicators' lifetimes), call.h/.cpp (one call: its parts and
+// the fingerprint exchange), collectives.h/.cpp (one run() per collective), watchdog.h/.cpp
+// (Note [NCCL watchdog]), exit_notice.h/.cpp (what peers see when this process ends: the aborted
+// communicators) and driver.cpp; besides, bootstrap.h/.cpp and unique_id.h, what an nccl world
+// needs before its first communicator (Note [NCCL bootstrap]), which mpirun does for mpi.
+//
 // Note [NCCL device placement]
 // Under nccl a rank's tensors live on its GPU: World::device_of(rank) is the rank's device, and
 // LocalTensor::from_fn / replicate and DTensor's distribute_tensor and randn put shards there.
 // Collectives take device shards and return device results with no host staging. A shard still
 // on the host (made by hand, e.g. with from_fn over a rank list) is copied to the rank's GPU for
 // the call and its result copied back, so code written for the CPU backends keeps working.
-//
-// Note [NCCL semantics]
-// The same results as sim (Note [Reduction order]) on data whose reductions are exact, with these
-// differences, each the NCCL behaviour:
-//   - Avg on floating dtypes pre-multiplies every input by 1/n (rounded to the dtype), then sums;
-//     sim sums, then divides. Results differ in the last bits unless n is a power of two: tests
-//     compare floating Avg with a tolerance (tests/collectives/conformance_test.cpp). Integer Avg
-//     is the sum divided by n, truncated toward zero, as under sim.
-//   - Floating sums and products reduce in NCCL's order (ring or tree), rounding to the dtype at
-//     every hop (BF16/F16 too; sim accumulates BF16/F16 in F32 and rounds once).
-//   - Min and Max on floating dtypes ignore NaN (fminf/fmaxf); sim propagates NaN.
-//   - Bool travels as uint8: Sum/Max/BOr reduce with ncclMax, Product/Min/BAnd with ncclMin,
-//     BXor with ncclSum followed by the low bit. BAnd/BOr/BXor on I32/I64, which NCCL lacks, are
-//     an all_gather (or gather to the root) followed by the shared reduction order on the GPU.
-//   - all_to_all, gather and scatter use ncclAlltoAll/ncclGather/ncclScatter on NCCL >= 2.28.3
-//     (in the headers and at run time), else grouped ncclSend/ncclRecv, as all_to_all_single and
-//     permute always do.
-// Before each NCCL call the group exchanges every member's CollectiveFingerprint with one small
-// ncclAllGather and checks them with check_fingerprints, exactly as the mpi backend does (Note
-// [Collective fingerprint] in collectives/fingerprint.h: one schema, the group hash included), so
-// mismatched calls are errors, not hangs; --spmd-debug=fingerprint adds per-communicator sequence
-// numbers and call sites.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -48,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include <spmd/backends/nccl/exit_notice.h>  // nccl_abort_communicators()
 #include <spmd/collectives/backend.h>
 
 namespace spmd {
@@ -105,7 +99,7 @@ class NcclBackend final : public Backend {
                                                   const CommOptions& options) override;
 
   // Exchanges the call's fingerprint with the group (Note [Collective fingerprint]), then enqueues
-  // the collective's NCCL calls (one private function per collective in backend.cpp).
+  // the collective's NCCL calls (one run() per collective in collectives.cpp).
   WorkPtr issue(Communicator& comm, const LocalTensor& x, const CollectiveOptions& options,
                 const CallSite& site) override;
 
@@ -118,11 +112,5 @@ class NcclBackend final : public Backend {
   std::shared_ptr<NcclRuntime> runtime_;
   std::vector<ncclComm_t> world_;  // per held rank
 };
-
-// When an nccl backend is alive in this process: prints its last collectives and aborts every
-// communicator (ncclCommAbort, waiting at most a few seconds), so peers blocked in a collective
-// with this process see an error instead of waiting. Returns true when there was one. Used by
-// abort_job() after a failure; the process must exit afterwards.
-bool nccl_abort_communicators();
 
 }  // namespace spmd

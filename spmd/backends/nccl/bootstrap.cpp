@@ -12,7 +12,7 @@
 #include <spmd/core/error.h>
 
 #if SPMD_HAVE_MPI
-#include <spmd/backends/mpi/backend.h>
+#include <spmd/backends/mpi/state.h>
 #endif
 
 namespace spmd {

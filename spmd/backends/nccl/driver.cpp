@@ -11,11 +11,11 @@
 #include <spmd/config.h>
 #include <spmd/core/env.h>
 #include <spmd/core/error.h>
-#include <spmd/world/backend_driver.h>
 #include <spmd/tensor/cuda/device.h>
+#include <spmd/world/backend_driver.h>
 
 #if SPMD_HAVE_MPI
-#include <spmd/backends/mpi/backend.h>
+#include <spmd/backends/mpi/state.h>
 #endif
 
 namespace spmd {

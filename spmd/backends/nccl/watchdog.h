@@ -39,7 +39,7 @@ class Watchdog {
  public:
   using Clock = std::chrono::steady_clock;
   // `on_failure(message)` runs on the watchdog thread, at most once. Communicators are polled only
-  // while `nccl_api` is free (Note [NCCL API lock] in backends/nccl/backend.cpp).
+  // while `nccl_api` is free (Note [NCCL API lock] in backends/nccl/state.h).
   Watchdog(double timeout_s, std::timed_mutex& nccl_api,
            std::function<void(const std::string&)> on_failure);
   // Stops and joins the thread; does not abort anything.

@@ -4,11 +4,12 @@
 // (SPMD_HD), so the CUDA kernels run exactly the code that tests/tensor/cuda/element_test.cpp
 // checks on the CPU against the CPU kernels: conversions bit for bit convert_element
 // (tensor/dtype.h, BFloat16/Half of tensor/half.h). The per-element math of every elementwise op
-// is tensor/element_ops.h's, which the CPU kernels run too.
+// is tensor/element_ops.h's, and the 16-bit floats' conversions are tensor/half.h's: the CPU
+// kernels run the same functions.
 //
 // The storage types Bf16 and F16 are plain 2-byte values (same layout as spmd::BFloat16 and
-// spmd::Half) so this header depends on nothing in spmdsim but element_ops.h, and nvcc compiles
-// it alone.
+// spmd::Half) so this header depends on nothing in spmdsim but element_ops.h and half.h, and nvcc
+// compiles it alone.
 #pragma once
 
 #include <math.h>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include <spmd/tensor/element_ops.h>
+#include <spmd/tensor/half.h>
 
 namespace spmd::cuda_math {
 
@@ -29,6 +31,10 @@ using element::math_exp;
 using element::math_log;
 using element::math_sqrt;
 using element::math_tanh;
+using half_bits::bf16_to_float;
+using half_bits::f16_to_float;
+using half_bits::float_to_bf16;
+using half_bits::float_to_f16;
 
 struct Bf16 {
   uint16_t bits;
@@ -41,26 +47,6 @@ template <class T>
 inline constexpr bool is_half_like = std::is_same_v<T, Bf16> || std::is_same_v<T, F16>;
 
 // ---- bits ------------------------------------------------------------------------------------
-
-SPMD_HD uint32_t float_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-#endif
-}
-
-SPMD_HD float bits_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-#endif
-}
 
 SPMD_HD uint64_t double_bits(double d) {
 #if defined(__CUDA_ARCH__)
@@ -80,66 +66,6 @@ SPMD_HD double bits_double(uint64_t u) {
   std::memcpy(&d, &u, sizeof d);
   return d;
 #endif
-}
-
-// ---- 16-bit floats (the algorithms of tensor/half.h) -------------------------------------------
-
-SPMD_HD float bf16_to_float(uint16_t b) {
-  return bits_float(static_cast<uint32_t>(b) << 16);
-}
-
-// Round to nearest, ties to even; NaN stays NaN (quiet bit set).
-SPMD_HD uint16_t float_to_bf16(float value) {
-  uint32_t u = float_bits(value);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-SPMD_HD uint16_t float_to_f16(float value) {
-  const uint32_t u = float_bits(value);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (abs < 0x38800000u) {
-    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // rounds to zero
-    const uint32_t exponent = abs >> 23;
-    const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126u - exponent;  // 14..24
-    uint32_t half_mant = mantissa >> shift;
-    const uint32_t rest = mantissa & ((1u << shift) - 1u);
-    const uint32_t halfway = 1u << (shift - 1u);
-    if (rest > halfway || (rest == halfway && (half_mant & 1u))) ++half_mant;
-    return static_cast<uint16_t>(sign | half_mant);
-  }
-  const uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
-  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
-}
-
-SPMD_HD float f16_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  uint32_t mantissa = h & 0x3ffu;
-  uint32_t u;
-  if (exponent == 0) {
-    if (mantissa == 0) {
-      u = sign;
-    } else {
-      uint32_t e = 0;
-      mantissa <<= 1;
-      while ((mantissa & 0x400u) == 0) {
-        ++e;
-        mantissa <<= 1;
-      }
-      u = sign | ((112u - e) << 23) | ((mantissa & 0x3ffu) << 13);
-    }
-  } else if (exponent == 31) {
-    u = sign | 0x7f800000u | (mantissa << 13);
-  } else {
-    u = sign | ((exponent + 112u) << 23) | (mantissa << 13);
-  }
-  return bits_float(u);
 }
 
 // ---- compute types, load and store -------------------------------------------------------------
