@@ -12,6 +12,8 @@ link libraries their targets were given. The rule, from that one list:
   umbrella spmd::spmd does not link a SEPARATE module. A file belongs to the module whose folder
   is the longest prefix of its path; spmd/<module>.h to that module (its one-include header).
 
+And tests/ mirrors spmd/: every module's first folder spmd/X has a folder tests/X.
+
 With LIBRARIES_TXT (`module=path` of each built module library) and an nm program, also the
 symbols: a module library may use (leave undefined) only symbols that it or a module it may use
 defines. That catches a function declared in a low module and defined in a higher one whenever a
@@ -167,6 +169,14 @@ def main():
                 violations.append(f"spmd_{user} uses symbol {name} of spmd_{owner}: "
                                   f"{why_not(user, owner)}")
         symbols = sum(len(d) for d in defined.values())
+
+    # tests/ mirrors spmd/: every module's first folder spmd/X has its tests in tests/X.
+    for m in modules:
+        folder = m["folders"][0]
+        mirror = "tests/" + folder[len("spmd/"):]
+        if not os.path.isdir(os.path.join(source_dir, mirror)):
+            violations.append(f"{mirror}: module {m['name']} ({folder}) has no tests folder; "
+                              "tests/ mirrors spmd/ module for module")
 
     if violations:
         print(f"layering violations ({len(violations)}); the modules, lowest first: {order}")
