@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <spmd/core/error.h>
 #include <spmd/ops/ops.h>
@@ -134,9 +135,21 @@ Var record(std::string_view name, const OpDef* op, std::span<const Var> inputs, 
 BackwardContext::BackwardContext(const Node& node, const Var& grad)
     : node_(node), grad_(grad), grads_(node.inputs.size()) {}
 
+BackwardContext::BackwardContext(const Node& node, const Var& grad,
+                                 const std::unordered_set<const Node*>* wanted_nodes,
+                                 const std::vector<const AutogradMeta*>* wanted_leaves)
+    : node_(node),
+      grad_(grad),
+      grads_(node.inputs.size()),
+      wanted_nodes_(wanted_nodes),
+      wanted_leaves_(wanted_leaves) {}
+
 bool BackwardContext::needs_grad(size_t i) const {
   const Edge& e = node_.edges[i];
-  return e.node != nullptr || e.leaf.defined();
+  if (e.node != nullptr) return wanted_nodes_ == nullptr || wanted_nodes_->contains(e.node.get());
+  if (!e.leaf.defined()) return false;
+  return wanted_leaves_ == nullptr || std::find(wanted_leaves_->begin(), wanted_leaves_->end(),
+                                                e.leaf.meta().get()) != wanted_leaves_->end();
 }
 
 void BackwardContext::set_grad(size_t i, Var grad) {
@@ -197,6 +210,11 @@ bool in_backward() {
 }
 
 void run_backward(const Var& output, const Var& grad, SourceLocation loc) {
+  run_backward(output, grad, BackwardOptions{}, loc);
+}
+
+void run_backward(const Var& output, const Var& grad, const BackwardOptions& options,
+                  SourceLocation loc) {
   const UserCallSite call(loc);
   const InBackward in_backward_scope;
   if (!output.defined()) throw_error<Error>("backward: the output is undefined");
@@ -214,29 +232,78 @@ void run_backward(const Var& output, const Var& grad, SourceLocation loc) {
         output.kind().describe(output));
   }
   NoGradGuard no_grad;
+  // Note [Partial backward]: the leaves wanted, by their autograd state (null: every leaf).
+  std::vector<const AutogradMeta*> leaves;
+  for (const Var& v : options.only) {
+    if (v.defined() && v.meta() != nullptr) leaves.push_back(v.meta().get());
+  }
+  const std::vector<const AutogradMeta*>* wanted_leaves = options.only.empty() ? nullptr : &leaves;
+  auto leaf_wanted = [&](const Edge& e) {
+    return e.leaf.defined() &&
+           (wanted_leaves == nullptr ||
+            std::find(leaves.begin(), leaves.end(), e.leaf.meta().get()) != leaves.end());
+  };
   if (meta->grad_fn == nullptr) {
-    output.kind().accumulate(output, grad);
+    if (wanted_leaves == nullptr ||
+        std::find(leaves.begin(), leaves.end(), meta.get()) != leaves.end()) {
+      output.kind().accumulate(output, grad);
+    }
     return;
   }
-  // Consumers of each node among the nodes reachable from the root.
+  // The nodes reachable from the root, in an order where a node comes before those it leads to.
   Node* root = meta->grad_fn.get();
-  std::unordered_map<Node*, int> pending;
-  std::vector<Node*> stack{root};
-  pending.emplace(root, 0);
-  while (!stack.empty()) {
-    Node* n = stack.back();
-    stack.pop_back();
-    if (n->released) {
-      throw_error<Error>(
-          "backward: op '{}' was already differentiated by an earlier backward(), which freed the "
-          "values it saved; run the forward again for another backward",
-          n->name);
+  std::vector<Node*> reachable;
+  {
+    std::unordered_set<Node*> seen{root};
+    std::vector<Node*> stack{root};
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      if (n->released) {
+        throw_error<Error>(
+            "backward: op '{}' was already differentiated by an earlier backward(), which freed "
+            "the values it saved; run the forward again for another backward (or keep them with "
+            "BackwardOptions::retain_graph)",
+            n->name);
+      }
+      reachable.push_back(n);
+      for (const Edge& e : n->edges) {
+        if (e.node != nullptr && seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+      }
     }
+  }
+  // The nodes that lead to a wanted leaf (all of them when every leaf is wanted): a node is
+  // wanted when an edge of it reaches a wanted leaf or a wanted node. Iterated to a fixed point
+  // over the reachable nodes (graphs here are small).
+  std::unordered_set<const Node*> wanted;
+  if (wanted_leaves == nullptr) {
+    wanted.insert(reachable.begin(), reachable.end());
+  } else {
+    for (bool grew = true; grew;) {
+      grew = false;
+      for (const Node* n : reachable) {
+        if (wanted.contains(n)) continue;
+        for (const Edge& e : n->edges) {
+          if (leaf_wanted(e) || (e.node != nullptr && wanted.contains(e.node.get()))) {
+            wanted.insert(n);
+            grew = true;
+            break;
+          }
+        }
+      }
+    }
+    if (!wanted.contains(root)) return;  // no wanted leaf takes part
+  }
+  // Consumers of each wanted node among the wanted nodes.
+  std::unordered_map<Node*, int> pending;
+  for (Node* n : reachable) {
+    if (!wanted.contains(n)) continue;
+    pending.emplace(n, 0);
+  }
+  for (Node* n : reachable) {
+    if (!wanted.contains(n)) continue;
     for (const Edge& e : n->edges) {
-      if (e.node == nullptr) continue;
-      auto [it, first] = pending.emplace(e.node.get(), 0);
-      ++it->second;
-      if (first) stack.push_back(e.node.get());
+      if (e.node != nullptr && wanted.contains(e.node.get())) ++pending[e.node.get()];
     }
   }
   std::unordered_map<Node*, Var> grads;
@@ -250,7 +317,7 @@ void run_backward(const Var& output, const Var& grad, SourceLocation loc) {
       g = std::move(it->second);
       grads.erase(it);
     }
-    BackwardContext ctx(*n, g);
+    BackwardContext ctx(*n, g, wanted_leaves == nullptr ? nullptr : &wanted, wanted_leaves);
     if (g.defined()) {
       // Reports from the derivative name the line of the op that recorded it.
       const CallSiteReset reset;
@@ -275,6 +342,7 @@ void run_backward(const Var& output, const Var& grad, SourceLocation loc) {
     }
     for (size_t i = 0; i < n->edges.size(); ++i) {
       const Edge& e = n->edges[i];
+      if (!ctx.needs_grad(i)) continue;
       Var gi = ctx.grad_of(i);
       if (gi.defined()) {
         if (!same_shape(gi, n->inputs[i])) {
@@ -295,6 +363,7 @@ void run_backward(const Var& output, const Var& grad, SourceLocation loc) {
         e.leaf.kind().accumulate(e.leaf, gi);
       }
     }
+    if (options.retain_graph) continue;
     n->inputs.clear();
     n->output = Var();
     n->payload = nullptr;

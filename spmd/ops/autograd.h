@@ -36,6 +36,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <unordered_set>
 #include <vector>
 
 #include <spmd/core/call_site.h>
@@ -153,9 +154,27 @@ struct Node {
 };
 
 // What a backward function sees and sets.
+// Note [Partial backward]
+// A backward can stop short of the whole graph: `only` names the leaves whose gradients it
+// computes (the others, and every node that leads to none of them, are skipped: a formula sees
+// needs_grad false for such an input), and `retain_graph` keeps the nodes' saved values for a
+// later backward through the same nodes. A zero-bubble pipeline schedule splits a stage's backward
+// so: first the input gradient (only = the stage's input, retained), later the weight gradients
+// (only = the parameters), which walks the graph again: the same numbers, at the cost of the input
+// gradients computed twice.
+struct BackwardOptions {
+  std::vector<Var> only;  // leaves (with their autograd state); empty: every leaf
+  bool retain_graph = false;
+};
+
 class BackwardContext {
  public:
   BackwardContext(const Node& node, const Var& grad);
+  // With the set of nodes that lead to a wanted leaf and the wanted leaves' state (Note [Partial
+  // backward]); nulls: everything is wanted.
+  BackwardContext(const Node& node, const Var& grad,
+                  const std::unordered_set<const Node*>* wanted_nodes,
+                  const std::vector<const AutogradMeta*>* wanted_leaves);
 
   const OpArgs& args() const { return node_.args; }
   size_t num_inputs() const { return node_.inputs.size(); }
@@ -177,6 +196,8 @@ class BackwardContext {
   const Node& node_;
   const Var& grad_;
   std::vector<Var> grads_;
+  const std::unordered_set<const Node*>* wanted_nodes_ = nullptr;
+  const std::vector<const AutogradMeta*>* wanted_leaves_ = nullptr;
 };
 
 // Whether any input takes part in autograd (requires grad or was made by recorded ops).
@@ -193,6 +214,9 @@ Var record(std::string_view name, const OpDef* op, std::span<const Var> inputs, 
 // takes no part in autograd. `loc` is the user's backward() call; each node's derivative runs at
 // the user line that recorded it (reports say "in the backward of 'matmul' recorded at x.cpp:7").
 void run_backward(const Var& output, const Var& grad,
+                  SourceLocation loc = SourceLocation::current());
+// The same, stopping short of the whole graph as `options` say (Note [Partial backward]).
+void run_backward(const Var& output, const Var& grad, const BackwardOptions& options,
                   SourceLocation loc = SourceLocation::current());
 
 // True while run_backward runs a derivative on this thread: LocalTensor ops there neither infer nor

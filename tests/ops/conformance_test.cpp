@@ -868,6 +868,29 @@ TEST(OpTable, AutogradErrors) {
   }
 }
 
+// Note [Partial backward]: the input gradient first (graph kept), the weight gradient later: the
+// same gradients as one full backward, and nothing computed for leaves not asked for.
+TEST(OpTable, PartialBackwardSplitsInputAndWeightGradients) {
+  const Tensor x0 = randn({3, 4}, 1, DType::F64);
+  const Tensor w0 = randn({4, 5}, 2, DType::F64);
+  auto loss_of = [](const Tensor& x, const Tensor& w) { return sum(gelu(matmul(x, w)) * 2.0); };
+  Tensor x = x0.clone().requires_grad_();
+  Tensor w = w0.clone().requires_grad_();
+  backward(loss_of(x, w));
+  Tensor xs = x0.clone().requires_grad_();
+  Tensor ws = w0.clone().requires_grad_();
+  const Tensor loss = loss_of(xs, ws);
+  const Tensor one = ones({}, DType::F64);
+  run_backward(Var(loss), Var(one), BackwardOptions{.only = {Var(xs)}, .retain_graph = true});
+  EXPECT_TRUE(allclose(xs.grad(), x.grad(), 1e-14, 1e-14));
+  EXPECT_FALSE(ws.grad().defined());
+  run_backward(Var(loss), Var(one), BackwardOptions{.only = {Var(ws)}});
+  EXPECT_TRUE(allclose(ws.grad(), w.grad(), 1e-14, 1e-14));
+  EXPECT_TRUE(allclose(xs.grad(), x.grad(), 1e-14, 1e-14));  // not accumulated twice
+  // The second backward released the graph.
+  expect_throws<Error>([&] { run_backward(Var(loss), Var(one)); }, {"already differentiated"});
+}
+
 TEST(OpTable, NoGradGuardRecordsNothingAndGradientsAccumulate) {
   const Tensor x = randn({3}, 1).requires_grad_();
   {
