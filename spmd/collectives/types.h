@@ -34,8 +34,8 @@
 
 #include <spmd/core/format.h>
 #include <spmd/core/hash.h>
-#include <spmd/world/per_rank.h>
 #include <spmd/tensor/reduce_op.h>
+#include <spmd/world/per_rank.h>
 
 namespace spmd {
 
@@ -224,6 +224,21 @@ static_assert(static_cast<int>(CollectiveKind::Barrier) + 1 == kNumCollectiveKin
 // The collective an options value is for.
 inline CollectiveKind kind_of(const CollectiveOptions& options) {
   return static_cast<CollectiveKind>(options.index());
+}
+
+// f(std::type_identity<Options>{}) for the options struct of `kind`: dispatch on a kind alone with
+// std::visit's exhaustiveness (with an Overloaded f, a collective it has no overload for does not
+// compile). Every overload returns the same type.
+template <class F>
+decltype(auto) visit_kind(CollectiveKind kind, F&& f) {
+  return [&]<std::size_t... I>(std::index_sequence<I...>)->decltype(auto) {
+    using R = decltype(f(std::type_identity<std::variant_alternative_t<0, CollectiveOptions>>{}));
+    constexpr R (*kTable[])(F&) = {+[](F& g) -> R {
+      return g(std::type_identity<std::variant_alternative_t<I, CollectiveOptions>>{});
+    }...};
+    return kTable[static_cast<std::size_t>(kind)](f);
+  }
+  (std::make_index_sequence<kNumCollectiveKinds>());
 }
 
 // "all_reduce", "all_gather", ... (the names of the functional API).
