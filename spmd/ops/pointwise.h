@@ -105,14 +105,21 @@ Tensor binary_derivative_of(std::span<const Tensor> in, const OpArgs&, const OpM
 
 // "exp_backward": (grad, x, y) -> grad * exp'(x).
 template <class F>
-inline constexpr OpDef kUnaryDerivative{JoinedName<F, BackwardSuffix>::value, &derivative_meta,
-                                        &unary_derivative_of<F>, &derivative_strategies};
+inline constexpr OpDef kUnaryDerivative{
+    .name = JoinedName<F, BackwardSuffix>::value,
+    .meta = &derivative_meta,
+    .compute = &unary_derivative_of<F>,
+    .strategies = &derivative_strategies,
+};
 // "mul_backward_a" / "mul_backward_b": (grad, a, b) -> the gradient of a / b before it is summed
 // down to a's / b's shape.
 template <class F, int wrt>
 inline constexpr OpDef kBinaryDerivative{
-    JoinedName<F, std::conditional_t<wrt == 0, BackwardASuffix, BackwardBSuffix>>::value,
-    &derivative_meta, &binary_derivative_of<F, wrt>, &derivative_strategies};
+    .name = JoinedName<F, std::conditional_t<wrt == 0, BackwardASuffix, BackwardBSuffix>>::value,
+    .meta = &derivative_meta,
+    .compute = &binary_derivative_of<F, wrt>,
+    .strategies = &derivative_strategies,
+};
 
 template <class F>
 void unary_backward_of(BackwardContext& c) {
@@ -143,13 +150,13 @@ void binary_backward_of(BackwardContext& c) {
 // The entry of the unary elementwise op whose math is functor F (in element::UnaryOps).
 template <class F, PartialRule rule>
 constexpr OpDef unary_op() {
-  return OpDef{F::name,
-               &pointwise::unary_meta_of<F>,
-               &pointwise::unary_compute_of<F>,
-               &pointwise::unary_strategies_of<rule>,
-               nullptr,
-               nullptr,
-               &pointwise::unary_backward_of<F>};
+  return OpDef{
+      .name = F::name,
+      .meta = &pointwise::unary_meta_of<F>,
+      .compute = &pointwise::unary_compute_of<F>,
+      .strategies = &pointwise::unary_strategies_of<rule>,
+      .backward = &pointwise::unary_backward_of<F>,
+  };
 }
 
 // The entry of the binary elementwise op (with broadcasting) whose math is functor F (in
@@ -159,14 +166,14 @@ template <class F, PartialRule rule>
 constexpr OpDef binary_op() {
   BackwardFn backward = nullptr;
   if constexpr (!element::is_predicate<F>) backward = &pointwise::binary_backward_of<F>;
-  return OpDef{F::name,
-               &pointwise::binary_meta_of<F>,
-               &pointwise::binary_compute_of<F>,
-               &pointwise::binary_strategies_of<rule>,
-               nullptr,
-               nullptr,
-               backward,
-               /*follow_first_input=*/true};
+  return OpDef{
+      .name = F::name,
+      .meta = &pointwise::binary_meta_of<F>,
+      .compute = &pointwise::binary_compute_of<F>,
+      .strategies = &pointwise::binary_strategies_of<rule>,
+      .backward = backward,
+      .follow_first_input = true,
+  };
 }
 
 }  // namespace spmd
