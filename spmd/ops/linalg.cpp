@@ -196,6 +196,15 @@ void addmm_backward(BackwardContext& c) {
   if (c.needs_grad(2)) c.set_grad(2, apply(op::matmul, {transpose_last(c.input(1)), g}) * alpha);
 }
 
+// One multiply and one add per term: 2 * (output elements) * (the inner size, the last dim of
+// input `a`).
+template <size_t a>
+double matmul_flops(std::span<const InputMeta> in, const OpMeta& out) {
+  const Shape& shape = *in[a].shape;
+  const double k = shape.empty() ? 1.0 : static_cast<double>(shape.back());
+  return 2.0 * static_cast<double>(shape_numel(out.shape)) * k;
+}
+
 }  // namespace
 
 const OpDef op::matmul{
@@ -212,6 +221,8 @@ const OpDef op::matmul{
           return expand_dim_options(in, matmul_options(*labels, nullptr));
         },
     .backward = matmul_backward,
+    .partial_use = PartialUse::One,
+    .flops = matmul_flops<0>,
 };
 
 const OpDef op::bmm{
@@ -242,6 +253,8 @@ const OpDef op::bmm{
               in, matmul_options(*matmul_labels(in[0]->shape(), in[1]->shape()), nullptr));
         },
     .backward = bmm_backward,
+    .partial_use = PartialUse::One,
+    .flops = matmul_flops<0>,
 };
 
 const OpDef op::addmm{
@@ -290,6 +303,7 @@ const OpDef op::addmm{
           return expand_dim_options(in, matmul_options(*labels, &c_dims));
         },
     .backward = addmm_backward,
+    .flops = matmul_flops<1>,
 };
 
 }  // namespace spmd

@@ -494,6 +494,21 @@ void attention_backward(BackwardContext& c) {
   if (c.needs_grad(1)) c.set_grad(1, apply(op::matmul, {transposed(ds), q}) * scale);
 }
 
+// q k^T over every batch and head (2 * B*H * Sq * Sk * D), and for the attention itself p v too
+// (twice that).
+template <bool probs_only>
+double attention_flops(std::span<const InputMeta> in, const OpMeta&) {
+  const Shape& q = *in[0].shape;
+  const Shape& k = *in[1].shape;
+  if (q.size() < 2 || k.size() < 2) return 0.0;
+  double batch = 1.0;
+  for (size_t d = 0; d + 2 < q.size(); ++d) batch *= static_cast<double>(q[d]);
+  const double sq = static_cast<double>(q[q.size() - 2]);
+  const double dh = static_cast<double>(q.back());
+  const double sk = static_cast<double>(k[k.size() - 2]);
+  return (probs_only ? 2.0 : 4.0) * batch * sq * sk * dh;
+}
+
 }  // namespace
 
 OpArgs attention_args(int64_t head_dim, bool causal, std::optional<double> scale) {
@@ -564,6 +579,7 @@ const OpDef op::scaled_dot_product_attention{
     .strategies = attention_strategies,
     .piece = attention_piece,
     .backward = attention_backward,
+    .flops = attention_flops<false>,
 };
 const OpDef op::attention_probs{
     .name = "attention_probs",
@@ -571,6 +587,7 @@ const OpDef op::attention_probs{
     .compute = attention_probs_compute,
     .strategies = attention_strategies,
     .piece = attention_probs_piece,
+    .flops = attention_flops<true>,
 };
 
 }  // namespace spmd

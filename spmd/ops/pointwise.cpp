@@ -247,6 +247,9 @@ constexpr OpDef scalar_op() {
       .compute = &scalar_compute<op>,
       .strategies = &scalar_strategies<op>,
       .backward = &scalar_backward<op>,
+      // x * c and x / c scale a pending sum's parts; x + c would add c once per part.
+      .partial_use =
+          op == ScalarOp::Mul || op == ScalarOp::Div ? PartialUse::Unary : PartialUse::None,
   };
 }
 

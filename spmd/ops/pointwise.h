@@ -4,7 +4,8 @@
 // unary_op<F, rule>() and binary_op<F, rule>() are constant OpDefs: the meta applies F's domain
 // and Note [Type promotion] (and broadcasting for binary ops), compute runs F's kernel on the
 // inputs' device, the strategies keep shards (a broadcast dim is not sharded) and pass Partial
-// placements as `rule` says (ops/strategy.h). ops/ops.h declares one line per op with them.
+// placements as `rule` says (ops/strategy.h), and the SPMD types keep a pending sum where the rule
+// passes P(sum) (partial_use_of). ops/ops.h declares one line per op with them.
 #pragma once
 
 #include <array>
@@ -145,6 +146,28 @@ void binary_backward_of(BackwardContext& c) {
   if (c.needs_grad(1)) c.set_grad(1, sum_to(binary_operand_grad<F, 1>(c), var_shape(c.input(1))));
 }
 
+// How an elementwise op whose Partial placements pass as `rule` says treats a pending sum under
+// SPMD types: it is linear there exactly when P(sum) passes through it.
+constexpr PartialUse partial_use_of(PartialRule rule) {
+  switch (rule) {
+    case PartialRule::Negation:
+      return PartialUse::Unary;
+    case PartialRule::Additive:
+    case PartialRule::Subtractive:
+      return PartialUse::All;
+    case PartialRule::Multiplicative:
+      return PartialUse::One;
+    case PartialRule::Divisive:
+      return PartialUse::Numerator;
+    case PartialRule::None:
+    case PartialRule::NonDecreasing:
+    case PartialRule::Max:
+    case PartialRule::Min:
+      return PartialUse::None;
+  }
+  return PartialUse::None;
+}
+
 }  // namespace pointwise
 
 // The entry of the unary elementwise op whose math is functor F (in element::UnaryOps).
@@ -156,6 +179,7 @@ constexpr OpDef unary_op() {
       .compute = &pointwise::unary_compute_of<F>,
       .strategies = &pointwise::unary_strategies_of<rule>,
       .backward = &pointwise::unary_backward_of<F>,
+      .partial_use = pointwise::partial_use_of(rule),
   };
 }
 
@@ -173,6 +197,7 @@ constexpr OpDef binary_op() {
       .strategies = &pointwise::binary_strategies_of<rule>,
       .backward = backward,
       .follow_first_input = true,
+      .partial_use = pointwise::partial_use_of(rule),
   };
 }
 

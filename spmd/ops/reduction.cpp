@@ -319,6 +319,7 @@ const OpDef op::sum{
     .compute = reduction_compute<Reduction::Sum>,
     .strategies = reduction_strategies<Reduction::Sum>,
     .backward = reduction_backward<Reduction::Sum>,
+    .partial_use = PartialUse::Unary,
 };
 const OpDef op::mean{
     .name = "mean",
@@ -326,6 +327,7 @@ const OpDef op::mean{
     .compute = reduction_compute<Reduction::Mean>,
     .strategies = reduction_strategies<Reduction::Mean>,
     .backward = reduction_backward<Reduction::Mean>,
+    .partial_use = PartialUse::Unary,
 };
 const OpDef op::amax{
     .name = "amax",

@@ -690,6 +690,7 @@ const OpDef op::transpose{
                   const OpMeta&) { return in[0].transpose(args.ints[0], args.ints[1]); },
     .strategies = transpose_strategies,
     .backward = transpose_backward,
+    .partial_use = PartialUse::Unary,
 };
 
 const OpDef op::reshape{
@@ -700,6 +701,7 @@ const OpDef op::reshape{
     .strategies = reshape_strategies,
     .piece = reshape_piece,
     .backward = reshape_backward,
+    .partial_use = PartialUse::Unary,
 };
 
 const OpDef op::cat{
@@ -712,6 +714,7 @@ const OpDef op::cat{
           return join_strategies(in, d, -1);
         },
     .backward = cat_backward,
+    .partial_use = PartialUse::All,
 };
 
 const OpDef op::stack{
@@ -724,6 +727,7 @@ const OpDef op::stack{
           return join_strategies(in, -1, d);
         },
     .backward = stack_backward,
+    .partial_use = PartialUse::All,
 };
 
 const OpDef op::pad{
@@ -732,6 +736,7 @@ const OpDef op::pad{
     .compute = pad_compute,
     .strategies = pad_strategies,
     .backward = pad_backward,
+    .partial_use = PartialUse::Unary,
 };
 
 const OpDef op::narrow{
@@ -746,6 +751,7 @@ const OpDef op::narrow{
               false);
         },
     .backward = narrow_backward,
+    .partial_use = PartialUse::Unary,
 };
 
 const OpDef op::select{
@@ -760,6 +766,7 @@ const OpDef op::select{
               true);
         },
     .backward = select_backward,
+    .partial_use = PartialUse::Unary,
 };
 
 const OpDef op::permute{
@@ -769,6 +776,7 @@ const OpDef op::permute{
                   const OpMeta&) { return in[0].permute(args.ints); },
     .strategies = permute_strategies,
     .backward = permute_backward,
+    .partial_use = PartialUse::Unary,
 };
 
 const OpDef op::unsqueeze{
@@ -778,6 +786,7 @@ const OpDef op::unsqueeze{
                   const OpMeta&) { return in[0].unsqueeze(args.ints[0]); },
     .strategies = unsqueeze_strategies,
     .backward = unsqueeze_backward,
+    .partial_use = PartialUse::Unary,
 };
 
 const OpDef op::squeeze{
@@ -787,6 +796,7 @@ const OpDef op::squeeze{
                   const OpMeta&) { return in[0].squeeze(args.ints[0]); },
     .strategies = squeeze_strategies,
     .backward = unsqueeze_backward,
+    .partial_use = PartialUse::Unary,
 };
 
 const OpDef op::expand{
@@ -800,6 +810,7 @@ const OpDef op::expand{
       return pieces[0].expand(where.local_shape);
     },
     .backward = expand_backward,
+    .partial_use = PartialUse::Unary,
 };
 
 const OpDef op::clone{
@@ -812,6 +823,7 @@ const OpDef op::clone{
                   const OpMeta&) { return in[0].clone(); },
     .strategies = keep_placements,
     .backward = identity_backward,
+    .partial_use = PartialUse::Unary,
 };
 
 const OpDef op::contiguous{
@@ -850,6 +862,7 @@ const OpDef op::to_dtype{
                   const OpMeta& out) { return in[0].to(out.dtype); },
     .strategies = to_dtype_strategies,
     .backward = to_dtype_backward,
+    .partial_use = PartialUse::Unary,
 };
 
 Shape flattened_shape(const Shape& shape, int64_t start, int64_t end) {
