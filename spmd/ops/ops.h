@@ -149,6 +149,10 @@ extern const OpDef to_dtype;
 
 }  // namespace op
 
+// Every entry of the table above, in its order: tests/ops checks that each has its conformance row
+// and its gradient check, and that no entry of the table is missing here.
+std::span<const OpDef* const> all_ops();
+
 // [keepdim, dims...]: the args of the reductions.
 OpArgs reduction_args(const std::vector<int64_t>& dims, bool keepdim);
 
