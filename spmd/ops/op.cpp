@@ -1,4 +1,4 @@
-// spmd/ops/op.cpp: call(), all_ops() and the OpArgs helpers.
+// spmd/ops/op.cpp: call() and the OpArgs helpers.
 #include <spmd/ops/op.h>
 
 #include <algorithm>
@@ -6,7 +6,6 @@
 #include <spmd/core/error.h>
 #include <spmd/core/hash.h>
 #include <spmd/ops/autograd.h>
-#include <spmd/ops/ops.h>
 #include <spmd/tensor/factory.h>
 
 namespace spmd {
@@ -96,94 +95,6 @@ Tensor compute_piece(const OpDef& op, std::span<const Tensor> pieces, const OpAr
 Tensor reference(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args) {
   if (op.reference != nullptr) return op.reference(inputs, args);
   return call(op, inputs, args);
-}
-
-std::span<const OpDef* const> all_ops() {
-  static constexpr const OpDef* kAll[] = {
-      // Elementwise, one input; two inputs; comparisons.
-      &op::neg,
-      &op::abs,
-      &op::exp,
-      &op::log,
-      &op::sqrt,
-      &op::rsqrt,
-      &op::tanh,
-      &op::relu,
-      &op::gelu,
-      &op::gelu_tanh,
-      &op::erf,
-      &op::sigmoid,
-      &op::silu,
-      &op::add,
-      &op::sub,
-      &op::mul,
-      &op::div,
-      &op::maximum,
-      &op::minimum,
-      &op::pow,
-      &op::eq,
-      &op::ne,
-      &op::lt,
-      &op::le,
-      &op::gt,
-      &op::ge,
-      // A tensor and a scalar; where and masked_fill.
-      &op::add_scalar,
-      &op::sub_scalar,
-      &op::rsub_scalar,
-      &op::mul_scalar,
-      &op::div_scalar,
-      &op::rdiv_scalar,
-      &op::pow_scalar,
-      &op::where,
-      &op::masked_fill,
-      // Linear algebra, reductions, softmax.
-      &op::matmul,
-      &op::bmm,
-      &op::addmm,
-      &op::sum,
-      &op::mean,
-      &op::amax,
-      &op::amin,
-      &op::argmax,
-      &op::softmax,
-      &op::log_softmax,
-      // Picking by index.
-      &op::index_select,
-      &op::index_select_backward,
-      &op::gather,
-      &op::gather_backward,
-      &op::embedding,
-      &op::embedding_backward,
-      // Transformer layers.
-      &op::layer_norm,
-      &op::layer_norm_backward,
-      &op::rms_norm,
-      &op::rms_norm_backward,
-      &op::dropout,
-      &op::cross_entropy,
-      &op::cross_entropy_backward,
-      &op::scaled_dot_product_attention,
-      &op::attention_probs,
-      // Shapes.
-      &op::transpose,
-      &op::reshape,
-      &op::cat,
-      &op::stack,
-      &op::pad,
-      &op::narrow,
-      &op::select,
-      &op::permute,
-      &op::unsqueeze,
-      &op::squeeze,
-      &op::expand,
-      &op::clone,
-      &op::contiguous,
-      &op::triu,
-      &op::tril,
-      &op::to_dtype,
-  };
-  return kAll;
 }
 
 }  // namespace spmd

@@ -24,7 +24,7 @@
 //                the input shardings `use_composite` accepts: ops whose sharded form needs
 //                collectives inside (cross_entropy over classes sharded across ranks).
 // Entries are written with designated initializers (`.name = "matmul", .meta = ...`); all_ops()
-// (ops/ops.h) lists every entry of the table.
+// in ops/ops.h lists every entry of the table.
 // The Tensor entry points (ops/ops.h), the LocalTensor ones (world/local_ops.h) and the DTensor
 // ones (dtensor/ops.h) are one-line calls into an entry: call(), local_call(), dispatch().
 // docs/design.md, "Adding an op", lists what a new op touches.

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The op table is one list: every entry that spmd/ops/ops.h declares in namespace op is in
-all_ops() (spmd/ops/op.cpp) once and defined once, and every other OpDef object in spmd/ is one of
+all_ops() (beside the declarations) once and defined once, and every other OpDef object in spmd/ is one of
 the entries below, which are made from a table entry or stand for what is not an op. With
 EveryOpHasAConformanceRowAndAGradientCheck (conformance_test.cpp), which checks each entry of
 all_ops() against the rows, no op goes without its rows."""
@@ -31,8 +31,7 @@ table = ops_h[start:ops_h.index("\n}", start)]
 declared = re.findall(r"\b(?:extern const|inline constexpr) OpDef (\w+)", table)
 inline = set(re.findall(r"\binline constexpr OpDef (\w+)", table))
 
-op_cpp = strip_comments((root / "spmd/ops/op.cpp").read_text())
-body = op_cpp[op_cpp.index("all_ops() {"):]
+body = ops_h[ops_h.index("all_ops() {"):]
 listed = re.findall(r"&op::(\w+)", body[:body.index("};")])
 
 defined = []
