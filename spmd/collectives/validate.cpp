@@ -229,8 +229,7 @@ std::optional<RaggedMismatch> mismatch(std::span<const MemberCall> members,
     for (size_t j = 0; j < members.size(); ++j) {
       if (s.in[i][j] == s.out[j][i]) continue;
       lines.push_back(fmt::format(
-          "rank {} sends {} rows to rank {} (in_splits {}), which expects {} "
-          "(out_splits {})",
+          "rank {} sends {} rows to rank {} (in_splits {}), which expects {} (out_splits {})",
           members[i].rank, s.in[i][j], members[j].rank, s.in[i], s.out[j][i], s.out[j]));
     }
   }
@@ -255,15 +254,16 @@ CollectiveOptions merged(std::span<const MemberCall> members, const AllToAllSing
                                PerRank<std::vector<int64_t>>(ranks, std::move(in))};
 }
 
-// The collectives that are not ragged: every member passed the same values.
+// A collective that is not ragged: every member passed the same values. A ragged one needs its
+// own overloads above (Note [Ragged collectives]).
 template <CollectiveOptionsType Options>
-requires(!is_ragged<Options>()) std::optional<RaggedMismatch> mismatch(std::span<const MemberCall>,
-                                                                       const Options&) {
+std::optional<RaggedMismatch> mismatch(std::span<const MemberCall>, const Options&) {
+  static_assert(!is_ragged<Options>(), "a ragged collective needs its mismatch() overload");
   return std::nullopt;
 }
 template <CollectiveOptionsType Options>
-requires(!is_ragged<Options>()) CollectiveOptions
-    merged(std::span<const MemberCall>, const Options& o) {
+CollectiveOptions merged(std::span<const MemberCall>, const Options& o) {
+  static_assert(!is_ragged<Options>(), "a ragged collective needs its merged() overload");
   return o;
 }
 
