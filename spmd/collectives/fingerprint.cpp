@@ -45,7 +45,7 @@ CollectiveFingerprint make_fingerprint(const FingerprintInput& in) {
   f.kind = static_cast<int32_t>(kind);
   f.dtype = static_cast<int32_t>(x.dtype());
   f.ndim = static_cast<int32_t>(x.dim());
-  const bool rows_may_differ = kind == CollectiveKind::AllToAllSingle;
+  const bool rows_may_differ = is_ragged(kind);  // Note [Ragged collectives]
   size_t shape_hash = 0;
   for (int64_t d = 0; d < x.dim(); ++d) {
     if (d < kFingerprintDims) f.dims[d] = x.size(d);
@@ -125,7 +125,7 @@ void check_fingerprints(const CollectiveCall& call, std::span<const CollectiveFi
   }
   if (!same_tensor) {
     // The message of check_group (the sim backend's), so both backends report alike.
-    const bool rows_may_differ = first.kind == static_cast<int32_t>(CollectiveKind::AllToAllSingle);
+    const bool rows_may_differ = is_ragged(static_cast<CollectiveKind>(first.kind));
     throw_error<CommError>(
         "{}: inputs differ within the group{}: {}", describe_call(call),
         rows_may_differ ? " (beyond dim 0)" : "", list([](const CollectiveFingerprint& f) {

@@ -13,7 +13,8 @@
 // Fields (all fixed size; `memset` the struct first, the bytes travel as they are):
 //   kind, dtype, ndim      CollectiveKind, DType, input dims (numeric values of the enums)
 //   dims[8]                the input's first 8 sizes (messages only)
-//   shape_hash             every size, but dim 0 for all_to_all_single (its rows differ per rank)
+//   shape_hash             every size, but dim 0 for a ragged collective (its rows differ per
+//                          rank: Note [Ragged collectives])
 //   options_hash           the options every member must pass alike (shared_hash(options): every
 //                          field but the per-rank ones, so not all_to_all_single's split sizes)
 //   group_hash, group_size the group's ranks (in group order) and mesh dim name as this member

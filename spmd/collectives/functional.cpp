@@ -123,10 +123,9 @@ Prepared prepare(const LocalTensor& x, Communicator& comm, const World& world, s
   sequence_of.assign(static_cast<size_t>(family.num_groups()), -1);
   const Tensor* first = nullptr;
   bool uniform_shapes = true;
-  // Note [Shard classes]: equal shards pass or fail the same checks (but all_to_all_single's
-  // splits are per rank), so each class is checked once.
-  const std::vector<uint32_t>* classes =
-      std::holds_alternative<AllToAllSingleOptions>(options) ? nullptr : x.classes().get();
+  // Note [Shard classes]: equal shards pass or fail the same checks (but a ragged collective's
+  // values are per rank: Note [Ragged collectives]), so each class is checked once.
+  const std::vector<uint32_t>* classes = is_ragged(kind) ? nullptr : x.classes().get();
   std::vector<bool> class_checked(classes != nullptr ? x.num_classes() : 0, false);
   for (size_t i = 0; i < n; ++i) {
     const int64_t g = group_of[i];

@@ -4,6 +4,7 @@
 
 #include <spmd/collectives/functional.h>
 #include <spmd/core/error.h>
+#include <spmd/core/overloaded.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/world/local_ops.h>
 
@@ -33,48 +34,52 @@ constexpr std::string_view kDoubled =
 constexpr std::string_view kPartialIn =
     "a pending sum must be reduced (all_reduce or reduce_scatter) before it is moved";
 
-// The output type along the dim; TypeError for an input type the collective contradicts.
+// The output type along the dim; TypeError for an input type the collective contradicts. One
+// rule per collective: a collective without its rule does not compile.
 SpmdType output_type(const CollectiveOptions& options, const AxisType& in) {
   const SpmdType t = in.type;
   const CollectiveKind kind = kind_of(options);
   const bool p = t == SpmdType::P;
   const bool same = t == SpmdType::R || t == SpmdType::I;
-  return std::visit(
-      [&](const auto& o) -> SpmdType {
-        using O = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<O, AllReduceOptions>) {
-          if (is_sum(o.op)) {
-            if (same) collective_error(kind, in, kDoubled);
-            return p ? SpmdType::R : SpmdType::I;
-          }
-          if (p) {
-            collective_error(kind, in,
-                             "a pending sum reduced with another op than sum means nothing; "
-                             "all_reduce it with Sum first");
-          }
-          return SpmdType::I;
-        } else if constexpr (std::is_same_v<O, ReduceScatterOptions>) {
-          if (same) collective_error(kind, in, kDoubled);
-          if (!is_sum(o.op) && p) collective_error(kind, in, "a pending sum reduces only by Sum");
-          return SpmdType::V;
-        } else if constexpr (std::is_same_v<O, ReduceOptions>) {
-          if (same && is_sum(o.op)) collective_error(kind, in, kDoubled);
-          return SpmdType::V;
-        } else if constexpr (std::is_same_v<O, PermuteOptions>) {
-          return p ? SpmdType::P : SpmdType::V;
-        } else if constexpr (std::is_same_v<O, BarrierOptions>) {
-          return t;
-        } else {
-          if (p) collective_error(kind, in, kPartialIn);
-          if constexpr (std::is_same_v<O, AllGatherOptions> ||
-                        std::is_same_v<O, BroadcastOptions>) {
-            return SpmdType::R;
-          } else {
-            return SpmdType::V;
-          }
-        }
-      },
-      options);
+  // A collective that moves values without reducing them: `out`, unless the input is a pending sum.
+  auto moved = [&](SpmdType out) {
+    if (p) collective_error(kind, in, kPartialIn);
+    return out;
+  };
+  return std::visit(Overloaded{
+                        [&](const AllReduceOptions& o) {
+                          if (is_sum(o.op)) {
+                            if (same) collective_error(kind, in, kDoubled);
+                            return p ? SpmdType::R : SpmdType::I;
+                          }
+                          if (p) {
+                            collective_error(
+                                kind, in,
+                                "a pending sum reduced with another op than sum means nothing; "
+                                "all_reduce it with Sum first");
+                          }
+                          return SpmdType::I;
+                        },
+                        [&](const AllGatherOptions&) { return moved(SpmdType::R); },
+                        [&](const ReduceScatterOptions& o) {
+                          if (same) collective_error(kind, in, kDoubled);
+                          if (!is_sum(o.op) && p)
+                            collective_error(kind, in, "a pending sum reduces only by Sum");
+                          return SpmdType::V;
+                        },
+                        [&](const AllToAllOptions&) { return moved(SpmdType::V); },
+                        [&](const AllToAllSingleOptions&) { return moved(SpmdType::V); },
+                        [&](const BroadcastOptions&) { return moved(SpmdType::R); },
+                        [&](const ScatterOptions&) { return moved(SpmdType::V); },
+                        [&](const GatherOptions&) { return moved(SpmdType::V); },
+                        [&](const ReduceOptions& o) {
+                          if (same && is_sum(o.op)) collective_error(kind, in, kDoubled);
+                          return SpmdType::V;
+                        },
+                        [&](const PermuteOptions&) { return p ? SpmdType::P : SpmdType::V; },
+                        [&](const BarrierOptions&) { return t; },
+                    },
+                    options);
 }
 
 // What the backward of one typed collective needs.
@@ -101,56 +106,69 @@ void typed_collective_backward(BackwardContext& c) {
   const auto& tc = c.payload<TypedCollective>();
   const LocalTensor& g = c.grad().as<LocalTensor>();
   const int64_t n = tc.mesh.size(tc.dim);
+  auto not_differentiable = [&]() -> LocalTensor {
+    throw_error<Unsupported>(
+        "backward: {} is not differentiable: its non-root ranks get empty results, and a "
+        "LocalTensor whose shards differ in shape carries no gradient; use all_gather or "
+        "all_reduce",
+        tc.where);
+  };
+  // One backward per collective: a collective without its backward does not compile.
   const LocalTensor grad = std::visit(
-      [&](const auto& o) -> LocalTensor {
-        using O = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<O, AllReduceOptions>) {
-          if (o.op == ReduceOp::Max || o.op == ReduceOp::Min) {
-            // The result is I. An I input is the result itself (the identity); otherwise the
-            // gradient goes to the ranks that hold the extreme, split evenly among ties (R input:
-            // every rank ties, each gets g/n, a P gradient that sums to g).
-            const LocalTensor gu = g.with_types(nullptr);
-            if (tc.in_type == SpmdType::I) return gu;
-            const LocalTensor hit = tc.hit.to(gu.dtype());
-            return gu * hit / all_reduce(hit, tc.mesh, tc.dim, ReduceOp::Sum);
-          }
-          if (!is_sum(o.op)) {
-            throw_error<Unsupported>(
-                "backward: {} with {} is not differentiable (Sum, Avg, Max and Min are)", tc.where,
-                o.op);
-          }
-          const double scale = o.op == ReduceOp::Avg ? 1.0 / static_cast<double>(n) : 1.0;
-          // P -> R: the gradient is pending (P) and each input part needs all of it (R).
-          if (tc.in_type == SpmdType::P) return all_reduce(g, tc.mesh, tc.dim, o.op);
-          // V -> I: the gradient is the same on every rank (I), and it is each part's.
-          return scale == 1.0 ? g : g * scale;
-        } else if constexpr (std::is_same_v<O, AllGatherOptions>) {
-          return reduce_scatter(g, tc.mesh, tc.dim, ReduceOp::Sum, o.gather_dim);
-        } else if constexpr (std::is_same_v<O, ReduceScatterOptions>) {
-          const LocalTensor full = all_gather(g, tc.mesh, tc.dim, o.scatter_dim);
-          return o.op == ReduceOp::Avg ? full * (1.0 / static_cast<double>(n)) : full;
-        } else if constexpr (std::is_same_v<O, AllToAllOptions>) {
-          return all_to_all(g, tc.mesh, tc.dim, o.concat_dim, o.split_dim);
-        } else if constexpr (std::is_same_v<O, AllToAllSingleOptions>) {
-          return all_to_all_single(g, tc.mesh, tc.dim, o.in_splits, o.out_splits);
-        } else if constexpr (std::is_same_v<O, BroadcastOptions>) {
-          const LocalTensor summed = all_reduce(g, tc.mesh, tc.dim, ReduceOp::Sum);
-          return tc.in_type == SpmdType::I ? summed : keep_only(summed, tc.mesh, tc.dim, o.src);
-        } else if constexpr (std::is_same_v<O, ScatterOptions>) {
-          return keep_only(all_gather(g, tc.mesh, tc.dim, o.scatter_dim), tc.mesh, tc.dim, o.src);
-        } else if constexpr (std::is_same_v<O, PermuteOptions>) {
-          std::vector<int> inverse(o.dst_of.size(), -1);
-          for (size_t i = 0; i < o.dst_of.size(); ++i) {
-            if (o.dst_of[i] >= 0) inverse[static_cast<size_t>(o.dst_of[i])] = static_cast<int>(i);
-          }
-          return permute(g, tc.mesh, tc.dim, std::move(inverse));
-        } else {
-          throw_error<Unsupported>(
-              "backward: {} is not differentiable: its non-root ranks get empty results, and a "
-              "LocalTensor whose shards differ in shape carries no gradient; use all_gather or "
-              "all_reduce",
-              tc.where);
-        }
+      Overloaded{
+          [&](const AllReduceOptions& o) -> LocalTensor {
+            if (o.op == ReduceOp::Max || o.op == ReduceOp::Min) {
+              // The result is I. An I input is the result itself (the identity); otherwise the
+              // gradient goes to the ranks that hold the extreme, split evenly among ties (R
+              // input: every rank ties, each gets g/n, a P gradient that sums to g).
+              const LocalTensor gu = g.with_types(nullptr);
+              if (tc.in_type == SpmdType::I) return gu;
+              const LocalTensor hit = tc.hit.to(gu.dtype());
+              return gu * hit / all_reduce(hit, tc.mesh, tc.dim, ReduceOp::Sum);
+            }
+            if (!is_sum(o.op)) {
+              throw_error<Unsupported>(
+                  "backward: {} with {} is not differentiable (Sum, Avg, Max and Min are)",
+                  tc.where, o.op);
+            }
+            const double scale = o.op == ReduceOp::Avg ? 1.0 / static_cast<double>(n) : 1.0;
+            // P -> R: the gradient is pending (P) and each input part needs all of it (R).
+            if (tc.in_type == SpmdType::P) return all_reduce(g, tc.mesh, tc.dim, o.op);
+            // V -> I: the gradient is the same on every rank (I), and it is each part's.
+            return scale == 1.0 ? g : g * scale;
+          },
+          [&](const AllGatherOptions& o) {
+            return reduce_scatter(g, tc.mesh, tc.dim, ReduceOp::Sum, o.gather_dim);
+          },
+          [&](const ReduceScatterOptions& o) {
+            const LocalTensor full = all_gather(g, tc.mesh, tc.dim, o.scatter_dim);
+            return o.op == ReduceOp::Avg ? full * (1.0 / static_cast<double>(n)) : full;
+          },
+          [&](const AllToAllOptions& o) {
+            return all_to_all(g, tc.mesh, tc.dim, o.concat_dim, o.split_dim);
+          },
+          [&](const AllToAllSingleOptions& o) {
+            return all_to_all_single(g, tc.mesh, tc.dim, o.in_splits, o.out_splits);
+          },
+          [&](const BroadcastOptions& o) {
+            const LocalTensor summed = all_reduce(g, tc.mesh, tc.dim, ReduceOp::Sum);
+            return tc.in_type == SpmdType::I ? summed : keep_only(summed, tc.mesh, tc.dim, o.src);
+          },
+          [&](const ScatterOptions& o) {
+            return keep_only(all_gather(g, tc.mesh, tc.dim, o.scatter_dim), tc.mesh, tc.dim, o.src);
+          },
+          [&](const GatherOptions&) { return not_differentiable(); },
+          [&](const ReduceOptions&) { return not_differentiable(); },
+          [&](const PermuteOptions& o) {
+            std::vector<int> inverse(o.dst_of.size(), -1);
+            for (size_t i = 0; i < o.dst_of.size(); ++i) {
+              if (o.dst_of[i] >= 0) {
+                inverse[static_cast<size_t>(o.dst_of[i])] = static_cast<int>(i);
+              }
+            }
+            return permute(g, tc.mesh, tc.dim, std::move(inverse));
+          },
+          [&](const BarrierOptions&) { return not_differentiable(); },
       },
       tc.options);
   c.set_grad(0, local_var(grad));

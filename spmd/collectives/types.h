@@ -11,11 +11,27 @@
 // CollectiveKind order. Everything generic is derived from that: the kind of a variant is its
 // index, collective_name() reads the structs' names, hash_value() and describe() walk the fields,
 // and the cross-rank comparisons (the threads rendezvous, the real backends' fingerprints) walk
-// the fields that are not per-rank (a PerRank<...> field, such as all_to_all_single's split
-// sizes, differs between ranks by design). Static assertions below keep the enum, the names and
-// the variant in one order. The functional layer, the backends, the checks and the group math
-// dispatch on the variant with std::visit, so a collective one of them does not handle is a
-// compile error there (docs/design.md, "Adding a collective").
+// the fields that are not per-rank (Note [Ragged collectives]). Static assertions below keep the
+// enum, the names and the variant in one order. The functional layer, the backends, the checks,
+// the group math, the type rules and the cost model dispatch on the variant (std::visit, or
+// visit_kind on a kind) with one overload per collective and no fallback, so a collective one of
+// them does not handle is a compile error there (docs/design.md, "Adding a collective").
+//
+// Note [Ragged collectives]
+// A collective whose members pass different values by design is ragged: all_to_all_single, whose
+// ranks each send and receive their own numbers of rows. Its options struct says so with
+// `static constexpr bool kRagged = true` and holds the values that differ in PerRank<...> fields
+// (a struct has PerRank fields exactly when it is ragged: a static assertion below checks it).
+// What follows from the trait, without code that names the collective:
+//   - the cross-rank comparisons leave the PerRank fields out (shared_hash,
+//     shared_field_differences: the threads rendezvous, the real backends' fingerprints);
+//   - the members' inputs may differ in dim 0 (the rows each sends): check_group, the
+//     fingerprints' shape hash, the threads rendezvous and `spmd trace diff` compare the rest;
+//   - equal shards do not make equal checks or results (Note [Shard classes]): the functional
+//     layer checks, and sim computes, every rank on its own;
+//   - where each member passes only its own values (the threads rendezvous), ragged_mismatch and
+//     merge_ragged (collectives/validate.h) check that they fit together and merge them for
+//     compute_group: a ragged collective without those overloads does not compile.
 #pragma once
 
 #include <array>
@@ -34,8 +50,8 @@
 
 #include <spmd/core/format.h>
 #include <spmd/core/hash.h>
-#include <spmd/world/per_rank.h>
 #include <spmd/tensor/reduce_op.h>
+#include <spmd/world/per_rank.h>
 
 namespace spmd {
 
@@ -107,10 +123,12 @@ struct AllToAllOptions {
 };
 
 // Variable all-to-all along dim 0: on rank r, in_splits[j] rows go to group rank j and
-// out_splits[i] rows arrive from group rank i. Empty split lists mean an even split.
+// out_splits[i] rows arrive from group rank i. Empty split lists mean an even split. Ragged: the
+// split sizes, and so the inputs' dim 0, differ per rank (Note [Ragged collectives]).
 struct AllToAllSingleOptions {
   static constexpr CollectiveKind kind = CollectiveKind::AllToAllSingle;
   static constexpr std::string_view name = "all_to_all_single";
+  static constexpr bool kRagged = true;
   PerRank<std::vector<int64_t>> out_splits;
   PerRank<std::vector<int64_t>> in_splits;
   auto fields() const {
@@ -221,9 +239,72 @@ static_assert(detail::kinds_follow_the_variant(std::make_index_sequence<kNumColl
 static_assert(static_cast<int>(CollectiveKind::Barrier) + 1 == kNumCollectiveKinds,
               "one CollectiveOptions alternative per CollectiveKind");
 
+// Whether collective `Options` is ragged (Note [Ragged collectives]): it sets kRagged.
+template <CollectiveOptionsType Options>
+constexpr bool is_ragged() {
+  return requires {
+    requires Options::kRagged;
+  };
+}
+
+namespace detail {
+
+template <class Fields>
+struct HasPerRankField;
+template <class... T>
+struct HasPerRankField<std::tuple<OptionField<T>...>>
+    : std::bool_constant<(IsPerRank<T>::value || ...)> {};
+
+template <class Options>
+constexpr bool has_per_rank_field() {
+  return HasPerRankField<decltype(std::declval<const Options&>().fields())>::value;
+}
+
+template <std::size_t... I>
+constexpr bool ragged_exactly_with_per_rank_fields(std::index_sequence<I...>) {
+  return ((is_ragged<std::variant_alternative_t<I, CollectiveOptions>>() ==
+           has_per_rank_field<std::variant_alternative_t<I, CollectiveOptions>>()) &&
+          ...);
+}
+
+template <std::size_t... I>
+constexpr std::array<bool, sizeof...(I)> ragged_kinds(std::index_sequence<I...>) {
+  return {is_ragged<std::variant_alternative_t<I, CollectiveOptions>>()...};
+}
+
+}  // namespace detail
+
+static_assert(
+    detail::ragged_exactly_with_per_rank_fields(std::make_index_sequence<kNumCollectiveKinds>()),
+    "an options struct has PerRank fields exactly when it sets kRagged (Note [Ragged "
+    "collectives])");
+
+// Whether collective `kind` is ragged; false for a value that is no CollectiveKind.
+constexpr bool is_ragged(CollectiveKind kind) {
+  constexpr std::array<bool, kNumCollectiveKinds> kRagged =
+      detail::ragged_kinds(std::make_index_sequence<kNumCollectiveKinds>());
+  const auto i = static_cast<std::size_t>(kind);
+  return i < kRagged.size() && kRagged[i];
+}
+
 // The collective an options value is for.
 inline CollectiveKind kind_of(const CollectiveOptions& options) {
   return static_cast<CollectiveKind>(options.index());
+}
+
+// f(std::type_identity<Options>{}) for the options struct of `kind`: dispatch on a kind alone with
+// std::visit's exhaustiveness (with an Overloaded f, a collective it has no overload for does not
+// compile). Every overload returns the same type.
+template <class F>
+decltype(auto) visit_kind(CollectiveKind kind, F&& f) {
+  return [&]<std::size_t... I>(std::index_sequence<I...>)->decltype(auto) {
+    using R = decltype(f(std::type_identity<std::variant_alternative_t<0, CollectiveOptions>>{}));
+    constexpr R (*kTable[])(F&) = {+[](F& g) -> R {
+      return g(std::type_identity<std::variant_alternative_t<I, CollectiveOptions>>{});
+    }...};
+    return kTable[static_cast<std::size_t>(kind)](f);
+  }
+  (std::make_index_sequence<kNumCollectiveKinds>());
 }
 
 // "all_reduce", "all_gather", ... (the names of the functional API).

@@ -200,6 +200,73 @@ void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_
 
 void check(const CollectiveCall&, int, const Tensor&, int64_t, const BarrierOptions&) {}
 
+// ---- the members of a ragged collective, reached by ragged_mismatch's and merge_ragged's visits -
+
+// Each member's all_to_all_single split sizes, resolved (even splits spelled out).
+struct Splits {
+  std::vector<std::vector<int64_t>> in;   // in[i][j]: rows member i sends to member j
+  std::vector<std::vector<int64_t>> out;  // out[j][i]: rows member j expects from member i
+};
+
+Splits resolve_member_splits(std::span<const MemberCall> members) {
+  const int64_t n = static_cast<int64_t>(members.size());
+  Splits s;
+  for (const MemberCall& m : members) {
+    const auto& o = std::get<AllToAllSingleOptions>(*m.options);
+    const int64_t rows = (*m.shape)[0];
+    s.in.push_back(resolve_splits(o.in_splits, m.rank, rows, n));
+    s.out.push_back(o.out_splits.empty() ? std::vector<int64_t>(static_cast<size_t>(n), rows / n)
+                                         : o.out_splits.at(m.rank));
+  }
+  return s;
+}
+
+std::optional<RaggedMismatch> mismatch(std::span<const MemberCall> members,
+                                       const AllToAllSingleOptions&) {
+  const Splits s = resolve_member_splits(members);
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < members.size(); ++i) {
+    for (size_t j = 0; j < members.size(); ++j) {
+      if (s.in[i][j] == s.out[j][i]) continue;
+      lines.push_back(fmt::format(
+          "rank {} sends {} rows to rank {} (in_splits {}), which expects {} (out_splits {})",
+          members[i].rank, s.in[i][j], members[j].rank, s.in[i], s.out[j][i], s.out[j]));
+    }
+  }
+  if (lines.empty()) return std::nullopt;
+  return RaggedMismatch{"split sizes", std::move(lines)};
+}
+
+CollectiveOptions merged(std::span<const MemberCall> members, const AllToAllSingleOptions&) {
+  const Splits s = resolve_member_splits(members);
+  std::vector<size_t> order(members.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return members[a].rank < members[b].rank; });
+  std::vector<int> ranks;
+  std::vector<std::vector<int64_t>> in, out;
+  for (size_t i : order) {
+    ranks.push_back(members[i].rank);
+    in.push_back(s.in[i]);
+    out.push_back(s.out[i]);
+  }
+  return AllToAllSingleOptions{PerRank<std::vector<int64_t>>(ranks, std::move(out)),
+                               PerRank<std::vector<int64_t>>(ranks, std::move(in))};
+}
+
+// A collective that is not ragged: every member passed the same values. A ragged one needs its
+// own overloads above (Note [Ragged collectives]).
+template <CollectiveOptionsType Options>
+std::optional<RaggedMismatch> mismatch(std::span<const MemberCall>, const Options&) {
+  static_assert(!is_ragged<Options>(), "a ragged collective needs its mismatch() overload");
+  return std::nullopt;
+}
+template <CollectiveOptionsType Options>
+CollectiveOptions merged(std::span<const MemberCall>, const Options& o) {
+  static_assert(!is_ragged<Options>(), "a ragged collective needs its merged() overload");
+  return o;
+}
+
 }  // namespace
 
 std::string describe_call(const CollectiveCall& call) {
@@ -236,7 +303,7 @@ void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t 
 }
 
 void check_group(const CollectiveCall& call, const std::vector<const Tensor*>& inputs) {
-  const bool rows_may_differ = call.kind == CollectiveKind::AllToAllSingle;
+  const bool rows_may_differ = is_ragged(call.kind);
   const Tensor& first = *inputs[0];
   const Shape& first_shape = first.shape();
   const size_t skip = rows_may_differ && !first_shape.empty() ? 1 : 0;
@@ -292,6 +359,14 @@ std::vector<int64_t> resolve_splits(const PerRank<std::vector<int64_t>>& splits,
                                     int64_t size, int64_t group_size) {
   if (!splits.empty()) return splits.at(rank);
   return std::vector<int64_t>(static_cast<size_t>(group_size), size / group_size);
+}
+
+std::optional<RaggedMismatch> ragged_mismatch(std::span<const MemberCall> members) {
+  return std::visit([&](const auto& o) { return mismatch(members, o); }, *members[0].options);
+}
+
+CollectiveOptions merge_ragged(std::span<const MemberCall> members) {
+  return std::visit([&](const auto& o) { return merged(members, o); }, *members[0].options);
 }
 
 }  // namespace spmd

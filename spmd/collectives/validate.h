@@ -7,12 +7,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <spmd/collectives/types.h>
-#include <spmd/world/world.h>
 #include <spmd/tensor/tensor.h>
+#include <spmd/world/world.h>
 
 namespace spmd {
 
@@ -37,12 +39,36 @@ void check_input_ranks(CollectiveKind kind, const std::string& dim_name,
 void check_local(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
                  const CollectiveOptions& options);
 
-// Checks that the inputs of one group agree: same dtype and shape (all_to_all_single: same
-// shape except dim 0, and each rank's out_splits[i] equal to rank i's in_splits[me]).
-// `inputs[i]` is group rank i's input (call.group gives the ranks).
+// Checks that the inputs of one group agree: same dtype and shape (a ragged collective's: same
+// shape except dim 0, Note [Ragged collectives]). `inputs[i]` is group rank i's input
+// (call.group gives the ranks).
 void check_group(const CollectiveCall& call, const std::vector<const Tensor*>& inputs);
+// all_to_all_single's part of it, run by its compute_group: each rank's out_splits[i] equal to
+// rank i's in_splits[me].
 void check_group_splits(const CollectiveCall& call, const std::vector<const Tensor*>& inputs,
                         const AllToAllSingleOptions& o);
+
+// One member's call where each member passes its own options (the threads rendezvous): its global
+// rank, its input's shape and its options, in group order.
+struct MemberCall {
+  int rank;
+  const Shape* shape;
+  const CollectiveOptions* options;
+};
+
+// How the per-rank values of a ragged collective's members fail to fit together: `what` they are
+// ("split sizes") and one line per pair of members that disagree.
+struct RaggedMismatch {
+  std::string what;
+  std::vector<std::string> lines;
+};
+
+// For members that issued the same ragged collective (Note [Ragged collectives]): how their
+// per-rank values disagree, nullopt when they fit together. nullopt for other collectives.
+std::optional<RaggedMismatch> ragged_mismatch(std::span<const MemberCall> members);
+// The options compute_group takes for the group: a ragged collective's members' per-rank values
+// merged into one options value (even splits spelled out); other collectives' first member's.
+CollectiveOptions merge_ragged(std::span<const MemberCall> members);
 
 // The split sizes rank `rank` uses for a dim of `size` rows over `group_size` peers: the given
 // list, or an even split when it is empty.

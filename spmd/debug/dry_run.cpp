@@ -13,8 +13,8 @@
 #include <spmd/collectives/trace_export.h>
 #include <spmd/core/error.h>
 #include <spmd/dtensor/hooks.h>
-#include <spmd/world/topology.h>
 #include <spmd/tensor/meta.h>
+#include <spmd/world/topology.h>
 
 namespace spmd {
 namespace {
@@ -59,26 +59,13 @@ double work_split(const DTensor& out) {
   return split;
 }
 
-// Global flops of the op (Note [Dry-run estimates]).
+// Global flops of the op (Note [Dry-run estimates]): its entry's count on the full shapes.
 double global_flops(const OpEvent& e) {
-  const std::string_view op = e.op;
-  if ((op == "matmul" || op == "bmm" || op == "addmm") && !e.inputs.empty()) {
-    const DTensor& a = *e.inputs[op == "addmm" ? 1 : 0];
-    const double k = a.shape().empty() ? 1.0 : static_cast<double>(a.shape().back());
-    return 2.0 * static_cast<double>(e.output.numel()) * k;
-  }
-  if ((op == "scaled_dot_product_attention" || op == "attention_probs") && e.inputs.size() >= 2) {
-    const Shape& q = e.inputs[0]->shape();
-    const Shape& k = e.inputs[1]->shape();
-    if (q.size() < 2 || k.size() < 2) return 0.0;
-    double batch = 1.0;
-    for (size_t d = 0; d + 2 < q.size(); ++d) batch *= static_cast<double>(q[d]);
-    const double sq = static_cast<double>(q[q.size() - 2]);
-    const double dh = static_cast<double>(q.back());
-    const double sk = static_cast<double>(k[k.size() - 2]);
-    return (op == "attention_probs" ? 2.0 : 4.0) * batch * sq * sk * dh;
-  }
-  return 0.0;
+  if (e.def->flops == nullptr) return 0.0;
+  std::vector<InputMeta> inputs;
+  inputs.reserve(e.inputs.size());
+  for (const DTensor* in : e.inputs) inputs.push_back(InputMeta{&in->shape(), in->dtype()});
+  return e.def->flops(inputs, OpMeta{e.output.shape(), e.output.dtype()});
 }
 
 std::string bytes_text(int64_t bytes) {

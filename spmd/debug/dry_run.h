@@ -19,9 +19,10 @@
 // Time: the ops run in program order, one at a time, nothing overlapped. A collective costs the
 // cost model's estimate on the topology (collectives/cost_model.h, recorded in the trace); a
 // DTensor op costs max(flops / (peak flop/s of its dtype * efficiency), bytes / (memory
-// bandwidth * efficiency)) on the rank with the largest pieces: flops are 2*M*N*K for matmuls and
-// 4*B*H*Sq*Sk*D for attention (2*B*H*Sq*Sk*D for its probabilities), 0 for the rest; bytes are
-// the pieces read and written. The step time is the sum.
+// bandwidth * efficiency)) on the rank with the largest pieces: flops are the op-table entry's
+// (OpDef::flops: 2*M*N*K for matmuls and 4*B*H*Sq*Sk*D for attention, 2*B*H*Sq*Sk*D for its
+// probabilities), 0 for ops without; bytes are the pieces read and written. The step time is the
+// sum.
 #pragma once
 
 #include <cstdint>

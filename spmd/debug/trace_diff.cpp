@@ -2,11 +2,21 @@
 #include <spmd/debug/trace_diff.h>
 
 #include <algorithm>
+#include <string_view>
+
+#include <spmd/collectives/types.h>
 
 namespace spmd {
 namespace {
 
 using Kind = TraceRankDiff::Kind;
+
+// A ragged collective's detail prints its per-rank values, which each backend holds differently
+// (Note [Ragged collectives]).
+bool ragged(std::string_view op) {
+  const std::optional<CollectiveKind> kind = parse_collective(op);
+  return kind.has_value() && is_ragged(*kind);
+}
 
 std::vector<std::string> differing_fields(const TraceRecord& a, const TraceRecord& b) {
   std::vector<std::string> out;
@@ -15,9 +25,7 @@ std::vector<std::string> differing_fields(const TraceRecord& a, const TraceRecor
   if (a.group_ranks != b.group_ranks) out.push_back("group");
   if (a.shape != b.shape) out.push_back("shape");
   if (a.dtype != b.dtype) out.push_back("dtype");
-  if (a.detail != b.detail && !(a.op == "all_to_all_single" && b.op == "all_to_all_single")) {
-    out.push_back("detail");
-  }
+  if (a.detail != b.detail && !(a.op == b.op && ragged(a.op))) out.push_back("detail");
   if (a.sequence != b.sequence) out.push_back("seq");
   // Note [Pipeline context]: a stage that sends or receives another microbatch than the
   // reference is a difference even when every shape agrees.

@@ -7,9 +7,10 @@
 //
 // For each rank present in either trace, its records are compared in issue order on op, mesh
 // dim, group ranks, shape, dtype, detail (the options) and sequence number; times, bytes, the
-// estimate and the source location are not compared (the location is printed). all_to_all_single
-// records leave detail out: it lists the split sizes of every rank the recording process held, so
-// a sim trace and a one-rank dump spell it differently. When one side's history is truncated (a
+// estimate and the source location are not compared (the location is printed). The records of a
+// ragged collective (all_to_all_single, Note [Ragged collectives]) leave detail out: it lists the
+// split sizes of every rank the recording process held, so a sim trace and a one-rank dump spell
+// it differently. When one side's history is truncated (a
 // flight recorder keeps only the last N calls; TraceFile::truncated), its first record is aligned
 // with the record of the same mesh dim, group and sequence number on the other side, and the
 // comparison starts there.

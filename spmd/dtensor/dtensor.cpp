@@ -13,9 +13,9 @@
 #include <spmd/dtensor/hooks.h>
 #include <spmd/dtensor/ops.h>
 #include <spmd/ops/ops.h>
-#include <spmd/world/local_ops.h>
 #include <spmd/tensor/factory.h>
 #include <spmd/tensor/meta.h>
+#include <spmd/world/local_ops.h>
 
 namespace spmd {
 namespace {
@@ -24,13 +24,23 @@ Tensor identity_reference(std::span<const Tensor> inputs, const OpArgs&) {
   return inputs[0];
 }
 
-// The op observers see for DTensor::redistribute: the value does not change.
-const OpDef kRedistributeOp{"redistribute", nullptr, nullptr, nullptr, nullptr, identity_reference};
-// The op observers see for DTensor::from_local (no DTensor inputs, no reference).
-const OpDef kFromLocalOp{"from_local", nullptr, nullptr, nullptr, nullptr, nullptr};
-// The op observers see when to_local's gradient arrives: the LocalTensor gradient laid out as
-// grad_placements claim (no DTensor inputs), at the line of the to_local that made the claim.
-const OpDef kToLocalGradOp{"to_local", nullptr, nullptr, nullptr, nullptr, nullptr};
+// The entries op observers see for what is not a table op: they name the event and run nothing
+// (no meta, compute or strategies).
+// DTensor::redistribute: the value does not change.
+const OpDef kRedistributeOp{
+    .name = "redistribute",
+    .meta = nullptr,
+    .compute = nullptr,
+    .strategies = nullptr,
+    .reference = identity_reference,
+};
+// DTensor::from_local (no DTensor inputs, no reference).
+const OpDef kFromLocalOp{
+    .name = "from_local", .meta = nullptr, .compute = nullptr, .strategies = nullptr};
+// When to_local's gradient arrives: the LocalTensor gradient laid out as grad_placements claim (no
+// DTensor inputs), at the line of the to_local that made the claim.
+const OpDef kToLocalGradOp{
+    .name = "to_local", .meta = nullptr, .compute = nullptr, .strategies = nullptr};
 
 const DTensor& dtensor_of(const Var& v) {
   return v.as<DTensor>();
@@ -260,10 +270,10 @@ DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner 
 
 namespace {
 
-// Note [SPMD types] (world/spmd_types.h) at from_local: the placement of each mesh dim claims a type
-// of the pieces along it (Shard: V, Replicate: R or I, Partial: P, or V read as P), and when the
-// pieces take part in autograd, grad_placements must hand back the gradient their type has (an R
-// piece's gradient is pending a sum, P; an I piece's is reduced, R).
+// Note [SPMD types] (world/spmd_types.h) at from_local: the placement of each mesh dim claims a
+// type of the pieces along it (Shard: V, Replicate: R or I, Partial: P, or V read as P), and when
+// the pieces take part in autograd, grad_placements must hand back the gradient their type has (an
+// R piece's gradient is pending a sum, P; an I piece's is reduced, R).
 void check_from_local_types(const LocalTensor& local, const DeviceMesh& mesh,
                             const Placements& placements,
                             const std::optional<Placements>& grad_placements,

@@ -372,22 +372,49 @@ Tensor piece_of(std::span<const Tensor> pieces, const OpArgs& args, const PieceC
 }  // namespace
 
 const OpDef op::index_select{
-    "index_select",          index_select_meta,          compute_of<index_select_run>,
-    index_select_strategies, piece_of<index_select_run>, nullptr,
-    index_select_derivative};
+    .name = "index_select",
+    .meta = index_select_meta,
+    .compute = compute_of<index_select_run>,
+    .strategies = index_select_strategies,
+    .piece = piece_of<index_select_run>,
+    .backward = index_select_derivative,
+};
 const OpDef op::index_select_backward{
-    "index_select_backward", scatter_meta, compute_of<index_select_backward_run>,
-    index_select_backward_strategies, piece_of<index_select_backward_run>};
-const OpDef op::gather{"gather",          gather_meta,          compute_of<gather_run>,
-                       gather_strategies, piece_of<gather_run>, nullptr,
-                       gather_derivative};
-const OpDef op::gather_backward{"gather_backward", scatter_meta, compute_of<gather_backward_run>,
-                                gather_backward_strategies, piece_of<gather_backward_run>};
-const OpDef op::embedding{"embedding",          embedding_meta,          compute_of<embedding_run>,
-                          embedding_strategies, piece_of<embedding_run>, nullptr,
-                          embedding_derivative};
-const OpDef op::embedding_backward{"embedding_backward", scatter_meta,
-                                   compute_of<embedding_backward_run>,
-                                   embedding_backward_strategies, piece_of<embedding_backward_run>};
+    .name = "index_select_backward",
+    .meta = scatter_meta,
+    .compute = compute_of<index_select_backward_run>,
+    .strategies = index_select_backward_strategies,
+    .piece = piece_of<index_select_backward_run>,
+};
+const OpDef op::gather{
+    .name = "gather",
+    .meta = gather_meta,
+    .compute = compute_of<gather_run>,
+    .strategies = gather_strategies,
+    .piece = piece_of<gather_run>,
+    .backward = gather_derivative,
+};
+const OpDef op::gather_backward{
+    .name = "gather_backward",
+    .meta = scatter_meta,
+    .compute = compute_of<gather_backward_run>,
+    .strategies = gather_backward_strategies,
+    .piece = piece_of<gather_backward_run>,
+};
+const OpDef op::embedding{
+    .name = "embedding",
+    .meta = embedding_meta,
+    .compute = compute_of<embedding_run>,
+    .strategies = embedding_strategies,
+    .piece = piece_of<embedding_run>,
+    .backward = embedding_derivative,
+};
+const OpDef op::embedding_backward{
+    .name = "embedding_backward",
+    .meta = scatter_meta,
+    .compute = compute_of<embedding_backward_run>,
+    .strategies = embedding_backward_strategies,
+    .piece = piece_of<embedding_backward_run>,
+};
 
 }  // namespace spmd

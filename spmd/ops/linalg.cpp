@@ -196,93 +196,114 @@ void addmm_backward(BackwardContext& c) {
   if (c.needs_grad(2)) c.set_grad(2, apply(op::matmul, {transpose_last(c.input(1)), g}) * alpha);
 }
 
+// One multiply and one add per term: 2 * (output elements) * (the inner size, the last dim of
+// input `a`).
+template <size_t a>
+double matmul_flops(std::span<const InputMeta> in, const OpMeta& out) {
+  const Shape& shape = *in[a].shape;
+  const double k = shape.empty() ? 1.0 : static_cast<double>(shape.back());
+  return 2.0 * static_cast<double>(shape_numel(out.shape)) * k;
+}
+
 }  // namespace
 
 const OpDef op::matmul{
-    "matmul",
-    [](std::span<const InputMeta> in, const OpArgs&) {
-      return OpMeta{matmul_shape(*in[0].shape, *in[1].shape), matmul_dtype("matmul", in)};
-    },
-    matmul_compute,
-    [](ShardingInputs in, const OpArgs&, const OpMeta&) {
-      auto labels = matmul_labels(in[0]->shape(), in[1]->shape());
-      if (!labels) return std::vector<OpStrategy>{replicate_strategy(in)};
-      return expand_dim_options(in, matmul_options(*labels, nullptr));
-    },
-    nullptr,
-    nullptr,
-    matmul_backward};
+    .name = "matmul",
+    .meta =
+        [](std::span<const InputMeta> in, const OpArgs&) {
+          return OpMeta{matmul_shape(*in[0].shape, *in[1].shape), matmul_dtype("matmul", in)};
+        },
+    .compute = matmul_compute,
+    .strategies =
+        [](ShardingInputs in, const OpArgs&, const OpMeta&) {
+          auto labels = matmul_labels(in[0]->shape(), in[1]->shape());
+          if (!labels) return std::vector<OpStrategy>{replicate_strategy(in)};
+          return expand_dim_options(in, matmul_options(*labels, nullptr));
+        },
+    .backward = matmul_backward,
+    .partial_use = PartialUse::One,
+    .flops = matmul_flops<0>,
+};
 
 const OpDef op::bmm{
-    "bmm",
-    [](std::span<const InputMeta> in, const OpArgs&) {
-      const Shape& a = *in[0].shape;
-      const Shape& b = *in[1].shape;
-      if (a.size() != 3 || b.size() != 3 || a[0] != b[0]) {
-        throw_error<ShapeError>(
-            "bmm: expects a [B, n, k] and b [B, k, m] with one batch size, got shapes {} and {}",
-            shape_str(a), shape_str(b));
-      }
-      if (a[2] != b[1]) inner_mismatch("bmm", a, b, a[2], b[1]);
-      return OpMeta{{a[0], a[1], b[2]}, matmul_dtype("bmm", in)};
-    },
-    [](std::span<const Tensor> in, const OpArgs&, const OpMeta& meta) {
-      DeviceOps& kernels = kernels_for("bmm", {&in[0], &in[1]});
-      Tensor out = empty(meta.shape, meta.dtype, in[0].device());
-      kernels.matmul(out, in[0].to(meta.dtype), in[1].to(meta.dtype), 1.0, 0.0);
-      return out;
-    },
-    [](ShardingInputs in, const OpArgs&, const OpMeta&) {
-      return expand_dim_options(
-          in, matmul_options(*matmul_labels(in[0]->shape(), in[1]->shape()), nullptr));
-    },
-    nullptr,
-    nullptr,
-    bmm_backward};
+    .name = "bmm",
+    .meta =
+        [](std::span<const InputMeta> in, const OpArgs&) {
+          const Shape& a = *in[0].shape;
+          const Shape& b = *in[1].shape;
+          if (a.size() != 3 || b.size() != 3 || a[0] != b[0]) {
+            throw_error<ShapeError>(
+                "bmm: expects a [B, n, k] and b [B, k, m] with one batch size, got shapes {} "
+                "and {}",
+                shape_str(a), shape_str(b));
+          }
+          if (a[2] != b[1]) inner_mismatch("bmm", a, b, a[2], b[1]);
+          return OpMeta{{a[0], a[1], b[2]}, matmul_dtype("bmm", in)};
+        },
+    .compute =
+        [](std::span<const Tensor> in, const OpArgs&, const OpMeta& meta) {
+          DeviceOps& kernels = kernels_for("bmm", {&in[0], &in[1]});
+          Tensor out = empty(meta.shape, meta.dtype, in[0].device());
+          kernels.matmul(out, in[0].to(meta.dtype), in[1].to(meta.dtype), 1.0, 0.0);
+          return out;
+        },
+    .strategies =
+        [](ShardingInputs in, const OpArgs&, const OpMeta&) {
+          return expand_dim_options(
+              in, matmul_options(*matmul_labels(in[0]->shape(), in[1]->shape()), nullptr));
+        },
+    .backward = bmm_backward,
+    .partial_use = PartialUse::One,
+    .flops = matmul_flops<0>,
+};
 
 const OpDef op::addmm{
-    "addmm",
-    [](std::span<const InputMeta> in, const OpArgs& args) {
-      const Shape& c = *in[0].shape;
-      const Shape& a = *in[1].shape;
-      const Shape& b = *in[2].shape;
-      if (a.size() != 2 || b.size() != 2) {
-        throw_error<ShapeError>("addmm: a and b must be 2-d, got shapes {} and {}", shape_str(a),
-                                shape_str(b));
-      }
-      if (a[1] != b[0]) inner_mismatch("addmm", a, b, a[1], b[0]);
-      const Shape shape{a[0], b[1]};
-      if (broadcast_shapes(c, shape, "addmm") != shape) {
-        throw_error<ShapeError>("addmm: c of shape {} does not broadcast to the product's shape {}",
-                                shape_str(c), shape_str(shape));
-      }
-      const DType dtype = matmul_dtype("addmm", in);
-      const double beta = args.reals.at(0);
-      const double alpha = args.reals.at(1);
-      auto integral = [](double v) { return std::isfinite(v) && v == std::trunc(v); };
-      if (!is_floating(dtype) && (!integral(alpha) || !integral(beta))) {
-        throw_error<Unsupported>("addmm: alpha {} and beta {} must be integers for dtype {}", alpha,
-                                 beta, dtype);
-      }
-      return OpMeta{shape, dtype};
-    },
-    [](std::span<const Tensor> in, const OpArgs& args, const OpMeta& meta) {
-      DeviceOps& kernels = kernels_for("addmm", {&in[0], &in[1], &in[2]});
-      const double beta = args.reals[0];
-      Tensor out = empty(meta.shape, meta.dtype, in[1].device());
-      if (beta != 0) out.copy_(in[0]);
-      kernels.matmul(out.unsqueeze(0), in[1].to(meta.dtype).unsqueeze(0),
-                     in[2].to(meta.dtype).unsqueeze(0), args.reals[1], beta);
-      return out;
-    },
-    [](ShardingInputs in, const OpArgs&, const OpMeta& meta) {
-      std::vector<int> c_dims;
-      for (int o = 0; o < 2; ++o) c_dims.push_back(aligned_dim(in[0]->shape(), meta.shape, o));
-      const auto labels = matmul_labels(in[1]->shape(), in[2]->shape());
-      return expand_dim_options(in, matmul_options(*labels, &c_dims));
-    },
-    nullptr,
-    nullptr,
-    addmm_backward};
+    .name = "addmm",
+    .meta =
+        [](std::span<const InputMeta> in, const OpArgs& args) {
+          const Shape& c = *in[0].shape;
+          const Shape& a = *in[1].shape;
+          const Shape& b = *in[2].shape;
+          if (a.size() != 2 || b.size() != 2) {
+            throw_error<ShapeError>("addmm: a and b must be 2-d, got shapes {} and {}",
+                                    shape_str(a), shape_str(b));
+          }
+          if (a[1] != b[0]) inner_mismatch("addmm", a, b, a[1], b[0]);
+          const Shape shape{a[0], b[1]};
+          if (broadcast_shapes(c, shape, "addmm") != shape) {
+            throw_error<ShapeError>(
+                "addmm: c of shape {} does not broadcast to the product's shape {}", shape_str(c),
+                shape_str(shape));
+          }
+          const DType dtype = matmul_dtype("addmm", in);
+          const double beta = args.reals.at(0);
+          const double alpha = args.reals.at(1);
+          auto integral = [](double v) { return std::isfinite(v) && v == std::trunc(v); };
+          if (!is_floating(dtype) && (!integral(alpha) || !integral(beta))) {
+            throw_error<Unsupported>("addmm: alpha {} and beta {} must be integers for dtype {}",
+                                     alpha, beta, dtype);
+          }
+          return OpMeta{shape, dtype};
+        },
+    .compute =
+        [](std::span<const Tensor> in, const OpArgs& args, const OpMeta& meta) {
+          DeviceOps& kernels = kernels_for("addmm", {&in[0], &in[1], &in[2]});
+          const double beta = args.reals[0];
+          Tensor out = empty(meta.shape, meta.dtype, in[1].device());
+          if (beta != 0) out.copy_(in[0]);
+          kernels.matmul(out.unsqueeze(0), in[1].to(meta.dtype).unsqueeze(0),
+                         in[2].to(meta.dtype).unsqueeze(0), args.reals[1], beta);
+          return out;
+        },
+    .strategies =
+        [](ShardingInputs in, const OpArgs&, const OpMeta& meta) {
+          std::vector<int> c_dims;
+          for (int o = 0; o < 2; ++o) c_dims.push_back(aligned_dim(in[0]->shape(), meta.shape, o));
+          const auto labels = matmul_labels(in[1]->shape(), in[2]->shape());
+          return expand_dim_options(in, matmul_options(*labels, &c_dims));
+        },
+    .backward = addmm_backward,
+    .flops = matmul_flops<1>,
+};
 
 }  // namespace spmd

@@ -497,6 +497,21 @@ void attention_backward(BackwardContext& c) {
   if (c.needs_grad(1)) c.set_grad(1, apply(op::matmul, {transposed(ds), q}) * scale);
 }
 
+// q k^T over every batch and head (2 * B*H * Sq * Sk * D), and for the attention itself p v too
+// (twice that).
+template <bool probs_only>
+double attention_flops(std::span<const InputMeta> in, const OpMeta&) {
+  const Shape& q = *in[0].shape;
+  const Shape& k = *in[1].shape;
+  if (q.size() < 2 || k.size() < 2) return 0.0;
+  double batch = 1.0;
+  for (size_t d = 0; d + 2 < q.size(); ++d) batch *= static_cast<double>(q[d]);
+  const double sq = static_cast<double>(q[q.size() - 2]);
+  const double dh = static_cast<double>(q.back());
+  const double sk = static_cast<double>(k[k.size() - 2]);
+  return (probs_only ? 2.0 : 4.0) * batch * sq * sk * dh;
+}
+
 }  // namespace
 
 OpArgs attention_args(int64_t head_dim, bool causal, std::optional<double> scale) {
@@ -506,45 +521,76 @@ OpArgs attention_args(int64_t head_dim, bool causal, std::optional<double> scale
 }
 
 const OpDef op::layer_norm{
-    "layer_norm",
-    norm_meta<false>,
-    norm_compute<false>,
-    [](ShardingInputs in, const OpArgs&, const OpMeta&) { return rowwise_strategies(in, 1); },
-    nullptr,
-    nullptr,
-    norm_backward<false>};
+    .name = "layer_norm",
+    .meta = norm_meta<false>,
+    .compute = norm_compute<false>,
+    .strategies = [](ShardingInputs in, const OpArgs&,
+                     const OpMeta&) { return rowwise_strategies(in, 1); },
+    .backward = norm_backward<false>,
+};
 const OpDef op::layer_norm_backward{
-    "layer_norm_backward", norm_backward_meta<false>, norm_backward_compute<false>,
-    [](ShardingInputs in, const OpArgs&, const OpMeta&) { return rowwise_strategies(in, 2); }};
+    .name = "layer_norm_backward",
+    .meta = norm_backward_meta<false>,
+    .compute = norm_backward_compute<false>,
+    .strategies = [](ShardingInputs in, const OpArgs&,
+                     const OpMeta&) { return rowwise_strategies(in, 2); },
+};
 const OpDef op::rms_norm{
-    "rms_norm",
-    norm_meta<true>,
-    norm_compute<true>,
-    [](ShardingInputs in, const OpArgs&, const OpMeta&) { return rowwise_strategies(in, 1); },
-    nullptr,
-    nullptr,
-    norm_backward<true>};
+    .name = "rms_norm",
+    .meta = norm_meta<true>,
+    .compute = norm_compute<true>,
+    .strategies = [](ShardingInputs in, const OpArgs&,
+                     const OpMeta&) { return rowwise_strategies(in, 1); },
+    .backward = norm_backward<true>,
+};
 const OpDef op::rms_norm_backward{
-    "rms_norm_backward", norm_backward_meta<true>, norm_backward_compute<true>,
-    [](ShardingInputs in, const OpArgs&, const OpMeta&) { return rowwise_strategies(in, 2); }};
-const OpDef op::dropout{"dropout",     dropout_meta, dropout_compute, dropout_strategies,
-                        dropout_piece, nullptr,      dropout_backward};
-const OpDef op::cross_entropy{"cross_entropy",          cross_entropy_meta,
-                              cross_entropy_compute,    cross_entropy_strategies,
-                              cross_entropy_piece,      nullptr,
-                              cross_entropy_derivative, false,
-                              cross_entropy_composite,  classes_sharded};
+    .name = "rms_norm_backward",
+    .meta = norm_backward_meta<true>,
+    .compute = norm_backward_compute<true>,
+    .strategies = [](ShardingInputs in, const OpArgs&,
+                     const OpMeta&) { return rowwise_strategies(in, 2); },
+};
+const OpDef op::dropout{
+    .name = "dropout",
+    .meta = dropout_meta,
+    .compute = dropout_compute,
+    .strategies = dropout_strategies,
+    .piece = dropout_piece,
+    .backward = dropout_backward,
+};
+const OpDef op::cross_entropy{
+    .name = "cross_entropy",
+    .meta = cross_entropy_meta,
+    .compute = cross_entropy_compute,
+    .strategies = cross_entropy_strategies,
+    .piece = cross_entropy_piece,
+    .backward = cross_entropy_derivative,
+    .composite = cross_entropy_composite,
+    .use_composite = classes_sharded,
+};
 const OpDef op::cross_entropy_backward{
-    "cross_entropy_backward", cross_entropy_backward_meta, cross_entropy_backward_compute,
-    cross_entropy_backward_strategies, cross_entropy_backward_piece};
-const OpDef op::scaled_dot_product_attention{"scaled_dot_product_attention",
-                                             attention_meta,
-                                             attention_compute,
-                                             attention_strategies,
-                                             attention_piece,
-                                             nullptr,
-                                             attention_backward};
-const OpDef op::attention_probs{"attention_probs", attention_probs_meta, attention_probs_compute,
-                                attention_strategies, attention_probs_piece};
+    .name = "cross_entropy_backward",
+    .meta = cross_entropy_backward_meta,
+    .compute = cross_entropy_backward_compute,
+    .strategies = cross_entropy_backward_strategies,
+    .piece = cross_entropy_backward_piece,
+};
+const OpDef op::scaled_dot_product_attention{
+    .name = "scaled_dot_product_attention",
+    .meta = attention_meta,
+    .compute = attention_compute,
+    .strategies = attention_strategies,
+    .piece = attention_piece,
+    .backward = attention_backward,
+    .flops = attention_flops<false>,
+};
+const OpDef op::attention_probs{
+    .name = "attention_probs",
+    .meta = attention_probs_meta,
+    .compute = attention_probs_compute,
+    .strategies = attention_strategies,
+    .piece = attention_probs_piece,
+    .flops = attention_flops<true>,
+};
 
 }  // namespace spmd

@@ -16,9 +16,15 @@
 //   backward     the op's derivative, written with other table ops on Vars (ops/autograd.h);
 //   follow_first_input  (elementwise ops) prefer the strategies that keep the first input's
 //                placements, as PyTorch does (`w - lr * dw` keeps w's placements);
+//   partial_use  how the op treats an input that is a pending sum (SPMD type P): whether it is
+//                linear there, so the SPMD types keep P through it (world/spmd_types.h);
+//   flops        (optional) the op's floating-point operations on full tensors of these shapes,
+//                for the dry run's time estimate (debug/dry_run.h); ops without it count none;
 //   composite    (optional) the op written with other table ops, which dispatch runs instead for
 //                the input shardings `use_composite` accepts: ops whose sharded form needs
 //                collectives inside (cross_entropy over classes sharded across ranks).
+// Entries are written with designated initializers (`.name = "matmul", .meta = ...`); all_ops()
+// in ops/ops.h lists every entry of the table.
 // The Tensor entry points (ops/ops.h), the LocalTensor ones (world/local_ops.h) and the DTensor
 // ones (dtensor/ops.h) are one-line calls into an entry: call(), local_call(), dispatch().
 // docs/design.md, "Adding an op", lists what a new op touches.
@@ -90,6 +96,16 @@ class BackwardContext;
 // A value that takes part in autograd (ops/autograd.h).
 class Var;
 
+// How an op treats an input that is a pending sum (SPMD type P, Note [SPMD types] in
+// world/spmd_types.h): whether op(sum of parts) is the sum of op(part).
+enum class PartialUse {
+  None,       // not linear: a P input is an error
+  Unary,      // linear in its one input (views, sum, scaling, casts)
+  All,        // linear when every typed input is P (add, sub, cat, stack)
+  One,        // bilinear: one input P, the others R (mul, matmul, bmm)
+  Numerator,  // div: the first input P, the second R
+};
+
 struct OpDef {
   std::string_view name;
   OpMeta (*meta)(std::span<const InputMeta> inputs, const OpArgs& args);
@@ -103,6 +119,8 @@ struct OpDef {
   Tensor (*reference)(std::span<const Tensor> inputs, const OpArgs& args) = nullptr;
   void (*backward)(BackwardContext& context) = nullptr;
   bool follow_first_input = false;
+  PartialUse partial_use = PartialUse::None;
+  double (*flops)(std::span<const InputMeta> inputs, const OpMeta& out) = nullptr;
   Var (*composite)(std::span<const Var> inputs, const OpArgs& args) = nullptr;
   bool (*use_composite)(ShardingInputs inputs, const OpArgs& args) = nullptr;
 };

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -148,6 +149,96 @@ extern const OpDef tril;
 extern const OpDef to_dtype;
 
 }  // namespace op
+
+// Every entry of the table above, in its order: tests/ops checks that each has its conformance row
+// and its gradient check, and that no entry of the table is missing here.
+inline std::span<const OpDef* const> all_ops() {
+  static constexpr const OpDef* kAll[] = {
+      // Elementwise, one input; two inputs; comparisons.
+      &op::neg,
+      &op::abs,
+      &op::exp,
+      &op::log,
+      &op::sqrt,
+      &op::rsqrt,
+      &op::tanh,
+      &op::relu,
+      &op::gelu,
+      &op::gelu_tanh,
+      &op::erf,
+      &op::sigmoid,
+      &op::silu,
+      &op::add,
+      &op::sub,
+      &op::mul,
+      &op::div,
+      &op::maximum,
+      &op::minimum,
+      &op::pow,
+      &op::eq,
+      &op::ne,
+      &op::lt,
+      &op::le,
+      &op::gt,
+      &op::ge,
+      // A tensor and a scalar; where and masked_fill.
+      &op::add_scalar,
+      &op::sub_scalar,
+      &op::rsub_scalar,
+      &op::mul_scalar,
+      &op::div_scalar,
+      &op::rdiv_scalar,
+      &op::pow_scalar,
+      &op::where,
+      &op::masked_fill,
+      // Linear algebra, reductions, softmax.
+      &op::matmul,
+      &op::bmm,
+      &op::addmm,
+      &op::sum,
+      &op::mean,
+      &op::amax,
+      &op::amin,
+      &op::argmax,
+      &op::softmax,
+      &op::log_softmax,
+      // Picking by index.
+      &op::index_select,
+      &op::index_select_backward,
+      &op::gather,
+      &op::gather_backward,
+      &op::embedding,
+      &op::embedding_backward,
+      // Transformer layers.
+      &op::layer_norm,
+      &op::layer_norm_backward,
+      &op::rms_norm,
+      &op::rms_norm_backward,
+      &op::dropout,
+      &op::cross_entropy,
+      &op::cross_entropy_backward,
+      &op::scaled_dot_product_attention,
+      &op::attention_probs,
+      // Shapes.
+      &op::transpose,
+      &op::reshape,
+      &op::cat,
+      &op::stack,
+      &op::pad,
+      &op::narrow,
+      &op::select,
+      &op::permute,
+      &op::unsqueeze,
+      &op::squeeze,
+      &op::expand,
+      &op::clone,
+      &op::contiguous,
+      &op::triu,
+      &op::tril,
+      &op::to_dtype,
+  };
+  return kAll;
+}
 
 // [keepdim, dims...]: the args of the reductions.
 OpArgs reduction_args(const std::vector<int64_t>& dims, bool keepdim);

@@ -233,16 +233,24 @@ void scalar_backward(BackwardContext& c) {
       break;
     case ScalarOp::Pow:
       // d(x^k)/dx = k x^(k-1); for k = 0 zero everywhere, also at x = 0 (0 * inf otherwise).
-      c.set_grad(0, k == 0.0 ? g * 0.0
-                             : g * apply(op::pow_scalar, {c.input(0)}, {{}, {k - 1.0}}) * k);
+      c.set_grad(0,
+                 k == 0.0 ? g * 0.0 : g * apply(op::pow_scalar, {c.input(0)}, {{}, {k - 1.0}}) * k);
       break;
   }
 }
 
 template <ScalarOp op>
 constexpr OpDef scalar_op() {
-  return OpDef{scalar_name(op), &scalar_meta<op>, &scalar_compute<op>, &scalar_strategies<op>,
-               nullptr,         nullptr,          &scalar_backward<op>};
+  return OpDef{
+      .name = scalar_name(op),
+      .meta = &scalar_meta<op>,
+      .compute = &scalar_compute<op>,
+      .strategies = &scalar_strategies<op>,
+      .backward = &scalar_backward<op>,
+      // x * c and x / c scale a pending sum's parts; x + c would add c once per part.
+      .partial_use =
+          op == ScalarOp::Mul || op == ScalarOp::Div ? PartialUse::Unary : PartialUse::None,
+  };
 }
 
 }  // namespace
@@ -355,10 +363,20 @@ void masked_fill_backward(BackwardContext& c) {
 
 }  // namespace
 
-const OpDef op::where{"where", where_meta, where_compute, where_strategies,
-                      nullptr, nullptr,    where_backward};
+const OpDef op::where{
+    .name = "where",
+    .meta = where_meta,
+    .compute = where_compute,
+    .strategies = where_strategies,
+    .backward = where_backward,
+};
 const OpDef op::masked_fill{
-    "masked_fill", masked_fill_meta, masked_fill_compute,  masked_fill_strategies,
-    nullptr,       nullptr,          masked_fill_backward, /*follow_first_input=*/true};
+    .name = "masked_fill",
+    .meta = masked_fill_meta,
+    .compute = masked_fill_compute,
+    .strategies = masked_fill_strategies,
+    .backward = masked_fill_backward,
+    .follow_first_input = true,
+};
 
 }  // namespace spmd

@@ -4,7 +4,8 @@
 // unary_op<F, rule>() and binary_op<F, rule>() are constant OpDefs: the meta applies F's domain
 // and Note [Type promotion] (and broadcasting for binary ops), compute runs F's kernel on the
 // inputs' device, the strategies keep shards (a broadcast dim is not sharded) and pass Partial
-// placements as `rule` says (ops/strategy.h). ops/ops.h declares one line per op with them.
+// placements as `rule` says (ops/strategy.h), and the SPMD types keep a pending sum where the rule
+// passes P(sum) (partial_use_of). ops/ops.h declares one line per op with them.
 #pragma once
 
 #include <array>
@@ -105,14 +106,21 @@ Tensor binary_derivative_of(std::span<const Tensor> in, const OpArgs&, const OpM
 
 // "exp_backward": (grad, x, y) -> grad * exp'(x).
 template <class F>
-inline constexpr OpDef kUnaryDerivative{JoinedName<F, BackwardSuffix>::value, &derivative_meta,
-                                        &unary_derivative_of<F>, &derivative_strategies};
+inline constexpr OpDef kUnaryDerivative{
+    .name = JoinedName<F, BackwardSuffix>::value,
+    .meta = &derivative_meta,
+    .compute = &unary_derivative_of<F>,
+    .strategies = &derivative_strategies,
+};
 // "mul_backward_a" / "mul_backward_b": (grad, a, b) -> the gradient of a / b before it is summed
 // down to a's / b's shape.
 template <class F, int wrt>
 inline constexpr OpDef kBinaryDerivative{
-    JoinedName<F, std::conditional_t<wrt == 0, BackwardASuffix, BackwardBSuffix>>::value,
-    &derivative_meta, &binary_derivative_of<F, wrt>, &derivative_strategies};
+    .name = JoinedName<F, std::conditional_t<wrt == 0, BackwardASuffix, BackwardBSuffix>>::value,
+    .meta = &derivative_meta,
+    .compute = &binary_derivative_of<F, wrt>,
+    .strategies = &derivative_strategies,
+};
 
 template <class F>
 void unary_backward_of(BackwardContext& c) {
@@ -138,18 +146,41 @@ void binary_backward_of(BackwardContext& c) {
   if (c.needs_grad(1)) c.set_grad(1, sum_to(binary_operand_grad<F, 1>(c), var_shape(c.input(1))));
 }
 
+// How an elementwise op whose Partial placements pass as `rule` says treats a pending sum under
+// SPMD types: it is linear there exactly when P(sum) passes through it.
+constexpr PartialUse partial_use_of(PartialRule rule) {
+  switch (rule) {
+    case PartialRule::Negation:
+      return PartialUse::Unary;
+    case PartialRule::Additive:
+    case PartialRule::Subtractive:
+      return PartialUse::All;
+    case PartialRule::Multiplicative:
+      return PartialUse::One;
+    case PartialRule::Divisive:
+      return PartialUse::Numerator;
+    case PartialRule::None:
+    case PartialRule::NonDecreasing:
+    case PartialRule::Max:
+    case PartialRule::Min:
+      return PartialUse::None;
+  }
+  return PartialUse::None;
+}
+
 }  // namespace pointwise
 
 // The entry of the unary elementwise op whose math is functor F (in element::UnaryOps).
 template <class F, PartialRule rule>
 constexpr OpDef unary_op() {
-  return OpDef{F::name,
-               &pointwise::unary_meta_of<F>,
-               &pointwise::unary_compute_of<F>,
-               &pointwise::unary_strategies_of<rule>,
-               nullptr,
-               nullptr,
-               &pointwise::unary_backward_of<F>};
+  return OpDef{
+      .name = F::name,
+      .meta = &pointwise::unary_meta_of<F>,
+      .compute = &pointwise::unary_compute_of<F>,
+      .strategies = &pointwise::unary_strategies_of<rule>,
+      .backward = &pointwise::unary_backward_of<F>,
+      .partial_use = pointwise::partial_use_of(rule),
+  };
 }
 
 // The entry of the binary elementwise op (with broadcasting) whose math is functor F (in
@@ -159,14 +190,15 @@ template <class F, PartialRule rule>
 constexpr OpDef binary_op() {
   BackwardFn backward = nullptr;
   if constexpr (!element::is_predicate<F>) backward = &pointwise::binary_backward_of<F>;
-  return OpDef{F::name,
-               &pointwise::binary_meta_of<F>,
-               &pointwise::binary_compute_of<F>,
-               &pointwise::binary_strategies_of<rule>,
-               nullptr,
-               nullptr,
-               backward,
-               /*follow_first_input=*/true};
+  return OpDef{
+      .name = F::name,
+      .meta = &pointwise::binary_meta_of<F>,
+      .compute = &pointwise::binary_compute_of<F>,
+      .strategies = &pointwise::binary_strategies_of<rule>,
+      .backward = backward,
+      .follow_first_input = true,
+      .partial_use = pointwise::partial_use_of(rule),
+  };
 }
 
 }  // namespace spmd

@@ -217,12 +217,14 @@ Tensor extremum_weights_compute(std::span<const Tensor> in, const OpArgs& args, 
 
 template <Reduction r>
 const OpDef kExtremumWeights{
-    r == Reduction::Amax ? "amax_weights" : "amin_weights",
-    [](std::span<const InputMeta> in, const OpArgs&) {
-      return OpMeta{*in[0].shape, in[0].dtype};
-    },
-    extremum_weights_compute<r>,
-    // The reduced dims whole on every rank (no Shard, no Partial); the others keep their shards.
+    .name = r == Reduction::Amax ? "amax_weights" : "amin_weights",
+    .meta =
+        [](std::span<const InputMeta> in, const OpArgs&) {
+          return OpMeta{*in[0].shape, in[0].dtype};
+        },
+    .compute = extremum_weights_compute<r>,
+    .strategies =  // The reduced dims whole on every rank (no Shard, no Partial); the others keep
+                   // their shards.
     [](ShardingInputs in, const OpArgs& args, const OpMeta&) {
       const std::vector<int64_t> dims = reduced_dims(op_name(r), args, in[0]->shape());
       return derived_strategies(in, [&dims](const Placement& p) -> std::optional<Placement> {
@@ -232,7 +234,8 @@ const OpDef kExtremumWeights{
         }
         return p;
       });
-    }};
+    },
+};
 
 template <Reduction r>
 void reduction_backward(BackwardContext& c) {
@@ -303,35 +306,44 @@ std::vector<OpStrategy> argmax_strategies(ShardingInputs in, const OpArgs& args,
 
 }  // namespace
 
-const OpDef op::argmax{"argmax", argmax_meta, argmax_compute, argmax_strategies};
+const OpDef op::argmax{
+    .name = "argmax",
+    .meta = argmax_meta,
+    .compute = argmax_compute,
+    .strategies = argmax_strategies,
+};
 
-const OpDef op::sum{"sum",
-                    reduction_meta<Reduction::Sum>,
-                    reduction_compute<Reduction::Sum>,
-                    reduction_strategies<Reduction::Sum>,
-                    nullptr,
-                    nullptr,
-                    reduction_backward<Reduction::Sum>};
-const OpDef op::mean{"mean",
-                     reduction_meta<Reduction::Mean>,
-                     reduction_compute<Reduction::Mean>,
-                     reduction_strategies<Reduction::Mean>,
-                     nullptr,
-                     nullptr,
-                     reduction_backward<Reduction::Mean>};
-const OpDef op::amax{"amax",
-                     reduction_meta<Reduction::Amax>,
-                     reduction_compute<Reduction::Amax>,
-                     reduction_strategies<Reduction::Amax>,
-                     extremum_piece<Reduction::Amax>,
-                     nullptr,
-                     reduction_backward<Reduction::Amax>};
-const OpDef op::amin{"amin",
-                     reduction_meta<Reduction::Amin>,
-                     reduction_compute<Reduction::Amin>,
-                     reduction_strategies<Reduction::Amin>,
-                     extremum_piece<Reduction::Amin>,
-                     nullptr,
-                     reduction_backward<Reduction::Amin>};
+const OpDef op::sum{
+    .name = "sum",
+    .meta = reduction_meta<Reduction::Sum>,
+    .compute = reduction_compute<Reduction::Sum>,
+    .strategies = reduction_strategies<Reduction::Sum>,
+    .backward = reduction_backward<Reduction::Sum>,
+    .partial_use = PartialUse::Unary,
+};
+const OpDef op::mean{
+    .name = "mean",
+    .meta = reduction_meta<Reduction::Mean>,
+    .compute = reduction_compute<Reduction::Mean>,
+    .strategies = reduction_strategies<Reduction::Mean>,
+    .backward = reduction_backward<Reduction::Mean>,
+    .partial_use = PartialUse::Unary,
+};
+const OpDef op::amax{
+    .name = "amax",
+    .meta = reduction_meta<Reduction::Amax>,
+    .compute = reduction_compute<Reduction::Amax>,
+    .strategies = reduction_strategies<Reduction::Amax>,
+    .piece = extremum_piece<Reduction::Amax>,
+    .backward = reduction_backward<Reduction::Amax>,
+};
+const OpDef op::amin{
+    .name = "amin",
+    .meta = reduction_meta<Reduction::Amin>,
+    .compute = reduction_compute<Reduction::Amin>,
+    .strategies = reduction_strategies<Reduction::Amin>,
+    .piece = extremum_piece<Reduction::Amin>,
+    .backward = reduction_backward<Reduction::Amin>,
+};
 
 }  // namespace spmd

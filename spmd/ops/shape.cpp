@@ -683,162 +683,187 @@ void pad_backward(BackwardContext& c) {
 
 }  // namespace
 
-const OpDef op::transpose{"transpose",
-                          transpose_meta,
-                          [](std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
-                            return in[0].transpose(args.ints[0], args.ints[1]);
-                          },
-                          transpose_strategies,
-                          nullptr,
-                          nullptr,
-                          transpose_backward};
+const OpDef op::transpose{
+    .name = "transpose",
+    .meta = transpose_meta,
+    .compute = [](std::span<const Tensor> in, const OpArgs& args,
+                  const OpMeta&) { return in[0].transpose(args.ints[0], args.ints[1]); },
+    .strategies = transpose_strategies,
+    .backward = transpose_backward,
+    .partial_use = PartialUse::Unary,
+};
 
-const OpDef op::reshape{"reshape",
-                        reshape_meta,
-                        [](std::span<const Tensor> in, const OpArgs&, const OpMeta& out) {
-                          return in[0].reshape(out.shape);
-                        },
-                        reshape_strategies,
-                        reshape_piece,
-                        nullptr,
-                        reshape_backward};
+const OpDef op::reshape{
+    .name = "reshape",
+    .meta = reshape_meta,
+    .compute = [](std::span<const Tensor> in, const OpArgs&,
+                  const OpMeta& out) { return in[0].reshape(out.shape); },
+    .strategies = reshape_strategies,
+    .piece = reshape_piece,
+    .backward = reshape_backward,
+    .partial_use = PartialUse::Unary,
+};
 
-const OpDef op::cat{"cat",
-                    cat_meta,
-                    cat_compute,
-                    [](ShardingInputs in, const OpArgs& args, const OpMeta&) {
-                      const int64_t d = normalize_dim(args.ints[0], in[0]->ndim(), "cat");
-                      return join_strategies(in, d, -1);
-                    },
-                    nullptr,
-                    nullptr,
-                    cat_backward};
+const OpDef op::cat{
+    .name = "cat",
+    .meta = cat_meta,
+    .compute = cat_compute,
+    .strategies =
+        [](ShardingInputs in, const OpArgs& args, const OpMeta&) {
+          const int64_t d = normalize_dim(args.ints[0], in[0]->ndim(), "cat");
+          return join_strategies(in, d, -1);
+        },
+    .backward = cat_backward,
+    .partial_use = PartialUse::All,
+};
 
-const OpDef op::stack{"stack",
-                      stack_meta,
-                      stack_compute,
-                      [](ShardingInputs in, const OpArgs& args, const OpMeta&) {
-                        const int64_t d = normalize_dim(args.ints[0], in[0]->ndim() + 1, "stack");
-                        return join_strategies(in, -1, d);
-                      },
-                      nullptr,
-                      nullptr,
-                      stack_backward};
+const OpDef op::stack{
+    .name = "stack",
+    .meta = stack_meta,
+    .compute = stack_compute,
+    .strategies =
+        [](ShardingInputs in, const OpArgs& args, const OpMeta&) {
+          const int64_t d = normalize_dim(args.ints[0], in[0]->ndim() + 1, "stack");
+          return join_strategies(in, -1, d);
+        },
+    .backward = stack_backward,
+    .partial_use = PartialUse::All,
+};
 
-const OpDef op::pad{"pad", pad_meta, pad_compute, pad_strategies, nullptr, nullptr, pad_backward};
+const OpDef op::pad{
+    .name = "pad",
+    .meta = pad_meta,
+    .compute = pad_compute,
+    .strategies = pad_strategies,
+    .backward = pad_backward,
+    .partial_use = PartialUse::Unary,
+};
 
 const OpDef op::narrow{
-    "narrow",
-    narrow_meta,
-    [](std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
-      return in[0].narrow(args.ints[0], args.ints[1], args.ints[2]);
-    },
-    [](ShardingInputs in, const OpArgs& args, const OpMeta&) {
-      return take_strategies(
-          in, static_cast<int>(dim_arg(args, 0, in[0]->ndim(), "narrow", in[0]->shape())), false);
-    },
-    nullptr,
-    nullptr,
-    narrow_backward};
+    .name = "narrow",
+    .meta = narrow_meta,
+    .compute = [](std::span<const Tensor> in, const OpArgs& args,
+                  const OpMeta&) { return in[0].narrow(args.ints[0], args.ints[1], args.ints[2]); },
+    .strategies =
+        [](ShardingInputs in, const OpArgs& args, const OpMeta&) {
+          return take_strategies(
+              in, static_cast<int>(dim_arg(args, 0, in[0]->ndim(), "narrow", in[0]->shape())),
+              false);
+        },
+    .backward = narrow_backward,
+    .partial_use = PartialUse::Unary,
+};
 
 const OpDef op::select{
-    "select",
-    select_meta,
-    [](std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
-      return in[0].select(args.ints[0], args.ints[1]);
-    },
-    [](ShardingInputs in, const OpArgs& args, const OpMeta&) {
-      return take_strategies(
-          in, static_cast<int>(dim_arg(args, 0, in[0]->ndim(), "select", in[0]->shape())), true);
-    },
-    nullptr,
-    nullptr,
-    select_backward};
+    .name = "select",
+    .meta = select_meta,
+    .compute = [](std::span<const Tensor> in, const OpArgs& args,
+                  const OpMeta&) { return in[0].select(args.ints[0], args.ints[1]); },
+    .strategies =
+        [](ShardingInputs in, const OpArgs& args, const OpMeta&) {
+          return take_strategies(
+              in, static_cast<int>(dim_arg(args, 0, in[0]->ndim(), "select", in[0]->shape())),
+              true);
+        },
+    .backward = select_backward,
+    .partial_use = PartialUse::Unary,
+};
 
-const OpDef op::permute{"permute",
-                        permute_meta,
-                        [](std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
-                          return in[0].permute(args.ints);
-                        },
-                        permute_strategies,
-                        nullptr,
-                        nullptr,
-                        permute_backward};
+const OpDef op::permute{
+    .name = "permute",
+    .meta = permute_meta,
+    .compute = [](std::span<const Tensor> in, const OpArgs& args,
+                  const OpMeta&) { return in[0].permute(args.ints); },
+    .strategies = permute_strategies,
+    .backward = permute_backward,
+    .partial_use = PartialUse::Unary,
+};
 
-const OpDef op::unsqueeze{"unsqueeze",
-                          unsqueeze_meta,
-                          [](std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
-                            return in[0].unsqueeze(args.ints[0]);
-                          },
-                          unsqueeze_strategies,
-                          nullptr,
-                          nullptr,
-                          unsqueeze_backward};
+const OpDef op::unsqueeze{
+    .name = "unsqueeze",
+    .meta = unsqueeze_meta,
+    .compute = [](std::span<const Tensor> in, const OpArgs& args,
+                  const OpMeta&) { return in[0].unsqueeze(args.ints[0]); },
+    .strategies = unsqueeze_strategies,
+    .backward = unsqueeze_backward,
+    .partial_use = PartialUse::Unary,
+};
 
-const OpDef op::squeeze{"squeeze",
-                        squeeze_meta,
-                        [](std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
-                          return in[0].squeeze(args.ints[0]);
-                        },
-                        squeeze_strategies,
-                        nullptr,
-                        nullptr,
-                        unsqueeze_backward};
+const OpDef op::squeeze{
+    .name = "squeeze",
+    .meta = squeeze_meta,
+    .compute = [](std::span<const Tensor> in, const OpArgs& args,
+                  const OpMeta&) { return in[0].squeeze(args.ints[0]); },
+    .strategies = squeeze_strategies,
+    .backward = unsqueeze_backward,
+    .partial_use = PartialUse::Unary,
+};
 
 const OpDef op::expand{
-    "expand", expand_meta,
-    [](std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
-      return in[0].expand(args.ints);
-    },
-    expand_strategies,
-    // A piece expands to its own piece of the output (sharded dims are local).
+    .name = "expand",
+    .meta = expand_meta,
+    .compute = [](std::span<const Tensor> in, const OpArgs& args,
+                  const OpMeta&) { return in[0].expand(args.ints); },
+    .strategies = expand_strategies,
+    .piece =  // A piece expands to its own piece of the output (sharded dims are local).
     [](std::span<const Tensor> pieces, const OpArgs&, const PieceContext& where) {
       return pieces[0].expand(where.local_shape);
     },
-    nullptr, expand_backward};
+    .backward = expand_backward,
+    .partial_use = PartialUse::Unary,
+};
 
 const OpDef op::clone{
-    "clone",
-    [](std::span<const InputMeta> in, const OpArgs&) {
-      return OpMeta{*in[0].shape, in[0].dtype};
-    },
-    [](std::span<const Tensor> in, const OpArgs&, const OpMeta&) { return in[0].clone(); },
-    keep_placements,
-    nullptr,
-    nullptr,
-    identity_backward};
+    .name = "clone",
+    .meta =
+        [](std::span<const InputMeta> in, const OpArgs&) {
+          return OpMeta{*in[0].shape, in[0].dtype};
+        },
+    .compute = [](std::span<const Tensor> in, const OpArgs&,
+                  const OpMeta&) { return in[0].clone(); },
+    .strategies = keep_placements,
+    .backward = identity_backward,
+    .partial_use = PartialUse::Unary,
+};
 
 const OpDef op::contiguous{
-    "contiguous",
-    [](std::span<const InputMeta> in, const OpArgs&) {
-      return OpMeta{*in[0].shape, in[0].dtype};
-    },
-    [](std::span<const Tensor> in, const OpArgs&, const OpMeta&) { return in[0].contiguous(); },
-    keep_placements,
-    nullptr,
-    nullptr,
-    identity_backward};
+    .name = "contiguous",
+    .meta =
+        [](std::span<const InputMeta> in, const OpArgs&) {
+          return OpMeta{*in[0].shape, in[0].dtype};
+        },
+    .compute = [](std::span<const Tensor> in, const OpArgs&,
+                  const OpMeta&) { return in[0].contiguous(); },
+    .strategies = keep_placements,
+    .backward = identity_backward,
+};
 
 const OpDef op::triu{
-    "triu",  triangle_meta<true>,    triangle_compute<true>, keep_placements, triangle_piece<true>,
-    nullptr, triangle_backward<true>};
-const OpDef op::tril{"tril",
-                     triangle_meta<false>,
-                     triangle_compute<false>,
-                     keep_placements,
-                     triangle_piece<false>,
-                     nullptr,
-                     triangle_backward<false>};
+    .name = "triu",
+    .meta = triangle_meta<true>,
+    .compute = triangle_compute<true>,
+    .strategies = keep_placements,
+    .piece = triangle_piece<true>,
+    .backward = triangle_backward<true>,
+};
+const OpDef op::tril{
+    .name = "tril",
+    .meta = triangle_meta<false>,
+    .compute = triangle_compute<false>,
+    .strategies = keep_placements,
+    .piece = triangle_piece<false>,
+    .backward = triangle_backward<false>,
+};
 
-const OpDef op::to_dtype{"to",
-                         to_dtype_meta,
-                         [](std::span<const Tensor> in, const OpArgs&, const OpMeta& out) {
-                           return in[0].to(out.dtype);
-                         },
-                         to_dtype_strategies,
-                         nullptr,
-                         nullptr,
-                         to_dtype_backward};
+const OpDef op::to_dtype{
+    .name = "to",
+    .meta = to_dtype_meta,
+    .compute = [](std::span<const Tensor> in, const OpArgs&,
+                  const OpMeta& out) { return in[0].to(out.dtype); },
+    .strategies = to_dtype_strategies,
+    .backward = to_dtype_backward,
+    .partial_use = PartialUse::Unary,
+};
 
 Shape flattened_shape(const Shape& shape, int64_t start, int64_t end) {
   const int64_t nd = std::max<int64_t>(static_cast<int64_t>(shape.size()), 1);

@@ -67,10 +67,18 @@ void softmax_backward(BackwardContext& c) {
 }  // namespace
 
 const OpDef op::softmax{
-    "softmax", softmax_meta<false>,    softmax_compute<false>, softmax_strategies, nullptr,
-    nullptr,   softmax_backward<false>};
+    .name = "softmax",
+    .meta = softmax_meta<false>,
+    .compute = softmax_compute<false>,
+    .strategies = softmax_strategies,
+    .backward = softmax_backward<false>,
+};
 const OpDef op::log_softmax{
-    "log_softmax", softmax_meta<true>,    softmax_compute<true>, softmax_strategies, nullptr,
-    nullptr,       softmax_backward<true>};
+    .name = "log_softmax",
+    .meta = softmax_meta<true>,
+    .compute = softmax_compute<true>,
+    .strategies = softmax_strategies,
+    .backward = softmax_backward<true>,
+};
 
 }  // namespace spmd

@@ -49,9 +49,12 @@ Tensor derivative(std::span<const Tensor> in, const OpArgs&, const OpMeta& out) 
 }
 // "softplus_backward": (grad, x, y) -> grad * F::df(x, y), linear in grad.
 template <class F>
-inline constexpr OpDef kDerivative{pointwise::JoinedName<F, pointwise::BackwardSuffix>::value,
-                                   &pointwise::derivative_meta, &derivative<F>,
-                                   &pointwise::derivative_strategies};
+inline constexpr OpDef kDerivative{
+    .name = pointwise::JoinedName<F, pointwise::BackwardSuffix>::value,
+    .meta = &pointwise::derivative_meta,
+    .compute = &derivative<F>,
+    .strategies = &pointwise::derivative_strategies,
+};
 template <class F>
 void backward(BackwardContext& c) {
   if (c.needs_grad(0)) c.set_grad(0, apply(kDerivative<F>, {c.grad(), c.input(0), c.output()}));
@@ -64,8 +67,12 @@ void backward(BackwardContext& c) {
 template <class F, PartialRule rule = PartialRule::None>
 constexpr OpDef user_unary_op() {
   return OpDef{
-      F::name, &user_op::meta<F>, &user_op::compute<F>, &pointwise::unary_strategies_of<rule>,
-      nullptr, nullptr,           &user_op::backward<F>};
+      .name = F::name,
+      .meta = &user_op::meta<F>,
+      .compute = &user_op::compute<F>,
+      .strategies = &pointwise::unary_strategies_of<rule>,
+      .backward = &user_op::backward<F>,
+  };
 }
 
 }  // namespace spmd

@@ -8,8 +8,8 @@
 #include <spmd/core/error.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
-#include <spmd/world/local_ops.h>
 #include <spmd/tensor/compare.h>
+#include <spmd/world/local_ops.h>
 
 namespace spmd {
 
@@ -166,30 +166,6 @@ TypesPtr backward_types(const TypesPtr& t, std::string_view via) {
 
 namespace {
 
-// How an op treats a Partial (pending sum) input: whether op(sum of parts) is the sum of op(part).
-enum class PartialUse {
-  None,       // not linear: a P input is an error
-  Unary,      // linear in its one input (views, sum, scaling, casts)
-  All,        // linear when every typed input is P (add, sub, cat, stack)
-  One,        // bilinear: one input P, the others R (mul, matmul, bmm)
-  Numerator,  // div: the first input P, the second R
-};
-
-PartialUse partial_use(const OpDef& op) {
-  static const OpDef* const kUnary[] = {
-      &op::neg,      &op::sum,        &op::mean,       &op::transpose, &op::reshape, &op::narrow,
-      &op::select,   &op::permute,    &op::unsqueeze,  &op::squeeze,   &op::expand,  &op::clone,
-      &op::to_dtype, &op::mul_scalar, &op::div_scalar, &op::pad};
-  for (const OpDef* u : kUnary) {
-    if (u == &op) return PartialUse::Unary;
-  }
-  if (&op == &op::add || &op == &op::sub || &op == &op::cat || &op == &op::stack)
-    return PartialUse::All;
-  if (&op == &op::mul || &op == &op::matmul || &op == &op::bmm) return PartialUse::One;
-  if (&op == &op::div) return PartialUse::Numerator;
-  return PartialUse::None;
-}
-
 struct Operand {
   size_t index;  // 1-based position among the op's inputs
   const AxisType* type;
@@ -241,7 +217,7 @@ const AxisType* combine(const OpDef& op, std::string_view axis, const std::vecto
   if (p != nullptr) {
     const std::string reduce =
         fmt::format("reduce the partial first (all_reduce or reduce_scatter over '{}')", axis);
-    switch (partial_use(op)) {
+    switch (op.partial_use) {
       case PartialUse::None:
         type_error(op, axis, *p, nullptr,
                    fmt::format("{} is not linear, so on the parts of a pending sum it does not "
@@ -265,7 +241,7 @@ const AxisType* combine(const OpDef& op, std::string_view axis, const std::vecto
       case PartialUse::Numerator:
         for (const Operand& o : in) {
           if (&o == p) continue;
-          if (op.name == "div" && p->index != 1) {
+          if (op.partial_use == PartialUse::Numerator && p->index != 1) {
             type_error(op, axis, *p, nullptr,
                        fmt::format("dividing by a pending sum is not linear; {}", reduce));
           }
@@ -281,7 +257,7 @@ const AxisType* combine(const OpDef& op, std::string_view axis, const std::vecto
                                    op.name, reduce));
           }
         }
-        if (op.name == "div" && p->index != 1) {
+        if (op.partial_use == PartialUse::Numerator && p->index != 1) {
           type_error(op, axis, *p, nullptr,
                      fmt::format("dividing by a pending sum is not linear; {}", reduce));
         }

@@ -16,6 +16,7 @@
 #include <random>
 #include <set>
 
+#include <spmd/dtensor/hooks.h>
 #include <spmd/dtensor/ops.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/user_op.h>
@@ -108,6 +109,16 @@ LocalTensor softplus(const LocalTensor& x) {
 }
 DTensor softplus(const DTensor& x) {
   return dispatch(kSoftplus, {x});
+}
+
+// x as `dtype`: the Tensor method, the LocalTensor and DTensor functions (the entry to_dtype).
+template <class T>
+T cast(const T& x, DType dtype) {
+  if constexpr (std::is_same_v<T, Tensor>) {
+    return x.to(dtype);
+  } else {
+    return to(x, dtype);
+  }
 }
 
 double sigmoid_ref(double x) {
@@ -372,6 +383,7 @@ Table op_table() {
   t.add(row("squeeze", {{5, 1, 4}}, [](const auto& x) { return squeeze(x[0], 1); }));
   t.add(row("expand", {{5, 1}}, [](const auto& x) { return expand(x[0], {2, 5, 4}); }));
   t.add(row("clone", {{5, 4}}, [](const auto& x) { return clone(x[0]); }));
+  t.add(row("to", {{5, 4}}, [](const auto& x) { return cast(x[0], DType::F64); }));
   t.add(
       row("contiguous", {{5, 4}}, [](const auto& x) { return contiguous(transpose(x[0], 0, 1)); }));
   t.add(row("flatten", {{2, 3, 4}}, [](const auto& x) { return flatten(x[0], 1, 2); }));
@@ -828,6 +840,54 @@ SPMD_TEST(OpTableGrad, DTensorGradientsMatchTensorGradientsF64) {
 
 SPMD_TEST(OpTableGrad, DTensorGradientsMatchTensorGradientsF32) {
   check_dtensor_gradients(world, DType::F32);
+}
+
+// ---- the table is covered: every entry of all_ops() has its rows
+// ---------------------------------
+
+// Every row runs on DTensors (Replicate on two ranks) with an op observer (dtensor/hooks.h) that
+// notes the entries it runs, then its backward: an entry of all_ops() that no row's forward runs
+// has no conformance row, unless a row's backward runs it (an entry that only computes a
+// derivative, such as layer_norm_backward, is checked through its forward's gradient rows); an
+// entry with a backward that no row with a floating result runs has no gradient check (rows with
+// a floating result are the ones TensorGradientsMatchFiniteDifferences and the DTensor gradient
+// table differentiate). tests/ops/check_op_list.py checks that all_ops() lists every entry.
+TEST(OpTable, EveryOpHasAConformanceRowAndAGradientCheck) {
+  World world = World::sim(2);
+  const DeviceMesh mesh = *testing::try_mesh(world, {2});
+  const Placements replicate{Replicate{}};
+  std::set<const OpDef*> forward;
+  std::set<const OpDef*> differentiated;
+  std::set<const OpDef*> in_backward;
+  std::set<const OpDef*> ran;
+  const int observer = add_op_observer([&](const OpEvent& e) { ran.insert(e.def); });
+  for (const OpRow& r : op_table().rows) {
+    SCOPED_TRACE(r.name);
+    std::vector<DTensor> inputs;
+    for (size_t k = 0; k < r.shapes.size(); ++k) {
+      DTensor in = distribute_tensor(smooth_input(r, k, 60 + k), mesh, replicate);
+      inputs.push_back(is_data(r, k) ? in.requires_grad_() : in);
+    }
+    ran.clear();
+    const DTensor out = r.on_dtensor(inputs);
+    forward.insert(ran.begin(), ran.end());
+    if (!is_floating(out.dtype())) continue;
+    differentiated.insert(ran.begin(), ran.end());
+    ran.clear();
+    backward(out, distribute_tensor(randn(out.shape(), 61, DType::F64), mesh, replicate));
+    in_backward.insert(ran.begin(), ran.end());
+  }
+  remove_op_observer(observer);
+  std::set<const OpDef*> listed;
+  for (const OpDef* op : all_ops()) {
+    EXPECT_TRUE(listed.insert(op).second) << "all_ops() lists '" << op->name << "' twice";
+    EXPECT_TRUE(forward.count(op) != 0 || in_backward.count(op) != 0)
+        << "'" << op->name << "' has no row in op_table() (docs/design.md, \"Adding an op\")";
+    if (op->backward != nullptr) {
+      EXPECT_TRUE(differentiated.count(op) != 0)
+          << "'" << op->name << "' has a backward but no row with a floating result";
+    }
+  }
 }
 
 TEST(OpTable, AutogradErrors) {

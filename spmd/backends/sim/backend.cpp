@@ -57,8 +57,9 @@ WorkPtr SimBackend::issue(Communicator& comm, const LocalTensor& x,
     compute_group(view, options);
   };
 
-  // all_to_all_single's split sizes are per rank: its results are not a function of classes.
-  if (x.has_classes() && !std::holds_alternative<AllToAllSingleOptions>(options)) {
+  // A ragged collective's values are per rank (Note [Ragged collectives]): its results are not a
+  // function of classes.
+  if (x.has_classes() && !is_ragged(kind_of(options))) {
     // Note [Shard classes]: one computation per distinct tuple of the members' classes; the
     // result is in classes too (deduplicated by identity), so no per-rank shard is copied.
     const std::vector<uint32_t>& classes = *x.classes();

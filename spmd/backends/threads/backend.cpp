@@ -109,57 +109,12 @@ std::string difference_name(std::string_view field) {
   return std::string(field);
 }
 
-// Each member's all_to_all_single split sizes, resolved (even splits spelled out).
-struct Splits {
-  std::vector<std::vector<int64_t>> in;   // in[i][j]: rows member i sends to member j
-  std::vector<std::vector<int64_t>> out;  // out[j][i]: rows member j expects from member i
-};
-
-Splits resolve_all_splits(const Rendezvous& rv) {
-  const int64_t n = static_cast<int64_t>(rv.members.size());
-  Splits s;
-  for (const auto& c : rv.calls) {
-    const auto& o = std::get<AllToAllSingleOptions>(c->options);
-    const int64_t rows = c->shape[0];
-    s.in.push_back(resolve_splits(o.in_splits, c->rank, rows, n));
-    s.out.push_back(o.out_splits.empty() ? std::vector<int64_t>(static_cast<size_t>(n), rows / n)
-                                         : o.out_splits.at(c->rank));
-  }
-  return s;
-}
-
-// Lines naming every pair of members whose split sizes disagree; empty when they fit.
-std::vector<std::string> split_differences(const Rendezvous& rv) {
-  const Splits s = resolve_all_splits(rv);
-  std::vector<std::string> lines;
-  for (size_t i = 0; i < rv.members.size(); ++i) {
-    for (size_t j = 0; j < rv.members.size(); ++j) {
-      if (s.in[i][j] == s.out[j][i]) continue;
-      lines.push_back(
-          fmt::format("rank {} sends {} rows to rank {} (in_splits {}), which expects {} "
-                      "(out_splits {})",
-                      rv.members[i], s.in[i][j], rv.members[j], s.in[i], s.out[j][i], s.out[j]));
-    }
-  }
-  return lines;
-}
-
-// The options compute_group takes for all_to_all_single: every member's resolved splits.
-AllToAllSingleOptions merged_splits(const Rendezvous& rv) {
-  const Splits s = resolve_all_splits(rv);
-  std::vector<size_t> order(rv.members.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return rv.members[a] < rv.members[b]; });
-  std::vector<int> ranks;
-  std::vector<std::vector<int64_t>> in, out;
-  for (size_t i : order) {
-    ranks.push_back(rv.members[i]);
-    in.push_back(s.in[i]);
-    out.push_back(s.out[i]);
-  }
-  return AllToAllSingleOptions{PerRank<std::vector<int64_t>>(ranks, std::move(out)),
-                               PerRank<std::vector<int64_t>>(ranks, std::move(in))};
+// The members' calls as the ragged collectives' checks take them (collectives/validate.h).
+std::vector<MemberCall> members_of(const Rendezvous& rv) {
+  std::vector<MemberCall> members;
+  members.reserve(rv.calls.size());
+  for (const auto& c : rv.calls) members.push_back(MemberCall{c->rank, &c->shape, &c->options});
+  return members;
 }
 
 // "ranks 0, 2, 3 at a.cpp:10; rank 1 at a.cpp:12" when the members called from different source
@@ -188,36 +143,39 @@ std::string site_pairing(const Rendezvous& rv) {
 // `internal`: the debug checks' own collectives, which must also come from one line.
 std::optional<std::string> mismatch_report(const Rendezvous& rv, bool internal) {
   const Call& first = *rv.calls[0];
-  const bool all_splits = std::all_of(rv.calls.begin(), rv.calls.end(), [](const auto& c) {
-    return c->kind == CollectiveKind::AllToAllSingle;
-  });
+  // Note [Ragged collectives]: the members' inputs may differ in dim 0.
+  const bool ragged =
+      is_ragged(first.kind) && std::all_of(rv.calls.begin(), rv.calls.end(),
+                                           [&](const auto& c) { return c->kind == first.kind; });
   std::vector<std::string> differ;
   for (const auto& c : rv.calls) {
     if (c->kind != first.kind) add_unique(differ, "op");
     if (c->dtype != first.dtype) add_unique(differ, "dtype");
     bool same_shape = c->shape.size() == first.shape.size();
-    for (size_t d = all_splits ? 1 : 0; same_shape && d < first.shape.size(); ++d) {
+    for (size_t d = ragged ? 1 : 0; same_shape && d < first.shape.size(); ++d) {
       same_shape = c->shape[d] == first.shape[d];
     }
     if (!same_shape) add_unique(differ, "shape");
-    // Split sizes differ per rank by design; split_differences checks that they fit together.
+    // Per-rank values differ by design; ragged_mismatch checks that they fit together.
     for (std::string_view field : shared_field_differences(first.options, c->options)) {
       add_unique(differ, difference_name(field));
     }
   }
   const bool other_lines = !site_pairing(rv).empty();
   if (internal && other_lines) add_unique(differ, "source line");
-  std::vector<std::string> split_lines;
-  if (all_splits && differ.empty()) {
-    split_lines = split_differences(rv);
-    if (!split_lines.empty()) differ.push_back("split sizes");
+  std::vector<std::string> ragged_lines;
+  if (ragged && differ.empty()) {
+    if (std::optional<RaggedMismatch> m = ragged_mismatch(members_of(rv))) {
+      differ.push_back(std::move(m->what));
+      ragged_lines = std::move(m->lines);
+    }
   }
   if (differ.empty()) return std::nullopt;
   std::string report =
       fmt::format("{}: the ranks issued different collectives (they differ in {}):", rv.what(),
                   fmt::join(differ, ", "));
   for (const auto& c : rv.calls) report += fmt::format("\n  rank {}: {}", c->rank, c->text());
-  for (const std::string& line : split_lines) report += "\n  " + line;
+  for (const std::string& line : ragged_lines) report += "\n  " + line;
   if (const std::string sites = site_pairing(rv); !sites.empty()) {
     report += fmt::format("\nthe calls come from different source lines: {}", sites);
   }
@@ -403,8 +361,9 @@ void ThreadsHub::Impl::compute(Rendezvous& rv) {
       view.inputs.push_back(&rv.calls[i]->input);
       view.outputs.push_back(&rv.outputs[i]);
     }
-    if (first.kind == CollectiveKind::AllToAllSingle) {
-      compute_group(view, merged_splits(rv));
+    if (is_ragged(first.kind)) {
+      // Each member passed its own per-rank values (Note [Ragged collectives]).
+      compute_group(view, merge_ragged(members_of(rv)));
     } else {
       compute_group(view, first.options);
     }

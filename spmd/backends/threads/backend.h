@@ -15,11 +15,12 @@
 // Note [Threads rendezvous]
 // Each rank deposits its call (op, mesh dim, input shape and dtype, options, source location and
 // the input itself) at the rendezvous of (family, group, sequence). The last member to arrive
-// compares every member's call: the op, the dtype, the shape (all_to_all_single: beyond dim 0),
-// every options field that is not per-rank (reduce op, root, dims, destinations: the fields of
-// Note [One collective, one options struct], compared by shared_field_differences, so a new
-// collective is compared without code here) and, for all_to_all_single, that every rank's
-// out_splits agree with its peers' in_splits. Any difference fails the rendezvous with a
+// compares every member's call: the op, the dtype, the shape (a ragged collective's: beyond dim 0,
+// Note [Ragged collectives]), every options field that is not per-rank (reduce op, root, dims,
+// destinations: the fields of Note [One collective, one options struct], compared by
+// shared_field_differences, so a new collective is compared without code here) and, for a ragged
+// collective, that the members' per-rank values fit together (ragged_mismatch: all_to_all_single's
+// out_splits agree with its peers' in_splits). Any difference fails the rendezvous with a
 // CollectiveMismatchError for every member, listing each rank's call and file:line. (Shapes and
 // dtypes too: under sim and mpi those are CommError, because there they are bad data in one
 // call; here they are usually ranks that took different paths, and the report is the same.)
