@@ -35,6 +35,9 @@ namespace spmd {
 struct CallSite {
   std::source_location location;
   std::string dim_name;  // "tp", or "dim 1" for unnamed dims
+  // A send whose data carries a gradient back (its input requires grad): the receiver's result
+  // will (Note [Point-to-point]).
+  bool requires_grad = false;
 };
 
 // The backend's state for one group family.
@@ -126,6 +129,10 @@ class Backend {
   // collective"); the default throws Unsupported("backend 'x' does not support y").
   virtual WorkPtr issue(Communicator& comm, const LocalTensor& x, const CollectiveOptions& options,
                         const CallSite& site);
+
+  // Called when the program has returned: CommError for what it left unfinished that the backend
+  // can see (sim: point-to-point sends nobody received, Note [Point-to-point]). Default: nothing.
+  virtual void finish_program() {}
 
  protected:
   [[noreturn]] void unsupported(CollectiveKind kind) const;

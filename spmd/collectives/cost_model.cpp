@@ -45,6 +45,8 @@ CostLine cost_line(CollectiveKind kind, int64_t group_size) {
       [&](Of<GatherOptions>) { return gathering; },
       [&](Of<ReduceOptions>) { return tree; },
       [&](Of<PermuteOptions>) { return one_hop; },
+      [&](Of<SendOptions>) { return one_hop; },
+      [&](Of<RecvOptions>) { return one_hop; },
       [&](Of<BarrierOptions>) { return sync; },
   };
   return visit_kind(kind, lines);

@@ -15,6 +15,7 @@
 //   all_to_all(_single), scatter, gather   factor (n-1)/n    hops  n-1
 //   broadcast, reduce                      factor 1          hops  log2(n) rounded up
 //   permute (one send/recv per rank)       factor 1          hops  1
+//   send, recv (one transfer)              factor 1          hops  1
 //   barrier                                S = 0             hops  log2(n) rounded up
 // Bandwidths are in GB/s with GB = 2^30 bytes, as in the seed. A group of one rank costs 0.
 #pragma once

@@ -3,6 +3,7 @@
 #include <spmd/collectives/functional.h>
 
 #include <atomic>
+#include <optional>
 #include <vector>
 
 #include <spmd/collectives/cost_model.h>
@@ -191,6 +192,12 @@ struct Issued {
   uint64_t trace_id;
 };
 
+// Note [Point-to-point]: send and recv take the path of the point-to-point section below.
+LocalTensor p2p_result(const LocalTensor& x, const DeviceMesh& mesh, int d,
+                       const CollectiveOptions& options, const SourceLocation& loc);
+Async<LocalTensor> p2p_async(const LocalTensor& x, const DeviceMesh& mesh, int d,
+                             const CollectiveOptions& options, const SourceLocation& loc);
+
 // Note [Autograd] (ops/autograd.h): a collective on a typed LocalTensor is recorded with the
 // backward its SPMD types imply (collectives/typed.h). An untyped one (made from a rank list, or
 // the pieces of a DTensor handed around without to_local) says nothing about what its values
@@ -242,6 +249,8 @@ Async<LocalTensor> collective_async(const LocalTensor& x, const DeviceMesh& mesh
   // Note [User call sites]: a collective a DTensor op issues is reported at the op's line.
   const SourceLocation loc = user_site_or(caller);
   const int d = mesh.resolve(dim);
+  if (is_point_to_point(kind_of(options))) [[unlikely]]
+    return p2p_async(x, mesh, d, options, loc);
   TypesPtr types;
   Issued issued = issue_call(x, mesh, d, options, loc, types);
   const uint64_t id = issued.trace_id;
@@ -280,6 +289,8 @@ LocalTensor collective(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim
   // Note [User call sites]: a collective a DTensor op issues is reported at the op's line.
   const SourceLocation loc = user_site_or(caller);
   const int d = mesh.resolve(dim);
+  if (is_point_to_point(kind_of(options))) [[unlikely]]
+    return p2p_result(x, mesh, d, options, loc);
   TypesPtr types;
   Issued issued = issue_call(x, mesh, d, options, loc, types);
   issued.work->wait();
@@ -300,6 +311,10 @@ LocalTensor internal_collective(const LocalTensor& x, const DeviceMesh& mesh, Me
                                 CollectiveOptions options, SourceLocation caller) {
   const SourceLocation loc = user_site_or(caller);
   const int d = mesh.resolve(dim);
+  if (is_point_to_point(kind_of(options))) {
+    throw_error<Unsupported>("internal_collective: {} is point-to-point, not a group collective",
+                             kind_of(options));
+  }
   std::shared_ptr<Communicator> comm = communicator(mesh, d, internal_comm_options());
   // Reports name it as what it is: "all_gather over 'tp (--spmd-debug check)' at train.cpp:42".
   Prepared p = prepare(x, *comm, mesh.world(), mesh.dim_name(d) + " (--spmd-debug check)", options,
@@ -400,6 +415,213 @@ Async<LocalTensor> reduce_async(const LocalTensor& x, const DeviceMesh& mesh, Me
 Async<LocalTensor> permute_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                                  std::vector<int> dst_of, SourceLocation loc) {
   return collective_async(x, mesh, dim, PermuteOptions{std::move(dst_of)}, loc);
+}
+
+// ---- point-to-point (Note [Point-to-point]) ----------------------------------------------------
+
+namespace {
+
+// What the backward of a send or a recv needs.
+struct P2PBackward {
+  DeviceMesh mesh;
+  int dim;
+  int peer;
+  int64_t tag;
+  LocalTensor like;  // send: the sent tensor (its ranks, shapes and dtype: where the gradient goes)
+};
+
+// The backward of a send: the gradient of what it sent comes back from the receiver.
+void send_backward(BackwardContext& c) {
+  const auto& p = c.payload<P2PBackward>();
+  c.set_grad(0, local_var(p2p_result(p.like, p.mesh, p.dim, RecvOptions{p.peer, p.tag},
+                                     current_call_site() != nullptr ? *current_call_site()
+                                                                    : SourceLocation::current())));
+}
+
+// The backward of a recv: its gradient goes back to the sender. The input is the received leaf,
+// which collects nothing.
+void recv_backward(BackwardContext& c) {
+  const auto& p = c.payload<P2PBackward>();
+  p2p_result(c.grad().as<LocalTensor>().with_types(nullptr), p.mesh, p.dim,
+             SendOptions{p.peer, p.tag},
+             current_call_site() != nullptr ? *current_call_site() : SourceLocation::current());
+}
+
+int peer_of(const CollectiveOptions& options) {
+  if (const auto* s = std::get_if<SendOptions>(&options)) return s->peer;
+  if (const auto* r = std::get_if<RecvOptions>(&options)) return r->peer;
+  return -1;
+}
+
+int64_t tag_of(const CollectiveOptions& options) {
+  if (const auto* s = std::get_if<SendOptions>(&options)) return s->tag;
+  if (const auto* r = std::get_if<RecvOptions>(&options)) return r->tag;
+  return 0;
+}
+
+// Checks every held rank's part (each in the group of the dim that holds it), then the types,
+// records the trace event and issues the transfer. Point-to-point calls take no sequence number:
+// only two ranks of a group make them.
+Issued issue_p2p(const LocalTensor& x, const DeviceMesh& mesh, int d,
+                 const CollectiveOptions& options, const SourceLocation& loc, TypesPtr& types) {
+  const CollectiveKind kind = kind_of(options);
+  const std::string dim_name = mesh.dim_name(d);
+  if (!x.defined()) throw_error<CommError>("{}: the input LocalTensor is undefined", kind);
+  const World& world = mesh.world();
+  check_input_ranks(kind, dim_name, x.ranks(), world);
+  Communicator& comm = dim_communicator(mesh, d);
+  const GroupFamily& family = comm.family();
+  const auto& groups = family.groups();
+  Trace& t = trace();
+  const bool tracing = t.enabled();
+  TraceEvent event;
+  for (size_t i = 0; i < x.num_shards(); ++i) {
+    const int rank = x.ranks()[i];
+    const auto where = family.locate(rank);
+    if (!where) {
+      throw_error<CommError>("{} over mesh dim '{}': rank {} is not in mesh {}", kind, dim_name,
+                             rank, mesh.to_string());
+    }
+    const CollectiveCall call{kind, dim_name, &groups[static_cast<size_t>(where->group)]};
+    check_local(call, rank, x.shard_at(i), family.group_size(), options);
+    if (tracing) {
+      ++event.participant_count;
+      if (t.keeps_participants()) {
+        event.participants.push_back(TraceParticipant{rank, where->group, 0});
+      }
+    }
+  }
+  if (x.spmd_types() != nullptr && types_active()) {
+    const UserCallSite site(loc);
+    types = collective_types(x.spmd_types(), options, mesh, d, loc);
+  }
+  uint64_t trace_id = UINT64_MAX;
+  if (tracing && x.num_shards() > 0) {
+    const Tensor& first = x.shard_at(0);
+    event.comm_id = comm.id();
+    event.kind = kind;
+    event.dim_name = dim_name;
+    event.detail = describe(options);
+    event.dtype = x.dtype();
+    event.file = loc.file_name();
+    event.function = loc.function_name();
+    event.line = loc.line();
+    event.shape = first.shape();
+    event.bytes = static_cast<int64_t>(first.nbytes());
+    const Topology& topology = world.topology();
+    event.estimate_us =
+        collective_cost_us(kind, event.bytes, family.group_size(), comm.link(topology), topology);
+    event.family = family;
+    event.start_ns = t.now_ns();
+    trace_id = t.begin(std::move(event));
+  }
+  const bool requires_grad = std::holds_alternative<SendOptions>(options) && grad_enabled() &&
+                             x.requires_grad() && is_floating(x.dtype());
+  CallSite site{loc, dim_name, requires_grad};
+  return Issued{world.backend().issue(comm, x, options, site), trace_id};
+}
+
+// What the caller gets once the transfer completed: the token of a send (recorded for autograd
+// when x requires grad), the received tensor of a recv (recorded when the sender's required grad).
+LocalTensor finish_p2p(const LocalTensor& x, LocalTensor result, const DeviceMesh& mesh, int d,
+                       const CollectiveOptions& options, const SourceLocation& loc,
+                       const TypesPtr& types, uint64_t trace_id) {
+  if (trace_id != UINT64_MAX) trace().finish(trace_id);
+  const CollectiveKind kind = kind_of(options);
+  if (CollectiveObserver observer = g_observer.load(std::memory_order_relaxed)) [[unlikely]] {
+    observer(CollectiveEvent{kind, mesh.world(), mesh.dim_name(d), loc, x, result});
+  }
+  const bool received_grad = result.requires_grad();
+  if (received_grad) result = result.detach();
+  if (types != nullptr) result = std::move(result).with_types(types);
+  if (!grad_enabled()) return result;
+  auto payload = [&](LocalTensor like) {
+    return std::make_shared<const P2PBackward>(
+        P2PBackward{mesh, d, peer_of(options), tag_of(options), std::move(like)});
+  };
+  if (kind == CollectiveKind::Send && x.requires_grad() && is_floating(x.dtype())) {
+    const Var in = local_var(x);
+    return record("send", nullptr, {&in, 1}, {}, local_var(result), send_backward,
+                  payload(x.detach().with_types(nullptr)))
+        .value<LocalTensor>();
+  }
+  if (kind == CollectiveKind::Recv && received_grad) {
+    // The input is a leaf standing for the sender's graph (it collects nothing).
+    LocalTensor anchor = result.detach().with_types(nullptr);
+    anchor.requires_grad_(true);
+    const Var in = local_var(anchor);
+    return record("recv", nullptr, {&in, 1}, {}, local_var(result), recv_backward,
+                  payload(LocalTensor()))
+        .value<LocalTensor>();
+  }
+  return result;
+}
+
+LocalTensor p2p_result(const LocalTensor& x, const DeviceMesh& mesh, int d,
+                       const CollectiveOptions& options, const SourceLocation& loc) {
+  TypesPtr types;
+  Issued issued = issue_p2p(x, mesh, d, options, loc, types);
+  issued.work->wait();
+  return finish_p2p(x, issued.work->take_result(), mesh, d, options, loc, types, issued.trace_id);
+}
+
+Async<LocalTensor> p2p_async(const LocalTensor& x, const DeviceMesh& mesh, int d,
+                             const CollectiveOptions& options, const SourceLocation& loc) {
+  TypesPtr types;
+  Issued issued = issue_p2p(x, mesh, d, options, loc, types);
+  return Async<LocalTensor>(
+      std::move(issued.work),
+      [x, mesh, d, options, loc, types, id = issued.trace_id](const LocalTensor& result) {
+        return finish_p2p(x, result, mesh, d, options, loc, types, id);
+      });
+}
+
+}  // namespace
+
+LocalTensor send(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int dst, int64_t tag,
+                 SourceLocation caller) {
+  const SourceLocation loc = user_site_or(caller);
+  return p2p_result(x, mesh, mesh.resolve(dim), SendOptions{dst, tag}, loc);
+}
+
+LocalTensor recv(const LocalTensor& like, const DeviceMesh& mesh, MeshDim dim, int src, int64_t tag,
+                 SourceLocation caller) {
+  const SourceLocation loc = user_site_or(caller);
+  return p2p_result(like, mesh, mesh.resolve(dim), RecvOptions{src, tag}, loc);
+}
+
+Async<LocalTensor> isend(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int dst,
+                         int64_t tag, SourceLocation caller) {
+  const SourceLocation loc = user_site_or(caller);
+  return p2p_async(x, mesh, mesh.resolve(dim), SendOptions{dst, tag}, loc);
+}
+
+Async<LocalTensor> irecv(const LocalTensor& like, const DeviceMesh& mesh, MeshDim dim, int src,
+                         int64_t tag, SourceLocation caller) {
+  const SourceLocation loc = user_site_or(caller);
+  return p2p_async(like, mesh, mesh.resolve(dim), RecvOptions{src, tag}, loc);
+}
+
+std::vector<Async<LocalTensor>> batch_isend_irecv(const std::vector<P2POp>& ops,
+                                                  const DeviceMesh& mesh, MeshDim dim,
+                                                  SourceLocation caller) {
+  const SourceLocation loc = user_site_or(caller);
+  const int d = mesh.resolve(dim);
+  std::vector<std::optional<Async<LocalTensor>>> handles(ops.size());
+  for (const P2POp::Kind pass : {P2POp::Kind::Send, P2POp::Kind::Recv}) {
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const P2POp& op = ops[i];
+      if (op.kind != pass) continue;
+      const CollectiveOptions options = op.kind == P2POp::Kind::Send
+                                            ? CollectiveOptions{SendOptions{op.peer, op.tag}}
+                                            : CollectiveOptions{RecvOptions{op.peer, op.tag}};
+      handles[i] = p2p_async(op.tensor, mesh, d, options, loc);
+    }
+  }
+  std::vector<Async<LocalTensor>> out;
+  out.reserve(ops.size());
+  for (auto& h : handles) out.push_back(std::move(*h));
+  return out;
 }
 
 void barrier(const DeviceMesh& mesh, SourceLocation loc) {

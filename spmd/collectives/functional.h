@@ -138,6 +138,45 @@ Async<LocalTensor> reduce_async(const LocalTensor& x, const DeviceMesh& mesh, Me
 Async<LocalTensor> permute_async(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim,
                                  std::vector<int> dst_of, SPMD_HERE_);
 
+// ---- point-to-point (Note [Point-to-point] in collectives/types.h) --------------------------
+//
+// `dst` / `src` is a group rank of `mesh`'s dim `dim`; every rank the tensor holds takes part
+// (under sim, typically every rank of one pipeline stage at once). Tags are checked, not used for
+// pairing: the k-th send from a to b meets the k-th recv at b from a.
+//
+//   LocalTensor token = send(h, mesh, "pp", /*dst=*/stage + 1);            // stage s's ranks
+//   LocalTensor x = recv(like, mesh, "pp", /*src=*/stage - 1);              // stage s+1's ranks
+//
+// send returns a token (x's ranks, each an empty [0] tensor). Under autograd, when x requires
+// grad the receiver's result requires grad too: a backward through the receiver's result sends
+// its gradient back, and backward(token) on the sender receives it into x's graph.
+LocalTensor send(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int dst,
+                 int64_t tag = 0, SPMD_HERE_);
+// Receives into the ranks, shapes and dtype of `like` (its values are not read), as torch's recv
+// fills a buffer.
+LocalTensor recv(const LocalTensor& like, const DeviceMesh& mesh, MeshDim dim, int src,
+                 int64_t tag = 0, SPMD_HERE_);
+// The same without waiting: a send completes when its recv took it (threads, mpi, nccl) or at
+// once (sim); wait() returns the token / the received tensor.
+Async<LocalTensor> isend(const LocalTensor& x, const DeviceMesh& mesh, MeshDim dim, int dst,
+                         int64_t tag = 0, SPMD_HERE_);
+Async<LocalTensor> irecv(const LocalTensor& like, const DeviceMesh& mesh, MeshDim dim, int src,
+                         int64_t tag = 0, SPMD_HERE_);
+
+// One operation of batch_isend_irecv.
+struct P2POp {
+  enum class Kind { Send, Recv };
+  Kind kind = Kind::Send;
+  LocalTensor tensor;  // what a send sends; the buffer a recv fills
+  int peer = 0;        // the group rank it goes to or comes from
+  int64_t tag = 0;
+};
+// Issues every send and then every recv without waiting (torch.distributed.batch_isend_irecv,
+// NCCL's ncclGroupStart/End), so two ranks may exchange in both directions; the handles follow
+// `ops`' order.
+std::vector<Async<LocalTensor>> batch_isend_irecv(const std::vector<P2POp>& ops,
+                                                  const DeviceMesh& mesh, MeshDim dim, SPMD_HERE_);
+
 #undef SPMD_HERE_
 
 }  // namespace spmd

@@ -314,6 +314,20 @@ void compute(GroupView& g, const PermuteOptions& o) {
   }
 }
 
+// Note [Point-to-point]: a matched pair, [sender, receiver]: the receiver gets the sender's data
+// (sharing its buffer), the sender its token.
+void compute_pair(GroupView& g) {
+  const Tensor& sent = *g.inputs[0];
+  *g.outputs[1] = sent;
+  *g.outputs[0] = empty({0}, sent.dtype(), sent.device());
+}
+void compute(GroupView& g, const SendOptions&) {
+  compute_pair(g);
+}
+void compute(GroupView& g, const RecvOptions&) {
+  compute_pair(g);
+}
+
 void compute(GroupView& g, const BarrierOptions&) {
   for (int64_t k = 0; k < g.size(); ++k) {
     *g.outputs[static_cast<size_t>(k)] = *g.inputs[static_cast<size_t>(k)];

@@ -77,6 +77,9 @@ SpmdType output_type(const CollectiveOptions& options, const AxisType& in) {
                           return SpmdType::V;
                         },
                         [&](const PermuteOptions&) { return p ? SpmdType::P : SpmdType::V; },
+                        // The token keeps the input's type; what arrives differs per rank.
+                        [&](const SendOptions&) { return moved(t); },
+                        [&](const RecvOptions&) { return SpmdType::V; },
                         [&](const BarrierOptions&) { return t; },
                     },
                     options);
@@ -167,6 +170,16 @@ void typed_collective_backward(BackwardContext& c) {
               }
             }
             return permute(g, tc.mesh, tc.dim, std::move(inverse));
+          },
+          // Recorded with their own backward whether typed or not (functional.cpp, Note
+          // [Point-to-point]): never by record_typed_collective.
+          [&](const SendOptions&) -> LocalTensor {
+            throw_error<InternalError>("backward: {} reached the typed collectives' backward",
+                                       tc.where);
+          },
+          [&](const RecvOptions&) -> LocalTensor {
+            throw_error<InternalError>("backward: {} reached the typed collectives' backward",
+                                       tc.where);
           },
           [&](const BarrierOptions&) { return not_differentiable(); },
       },

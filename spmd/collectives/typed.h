@@ -1,6 +1,6 @@
 // spmd/collectives/typed.h: the SPMD types of the local collectives (Note [SPMD types] in
-// world/spmd_types.h): the type each one needs and gives along its mesh dim, the backward collective
-// those types imply, and convert().
+// world/spmd_types.h): the type each one needs and gives along its mesh dim, the backward
+// collective those types imply, and convert().
 //
 // Along the collective's dim (other axes keep their types):
 //   all_reduce      Sum/Avg: P -> R (backward all_reduce), V -> I (backward: the identity, /n
@@ -15,6 +15,9 @@
 //   gather, reduce  V -> V, P -> V (reduce); not differentiable (non-roots get empty results, and
 //                   a LocalTensor whose shards differ in shape carries no gradient)
 //   permute         V -> V, P -> P (backward: the inverse permutation); R, I read as V
+//   send            the token keeps the input's type; P: error. recv: -> V (what arrives differs
+//                   per rank). Both are differentiable typed or not (Note [Point-to-point]:
+//                   the backward of a send receives the gradient, that of a recv sends it)
 // Under autograd a typed collective is recorded with that backward; an untyped one (types off)
 // stays not differentiable (Unsupported at backward, naming the call).
 #pragma once

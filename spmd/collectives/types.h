@@ -67,6 +67,8 @@ enum class CollectiveKind {
   Gather,
   Reduce,
   Permute,
+  Send,
+  Recv,
   Barrier,
 };
 
@@ -194,6 +196,55 @@ struct PermuteOptions {
   bool operator==(const PermuteOptions&) const = default;
 };
 
+// Note [Point-to-point]
+// send and recv move one tensor from one rank to another along a mesh dim: `peer` is a group rank
+// of that dim (the receiver of a send, the sender of a recv), so one call under sim (every rank
+// of a pipeline stage sends to the next stage) reads as one call per rank on a real backend. They
+// are point-to-point (`kPointToPoint`): only the two ranks of a transfer take part, so they are
+// not matched by the group's sequence numbers but paired as NCCL pairs them: the k-th send from
+// rank a to rank b on a communicator meets the k-th recv at b from a (FIFO, per communicator and
+// pair, tags play no part in the pairing). What the sender sends besides the data, its envelope
+// (collectives/p2p.h: tag, dtype, shape, whether it carries a gradient, the pipeline stage and
+// microbatch, the call site), is compared with what the receiver expects; a difference is a
+// CollectiveMismatchError naming both lines, and when a later message from the same sender would
+// have matched, the report says the messages were paired out of order (Megatron-LM #5271: NCCL
+// pairs tagless sends in FIFO order, so two shapes sent in one order and received in the other
+// are silently swapped on a cluster). Per backend:
+//   sim      a mailbox per (communicator, sender, receiver): a send is enqueued and completes at
+//            once, a recv takes the oldest message. One program runs every rank in program order,
+//            so a recv whose message is not sent yet is an error (under sim a send must come
+//            before its recv in the program: lockstep), and messages never received are an error
+//            when the program returns (launch()).
+//   threads  a transfer is a rendezvous of its two ranks: the send waits for its recv, as NCCL's
+//            does, so two ranks that both send before they receive deadlock here as they would on
+//            GPUs, and are reported (Note [Threads deadlock detection]); isend and
+//            batch_isend_irecv post without waiting.
+//   mpi      the envelope, then the data (MPI_Isend/MPI_Irecv on the dim's communicator, waited
+//            for with the exit notices' polling); the receiver compares the envelope.
+//   nccl     ncclSend/ncclRecv of the envelope and the data in one group.
+// A matched pair is a copy (group_math.cpp's compute). The send's result is a token: the
+// input's ranks with an empty [0] tensor, on which backward() receives the input's gradient
+// (the backward of a send is a recv of the gradient; the backward of a recv sends it back).
+struct SendOptions {
+  static constexpr CollectiveKind kind = CollectiveKind::Send;
+  static constexpr std::string_view name = "send";
+  static constexpr bool kPointToPoint = true;
+  int peer = 0;  // the group rank that receives
+  int64_t tag = 0;
+  auto fields() const { return std::tuple{OptionField{"peer", peer}, OptionField{"tag", tag}}; }
+  bool operator==(const SendOptions&) const = default;
+};
+
+struct RecvOptions {
+  static constexpr CollectiveKind kind = CollectiveKind::Recv;
+  static constexpr std::string_view name = "recv";
+  static constexpr bool kPointToPoint = true;
+  int peer = 0;  // the group rank that sends
+  int64_t tag = 0;
+  auto fields() const { return std::tuple{OptionField{"peer", peer}, OptionField{"tag", tag}}; }
+  bool operator==(const RecvOptions&) const = default;
+};
+
 struct BarrierOptions {
   static constexpr CollectiveKind kind = CollectiveKind::Barrier;
   static constexpr std::string_view name = "barrier";
@@ -205,7 +256,7 @@ struct BarrierOptions {
 using CollectiveOptions =
     std::variant<AllReduceOptions, AllGatherOptions, ReduceScatterOptions, AllToAllOptions,
                  AllToAllSingleOptions, BroadcastOptions, ScatterOptions, GatherOptions,
-                 ReduceOptions, PermuteOptions, BarrierOptions>;
+                 ReduceOptions, PermuteOptions, SendOptions, RecvOptions, BarrierOptions>;
 inline constexpr int kNumCollectiveKinds = static_cast<int>(std::variant_size_v<CollectiveOptions>);
 
 namespace detail {
@@ -247,6 +298,14 @@ constexpr bool is_ragged() {
   };
 }
 
+// Whether collective `Options` is point-to-point (Note [Point-to-point]): it sets kPointToPoint.
+template <CollectiveOptionsType Options>
+constexpr bool is_point_to_point() {
+  return requires {
+    requires Options::kPointToPoint;
+  };
+}
+
 namespace detail {
 
 template <class Fields>
@@ -272,6 +331,11 @@ constexpr std::array<bool, sizeof...(I)> ragged_kinds(std::index_sequence<I...>)
   return {is_ragged<std::variant_alternative_t<I, CollectiveOptions>>()...};
 }
 
+template <std::size_t... I>
+constexpr std::array<bool, sizeof...(I)> point_to_point_kinds(std::index_sequence<I...>) {
+  return {is_point_to_point<std::variant_alternative_t<I, CollectiveOptions>>()...};
+}
+
 }  // namespace detail
 
 static_assert(
@@ -285,6 +349,15 @@ constexpr bool is_ragged(CollectiveKind kind) {
       detail::ragged_kinds(std::make_index_sequence<kNumCollectiveKinds>());
   const auto i = static_cast<std::size_t>(kind);
   return i < kRagged.size() && kRagged[i];
+}
+
+// Whether collective `kind` is point-to-point (send, recv); false for a value that is no
+// CollectiveKind.
+constexpr bool is_point_to_point(CollectiveKind kind) {
+  constexpr std::array<bool, kNumCollectiveKinds> kP2P =
+      detail::point_to_point_kinds(std::make_index_sequence<kNumCollectiveKinds>());
+  const auto i = static_cast<std::size_t>(kind);
+  return i < kP2P.size() && kP2P[i];
 }
 
 // The collective an options value is for.

@@ -198,6 +198,31 @@ void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_
   }
 }
 
+// Note [Point-to-point]: the peer is another group rank; the envelope holds up to 8 dims.
+void check_peer(const CollectiveCall& call, int rank, const Tensor& x, int peer,
+                int64_t group_size) {
+  check_root(call, rank, x, peer, "peer", group_size);
+  if (call.group != nullptr && (*call.group)[static_cast<size_t>(peer)] == rank) {
+    fail(call, rank, x,
+         fmt::format("peer={} is the rank itself (group rank {} is rank {}): a rank cannot send to "
+                     "or receive from itself",
+                     peer, peer, rank));
+  }
+  if (x.dim() > 8) {
+    fail(call, rank, x, "a point-to-point tensor has at most 8 dims");
+  }
+}
+
+void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+           const SendOptions& o) {
+  check_peer(call, rank, x, o.peer, group_size);
+}
+
+void check(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+           const RecvOptions& o) {
+  check_peer(call, rank, x, o.peer, group_size);
+}
+
 void check(const CollectiveCall&, int, const Tensor&, int64_t, const BarrierOptions&) {}
 
 // ---- the members of a ragged collective, reached by ragged_mismatch's and merge_ragged's visits -

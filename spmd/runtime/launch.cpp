@@ -20,15 +20,16 @@
 
 #include <fmt/ranges.h>
 
+#include <spmd/collectives/backend.h>
 #include <spmd/collectives/fingerprint.h>
 #include <spmd/collectives/trace.h>
 #include <spmd/collectives/trace_export.h>
 #include <spmd/core/error.h>
 #include <spmd/debug/checks.h>
 #include <spmd/runtime/signal_report.h>
+#include <spmd/tensor/meta.h>
 #include <spmd/world/backend_driver.h>
 #include <spmd/world/topology.h>
-#include <spmd/tensor/meta.h>
 
 namespace spmd {
 namespace {
@@ -372,6 +373,7 @@ World make_world(const LaunchOptions& options) {
 
 void finish_world(const World& world) {
   if (!world.defined()) return;
+  world.backend().finish_program();
   const std::string& path = world.state().trace_path;
   if (!path.empty()) write_world_trace(world, path);
   if (world.state().session) world.state().session->finish();

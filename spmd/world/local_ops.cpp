@@ -355,10 +355,12 @@ Var local_var(const LocalTensor& t) {
 
 void backward(const LocalTensor& loss, SourceLocation loc) {
   const UserCallSite site(loc);
-  if (!loss.defined() || loss.numel() != PerRank<int64_t>(1)) {
+  // A send's token has no elements (Note [Point-to-point]): its backward receives the gradient.
+  if (!loss.defined() ||
+      (loss.numel() != PerRank<int64_t>(1) && loss.numel() != PerRank<int64_t>(0))) {
     throw_error<ShapeError>(
-        "backward: the loss must be a LocalTensor of one element per rank (pass an output "
-        "gradient for other outputs)");
+        "backward: the loss must be a LocalTensor of one element per rank, or a send's token "
+        "(pass an output gradient for other outputs)");
   }
   run_backward(
       local_var(loss),

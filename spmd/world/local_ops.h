@@ -520,7 +520,8 @@ const VarKind& local_kind();
 Var local_var(const LocalTensor& t);
 
 // backward(loss) of a LocalTensor of one element per rank (each rank's d loss / d loss = 1), or
-// with an explicit output gradient.
+// of a send's token (no elements: its backward receives the sent tensor's gradient, Note
+// [Point-to-point]), or with an explicit output gradient.
 void backward(const LocalTensor& loss, SourceLocation loc = SourceLocation::current());
 void backward(const LocalTensor& output, const LocalTensor& grad,
               SourceLocation loc = SourceLocation::current());

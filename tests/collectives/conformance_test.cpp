@@ -773,6 +773,8 @@ std::vector<CollectiveOptions> one_call_per_kind(int n) {
           GatherOptions{n - 1, 0},
           ReduceOptions{ReduceOp::Min, 0},
           PermuteOptions{shift},
+          SendOptions{1, 7},
+          RecvOptions{0, 7},
           BarrierOptions{}};
 }
 
@@ -802,6 +804,28 @@ SPMD_TEST(Conformance, EveryCollectiveKindRunsOnThisBackend) {
     EXPECT_GT(collective_cost_us(kind, 1 << 20, 8, link, default_topology()),
               default_topology().base_latency_us)
         << label << ": the cost model (Note [Cost model]) has no entry for it";
+    if (is_point_to_point(kind)) {
+      // Note [Point-to-point]: the send row and the recv row are one transfer, group rank 0 to
+      // group rank 1, checked against rank 0's input.
+      if (kind == CollectiveKind::Recv || n < 2) continue;
+      communicator(mesh, "x");
+      try {
+        for (int r : world.held_ranks()) {
+          if (r != 0) continue;
+          const LocalTensor token = collective(LocalTensor({0}, {x.shard(0)}), mesh, "x", options);
+          EXPECT_EQ(token.shard(0).numel(), 0) << label;
+        }
+        for (int r : world.held_ranks()) {
+          if (r != 1) continue;
+          const LocalTensor got =
+              collective(LocalTensor({1}, {x.shard(1)}), mesh, "x", RecvOptions{0, 7});
+          EXPECT_TRUE(equal(got.shard(1).to(cpu()), sim_x.shard(0))) << label;
+        }
+      } catch (const Error& e) {
+        ADD_FAILURE() << label << " failed on " << world.backend_name() << ": " << e.what();
+      }
+      continue;
+    }
     LocalTensor got;
     try {
       got = collective(x, mesh, "x", options);

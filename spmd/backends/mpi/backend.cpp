@@ -117,6 +117,8 @@ std::shared_ptr<Communicator> MpiBackend::make_communicator(const GroupFamily& f
 WorkPtr MpiBackend::issue(Communicator& comm, const LocalTensor& x,
                           const CollectiveOptions& options, const CallSite& site) {
   const Call c = prepare_call(comm, x, options, site, rank_);
+  // Note [Point-to-point]: no signature exchange (the envelope goes with the data).
+  if (is_point_to_point(kind_of(options))) return run_collective(c, x, options);
   ActivityScope scope(c, site);
   exchange_signatures(c, options, site, fingerprint_);
   activity().step("the data exchange");

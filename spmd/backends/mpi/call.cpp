@@ -86,7 +86,9 @@ Call prepare_call(Communicator& comm, const LocalTensor& x, const CollectiveOpti
   call.input = x.shards()[0].contiguous();
   call.type = mpi_type(call.input.dtype());
   call.n = static_cast<int>(mpi_comm->members().size());
-  call.sequence = mpi_comm->next_call();
+  call.site = &site;
+  // Note [Point-to-point]: only two ranks of the group make a transfer, so it takes no number.
+  call.sequence = is_point_to_point(kind) ? 0 : mpi_comm->next_call();
   return call;
 }
 

@@ -23,7 +23,8 @@ struct Call {
   int n;              // group size
   int index;          // this rank's group rank
   int rank;           // this process's rank
-  uint64_t sequence;  // this call's number on the communicator
+  uint64_t sequence;  // this call's number on the communicator (0 for point-to-point)
+  const CallSite* site = nullptr;  // the caller's, alive for the call
 
   std::string describe() const { return describe_call(what); }
   auto context() const {

@@ -2,16 +2,23 @@
 // rank-ordered floating reductions (Note [Rank-ordered floating reductions]).
 #include <spmd/backends/mpi/collectives.h>
 
+#include <algorithm>
+#include <chrono>
 #include <climits>
 #include <memory>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
+#include <spmd/backends/mpi/exit_notice.h>
 #include <spmd/backends/mpi/state.h>
+#include <spmd/backends/mpi/watchdog.h>
 #include <spmd/collectives/blocks.h>
+#include <spmd/collectives/p2p.h>
 #include <spmd/collectives/reduce_kernels.h>
 #include <spmd/collectives/validate.h>
 #include <spmd/core/error.h>
+#include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
 
 namespace spmd::mpi {
@@ -346,6 +353,142 @@ WorkPtr run(const Call& c, const LocalTensor& x, const PermuteOptions& options) 
 WorkPtr run(const Call& c, const LocalTensor& x, const BarrierOptions&) {
   check_mpi(MPI_Barrier(c.comm_handle()), "MPI_Barrier", c.context());
   return std::make_shared<CompletedWork>(x);
+}
+
+// ---- point-to-point (Note [Point-to-point]) ---------------------------------------------------
+
+// The MPI tags of the envelope and the data on the dim's communicator (collectives use their own
+// context there); the user's tag travels in the envelope.
+constexpr int kEnvelopeTag = 1;
+constexpr int kDataTag = 2;
+
+// What a transfer's requests read and write: alive until they complete (or parked with them).
+struct Transfer {
+  P2PEnvelope envelope;  // a send's, or the one a recv receives
+  P2PEnvelope expected;  // a recv's expectation
+  Tensor data;
+  MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+};
+
+// A send or recv in flight: posted when issued, waited for (polled, Note [Exit notices]) by wait().
+class TransferWork final : public Work {
+ public:
+  TransferWork(const Call& c, bool sending, std::shared_ptr<Transfer> t)
+      : call_(c), site_(*c.site), sending_(sending), transfer_(std::move(t)) {
+    call_.site = &site_;
+  }
+
+  void wait() override {
+    if (done_) return;
+    ActivityScope scope(call_, site_);
+    activity().step(Activity::kPointToPoint);
+    const P2PEnvelope& mine = sending_ ? transfer_->envelope : transfer_->expected;
+    const int peer_rank = sending_ ? mine.dst : mine.src;
+    // The peer's notice may overtake the messages it sent before it (another communicator): its
+    // exit dooms the transfer only when nothing arrived for a while after the notice.
+    std::optional<Clock::time_point> notice_seen;
+    auto doomed = [&]() -> std::optional<std::string> {
+      const auto it = state().exited.find(peer_rank);
+      if (it == state().exited.end()) return std::nullopt;
+      if (!notice_seen) notice_seen = Clock::now();
+      if (Clock::now() - *notice_seen < std::chrono::milliseconds(500)) return std::nullopt;
+      return fmt::format("{} can never complete: rank {} {} without making the matching {}",
+                         envelope_text(mine, sending_), peer_rank, it->second.how,
+                         sending_ ? "recv" : "send");
+    };
+    RollCall roll(
+        {peer_rank}, [](const Activity::Snapshot&) { return false; },
+        [&] { return envelope_text(mine, sending_); },
+        fmt::format(" in {}", Activity::kPointToPoint),
+        sending_ ? "received this message" : "sent this message");
+    wait_polled(transfer_->requests[0], sending_ ? "MPI_Isend" : "MPI_Irecv", transfer_, doomed,
+                roll);
+    if (!sending_) check_received(mine.src);
+    wait_polled(transfer_->requests[1], sending_ ? "MPI_Isend" : "MPI_Irecv", transfer_, doomed,
+                roll);
+    Tensor out = sending_ ? empty({0}, transfer_->data.dtype()) : transfer_->data;
+    result_ = LocalTensor(std::vector<int>{call_.rank}, std::vector<Tensor>{std::move(out)});
+    if (!sending_ && transfer_->envelope.requires_grad != 0 && is_floating(result_.dtype())) {
+      result_.requires_grad_(true);
+    }
+    transfer_.reset();
+    done_ = true;
+  }
+  bool is_completed() const override { return done_; }
+  const LocalTensor& result() const override {
+    if (!done_) throw_error<Error>("Work::result: the transfer has not completed; wait() first");
+    return result_;
+  }
+
+ private:
+  // The envelope received against the expected one. On a mismatch, the envelopes the sender
+  // queued behind it (those already here, or arriving within 200 ms) go in the report: one that
+  // fits means the two sides pair their transfers in different orders (Megatron-LM #5271).
+  void check_received(int src_world_rank) {
+    const std::string differences = envelope_differences(transfer_->envelope, transfer_->expected);
+    if (differences.empty()) return;
+    const int peer = static_cast<int>(
+        std::find(call_.comm->members().begin(), call_.comm->members().end(), src_world_rank) -
+        call_.comm->members().begin());
+    std::vector<P2PEnvelope> later;
+    const Clock::time_point until = Clock::now() + std::chrono::milliseconds(200);
+    while (later.size() < 8 && Clock::now() < until) {
+      int flag = 0;
+      check_mpi(MPI_Iprobe(peer, kEnvelopeTag, call_.comm_handle(), &flag, MPI_STATUS_IGNORE),
+                "MPI_Iprobe", call_.context());
+      if (!flag) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      P2PEnvelope next;
+      check_mpi(MPI_Recv(&next, sizeof next, MPI_BYTE, peer, kEnvelopeTag, call_.comm_handle(),
+                         MPI_STATUS_IGNORE),
+                "MPI_Recv", call_.context());
+      later.push_back(next);
+      if (envelope_differences(next, transfer_->expected).empty()) break;
+    }
+    throw CollectiveMismatchError(
+        p2p_mismatch_report(transfer_->envelope, transfer_->expected, differences, later));
+  }
+
+  Call call_;
+  CallSite site_;
+  bool sending_;
+  std::shared_ptr<Transfer> transfer_;
+  bool done_ = false;
+  LocalTensor result_;
+};
+
+WorkPtr run(const Call& c, const LocalTensor&, const SendOptions& options) {
+  auto t = std::make_shared<Transfer>();
+  t->data = c.input;
+  t->envelope = make_envelope(EnvelopeInput{
+      c.rank, c.comm->members()[static_cast<size_t>(options.peer)], options.tag, &c.input.shape(),
+      c.input.dtype(), c.site->requires_grad, in_backward(), c.site->dim_name, c.site->location});
+  check_mpi(MPI_Isend(&t->envelope, sizeof t->envelope, MPI_BYTE, options.peer, kEnvelopeTag,
+                      c.comm_handle(), &t->requests[0]),
+            "MPI_Isend", c.context());
+  check_mpi(MPI_Isend(t->data.data_ptr(), count_of(c, t->data.numel()), c.type, options.peer,
+                      kDataTag, c.comm_handle(), &t->requests[1]),
+            "MPI_Isend", c.context());
+  return std::make_shared<TransferWork>(c, true, std::move(t));
+}
+
+WorkPtr run(const Call& c, const LocalTensor&, const RecvOptions& options) {
+  auto t = std::make_shared<Transfer>();
+  t->data = empty(c.input.shape(), c.input.dtype());
+  t->expected = make_envelope(EnvelopeInput{
+      c.comm->members()[static_cast<size_t>(options.peer)], c.rank, options.tag, &c.input.shape(),
+      c.input.dtype(), false, in_backward(), c.site->dim_name, c.site->location});
+  // Both posted now, so transfers between two ranks pair in the order they are issued even when
+  // waited for in another order.
+  check_mpi(MPI_Irecv(&t->envelope, sizeof t->envelope, MPI_BYTE, options.peer, kEnvelopeTag,
+                      c.comm_handle(), &t->requests[0]),
+            "MPI_Irecv", c.context());
+  check_mpi(MPI_Irecv(t->data.data_ptr(), count_of(c, t->data.numel()), c.type, options.peer,
+                      kDataTag, c.comm_handle(), &t->requests[1]),
+            "MPI_Irecv", c.context());
+  return std::make_shared<TransferWork>(c, false, std::move(t));
 }
 
 }  // namespace

@@ -125,7 +125,8 @@ class Activity {
     std::lock_guard lock(mutex_);
     if (kind_ != Kind::Collective && kind_ != Kind::Split) return std::nullopt;
     const double age = seconds_since(since_);
-    const bool polled = kind_ == Kind::Split || step_ == kSignatureExchange;
+    const bool polled =
+        kind_ == Kind::Split || step_ == kSignatureExchange || step_ == kPointToPoint;
     if (age <= timeout_s + (polled ? kRollCallBackstop : 0.0)) return std::nullopt;
     if (kind_ == Kind::Split) {
       return fmt::format(
@@ -167,6 +168,8 @@ class Activity {
   }
 
   static constexpr const char* kSignatureExchange = "the signature exchange";
+  // A send or recv waiting for its peer (Note [Point-to-point]), polled as the exchange is.
+  static constexpr const char* kPointToPoint = "the point-to-point transfer";
   // Note [Roll call]: how long after the timeout the watchdog still leaves a polled wait to
   // report itself.
   static constexpr double kRollCallBackstop = 3.0;

@@ -85,7 +85,9 @@ Call begin_call(NcclRuntime& rt, Communicator& comm, const LocalTensor& x,
     call.parts.push_back(std::move(p));
   }
   call.n = static_cast<int>(call.parts.front().member->members.size());
-  call.exchange_fingerprints(options, site);
+  // Note [Point-to-point]: only two ranks make a transfer; its envelope goes with the data.
+  if (!is_point_to_point(call.kind)) call.exchange_fingerprints(options, site);
+  call.site = &site;
   return call;
 }
 

@@ -42,7 +42,8 @@ struct Call {
   CollectiveKind kind = CollectiveKind::AllReduce;
   std::string dim_name;
   std::vector<Part> parts;
-  int n = 0;  // group size
+  int n = 0;                       // group size
+  const CallSite* site = nullptr;  // the caller's, alive for the call
 
   ncclComm_t comm(const Part& p) const { return p.member->comm; }
   int index(const Part& p) const { return p.member->index; }

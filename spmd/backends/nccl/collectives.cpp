@@ -7,8 +7,10 @@
 #include <vector>
 
 #include <spmd/collectives/blocks.h>
+#include <spmd/collectives/p2p.h>
 #include <spmd/collectives/validate.h>
 #include <spmd/core/error.h>
+#include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
 #include <spmd/tensor/cuda/device.h>
 #include <spmd/tensor/cuda/kernels.h>
@@ -594,6 +596,90 @@ WorkPtr run(Call& c, const LocalTensor& x, const BarrierOptions&) {
   });
   c.rt->wait_streams(c.slots(), c.comms(), c.what());
   return std::make_shared<CompletedWork>(x);
+}
+
+// ---- point-to-point (Note [Point-to-point]) ---------------------------------------------------
+
+// Every part's envelope and data to (send) or from (recv) its peer in one NCCL group; a recv then
+// checks the envelope it got. Synchronous: the envelope must be read before the data is used.
+WorkPtr transfer(Call& c, const LocalTensor& x, bool sending, int peer, int64_t tag) {
+  const DType dtype = x.dtype();
+  constexpr int64_t kBytes = static_cast<int64_t>(sizeof(P2PEnvelope));
+  std::vector<P2PEnvelope> envelopes(c.parts.size());
+  std::vector<P2PEnvelope> expected(c.parts.size());
+  std::vector<Tensor> device(c.parts.size());
+  for (size_t i = 0; i < c.parts.size(); ++i) {
+    Part& p = c.parts[i];
+    const int other = p.member->members[static_cast<size_t>(peer)];
+    const EnvelopeInput in{sending ? p.rank : other,
+                           sending ? other : p.rank,
+                           tag,
+                           &p.input.shape(),
+                           dtype,
+                           sending && c.site->requires_grad,
+                           in_backward(),
+                           c.site->dim_name,
+                           c.site->location};
+    (sending ? envelopes[i] : expected[i]) = make_envelope(in);
+    device[i] = empty({kBytes}, DType::Bool, cuda(p.device));
+    if (sending) {
+      gpu::set_device(p.device);
+      gpu::check(cudaMemcpyAsync(device[i].data_ptr(), &envelopes[i], sizeof(P2PEnvelope),
+                                 cudaMemcpyHostToDevice, p.stream),
+                 "cudaMemcpyAsync", p.device);
+      p.result = empty({0}, dtype, cuda(p.device));
+    } else {
+      p.result = device_empty(p, p.input.shape(), dtype);
+    }
+  }
+  const size_t count = static_cast<size_t>(c.parts.front().input.numel());
+  const ncclDataType_t type = nccl_type(dtype);
+  size_t i = 0;
+  c.group([&](Part& p) {
+    void* envelope = device[i++].data_ptr();
+    if (sending) {
+      c.check(ncclSend(envelope, sizeof(P2PEnvelope), ncclUint8, peer, c.comm(p), p.stream),
+              "ncclSend", p);
+      if (count > 0) {
+        c.check(ncclSend(p.input.data_ptr(), count, type, peer, c.comm(p), p.stream), "ncclSend",
+                p);
+      }
+    } else {
+      c.check(ncclRecv(envelope, sizeof(P2PEnvelope), ncclUint8, peer, c.comm(p), p.stream),
+              "ncclRecv", p);
+      if (count > 0) {
+        c.check(ncclRecv(p.result.data_ptr(), count, type, peer, c.comm(p), p.stream), "ncclRecv",
+                p);
+      }
+    }
+  });
+  c.rt->wait_streams(c.slots(), c.comms(), c.what());
+  bool requires_grad = false;
+  if (!sending) {
+    for (size_t k = 0; k < c.parts.size(); ++k) {
+      Part& p = c.parts[k];
+      gpu::set_device(p.device);
+      gpu::check(cudaMemcpy(&envelopes[k], device[k].data_ptr(), sizeof(P2PEnvelope),
+                            cudaMemcpyDeviceToHost),
+                 "cudaMemcpy", p.device);
+      check_envelope(envelopes[k], expected[k]);
+      requires_grad = requires_grad || envelopes[k].requires_grad != 0;
+    }
+  }
+  WorkPtr work = c.finish(x);
+  if (!requires_grad || !is_floating(dtype)) return work;
+  work->wait();
+  LocalTensor result = work->take_result();
+  result.requires_grad_(true);
+  return std::make_shared<CompletedWork>(std::move(result));
+}
+
+WorkPtr run(Call& c, const LocalTensor& x, const SendOptions& options) {
+  return transfer(c, x, true, options.peer, options.tag);
+}
+
+WorkPtr run(Call& c, const LocalTensor& x, const RecvOptions& options) {
+  return transfer(c, x, false, options.peer, options.tag);
 }
 
 }  // namespace

@@ -7,6 +7,10 @@
 #include <spmd/collectives/group_math.h>
 #include <spmd/collectives/validate.h>
 #include <spmd/core/error.h>
+#include <spmd/ops/autograd.h>
+#include <spmd/ops/ops.h>
+
+#include <fmt/format.h>
 
 namespace spmd {
 namespace {
@@ -33,6 +37,12 @@ LocalTensor assemble(const LocalTensor& x, std::vector<Tensor>& out) {
 // per distinct tuple of the members' classes: a dry run's uniform shards make one computation.
 WorkPtr SimBackend::issue(Communicator& comm, const LocalTensor& x,
                           const CollectiveOptions& options, const CallSite& site) {
+  if (const auto* send = std::get_if<SendOptions>(&options)) {
+    return issue_send(comm, x, *send, site);
+  }
+  if (const auto* recv = std::get_if<RecvOptions>(&options)) {
+    return issue_recv(comm, x, *recv, site);
+  }
   const auto& groups = comm.family().groups();
   // Reused across calls: the per-group vectors would otherwise be the main cost of small calls.
   thread_local GroupView view{CollectiveCall{CollectiveKind::AllReduce, "", nullptr}, {}, {}};
@@ -110,6 +120,105 @@ WorkPtr SimBackend::issue(Communicator& comm, const LocalTensor& x,
     run_group(ranks);
   }
   return std::make_shared<CompletedWork>(assemble(x, out));
+}
+
+// ---- point-to-point (Note [Point-to-point]) ---------------------------------------------------
+
+namespace {
+
+// The group rank `peer` of the group holding `rank`.
+int peer_rank(const GroupFamily& family, int rank, int peer) {
+  const auto where = family.locate(rank);
+  return family.groups()[static_cast<size_t>(where->group)][static_cast<size_t>(peer)];
+}
+
+}  // namespace
+
+WorkPtr SimBackend::issue_send(Communicator& comm, const LocalTensor& x, const SendOptions& options,
+                               const CallSite& site) {
+  std::vector<Tensor> tokens(x.num_shards());
+  std::lock_guard lock(mutex_);
+  for (size_t i = 0; i < x.num_shards(); ++i) {
+    const int rank = x.ranks()[i];
+    const int dst = peer_rank(comm.family(), rank, options.peer);
+    const Tensor& data = x.shard_at(i);
+    const P2PEnvelope envelope = make_envelope(
+        EnvelopeInput{rank, dst, options.tag, &data.shape(), data.dtype(), site.requires_grad,
+                      in_backward(), site.dim_name, site.location});
+    mailbox_[Pair{comm.id(), rank, dst}].push_back(Message{envelope, data});
+    tokens[i] = empty({0}, data.dtype(), data.device());
+  }
+  return std::make_shared<CompletedWork>(LocalTensor(x.ranks(), std::move(tokens)));
+}
+
+WorkPtr SimBackend::issue_recv(Communicator& comm, const LocalTensor& like,
+                               const RecvOptions& options, const CallSite& site) {
+  std::vector<Tensor> out(like.num_shards());
+  bool requires_grad = false;
+  std::lock_guard lock(mutex_);
+  for (size_t i = 0; i < like.num_shards(); ++i) {
+    const int rank = like.ranks()[i];
+    const int src = peer_rank(comm.family(), rank, options.peer);
+    const Tensor& buffer = like.shard_at(i);
+    const P2PEnvelope expected =
+        make_envelope(EnvelopeInput{src, rank, options.tag, &buffer.shape(), buffer.dtype(), false,
+                                    in_backward(), site.dim_name, site.location});
+    auto it = mailbox_.find(Pair{comm.id(), src, rank});
+    if (it == mailbox_.end() || it->second.empty()) {
+      std::string waiting;
+      for (const auto& [pair, queue] : mailbox_) {
+        if (std::get<0>(pair) != comm.id() || std::get<2>(pair) != rank || queue.empty()) continue;
+        waiting += fmt::format("\n  queued for rank {}: {}", rank,
+                               envelope_text(queue.front().envelope, /*is_send=*/true));
+      }
+      throw_error<CommError>(
+          "{}: rank {} has sent nothing to rank {} over '{}' that is not received yet. Under sim "
+          "one program runs every rank in program order (lockstep), so a send must come before "
+          "its recv in the program; on a cluster this recv would wait for a send that never "
+          "comes{}",
+          envelope_text(expected, /*is_send=*/false), src, rank, site.dim_name, waiting);
+    }
+    std::deque<Message>& queue = it->second;
+    std::vector<P2PEnvelope> later;
+    for (size_t k = 1; k < queue.size(); ++k) later.push_back(queue[k].envelope);
+    // A failed pairing still consumes the message, as NCCL's would.
+    const P2PEnvelope sent = queue.front().envelope;
+    if (const std::string differences = envelope_differences(sent, expected);
+        !differences.empty()) {
+      queue.pop_front();
+      throw CollectiveMismatchError(p2p_mismatch_report(sent, expected, differences, later));
+    }
+    // A matched pair is a copy (group_math.cpp).
+    const std::vector<int> pair{src, rank};
+    Tensor token;
+    GroupView view{CollectiveCall{CollectiveKind::Recv, site.dim_name, &pair},
+                   {&queue.front().data, &buffer},
+                   {&token, &out[i]}};
+    compute_group(view, options);
+    requires_grad = requires_grad || queue.front().envelope.requires_grad != 0;
+    queue.pop_front();
+  }
+  LocalTensor result(like.ranks(), std::move(out));
+  if (requires_grad && is_floating(result.dtype())) result.requires_grad_(true);
+  return std::make_shared<CompletedWork>(std::move(result));
+}
+
+void SimBackend::finish_program() {
+  std::lock_guard lock(mutex_);
+  std::string unreceived;
+  size_t count = 0;
+  for (auto& [pair, queue] : mailbox_) {
+    for (const Message& m : queue) {
+      if (++count <= 8) unreceived += "\n  " + envelope_text(m.envelope, /*is_send=*/true);
+    }
+    queue.clear();
+  }
+  if (count == 0) return;
+  if (count > 8) unreceived += fmt::format("\n  ... and {} more", count - 8);
+  throw_error<CommError>(
+      "the program returned with {} point-to-point send{} nobody received (on a cluster the "
+      "sender would wait for its recv forever):{}",
+      count, count == 1 ? "" : "s", unreceived);
 }
 
 }  // namespace spmd

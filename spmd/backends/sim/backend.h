@@ -8,11 +8,18 @@
 // permute, identities over one rank) share the input's buffer instead of copying it.
 // The collectives are memory-bound: reductions stream all inputs through one cache-resident
 // accumulator block, copies are split over the thread pool (core/parallel.h).
+//
+// Point-to-point transfers go through a mailbox (Note [Point-to-point] in collectives/types.h).
 #pragma once
 
+#include <deque>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
 #include <spmd/collectives/backend.h>
+#include <spmd/collectives/p2p.h>
 
 namespace spmd {
 
@@ -23,6 +30,24 @@ class SimBackend final : public Backend {
 
   WorkPtr issue(Communicator& comm, const LocalTensor& x, const CollectiveOptions& options,
                 const CallSite& site) override;
+  // CommError listing the sends nobody received.
+  void finish_program() override;
+
+ private:
+  struct Message {
+    P2PEnvelope envelope;
+    Tensor data;
+  };
+  // By (communicator id, sender, receiver), oldest first.
+  using Pair = std::tuple<uint64_t, int, int>;
+
+  WorkPtr issue_send(Communicator& comm, const LocalTensor& x, const SendOptions& options,
+                     const CallSite& site);
+  WorkPtr issue_recv(Communicator& comm, const LocalTensor& like, const RecvOptions& options,
+                     const CallSite& site);
+
+  std::mutex mutex_;
+  std::map<Pair, std::deque<Message>> mailbox_;
 };
 
 }  // namespace spmd

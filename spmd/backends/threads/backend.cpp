@@ -15,9 +15,11 @@
 #include <fmt/ranges.h>
 
 #include <spmd/collectives/group_math.h>
+#include <spmd/collectives/p2p.h>
 #include <spmd/collectives/validate.h>
 #include <spmd/core/check.h>
 #include <spmd/core/hash.h>
+#include <spmd/ops/autograd.h>
 
 namespace spmd {
 namespace {
@@ -44,6 +46,8 @@ struct Call {
   DType dtype = DType::F32;
   CollectiveOptions options;
   std::source_location location;
+  // A send's envelope, or what a recv expects (Note [Point-to-point]).
+  std::optional<P2PEnvelope> envelope;
 
   // "divergence.cpp:41"
   std::string site() const {
@@ -51,6 +55,7 @@ struct Call {
   }
   // "all_reduce over 'dp' [4, 8] f32 op=sum at divergence.cpp:41"
   std::string text() const {
+    if (envelope) return envelope_text(*envelope, kind == CollectiveKind::Send);
     const std::string detail = describe(options);
     return fmt::format("{} over '{}' {} {}{}{} at {}", kind, dim_name, shape_str(shape), dtype,
                        detail.empty() ? "" : " ", detail, site());
@@ -64,6 +69,10 @@ struct Rendezvous {
   std::shared_ptr<ThreadsFamily> family;
   int64_t group = 0;
   uint64_t sequence = 0;
+  // A point-to-point transfer: members are [sender, receiver], `sequence` the message's number
+  // between them (Note [Point-to-point]); `requires_grad`: the sender's data carries a gradient.
+  bool p2p = false;
+  bool requires_grad = false;
   std::vector<int> members;  // group order
   std::vector<std::optional<Call>> calls;
   size_t arrived = 0;
@@ -75,9 +84,15 @@ struct Rendezvous {
   std::condition_variable settled;
 
   // "call #3 of group ranks [0, 1, 2, 3]"
-  std::string where() const { return fmt::format("call #{} of group ranks {}", sequence, members); }
+  std::string where() const {
+    if (p2p) {
+      return fmt::format("message #{} from rank {} to rank {}", sequence, members[0], members[1]);
+    }
+    return fmt::format("call #{} of group ranks {}", sequence, members);
+  }
   // "call #3 of group ranks [0, 1, 2, 3] over mesh dim 'x'"
   std::string what() const {
+    if (p2p) return where();
     std::string dim;
     for (const auto& c : calls) {
       if (c) {
@@ -226,7 +241,14 @@ struct ThreadsFamily {
     std::map<uint64_t, std::shared_ptr<Rendezvous>> pending;  // by sequence number
     std::string first_site_pairing;  // the first call that paired different source lines
   };
+  // The point-to-point transfers from one rank to another (Note [Point-to-point]).
+  struct Pair {
+    uint64_t sends = 0;
+    uint64_t recvs = 0;
+    std::map<uint64_t, std::shared_ptr<Rendezvous>> pending;  // by message number
+  };
   GroupFamily family;
+  std::map<std::pair<int, int>, Pair> pairs;  // by (sender, receiver)
   // The debug checks' own collectives (Communicator::is_internal): they meet only from the same
   // line.
   bool internal;
@@ -262,6 +284,9 @@ struct ThreadsHub::Impl {
   std::shared_ptr<ThreadsFamily> family(const GroupFamily& family, const CommOptions& options);
   std::shared_ptr<Rendezvous> arrive(const std::shared_ptr<ThreadsFamily>& family, int64_t group,
                                      int index, uint64_t sequence, Call call);
+  // A send (from `src` to `dst`) or a recv (at `dst` from `src`): the next one between them.
+  std::shared_ptr<Rendezvous> arrive_p2p(const std::shared_ptr<ThreadsFamily>& family, int src,
+                                         int dst, Call call);
   Tensor await(const std::shared_ptr<Rendezvous>& rv, int index, int rank);
   bool settled(const Rendezvous& rv);
   void finished(int rank, const std::string& how);
@@ -352,6 +377,58 @@ std::shared_ptr<Rendezvous> ThreadsHub::Impl::arrive(const std::shared_ptr<Threa
   return rv;
 }
 
+std::shared_ptr<Rendezvous> ThreadsHub::Impl::arrive_p2p(
+    const std::shared_ptr<ThreadsFamily>& family, int src, int dst, Call call) {
+  std::unique_lock lock(mutex_);
+  ThreadsFamily::Pair& pair = family->pairs[{src, dst}];
+  const bool sending = call.kind == CollectiveKind::Send;
+  const uint64_t number = sending ? pair.sends++ : pair.recvs++;
+  std::shared_ptr<Rendezvous>& slot = pair.pending[number];
+  if (!slot) {
+    slot = std::make_shared<Rendezvous>();
+    slot->family = family;
+    slot->sequence = number;
+    slot->p2p = true;
+    slot->members = {src, dst};
+    slot->calls.resize(2);
+  }
+  std::shared_ptr<Rendezvous> rv = slot;
+  const int rank = call.rank;
+  ranks_[static_cast<size_t>(rank)].last_call = fmt::format("{} ({})", call.text(), rv->where());
+  const size_t index = sending ? 0 : 1;
+  rv->calls[index] = std::move(call);
+  ++rv->arrived;
+  const bool complete = rv->arrived == 2;
+  if (complete) pair.pending.erase(number);
+  if (rv->status != Status::Pending) return rv;
+  if (!complete) {
+    fail_if_doomed(*rv);
+    return rv;
+  }
+  const P2PEnvelope& sent = *rv->calls[0]->envelope;
+  const P2PEnvelope& expected = *rv->calls[1]->envelope;
+  if (const std::string differences = envelope_differences(sent, expected); !differences.empty()) {
+    std::vector<P2PEnvelope> later;
+    for (const auto& [n, other] : pair.pending) {
+      if (n > number && other->calls[0]) later.push_back(*other->calls[0]->envelope);
+    }
+    fail(*rv, Failure::Mismatch, p2p_mismatch_report(sent, expected, differences, later));
+    return rv;
+  }
+  rv->requires_grad = sent.requires_grad != 0;
+  // A copy, under the lock (it shares the sender's buffer).
+  compute(*rv);
+  for (auto& c : rv->calls) c->input = Tensor();
+  if (rv->raised) {
+    rv->status = Status::Failed;
+    rv->failure = Failure::Raised;
+  } else {
+    rv->status = Status::Done;
+  }
+  rv->settled.notify_all();
+  return rv;
+}
+
 void ThreadsHub::Impl::compute(Rendezvous& rv) {
   try {
     const Call& first = *rv.calls[0];
@@ -424,6 +501,11 @@ void ThreadsHub::Impl::for_each_pending(Fn&& fn) {
   for (auto& [key, family] : families_) {
     for (ThreadsFamily::Group& g : family->groups) {
       for (auto& [sequence, rv] : g.pending) {
+        if (rv->status == Status::Pending) fn(*rv);
+      }
+    }
+    for (auto& [ranks, pair] : family->pairs) {
+      for (auto& [number, rv] : pair.pending) {
         if (rv->status == Status::Pending) fn(*rv);
       }
     }
@@ -546,6 +628,7 @@ std::string ThreadsHub::Impl::last_call_text(const RankState& state) {
 }
 
 std::string ThreadsHub::Impl::pairing_note(const Rendezvous& rv) const {
+  if (rv.p2p) return "";
   const std::string& pairing = rv.family->groups[static_cast<size_t>(rv.group)].first_site_pairing;
   if (pairing.empty()) return "";
   return fmt::format(
@@ -580,6 +663,7 @@ void ThreadsHub::Impl::close() {
   }
   for (auto& [key, family] : families_) {
     for (ThreadsFamily::Group& g : family->groups) g.pending.clear();
+    family->pairs.clear();
   }
   families_.clear();
 }
@@ -612,6 +696,10 @@ void ThreadsWork::wait() {
   if (done_) return;
   Tensor t = hub_->impl().await(rv_, index_, rank_);
   result_ = LocalTensor(std::vector<int>{rank_}, std::vector<Tensor>{std::move(t)});
+  // Note [Point-to-point]: what arrives carries a gradient back when the sender's required grad.
+  if (rv_->p2p && index_ == 1 && rv_->requires_grad && is_floating(result_.dtype())) {
+    result_.requires_grad_(true);
+  }
   done_ = true;
   rv_.reset();
 }
@@ -668,6 +756,24 @@ WorkPtr ThreadsBackend::issue(Communicator& comm, const LocalTensor& x,
   const Tensor& input = x.shards()[0];
   Call call{rank_,         kind,          site.dim_name, input,
             input.shape(), input.dtype(), options,       site.location};
+  if (is_point_to_point(kind)) {
+    // Note [Point-to-point]: a rendezvous of the sender and the receiver.
+    const bool sending = kind == CollectiveKind::Send;
+    const int peer =
+        sending ? std::get<SendOptions>(options).peer : std::get<RecvOptions>(options).peer;
+    const int64_t tag =
+        sending ? std::get<SendOptions>(options).tag : std::get<RecvOptions>(options).tag;
+    const std::vector<int>& members = c->family().groups()[static_cast<size_t>(c->group())];
+    const int other = members[static_cast<size_t>(peer)];
+    const int src = sending ? rank_ : other;
+    const int dst = sending ? other : rank_;
+    call.envelope = make_envelope(EnvelopeInput{src, dst, tag, &input.shape(), input.dtype(),
+                                                sending && site.requires_grad, in_backward(),
+                                                site.dim_name, site.location});
+    std::shared_ptr<Rendezvous> rv =
+        hub_->impl().arrive_p2p(c->shared(), src, dst, std::move(call));
+    return std::make_shared<ThreadsWork>(hub_, std::move(rv), sending ? 0 : 1, rank_);
+  }
   std::shared_ptr<Rendezvous> rv =
       hub_->impl().arrive(c->shared(), c->group(), c->index(), c->next_call(), std::move(call));
   return std::make_shared<ThreadsWork>(hub_, std::move(rv), c->index(), rank_);
