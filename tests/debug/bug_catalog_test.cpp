@@ -123,7 +123,10 @@ const Bug kBugs[] = {
      {"sim", "threads", "mpi"},
      "TypeError: DTensor::from_local: along mesh axis 'tp' the LocalTensor is P (to_local at",
      ""},
-    {"forgotten_dp_grad_local", {"sim", "threads", "mpi"}, "TypeError: sub: along mesh axis 'dp'", ""},
+    {"forgotten_dp_grad_local",
+     {"sim", "threads", "mpi"},
+     "TypeError: sub: along mesh axis 'dp'",
+     ""},
     {"doubled_tp_grad_reduce",
      {"sim", "threads", "mpi"},
      "TypeError: all_reduce: along mesh axis 'tp' the input is R (all_reduce at",
@@ -161,6 +164,17 @@ const Bug kBugs[] = {
      "CollectiveMismatchError: call #36 of group ranks [0, 1, 2, 3, 4, 5, 6, 7] over mesh dim 'dp "
      "(--spmd-debug check)'"},
     {"rank_skips_clip", {"mpi"}, "the ranks are at different DTensor ops"},
+    // Pipelines (Note [Point-to-point]): no flag needed, every backend sees these.
+    {"pp_skipped_send", {"sim"}, "rank 0 has sent nothing to rank 1 over 'pp'", ""},
+    // threads: the senders wait in the digest's collective, the receivers in the recv. (mpi sees
+    // it only at --spmd-timeout: the senders are not gone, they wait elsewhere.)
+    {"pp_skipped_send", {"threads"}, "waits in recv over 'pp' [2, 4] f32 tag=3", ""},
+    {"pp_swapped_tag", {"sim", "threads", "mpi"}, "they differ in tag", ""},
+    {"pp_wrong_microbatch",
+     {"sim", "threads", "mpi"},
+     "stage 1 receives microbatch 1 where microbatch 0 was due",
+     ""},
+    {"pp_dropped_backward", {"sim", "threads", "mpi"}, "B(stage 1, mb 3)", ""},
 };
 
 INSTANTIATE_TEST_SUITE_P(Planted, BugCatalog, ::testing::ValuesIn(kBugs),
