@@ -49,8 +49,9 @@ PipelineContext pipeline_context() {
   return t_pipeline;
 }
 
-PipelineContextScope::PipelineContextScope(int stage, int microbatch) : saved_(t_pipeline) {
-  t_pipeline = PipelineContext{stage, microbatch};
+PipelineContextScope::PipelineContextScope(int stage, int microbatch, char phase)
+    : saved_(t_pipeline) {
+  t_pipeline = PipelineContext{stage, microbatch, phase};
 }
 
 PipelineContextScope::~PipelineContextScope() {
@@ -61,6 +62,7 @@ uint64_t Trace::begin(TraceEvent event) {
   if (event.stage < 0 && event.microbatch < 0) {
     event.stage = t_pipeline.stage;
     event.microbatch = t_pipeline.microbatch;
+    event.phase = t_pipeline.phase;
   }
   std::lock_guard lock(mutex_);
   if (!enabled_) return UINT64_MAX;

@@ -61,12 +61,13 @@ class World;  // world/world.h
 struct PipelineContext {
   int stage = -1;
   int microbatch = -1;
+  char phase = 0;  // the action: 'F', 'B', 'I', 'W'; 0 when not said
 };
 PipelineContext pipeline_context();
 
 class PipelineContextScope {
  public:
-  PipelineContextScope(int stage, int microbatch);
+  PipelineContextScope(int stage, int microbatch, char phase = 0);
   ~PipelineContextScope();
   PipelineContextScope(const PipelineContextScope&) = delete;
   PipelineContextScope& operator=(const PipelineContextScope&) = delete;
@@ -117,6 +118,7 @@ struct TraceEvent {
   // Note [Pipeline context]: set by Trace::begin from the issuing thread's context.
   int stage = -1;
   int microbatch = -1;
+  char phase = 0;
   double estimate_us = 0.0;
 };
 

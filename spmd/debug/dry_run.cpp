@@ -13,6 +13,7 @@
 #include <spmd/collectives/trace_export.h>
 #include <spmd/core/error.h>
 #include <spmd/dtensor/hooks.h>
+#include <spmd/pipeline/timeline.h>
 #include <spmd/tensor/meta.h>
 #include <spmd/world/topology.h>
 
@@ -230,6 +231,10 @@ DryRun::DryRun(const World& world, DeviceSpec device) : world_(world), device_(s
     op.after_events = t.first_event_id() + t.num_events();
     op.file = e.location.file_name();
     op.line = e.location.line();
+    const PipelineContext context = pipeline_context();
+    op.stage = context.stage;
+    op.microbatch = context.microbatch;
+    op.phase = context.phase;
     std::lock_guard lock(*mutex);
     ops->push_back(std::move(op));
   });
@@ -305,7 +310,72 @@ DryRunReport DryRun::report(const MemoryParts& parts) const {
     r.compute_us += op.us;
   }
   r.step_us = r.compute_us + r.comm_us;
+  if (parts.pipeline != nullptr) r.pipeline = pipeline_estimate(*parts.pipeline, events);
+  if (r.pipeline) r.step_us = r.pipeline->makespan_us + r.pipeline->outside_us;
   return r;
+}
+
+std::optional<DryRunReport::Pipeline> DryRun::pipeline_estimate(
+    const pipeline::PipelineStep& step, const std::vector<TraceEvent>& events) const {
+  const pipeline::Schedule& s = step.schedule;
+  if (s.ranks == 0) return std::nullopt;
+  DryRunReport::Pipeline p;
+  p.schedule = s.name;
+  p.ranks = s.ranks;
+  p.microbatches = s.microbatches;
+  p.virtual_stages = s.virtual_stages;
+  p.activation_bytes = step.activation_bytes;
+  p.peak_activation_bytes = step.peak_activation_bytes;
+  p.peak_in_flight = step.peak_in_flight;
+  // The estimate of every action, by (phase, stage, microbatch), and of every transfer.
+  std::map<std::tuple<char, int, int>, double> actions;
+  double transfers = 0.0;
+  int64_t transfer_count = 0;
+  double outside = 0.0;
+  const uint64_t first_held = trace().first_event_id();
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (first_held + i < first_event_) continue;
+    const TraceEvent& e = events[i];
+    if (e.kind == CollectiveKind::Send) {
+      transfers += e.estimate_us;
+      ++transfer_count;
+    } else if (e.kind == CollectiveKind::Recv) {
+      // Counted once, at the send.
+    } else if (e.phase != 0) {
+      actions[{e.phase, e.stage, e.microbatch}] += e.estimate_us;
+    } else {
+      outside += e.estimate_us;
+    }
+  }
+  // report() holds mutex_.
+  for (const ComputeOp& op : *ops_) {
+    if (op.phase != 0) {
+      actions[{op.phase, op.stage, op.microbatch}] += op.us;
+    } else {
+      outside += op.us;
+    }
+  }
+  auto mean_of = [&](char phase) {
+    double sum = 0.0;
+    int64_t count = 0;
+    for (const auto& [key, us] : actions) {
+      if (std::get<0>(key) != phase) continue;
+      sum += us;
+      ++count;
+    }
+    return count == 0 ? 0.0 : sum / static_cast<double>(count);
+  };
+  p.forward_us = mean_of('F');
+  p.backward_us = mean_of('B');
+  p.input_us = mean_of('I');
+  p.weight_us = mean_of('W');
+  p.transfer_us = transfer_count == 0 ? 0.0 : transfers / static_cast<double>(transfer_count);
+  const pipeline::Timeline t = pipeline::simulate(
+      s, pipeline::Costs{p.forward_us, p.backward_us, p.input_us, p.weight_us, p.transfer_us});
+  p.makespan_us = t.makespan;
+  p.bubble_fraction = t.bubble_fraction;
+  p.outside_us = outside;
+  return p;
 }
 
 void DryRun::write_timeline(const std::string& path) const {
@@ -375,6 +445,37 @@ void DryRun::write_timeline(const std::string& path) const {
 
 // ---- the report's text --------------------------------------------------------------------------
 
+namespace {
+
+// The pipeline's part of the table (Note [Dry-run estimates]).
+std::string pipeline_table(const DryRunReport::Pipeline& p) {
+  std::string out = fmt::format(
+      "\npipeline: {}, {} pp ranks x {} microbatches ({} stage{} per rank)\n", p.schedule, p.ranks,
+      p.microbatches, p.virtual_stages, p.virtual_stages == 1 ? "" : "s");
+  if (!p.peak_activation_bytes.empty()) {
+    out += fmt::format("{:>8}  {:>10}  {:>17}  {:>24}\n", "pp rank", "in flight",
+                       "activations held", "per microbatch per stage");
+    for (size_t r = 0; r < p.peak_activation_bytes.size(); ++r) {
+      std::string per_stage;
+      for (size_t s = r; s < p.activation_bytes.size(); s += p.peak_activation_bytes.size()) {
+        if (!per_stage.empty()) per_stage += ", ";
+        per_stage += bytes_text(p.activation_bytes[s]);
+      }
+      out += fmt::format("{:>8}  {:>10}  {:>17}  {:>24}\n", r, p.peak_in_flight[r],
+                         bytes_text(p.peak_activation_bytes[r]), per_stage);
+    }
+  }
+  out += fmt::format(
+      "  per action: F {}, B {}, I {}, W {}; transfer {}\n"
+      "  pipelined: makespan {}, bubble {:.1f}% (idle over pp ranks x makespan)\n",
+      time_text(p.forward_us), time_text(p.backward_us), time_text(p.input_us),
+      time_text(p.weight_us), time_text(p.transfer_us), time_text(p.makespan_us),
+      100.0 * p.bubble_fraction);
+  return out;
+}
+
+}  // namespace
+
 std::string DryRunReport::table() const {
   std::string out = fmt::format("dry run: {} ranks, backend {}, {} tensors\n", world_size, backend,
                                 shape_only ? "shape-only (--spmd-tensors=meta)" : "real");
@@ -403,6 +504,7 @@ std::string DryRunReport::table() const {
     out += fmt::format("{:<10}  {:<16}  {:>7}  {:>12}  {:>12}\n", row.dim_name, row.op, row.calls,
                        bytes_text(row.bytes_per_rank), time_text(row.estimate_us));
   }
+  if (pipeline) out += pipeline_table(*pipeline);
   out += fmt::format(
       "\nestimated step time on {} ({:.0f}% of peak), nothing overlapped:\n"
       "  compute        {:>12}  ({} DTensor ops, {:.3g} TFLOP per rank)\n"
@@ -410,6 +512,12 @@ std::string DryRunReport::table() const {
       "  step           {:>12}\n",
       device.name, device.efficiency * 100.0, time_text(compute_us), ops, flops / 1e12,
       time_text(comm_us), time_text(step_us));
+  if (pipeline) {
+    out += fmt::format(
+        "  (the step: the pipelined makespan {} and {} outside the pipeline's actions; the\n"
+        "  compute and communication above are summed over every stage)\n",
+        time_text(pipeline->makespan_us), time_text(pipeline->outside_us));
+  }
   return out;
 }
 
@@ -446,6 +554,24 @@ std::string DryRunReport::json() const {
                         {"step_us", step_us}}},
                       {"device", nlohmann::json::parse(device.to_json())},
                       {"topology", nlohmann::json::parse(topology_json)}};
+  if (pipeline) {
+    const Pipeline& p = *pipeline;
+    j["pipeline"] = {{"schedule", p.schedule},
+                     {"ranks", p.ranks},
+                     {"microbatches", p.microbatches},
+                     {"virtual_stages", p.virtual_stages},
+                     {"forward_us", p.forward_us},
+                     {"backward_us", p.backward_us},
+                     {"input_us", p.input_us},
+                     {"weight_us", p.weight_us},
+                     {"transfer_us", p.transfer_us},
+                     {"makespan_us", p.makespan_us},
+                     {"bubble_fraction", p.bubble_fraction},
+                     {"outside_us", p.outside_us},
+                     {"activation_bytes", p.activation_bytes},
+                     {"peak_activation_bytes", p.peak_activation_bytes},
+                     {"peak_in_flight", p.peak_in_flight}};
+  }
   return j.dump(2) + "\n";
 }
 

@@ -23,6 +23,13 @@
 // (OpDef::flops: 2*M*N*K for matmuls and 4*B*H*Sq*Sk*D for attention, 2*B*H*Sq*Sk*D for its
 // probabilities), 0 for ops without; bytes are the pieces read and written. The step time is the
 // sum.
+// Pipelines (Note [Pipeline runner]): when the report is given the step run_pipeline returned,
+// the ops and collectives that ran inside a pipeline action (their pipeline context) are summed
+// per action, averaged per kind (F, B, I, W) and per transfer, and the schedule is simulated with
+// those costs (pipeline/timeline.h): the step time is that makespan, bubble included, plus what
+// ran outside the actions (the optimizer, the dp gradient reduction). Memory: the activations
+// each stage's forward leaves alive per microbatch and, per pp rank, the most it held at once
+// as the schedule ran (run_pipeline measures them under --spmd-tensors=meta).
 #pragma once
 
 #include <cstdint>
@@ -31,7 +38,11 @@
 #include <string>
 #include <vector>
 
+#include <optional>
+
+#include <spmd/collectives/trace.h>
 #include <spmd/dtensor/dtensor.h>
+#include <spmd/pipeline/runner.h>
 #include <spmd/world/world.h>
 
 namespace spmd {
@@ -63,6 +74,8 @@ struct MemoryParts {
   std::vector<const DTensor*> parameters;
   std::vector<const DTensor*> gradients;
   std::vector<const DTensor*> optimizer_state;
+  // The step of run_pipeline, when the program pipelines (Note [Dry-run estimates]).
+  const pipeline::PipelineStep* pipeline = nullptr;
 };
 
 struct DryRunReport {
@@ -84,6 +97,25 @@ struct DryRunReport {
     int64_t bytes_per_rank = 0;  // input bytes of one participating rank, summed over calls
     double estimate_us = 0.0;
   };
+  // The pipelined step (Note [Dry-run estimates]).
+  struct Pipeline {
+    std::string schedule;
+    int ranks = 0;
+    int microbatches = 0;
+    int virtual_stages = 1;
+    // Estimated per action of each kind (0: none ran), and per transfer between stages.
+    double forward_us = 0.0;
+    double backward_us = 0.0;
+    double input_us = 0.0;
+    double weight_us = 0.0;
+    double transfer_us = 0.0;
+    double makespan_us = 0.0;                    // the schedule simulated with those costs
+    double bubble_fraction = 0.0;                // idle time over pp ranks x makespan
+    double outside_us = 0.0;                     // ops and collectives outside any pipeline action
+    std::vector<int64_t> activation_bytes;       // per stage, per microbatch
+    std::vector<int64_t> peak_activation_bytes;  // per pp rank
+    std::vector<int> peak_in_flight;             // per pp rank
+  };
   int world_size = 0;
   std::string backend;
   bool shape_only = false;
@@ -95,6 +127,7 @@ struct DryRunReport {
   double compute_us = 0.0;
   double comm_us = 0.0;
   double step_us = 0.0;
+  std::optional<Pipeline> pipeline;
   DeviceSpec device;
   std::string topology_json;
 
@@ -130,9 +163,17 @@ class DryRun {
     uint64_t after_events = 0;  // trace events issued before it ran
     std::string file;
     uint32_t line = 0;
+    // Note [Pipeline context]: the action it ran in (-1, -1, 0: none).
+    int stage = -1;
+    int microbatch = -1;
+    char phase = 0;
   };
 
  private:
+  // The pipeline's part of report(), which holds mutex_.
+  std::optional<DryRunReport::Pipeline> pipeline_estimate(
+      const pipeline::PipelineStep& step, const std::vector<TraceEvent>& events) const;
+
   World world_;
   DeviceSpec device_;
   uint64_t first_event_ = 0;

@@ -14,6 +14,7 @@
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
 #include <spmd/pipeline/timeline.h>
+#include <spmd/tensor/meta.h>
 #include <spmd/world/local_ops.h>
 
 namespace spmd::pipeline {
@@ -24,6 +25,7 @@ struct InFlight {
   LocalTensor input;   // the leaf of a received activation (undefined on stage 0)
   LocalTensor output;  // the stage's output, or the scaled loss on the last stage
   LocalTensor grad;    // the output's gradient (received, or ones for the loss)
+  int64_t bytes = 0;   // dry runs: what its forward left alive
 };
 
 struct Step {
@@ -99,17 +101,33 @@ PipelineStep run_pipeline(const PipelineModel& model, const Schedule& schedule,
   std::map<std::pair<int, int>, InFlight> in_flight;
   std::vector<Async<LocalTensor>> sends;
   PipelineStep result;
+  result.schedule = schedule;
+  const bool measure = meta_tensors();
+  std::vector<int64_t> held(static_cast<size_t>(schedule.ranks), 0);
+  std::vector<int> pairs(static_cast<size_t>(schedule.ranks), 0);
+  if (measure) {
+    result.activation_bytes.assign(static_cast<size_t>(schedule.stages()), 0);
+    result.peak_activation_bytes.assign(static_cast<size_t>(schedule.ranks), 0);
+    result.peak_in_flight.assign(static_cast<size_t>(schedule.ranks), 0);
+  }
+  // Dry runs: a pair's activations leave the rank's account when its last backward ran.
+  auto release = [&](int p, const InFlight& f) {
+    if (!measure) return;
+    held[static_cast<size_t>(p)] -= f.bytes;
+    --pairs[static_cast<size_t>(p)];
+  };
   Trace& tr = trace();
   for (const Step& step : order) {
     const Action& a = step.action;
     const int s = a.stage;
     const int m = a.microbatch;
     const std::vector<int>& ranks = ranks_of[static_cast<size_t>(step.pp_rank)];
-    const PipelineContextScope context(s, m);
+    const PipelineContextScope context(s, m, kind_letter(a.kind));
     const int64_t start_ns = tr.enabled() ? tr.now_ns() : 0;
     InFlight& f = in_flight[{s, m}];
     const PipelineStage& stage = model.stages[static_cast<size_t>(s)];
     if (a.kind == ActionKind::Forward) {
+      const int64_t live_before = measure ? meta_live_bytes() : 0;
       LocalTensor x;
       if (s == 0) {
         x = model.input(m, ranks);
@@ -128,6 +146,16 @@ PipelineStep run_pipeline(const PipelineModel& model, const Schedule& schedule,
       } else {
         f.output = y;
         sends.push_back(isend(y.detach(), mesh, pp, schedule.rank_of_stage(s + 1), m, loc));
+      }
+      if (measure) {
+        const size_t p = static_cast<size_t>(step.pp_rank);
+        f.bytes = std::max<int64_t>(0, meta_live_bytes() - live_before);
+        int64_t& per_stage = result.activation_bytes[static_cast<size_t>(s)];
+        per_stage = std::max(per_stage, f.bytes);
+        held[p] += f.bytes;
+        ++pairs[p];
+        result.peak_activation_bytes[p] = std::max(result.peak_activation_bytes[p], held[p]);
+        result.peak_in_flight[p] = std::max(result.peak_in_flight[p], pairs[p]);
       }
     } else {
       if (!f.output.defined()) {
@@ -151,6 +179,7 @@ PipelineStep run_pipeline(const PipelineModel& model, const Schedule& schedule,
       if (a.kind == ActionKind::Backward) {
         run_backward(out, grad, loc);
         send_input_grad();
+        release(step.pp_rank, f);
         in_flight.erase({s, m});
       } else if (a.kind == ActionKind::BackwardInput) {
         if (s > 0) {
@@ -161,6 +190,7 @@ PipelineStep run_pipeline(const PipelineModel& model, const Schedule& schedule,
         BackwardOptions options;
         for (LocalTensor* p : stage.parameters) options.only.push_back(local_var(*p));
         if (!options.only.empty()) run_backward(out, grad, options, loc);
+        release(step.pp_rank, f);
         in_flight.erase({s, m});
       }
     }

@@ -72,6 +72,17 @@ struct PipelineStep {
   LocalTensor loss;
   // The actions this process ran, in the order it ran them.
   std::vector<Action> ran;
+  // The schedule it ran.
+  Schedule schedule;
+  // Dry runs (--spmd-tensors=meta, Note [Dry-run estimates]): per stage, the bytes one
+  // microbatch's forward leaves alive for its backward on each of the stage's ranks (the most over
+  // the microbatches), and per pp rank the most such bytes it held at once (the in-flight
+  // microbatches' activations, as the schedule ran) and how many (stage, microbatch) pairs that
+  // was. Empty with real tensors. Measured with the process's shape-only storage, so under sim
+  // (one process) with every rank of a stage holding equal shards.
+  std::vector<int64_t> activation_bytes;
+  std::vector<int64_t> peak_activation_bytes;
+  std::vector<int> peak_in_flight;
 };
 
 // The held ranks of `mesh` whose coordinate along `pp_dim` is `pp_rank`, ascending.

@@ -278,3 +278,82 @@ TEST(DryRunReport, DeviceFile) {
 
 }  // namespace
 }  // namespace spmd
+
+namespace spmd {
+namespace {
+
+// Note [Dry-run estimates], pipelines: two stages of tanh(x W) on their own (dp) meshes, run by
+// run_pipeline on shapes only. The in-flight counts are the schedules' (GPipe holds every
+// microbatch, 1F1B rank r at most p - r), the activations held are those counts times one
+// microbatch's, and the pipelined step is GPipe's closed form with the estimated action costs.
+pipeline::PipelineStep run_two_stages(const World& world, const DeviceMesh& mesh,
+                                      const pipeline::Schedule& schedule,
+                                      std::vector<DTensor>& weights) {
+  pipeline::PipelineModel model;
+  for (int s = 0; s < 2; ++s) {
+    const std::vector<int> ranks = pipeline::stage_ranks(mesh, "pp", s);
+    const DeviceMesh stage = DeviceMesh::from_ranks(
+        world, {2}, std::vector<int64_t>(ranks.begin(), ranks.end()), {"dp"});
+    weights[static_cast<size_t>(s)] = randn({64, 64}, stage, {Replicate{}}, 10 + s);
+    weights[static_cast<size_t>(s)].requires_grad_();
+    DTensor* w = &weights[static_cast<size_t>(s)];
+    model.stages.push_back({[stage, w](const LocalTensor& x) {
+                              const DTensor h = DTensor::from_local(x, stage, {Shard{0}});
+                              return tanh(matmul(h, *w)).to_local();
+                            },
+                            {},
+                            {8, 64}});
+  }
+  model.input = [](int m, const std::vector<int>& ranks) {
+    return LocalTensor::from_fn(ranks, [&](int) { return randn({8, 64}, 100 + m); });
+  };
+  model.loss = [](const LocalTensor& y, int) { return sum(y * y); };
+  return pipeline::run_pipeline(model, schedule, mesh, "pp");
+}
+
+TEST(DryRunPipeline, InFlightActivationsAndTheBubble) {
+  const MetaTensorsScope meta(true);
+  World world = World::sim(4);
+  const DeviceMesh mesh = init_device_mesh(world, {2, 2}, {"dp", "pp"});
+  constexpr int kMicrobatches = 4;
+  for (const char* name : {"gpipe", "1f1b"}) {
+    SCOPED_TRACE(name);
+    DryRun dry(world);
+    std::vector<DTensor> w(2);
+    const pipeline::Schedule schedule = pipeline::make_schedule(name, 2, kMicrobatches);
+    const pipeline::PipelineStep step = run_two_stages(world, mesh, schedule, w);
+    const DryRunReport r = dry.report({.pipeline = &step});
+    ASSERT_TRUE(r.pipeline.has_value());
+    const DryRunReport::Pipeline& p = *r.pipeline;
+    const std::vector<int> expected_in_flight =
+        std::string(name) == "gpipe" ? std::vector<int>{4, 4} : std::vector<int>{2, 1};
+    EXPECT_EQ(p.peak_in_flight, expected_in_flight);
+    ASSERT_EQ(p.activation_bytes.size(), 2u);
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_GT(p.activation_bytes[static_cast<size_t>(rank)], 0);
+      // Each microbatch's share, up to the few bytes of scalars (the running loss) that differ.
+      const double held = static_cast<double>(p.peak_activation_bytes[static_cast<size_t>(rank)]);
+      const double each = static_cast<double>(p.activation_bytes[static_cast<size_t>(rank)]);
+      EXPECT_LE(held, p.peak_in_flight[static_cast<size_t>(rank)] * each);
+      EXPECT_GE(held, p.peak_in_flight[static_cast<size_t>(rank)] * each * 0.99);
+    }
+    EXPECT_GT(p.forward_us, 0.0);
+    EXPECT_GT(p.backward_us, 0.0);
+    EXPECT_GT(p.transfer_us, 0.0);
+    if (std::string(name) == "gpipe") {
+      // (m + p - 1)(F + B) plus 2 (p - 1) transfers (Note [Pipeline schedules]).
+      EXPECT_NEAR(p.makespan_us,
+                  (kMicrobatches + 1) * (p.forward_us + p.backward_us) + 2 * p.transfer_us, 1e-9);
+    }
+    EXPECT_GT(p.bubble_fraction, 0.0);
+    EXPECT_DOUBLE_EQ(r.step_us, p.makespan_us + p.outside_us);
+    const std::string table = r.table();
+    EXPECT_NE(table.find(fmt::format("pipeline: {}, 2 pp ranks x 4 microbatches", name)),
+              std::string::npos)
+        << table;
+    EXPECT_NE(r.json().find("\"peak_activation_bytes\""), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace spmd
