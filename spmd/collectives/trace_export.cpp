@@ -18,6 +18,7 @@
 
 #include <spmd/collectives/fingerprint.h>
 #include <spmd/core/error.h>
+#include <spmd/core/format.h>
 #include <spmd/world/world.h>
 
 namespace spmd {
@@ -212,10 +213,8 @@ std::string summary_table(std::span<const TraceRecord> records) {
 }
 
 std::string format_record(const TraceRecord& r) {
-  std::string text =
-      fmt::format("seq {} {} '{}' group {} {} {}", r.sequence, r.op, r.dim_name,
-                  shape_str(std::vector<int64_t>(r.group_ranks.begin(), r.group_ranks.end())),
-                  shape_str(r.shape), r.dtype);
+  std::string text = fmt::format("seq {} {} '{}' group {} {} {}", r.sequence, r.op, r.dim_name,
+                                 ranks_str(r.group_ranks), shape_str(r.shape), r.dtype);
   if (!r.detail.empty()) text += " " + r.detail;
   if (r.stage >= 0 || r.microbatch >= 0) {
     text += fmt::format(" [stage {} microbatch {}]", r.stage, r.microbatch);

@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include <spmd/collectives/trace.h>
+#include <spmd/core/format.h>
 #include <spmd/tensor/cuda/device.h>
 
 namespace spmd {
@@ -157,7 +158,7 @@ void print_last_collectives(std::FILE* out, const std::vector<int>& ranks, std::
       const TraceRecord& r = *mine[i];
       fmt::print(out, "[rank {}]   #{} {} over '{}' {} [{}] {} group {} at {}:{}{}\n", rank,
                  r.sequence, r.op, r.dim_name, r.detail, fmt::join(r.shape, ", "), r.dtype,
-                 r.group_ranks, r.file, r.line, r.end_us > 0 ? "" : "  <- not finished");
+                 ranks_str(r.group_ranks), r.file, r.line, r.end_us > 0 ? "" : "  <- not finished");
     }
   }
   std::fflush(out);

@@ -27,12 +27,6 @@ std::string_view base_name(std::string_view path) {
   return slash == std::string_view::npos ? path : path.substr(slash + 1);
 }
 
-// "rank 3" or "ranks 0, 2, 3".
-std::string ranks_text(const std::vector<int>& ranks) {
-  if (ranks.size() == 1) return fmt::format("rank {}", ranks[0]);
-  return fmt::format("ranks {}", fmt::join(ranks, ", "));
-}
-
 // One rank's call at a rendezvous. The input is dropped once the result is computed; shape and
 // dtype stay for reports.
 struct Call {
@@ -117,7 +111,7 @@ std::vector<MemberCall> members_of(const Rendezvous& rv) {
   return members;
 }
 
-// "ranks 0, 2, 3 at a.cpp:10; rank 1 at a.cpp:12" when the members called from different source
+// "ranks 0,2,3 at a.cpp:10; rank 1 at a.cpp:12" when the members called from different source
 // lines, else empty.
 std::string site_pairing(const Rendezvous& rv) {
   std::vector<std::pair<std::string, std::vector<int>>> sites;
