@@ -16,7 +16,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include <spmd/collectives/fingerprint.h>
+#include <spmd/core/call_site.h>
 #include <spmd/core/error.h>
 #include <spmd/core/format.h>
 #include <spmd/world/world.h>
@@ -219,7 +219,7 @@ std::string format_record(const TraceRecord& r) {
   if (r.stage >= 0 || r.microbatch >= 0) {
     text += fmt::format(" [stage {} microbatch {}]", r.stage, r.microbatch);
   }
-  if (!r.file.empty()) text += " at " + call_site_text(r.file, r.line);
+  if (!r.file.empty()) text += " at " + site_text(r.file, r.line);
   if (r.end_us > 0.0) {
     text += fmt::format(" (completed, {:.1f} us)", r.end_us - r.start_us);
   } else {

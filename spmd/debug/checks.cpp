@@ -498,11 +498,7 @@ struct ShadowCall {
 
   bool operator==(const ShadowCall&) const = default;
   std::string to_string() const {
-    std::string_view base = file;
-    if (size_t slash = base.find_last_of('/'); slash != std::string_view::npos) {
-      base.remove_prefix(slash + 1);
-    }
-    return fmt::format("{} over mesh dim '{}' at {}:{}", kind, dim_name, base, line);
+    return fmt::format("{} over mesh dim '{}' at {}", kind, dim_name, site_text(file, line));
   }
 };
 

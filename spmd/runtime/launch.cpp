@@ -20,9 +20,9 @@
 
 #include <fmt/ranges.h>
 
-#include <spmd/collectives/fingerprint.h>
 #include <spmd/collectives/trace.h>
 #include <spmd/collectives/trace_export.h>
+#include <spmd/core/call_site.h>
 #include <spmd/core/error.h>
 #include <spmd/core/format.h>
 #include <spmd/debug/checks.h>
@@ -174,7 +174,7 @@ std::string signal_headline(int signal) {
 // "all_reduce over 'tp' [4, 8] f32 op=sum at train.cpp:42 (pending)".
 std::string event_text(const TraceEvent& e) {
   return fmt::format("{} over '{}' {} {}{}{} at {} ({})", e.kind, e.dim_name, shape_str(e.shape),
-                     e.dtype, e.detail.empty() ? "" : " ", e.detail, call_site_text(e.file, e.line),
+                     e.dtype, e.detail.empty() ? "" : " ", e.detail, site_text(e.file, e.line),
                      e.end_ns == 0 ? "pending" : "completed");
 }
 

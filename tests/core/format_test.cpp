@@ -1,7 +1,10 @@
-// Tests for the one rank-list formatter family (core/format.h).
+// Tests for the one rank-list formatter family (core/format.h) and the one call-site formatter
+// (core/call_site.h).
 #include <spmd/core/format.h>
 
 #include <gtest/gtest.h>
+
+#include <spmd/core/call_site.h>
 
 namespace spmd {
 namespace {
@@ -52,6 +55,15 @@ TEST(RanksText, NamesOneRankOrSeveral) {
   EXPECT_EQ(ranks_text({0, 1}), "ranks 0,1");
   EXPECT_EQ(ranks_text({0, 1, 2, 3, 4, 5, 6, 7}), "ranks 0-7");
   EXPECT_EQ(ranks_text({0, 2, 3}), "ranks 0,2,3");
+}
+
+TEST(SiteText, PrintsTheBaseNameAndTheLine) {
+  EXPECT_EQ(site_text("/home/u/src/train.cpp", 42), "train.cpp:42");
+  EXPECT_EQ(site_text("train.cpp", 7), "train.cpp:7");
+  EXPECT_EQ(site_text("", 0), ":0");
+  const SourceLocation here = SourceLocation::current();
+  EXPECT_EQ(site_text(here), "format_test.cpp:" + std::to_string(here.line()));
+  EXPECT_EQ(site_text(here), site_text(here.file_name(), here.line()));
 }
 
 }  // namespace

@@ -22,11 +22,6 @@
 namespace spmd {
 namespace {
 
-std::string_view base_name(std::string_view path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string_view::npos ? path : path.substr(slash + 1);
-}
-
 // One rank's call at a rendezvous. The input is dropped once the result is computed; shape and
 // dtype stay for reports.
 struct Call {
@@ -39,15 +34,11 @@ struct Call {
   CollectiveOptions options;
   std::source_location location;
 
-  // "divergence.cpp:41"
-  std::string site() const {
-    return fmt::format("{}:{}", base_name(location.file_name()), location.line());
-  }
   // "all_reduce over 'dp' [4, 8] f32 op=sum at divergence.cpp:41"
   std::string text() const {
     const std::string detail = describe(options);
     return fmt::format("{} over '{}' {} {}{}{} at {}", kind, dim_name, shape_str(shape), dtype,
-                       detail.empty() ? "" : " ", detail, site());
+                       detail.empty() ? "" : " ", detail, site_text(location));
   }
 };
 
@@ -116,7 +107,7 @@ std::vector<MemberCall> members_of(const Rendezvous& rv) {
 std::string site_pairing(const Rendezvous& rv) {
   std::vector<std::pair<std::string, std::vector<int>>> sites;
   for (const auto& c : rv.calls) {
-    const std::string site = c->site();
+    const std::string site = site_text(c->location);
     auto it =
         std::find_if(sites.begin(), sites.end(), [&](const auto& s) { return s.first == site; });
     if (it == sites.end()) {
