@@ -31,12 +31,6 @@ std::string fingerprint_shape(const CollectiveFingerprint& f) {
 
 }  // namespace
 
-std::string call_site_text(std::string_view file, uint32_t line) {
-  const size_t slash = file.find_last_of('/');
-  return fmt::format("{}:{}", slash == std::string_view::npos ? file : file.substr(slash + 1),
-                     line);
-}
-
 CollectiveFingerprint make_fingerprint(const FingerprintInput& in) {
   const Tensor& x = *in.input;
   CollectiveFingerprint f;
@@ -61,7 +55,7 @@ CollectiveFingerprint make_fingerprint(const FingerprintInput& in) {
   copy_text(f.detail, sizeof f.detail, describe(*in.options));
   if (in.with_site) {
     f.sequence = in.sequence;
-    copy_text(f.site, sizeof f.site, call_site_text(in.location.file_name(), in.location.line()));
+    copy_text(f.site, sizeof f.site, site_text(in.location));
   }
   return f;
 }

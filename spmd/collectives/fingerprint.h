@@ -85,9 +85,6 @@ CollectiveFingerprint make_fingerprint(const FingerprintInput& in);
 void check_fingerprints(const CollectiveCall& call, std::span<const CollectiveFingerprint> all,
                         const std::vector<int>& members, bool fingerprint, bool same_site = false);
 
-// "train.cpp:12": a call site as fingerprints, trace records and debug reports print it.
-std::string call_site_text(std::string_view file, uint32_t line);
-
 // "all_reduce [4, 8] f32 op=sum", with " (call #3 at train.cpp:12)" in fingerprint mode.
 std::string fingerprint_text(const CollectiveFingerprint& f, bool fingerprint);
 

@@ -16,8 +16,9 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include <spmd/collectives/fingerprint.h>
+#include <spmd/core/call_site.h>
 #include <spmd/core/error.h>
+#include <spmd/core/format.h>
 #include <spmd/world/world.h>
 
 namespace spmd {
@@ -212,15 +213,13 @@ std::string summary_table(std::span<const TraceRecord> records) {
 }
 
 std::string format_record(const TraceRecord& r) {
-  std::string text =
-      fmt::format("seq {} {} '{}' group {} {} {}", r.sequence, r.op, r.dim_name,
-                  shape_str(std::vector<int64_t>(r.group_ranks.begin(), r.group_ranks.end())),
-                  shape_str(r.shape), r.dtype);
+  std::string text = fmt::format("seq {} {} '{}' group {} {} {}", r.sequence, r.op, r.dim_name,
+                                 ranks_str(r.group_ranks), shape_str(r.shape), r.dtype);
   if (!r.detail.empty()) text += " " + r.detail;
   if (r.stage >= 0 || r.microbatch >= 0) {
     text += fmt::format(" [stage {} microbatch {}]", r.stage, r.microbatch);
   }
-  if (!r.file.empty()) text += " at " + call_site_text(r.file, r.line);
+  if (!r.file.empty()) text += " at " + site_text(r.file, r.line);
   if (r.end_us > 0.0) {
     text += fmt::format(" (completed, {:.1f} us)", r.end_us - r.start_us);
   } else {

@@ -44,10 +44,13 @@ CallSiteReset::~CallSiteReset() {
 }
 
 std::string site_text(const SourceLocation& loc) {
-  std::string_view file = loc.file_name();
+  return site_text(loc.file_name(), loc.line());
+}
+
+std::string site_text(std::string_view file, uint32_t line) {
   const size_t slash = file.find_last_of('/');
   if (slash != std::string_view::npos) file.remove_prefix(slash + 1);
-  return fmt::format("{}:{}", file, loc.line());
+  return fmt::format("{}:{}", file, line);
 }
 
 }  // namespace spmd

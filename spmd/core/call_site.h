@@ -14,6 +14,7 @@
 //   the line of `x + y`
 #pragma once
 
+#include <cstdint>
 #include <source_location>
 #include <string>
 #include <string_view>
@@ -71,8 +72,11 @@ inline const SourceLocation& user_site_or(const SourceLocation& loc) {
   return site != nullptr ? *site : loc;
 }
 
-// "train.cpp:42": a location as reports print it (the file's base name).
+// "train.cpp:42": a call site as every report, fingerprint and trace text prints it (the file's
+// base name and the line). The one call-site formatter; the second form takes a site kept as
+// (file, line), as trace records and fingerprints keep it.
 std::string site_text(const SourceLocation& loc);
+std::string site_text(std::string_view file, uint32_t line);
 
 // " (at train.cpp:42)" or " (in the backward of 'matmul' recorded at train.cpp:42)" for the
 // current user call site, "" outside one or when `message` already names it. spmd::Error appends

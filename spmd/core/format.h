@@ -23,6 +23,20 @@ inline std::string quoted_list(const std::vector<std::string>& names) {
   return out;
 }
 
+// The rank-list formatters: every message, label and report prints a set of ranks with one of
+// these three (fmt's own range formatter draws a false GCC 12 warning).
+
+// "[0, 1, 2]": a rank list as a value, in its order (a group's members: "group ranks [0, 4]").
+std::string ranks_str(const std::vector<int>& ranks);
+
+// "0-3,8": ascending ranks with runs of three or more collapsed ("0,1" stays), as the sharding
+// picture's labels, the debug reports and the report prefixes print rank sets; "" for none.
+std::string ranks_compact(const std::vector<int>& ranks);
+
+// "rank 3", "ranks 0-3,8" (ranks_compact) or "no ranks": a rank set as a sentence names it
+// ("[ranks 0-7] CommError: ...", "the call still lacks rank 3").
+std::string ranks_text(const std::vector<int>& ranks);
+
 }  // namespace spmd
 
 namespace spmd::detail {

@@ -14,7 +14,7 @@
 #include <spmd/collectives/reduce_kernels.h>
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
-#include <spmd/debug/visualize.h>
+#include <spmd/core/format.h>
 #include <spmd/dtensor/hooks.h>
 #include <spmd/mesh/layout.h>
 #include <spmd/ops/ops.h>
@@ -152,7 +152,7 @@ PieceSet gathered_pieces(const DTensor& t) {
     throw_error<Unsupported>(
         "--spmd-debug=check,replicate: gathering the pieces of a DTensor on mesh {} needs one "
         "held rank per process or thread (this one holds ranks {})",
-        mesh.to_string(), local.ranks());
+        mesh.to_string(), ranks_str(local.ranks()));
   }
   const DeviceMesh flat = mesh.ndim() == 1 ? mesh : mesh.flatten(gather_mesh_name(mesh));
   const int me = local.ranks().front();
@@ -354,8 +354,8 @@ void check_against_full(const OpEvent& e, const std::vector<PieceSet>& inputs,
       "max error {:g} at index {} (sharded {:g}, single-device {:g}; {} of {} elements off, {}); "
       "that element is held by rank(s) {} ({})",
       e.op, site_text(e.location), worst_error, shape_str(index), g[static_cast<size_t>(worst)],
-      x[static_cast<size_t>(worst)], bad, g.size(), tolerance, rank_ranges(holders(output, index)),
-      context());
+      x[static_cast<size_t>(worst)], bad, g.size(), tolerance,
+      ranks_compact(holders(output, index)), context());
 }
 
 // ---- replicate
@@ -498,11 +498,7 @@ struct ShadowCall {
 
   bool operator==(const ShadowCall&) const = default;
   std::string to_string() const {
-    std::string_view base = file;
-    if (size_t slash = base.find_last_of('/'); slash != std::string_view::npos) {
-      base.remove_prefix(slash + 1);
-    }
-    return fmt::format("{} over mesh dim '{}' at {}:{}", kind, dim_name, base, line);
+    return fmt::format("{} over mesh dim '{}' at {}", kind, dim_name, site_text(file, line));
   }
 };
 
@@ -692,7 +688,7 @@ void set_debug(World& world, const DebugOptions& debug) {
     throw_error<ConfigError>(
         "--spmd-debug={}: gathering the pieces needs one rank per process or thread; this {} "
         "world holds rank(s) {}",
-        debug.check ? "check" : "replicate", state.backend_name, rank_ranges(state.held_ranks));
+        debug.check ? "check" : "replicate", state.backend_name, ranks_compact(state.held_ranks));
   }
   if (debug.divergence && !world.backend().is_lockstep()) {
     throw_error<ConfigError>(

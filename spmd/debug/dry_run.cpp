@@ -12,6 +12,7 @@
 #include <spmd/collectives/trace.h>
 #include <spmd/collectives/trace_export.h>
 #include <spmd/core/error.h>
+#include <spmd/core/format.h>
 #include <spmd/dtensor/hooks.h>
 #include <spmd/pipeline/timeline.h>
 #include <spmd/tensor/meta.h>
@@ -84,11 +85,10 @@ std::string time_text(double us) {
   return fmt::format("{:.1f} us", us);
 }
 
-std::string ranks_text(const DryRunReport::RankClass& c) {
-  std::string out = fmt::format("{}", c.example_ranks.front());
-  for (size_t i = 1; i < c.example_ranks.size(); ++i) out += fmt::format(",{}", c.example_ranks[i]);
-  if (c.ranks > static_cast<int64_t>(c.example_ranks.size())) out += ",...";
-  return out;
+// "0-3,...": the class's first ranks, with "..." when it has more.
+std::string example_ranks_text(const DryRunReport::RankClass& c) {
+  const bool more = c.ranks > static_cast<int64_t>(c.example_ranks.size());
+  return ranks_compact(c.example_ranks) + (more ? ",..." : "");
 }
 
 // Per held rank (by position), the bytes of its pieces of `tensors`.
@@ -489,7 +489,7 @@ std::string DryRunReport::table() const {
                    : fmt::format("{:.0f}%", 100.0 * static_cast<double>(c.peak) /
                                                 (device.memory_gib * 1024.0 * 1024 * 1024));
     out += fmt::format("{:>8}  {:<18}  {:>11}  {:>11}  {:>11}  {:>12}  {:>11}  {:>9}\n", c.ranks,
-                       ranks_text(c), bytes_text(c.parameters), bytes_text(c.gradients),
+                       example_ranks_text(c), bytes_text(c.parameters), bytes_text(c.gradients),
                        bytes_text(c.optimizer_state), bytes_text(c.activations), bytes_text(c.peak),
                        share);
   }

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <spmd/core/error.h>
+#include <spmd/core/format.h>
 
 namespace spmd {
 namespace {
@@ -300,7 +301,7 @@ class PerRankSet {
     throw_error<ConfigError>(
         "trace file '{}': its per-rank files hold ranks {} of a world of {}, so rank{} {} {} "
         "missing: no {}{}; give the files that exist by their own names to read only them",
-        path_, fmt::join(held, ","), world, missing.size() == 1 ? "" : "s", fmt::join(missing, ","),
+        path_, ranks_compact(held), world, missing.size() == 1 ? "" : "s", ranks_compact(missing),
         missing.size() == 1 ? "is" : "are", fmt::join(names, ", "),
         missing.size() > kNamed ? ", ..." : "");
   }

@@ -9,6 +9,7 @@
 #include <map>
 
 #include <spmd/core/env.h>
+#include <spmd/core/format.h>
 
 namespace spmd {
 namespace {
@@ -152,7 +153,7 @@ std::string footer(const DTensorSpec& spec, const std::vector<Block>& blocks) {
       range += fmt::format("{}{}:{}", d ? ", " : "", b.offset[d], b.offset[d] + b.size[d]);
     }
     out += fmt::format("\nempty: rank{} {} hold{} no elements [{}]", b.ranks.size() > 1 ? "s" : "",
-                       rank_ranges(b.ranks), b.ranks.size() > 1 ? "" : "s", range);
+                       ranks_compact(b.ranks), b.ranks.size() > 1 ? "" : "s", range);
   }
   return out;
 }
@@ -192,22 +193,6 @@ std::string axis_line(const std::vector<size_t>& positions, const std::vector<in
 
 }  // namespace
 
-std::string rank_ranges(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    out += out.empty() ? "" : ",";
-    if (j == i) {
-      out += fmt::format("{}", ranks[i]);
-    } else {
-      out += fmt::format("{}{}{}", ranks[i], j == i + 1 ? "," : "-", ranks[j]);
-    }
-    i = j + 1;
-  }
-  return out;
-}
-
 std::string visualize_sharding(const DTensor& tensor, const VisualizeOptions& options) {
   if (!tensor.defined())
     throw_error<PlacementError>("visualize_sharding: the DTensor is undefined");
@@ -230,7 +215,7 @@ std::string visualize_sharding(const DTensor& tensor, const VisualizeOptions& op
   const size_t num_cols = cols.size() - 1;
   std::vector<std::vector<size_t>> cell(num_rows, std::vector<size_t>(num_cols, 0));
   std::vector<std::string> labels;
-  for (const Block& b : blocks) labels.push_back(rank_ranges(b.ranks) + (partial ? " (P)" : ""));
+  for (const Block& b : blocks) labels.push_back(ranks_compact(b.ranks) + (partial ? " (P)" : ""));
   std::vector<size_t> label_widths(num_cols, 0);
   for (size_t i = 0; i < num_rows; ++i) {
     for (size_t j = 0; j < num_cols; ++j) {

@@ -42,10 +42,6 @@ struct VisualizeOptions {
   int max_height = 12;  // text rows of block interiors (2-D)
 };
 
-// "0-3,8": ascending ranks with runs of three or more collapsed ("0,1" stays), as the labels and
-// the debug reports print rank sets.
-std::string rank_ranges(const std::vector<int>& ranks);
-
 // Which ranks hold which block, drawn as a grid for 1-D and 2-D tensors (every rank, computed from
 // the spec, not only the held ones).
 std::string visualize_sharding(const DTensor& tensor, const VisualizeOptions& options);

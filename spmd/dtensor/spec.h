@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include <spmd/core/format.h>
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/placement.h>
 #include <spmd/ops/sharding.h>
@@ -28,11 +29,6 @@
 #include <spmd/tensor/shape.h>
 
 namespace spmd {
-
-// "[0, 1, 2]": rank lists in messages (fmt's range formatter draws a false GCC 12 warning).
-inline std::string ranks_str(const std::vector<int>& ranks) {
-  return shape_str(std::vector<int64_t>(ranks.begin(), ranks.end()));
-}
 
 class DTensorSpec : public ShardingSpec {
  public:

@@ -21,10 +21,11 @@
 #include <fmt/ranges.h>
 
 #include <spmd/collectives/backend.h>
-#include <spmd/collectives/fingerprint.h>
 #include <spmd/collectives/trace.h>
 #include <spmd/collectives/trace_export.h>
+#include <spmd/core/call_site.h>
 #include <spmd/core/error.h>
+#include <spmd/core/format.h>
 #include <spmd/debug/checks.h>
 #include <spmd/runtime/signal_report.h>
 #include <spmd/tensor/meta.h>
@@ -147,19 +148,9 @@ std::string error_type(const std::exception_ptr& error) {
   }
 }
 
-// "[rank 3] ", "[ranks 0-7] ", "[ranks 0-2,5] " (ascending ranks), or "" for none.
+// "[rank 3] ", "[ranks 0-7] ", "[ranks 0,1,5] " (ranks_text), or "" for none.
 std::string ranks_prefix(const std::vector<int>& ranks) {
-  if (ranks.empty()) return "";
-  if (ranks.size() == 1) return fmt::format("[rank {}] ", ranks[0]);
-  std::string list;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    list += fmt::format("{}{}", list.empty() ? "" : ",", ranks[i]);
-    if (j > i) list += fmt::format("-{}", ranks[j]);
-    i = j + 1;
-  }
-  return fmt::format("[ranks {}] ", list);
+  return ranks.empty() ? "" : fmt::format("[{}] ", ranks_text(ranks));
 }
 
 // The ranks `world` holds, or the launcher's rank before a world exists.
@@ -184,7 +175,7 @@ std::string signal_headline(int signal) {
 // "all_reduce over 'tp' [4, 8] f32 op=sum at train.cpp:42 (pending)".
 std::string event_text(const TraceEvent& e) {
   return fmt::format("{} over '{}' {} {}{}{} at {} ({})", e.kind, e.dim_name, shape_str(e.shape),
-                     e.dtype, e.detail.empty() ? "" : " ", e.detail, call_site_text(e.file, e.line),
+                     e.dtype, e.detail.empty() ? "" : " ", e.detail, site_text(e.file, e.line),
                      e.end_ns == 0 ? "pending" : "completed");
 }
 

@@ -15,7 +15,6 @@
 #include <fmt/format.h>
 
 #include <spmd/collectives/functional.h>
-#include <spmd/debug/visualize.h>
 #include <spmd/world/backend_driver.h>
 #include <spmd/tensor/autograd_meta.h>
 #include <spmd/tensor/compare.h>
@@ -133,7 +132,7 @@ struct Side {
     std::sort(ranks.begin(), ranks.end());
     return fmt::format("; index {} is {}on rank{} {}", shape_str(index),
                        spec.has_partial() ? "a partial value " : "", ranks.size() == 1 ? "" : "s",
-                       rank_ranges(ranks));
+                       ranks_compact(ranks));
   }
 
   const World* world() const { return dtensor ? &dtensor->mesh().world() : nullptr; }

@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include <spmd/debug/visualize.h>
+#include <spmd/core/format.h>
 #include <spmd/runtime/launch.h>
 #include <spmd/world/backend_driver.h>
 
@@ -213,8 +213,7 @@ void run_test_body(const std::function<void(World&)>& body) {
       }
     }
     for (const auto& [text, ranks] : reports) {
-      ADD_FAILURE() << (ranks.size() == 1 ? "[rank " : "[ranks ") << rank_ranges(ranks) << "] "
-                    << text;
+      ADD_FAILURE() << "[" << ranks_text(ranks) << "] " << text;
     }
     return;
   }
@@ -222,9 +221,9 @@ void run_test_body(const std::function<void(World&)>& body) {
   body(world);
   if (is_process_backend(options) && ::testing::Test::HasFatalFailure()) {
     fmt::print(stderr,
-               "[rank {}] {}: a fatal assertion failed on this rank; ending the job, so that no "
+               "[{}] {}: a fatal assertion failed on this rank; ending the job, so that no "
                "rank waits for this one in a collective\n",
-               rank_ranges(world.held_ranks()), current_test_name());
+               ranks_text(world.held_ranks()), current_test_name());
     std::fflush(stderr);
     std::fflush(stdout);
     abort_job(1);

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include <spmd/core/error.h>
+#include <spmd/core/format.h>
 #include <spmd/world/spmd_types.h>
 #include <spmd/tensor/random.h>
 
@@ -22,8 +23,8 @@ constexpr size_t kInlineOperands = 4;
 void check_same_ranks(const LocalTensor& a, const LocalTensor& b, std::string_view op) {
   if (!a.defined() || !b.defined()) throw_error<Error>("{}: LocalTensor operand is undefined", op);
   if (a.ranks_ptr() != b.ranks_ptr() && a.ranks() != b.ranks()) {
-    throw_error<Error>("{}: LocalTensor operands hold different ranks: {} vs {}", op, a.ranks(),
-                       b.ranks());
+    throw_error<Error>("{}: LocalTensor operands hold different ranks: {} vs {}", op,
+                       ranks_str(a.ranks()), ranks_str(b.ranks()));
   }
 }
 
@@ -322,7 +323,7 @@ const VarKind kLocalKind{
       const LocalTensor& t = local_of(v);
       if (uniform_shape(t)) {
         return fmt::format("{} {} on ranks {}", shape_str(t.shard_at(0).shape()), t.dtype(),
-                           t.ranks());
+                           ranks_str(t.ranks()));
       }
       std::string shapes;
       for (size_t i = 0; i < t.num_shards() && i < 8; ++i) {

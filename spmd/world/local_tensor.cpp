@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include <spmd/core/error.h>
+#include <spmd/core/format.h>
 #include <spmd/core/parallel.h>
 #include <spmd/world/local_ops.h>
 #include <spmd/world/spmd_types.h>
@@ -15,10 +16,6 @@
 
 namespace spmd {
 namespace {
-
-std::string ranks_str(const std::vector<int>& ranks) {
-  return fmt::format("{}", ranks);
-}
 
 LocalTensor replicate_on_devices(const World& world, const Tensor& t);
 LocalTensor from_fn_on_devices(const World& world, const std::function<Tensor(int)>& fn);

@@ -70,7 +70,8 @@ class PerRank {
     if (uniform_) return values_.front();
     auto it = std::lower_bound(ranks_.begin(), ranks_.end(), rank);
     if (it == ranks_.end() || *it != rank) {
-      throw_error<Error>("PerRank::at: rank {} is not held (held ranks {})", rank, ranks_);
+      throw_error<Error>("PerRank::at: rank {} is not held (held ranks {})", rank,
+                         ranks_str(ranks_));
     }
     return values_[static_cast<size_t>(it - ranks_.begin())];
   }
@@ -116,8 +117,8 @@ class PerRank {
     }
     const std::vector<int>& ranks = uniform_ ? other.ranks() : ranks_;
     if (!uniform_ && !other.is_uniform() && ranks_ != other.ranks()) {
-      throw_error<Error>("PerRank: combining values held on different ranks ({} vs {})", ranks_,
-                         other.ranks());
+      throw_error<Error>("PerRank: combining values held on different ranks ({} vs {})",
+                         ranks_str(ranks_), ranks_str(other.ranks()));
     }
     std::vector<R> out;
     out.reserve(ranks.size());

@@ -6,6 +6,7 @@
 #include <atomic>
 
 #include <spmd/core/error.h>
+#include <spmd/core/format.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
 #include <spmd/tensor/compare.h>
@@ -418,7 +419,7 @@ void check_types_against_data(const LocalTensor& t, std::string_view what,
             "{}: along mesh axis '{}' the type is {}, but ranks {} and {} of group {} hold "
             "different shards ({}; largest difference {}): the shards are not identical along "
             "the axis",
-            what, a.axis, describe(a), first_rank, rank, group,
+            what, a.axis, describe(a), first_rank, rank, ranks_str(group),
             shard.shape() == first->shape()
                 ? fmt::format("shape {}", shape_str(shard.shape()))
                 : fmt::format("shapes {} and {}", shape_str(first->shape()),

@@ -72,7 +72,7 @@ TEST(ThreadsTimeout, ARankThatReturnsIsADeadlockAtOnceNotATimeout) {
       "--drill-rank=2");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output,
-                       "[ranks 0-1,3] DeadlockError: call #1 of group ranks [0, 1, 2, 3] over "
+                       "[ranks 0,1,3] DeadlockError: call #1 of group ranks [0, 1, 2, 3] over "
                        "mesh dim 'all' can never complete: rank 2 has finished (returned) without "
                        "making it"))
       << r.output;
@@ -177,7 +177,7 @@ TEST(SignalReport, SigtermUnderThreads) {
       drill_command("--spmd-backend=threads --spmd-world-size=2 --drill=stall --drill-rank=0"),
       "ready", 2, SIGTERM, 1.0);
   EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.output;
-  EXPECT_TRUE(contains(r.output, "[ranks 0-1] terminated by SIGTERM; rank states:")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[ranks 0,1] terminated by SIGTERM; rank states:")) << r.output;
 }
 
 TEST(SignalReport, SigintUnderSimPrintsTheLastCollectives) {
@@ -264,7 +264,7 @@ TEST(SpmdrunGroups, ForwardedSignalsReachTheRanksReports) {
   EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.output;
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_TRUE(contains(r.output, "[" + std::to_string(rank) +
-                                       "] [ranks 0-1] interrupted by SIGINT outside any "
+                                       "] [ranks 0,1] interrupted by SIGINT outside any "
                                        "collective; the last 1 collective(s), oldest first:"))
         << r.output;
   }

@@ -54,10 +54,7 @@ void exchange_signatures(const Call& call, const CollectiveOptions& options, con
         return a.kind == Activity::Kind::Collective && a.comm == call.comm->number() &&
                a.sequence == call.sequence;
       },
-      [&] {
-        return fmt::format("{} at {}", call.describe(),
-                           call_site_text(site.location.file_name(), site.location.line()));
-      },
+      [&] { return fmt::format("{} at {}", call.describe(), site_text(site.location)); },
       fmt::format(" in {}", Activity::kSignatureExchange), "made this call");
   wait_polled(
       request, "MPI_Iallgather", buffers, [&] { return exited_member(call, site); }, roll);

@@ -136,8 +136,8 @@ std::optional<std::string> exited_member(const Call& call, const CallSite& site)
     return fmt::format(
         "{} at {} can never complete: rank {} {} after {} call(s) on this communicator, without "
         "making this one (call #{}); {}",
-        call.describe(), call_site_text(site.location.file_name(), site.location.line()), member,
-        n.how, made, call.sequence, last_collective_clause(n));
+        call.describe(), site_text(site.location), member, n.how, made, call.sequence,
+        last_collective_clause(n));
   }
   return std::nullopt;
 }

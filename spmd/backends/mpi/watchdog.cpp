@@ -63,19 +63,6 @@ std::optional<RollAnswer> decode_answer(const std::vector<char>& bytes) {
   return out;
 }
 
-// "3", "0-2", "0-2,5": ranks ascending.
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    out += fmt::format("{}{}", out.empty() ? "" : ",", ranks[i]);
-    if (j > i) out += fmt::format("-{}", ranks[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 Activity& activity() {
@@ -165,7 +152,7 @@ std::string RollCall::report(double waited_s, double timeout_s) const {
         "rank{} {} {} not {}: {} did not answer a roll call within {:.1f} s ({} stopped, e.g. by "
         "SIGSTOP, busy outside any collective, or blocked in another collective's data "
         "exchange; {} own report, if any, says where)",
-        one ? "" : "s", rank_list(missing), one ? "has" : "have", absent_, one ? "it" : "they",
+        one ? "" : "s", ranks_compact(missing), one ? "has" : "have", absent_, one ? "it" : "they",
         std::chrono::duration<double>(kRollCallGrace).count(), one ? "it is" : "each is",
         one ? "its" : "each one's");
   } else if (elsewhere.empty()) {

@@ -138,7 +138,7 @@ class Activity {
     const bool exchange = step_ == kSignatureExchange;
     return fmt::format(
         "{} at {} has waited {:.1f} s (--spmd-timeout={}) in {}: {}", call_->describe(),
-        site_text(), age, timeout_s, step_,
+        site_text(site_->location), age, timeout_s, step_,
         exchange ? "a member of the group has not made this call (it runs elsewhere, waits in "
                    "another collective, or is much slower); each rank's report says where it is"
                  : "every member made the call, but the data has not arrived");
@@ -179,15 +179,11 @@ class Activity {
   static double seconds_since(Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
   }
-  std::string site_text() const {
-    return call_site_text(site_->location.file_name(), site_->location.line());
-  }
-
   std::string text_locked() const {
     switch (kind_) {
       case Kind::Collective:
         return fmt::format("waiting {:.1f} s in {} at {} ({})", seconds_since(since_),
-                           call_->describe(), site_text(), step_);
+                           call_->describe(), site_text(site_->location), step_);
       case Kind::Split:
         return fmt::format(
             "waiting {:.1f} s to create the communicator of mesh dim '{}' "

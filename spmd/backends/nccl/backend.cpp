@@ -15,6 +15,7 @@
 #include <spmd/backends/nccl/state.h>
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
+#include <spmd/core/format.h>
 #include <spmd/tensor/cuda/device.h>
 
 namespace spmd {
@@ -199,7 +200,8 @@ std::shared_ptr<Communicator> NcclBackend::make_communicator(const GroupFamily& 
     SPMD_CHECK_EQ(user_rank, keys[slot]);
     members[slot].comm = child;
     rt.add_comm(child, fmt::format("the communicator of mesh dim '{}' on rank {} (group {})",
-                                   family.dim_name(), rt.held[slot].rank, members[slot].members));
+                                   family.dim_name(), rt.held[slot].rank,
+                                   ranks_str(members[slot].members)));
   }
   return std::make_shared<NcclCommunicator>(family, options, runtime_, std::move(members));
 }

@@ -9,6 +9,7 @@
 #include <spmd/collectives/fingerprint.h>
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
+#include <spmd/core/format.h>
 
 namespace spmd::nccl {
 
@@ -57,7 +58,7 @@ Call begin_call(NcclRuntime& rt, Communicator& comm, const LocalTensor& x,
     throw_error<CommError>(
         "{}: the nccl backend runs every rank this process holds ({}) in each collective, but the "
         "input holds ranks {}",
-        kind, rt.ranks, x.ranks());
+        kind, ranks_str(rt.ranks), ranks_str(x.ranks()));
   }
   for (size_t slot = 0; slot < rt.held.size(); ++slot) {
     const HeldRank& h = rt.held[slot];

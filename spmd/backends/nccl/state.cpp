@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <spmd/core/format.h>
 #include <spmd/tensor/cuda/device.h>
 
 namespace spmd {
@@ -20,11 +21,6 @@ using Clock = std::chrono::steady_clock;
 using nccl::ApiLock;
 using nccl::kAbortWait;
 using nccl::kLastCollectives;
-
-std::string ranks_label(const std::vector<int>& ranks) {
-  if (ranks.size() == 1) return fmt::format("rank {}", ranks[0]);
-  return fmt::format("ranks {}", fmt::join(ranks, ","));
-}
 
 // Spins briefly, then sleeps longer and longer: NCCL's launch thread usually finishes within
 // tens of microseconds, a peer's arrival may take seconds.
@@ -104,7 +100,7 @@ NcclRuntime::NcclRuntime(const NcclConfig& config)
 }
 
 std::string NcclRuntime::label() const {
-  return ranks_label(ranks);
+  return ranks_text(ranks);
 }
 
 void NcclRuntime::check_usable(std::string_view what) {

@@ -8,6 +8,8 @@
 #include <fmt/ranges.h>
 
 #include <spmd/collectives/trace.h>
+#include <spmd/core/call_site.h>
+#include <spmd/core/format.h>
 #include <spmd/tensor/cuda/device.h>
 
 namespace spmd {
@@ -155,9 +157,10 @@ void print_last_collectives(std::FILE* out, const std::vector<int>& ranks, std::
                mine.size() - first, mine.empty() ? " (none recorded)" : "");
     for (std::size_t i = first; i < mine.size(); ++i) {
       const TraceRecord& r = *mine[i];
-      fmt::print(out, "[rank {}]   #{} {} over '{}' {} [{}] {} group {} at {}:{}{}\n", rank,
+      fmt::print(out, "[rank {}]   #{} {} over '{}' {} [{}] {} group {} at {}{}\n", rank,
                  r.sequence, r.op, r.dim_name, r.detail, fmt::join(r.shape, ", "), r.dtype,
-                 r.group_ranks, r.file, r.line, r.end_us > 0 ? "" : "  <- not finished");
+                 ranks_str(r.group_ranks), site_text(r.file, r.line),
+                 r.end_us > 0 ? "" : "  <- not finished");
     }
   }
   std::fflush(out);

@@ -24,17 +24,6 @@
 namespace spmd {
 namespace {
 
-std::string_view base_name(std::string_view path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string_view::npos ? path : path.substr(slash + 1);
-}
-
-// "rank 3" or "ranks 0, 2, 3".
-std::string ranks_text(const std::vector<int>& ranks) {
-  if (ranks.size() == 1) return fmt::format("rank {}", ranks[0]);
-  return fmt::format("ranks {}", fmt::join(ranks, ", "));
-}
-
 // One rank's call at a rendezvous. The input is dropped once the result is computed; shape and
 // dtype stay for reports.
 struct Call {
@@ -49,16 +38,12 @@ struct Call {
   // A send's envelope, or what a recv expects (Note [Point-to-point]).
   std::optional<P2PEnvelope> envelope;
 
-  // "divergence.cpp:41"
-  std::string site() const {
-    return fmt::format("{}:{}", base_name(location.file_name()), location.line());
-  }
   // "all_reduce over 'dp' [4, 8] f32 op=sum at divergence.cpp:41"
   std::string text() const {
     if (envelope) return envelope_text(*envelope, kind == CollectiveKind::Send);
     const std::string detail = describe(options);
     return fmt::format("{} over '{}' {} {}{}{} at {}", kind, dim_name, shape_str(shape), dtype,
-                       detail.empty() ? "" : " ", detail, site());
+                       detail.empty() ? "" : " ", detail, site_text(location));
   }
 };
 
@@ -132,12 +117,12 @@ std::vector<MemberCall> members_of(const Rendezvous& rv) {
   return members;
 }
 
-// "ranks 0, 2, 3 at a.cpp:10; rank 1 at a.cpp:12" when the members called from different source
+// "ranks 0,2,3 at a.cpp:10; rank 1 at a.cpp:12" when the members called from different source
 // lines, else empty.
 std::string site_pairing(const Rendezvous& rv) {
   std::vector<std::pair<std::string, std::vector<int>>> sites;
   for (const auto& c : rv.calls) {
-    const std::string site = c->site();
+    const std::string site = site_text(c->location);
     auto it =
         std::find_if(sites.begin(), sites.end(), [&](const auto& s) { return s.first == site; });
     if (it == sites.end()) {

@@ -503,7 +503,7 @@ TEST(ThreadsDeadlock, MissingCall) {
        "rank 0: all_reduce over 'x' [2] f32 op=sum at " + at(next),
        "rank 1: finished (returned); its last collective: all_reduce over 'x' [2] f32 op=sum at " +
            at(next) + " (call #0 of group ranks [0, 1, 2, 3])",
-       "note: on this group, call #0 (ranks 0, 2, 3 at " + at(skipped) + "; rank 1 at " + at(next) +
+       "note: on this group, call #0 (ranks 0,2,3 at " + at(skipped) + "; rank 1 at " + at(next) +
            ") matched calls from different source lines"});
 }
 
