@@ -367,6 +367,7 @@ std::vector<double> train_pipeline(World& world, const Config& c, const std::str
     const int held = world.held_ranks().front();
     const double norm = std::sqrt(all_reduce(mine, mesh, "pp").shard(held).item<double>());
     const double coefficient = c.clip / (norm + 1e-6);
+    // clip_grad_norm's scaling; backward of a leaf stores the gradient it is given, for AdamW.
     for (size_t i = 0; i < params.size(); ++i) {
       if (!grads[i].defined()) continue;
       backward(*params[i], coefficient < 1.0 ? grads[i] * coefficient : grads[i]);
