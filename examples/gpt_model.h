@@ -3,7 +3,9 @@
 // One model definition, a template over the tensor type: Tensor runs it on one device, DTensor on
 // a (dp, tp) mesh, where `Parallel` adds the redistributions of tensor, sequence and (optionally)
 // FSDP parallelism (nn/parallel.h) and `Single` adds nothing. Parameters come from mesh-invariant
-// random DTensors and dropout masks are mesh-invariant, so both runs compute the same model.
+// random DTensors and dropout masks are mesh-invariant, so both runs compute the same model. A
+// pipeline stage runs the pieces of forward() it holds (embed, block, logits_of,
+// next_token_loss) on its own (dp, tp) mesh (examples/gpt.cpp, Note [GPT pipeline]).
 #pragma once
 
 #include <cmath>
