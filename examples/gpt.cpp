@@ -1,11 +1,22 @@
 // examples/gpt.cpp: a small GPT trained on 8 simulated ranks, twice: tensor + sequence parallel
 // on a (dp=2, tp=4) mesh, and FSDP x TP on the same mesh; every step's loss is checked against
-// the same model trained on one device.
+// the same model trained on one device. With --pp, also pipeline parallel: mesh (pp, dp, tp).
 //
 //   ./gpt                                     # sim: 8 ranks in this process, mesh (dp=2, tp=4)
 //   ./gpt --spmd-backend=threads              # one thread per rank, the same digest
 //   mpirun -n 8 ./gpt --spmd-backend=mpi      # one process per rank, the same digest
 //   ./gpt --layers 4 --d-model 128 --heads 8 --seq 64 --steps 20 --dtype f32
+//   ./gpt --pp 2 --schedule 1f1b              # mesh (pp=2, dp=2, tp=2), 4 microbatches
+//   ./gpt --pp 4 --tp 2 --schedule interleaved   # (pp=4, dp=1, tp=2), 8 stages of one block
+//
+// Pipeline parallelism (--pp N --schedule gpipe|1f1b|interleaved|zb --microbatches M
+// --virtual-stages V, V = 2 by default for interleaved): the model is cut into N x V stages,
+// the embeddings in the first, the final norm, the output layer and the loss in the last, the
+// blocks split evenly (--layers defaults to one per stage; a count that does not split is a
+// ConfigError). Each stage runs the code below on its own (dp, tp) mesh, run_pipeline
+// (pipeline/runner.h) moves the activations between stages, and the dp gradient reduction, the
+// clipping (its norm over every stage) and AdamW follow once per step; the single-device check
+// runs the same microbatches with the same dropout masks (Note [GPT pipeline]).
 //
 // The model is GPT-2's shape at toy size: byte tokens (vocabulary 256) from
 // examples/data/gpt_corpus.txt, learned position embeddings, pre-norm blocks (layer_norm, causal
@@ -40,8 +51,10 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <variant>
 #include <vector>
 
+#include <spmd/pipeline/runner.h>
 #include <spmd/spmd.h>
 
 #include "gpt_model.h"
@@ -56,6 +69,7 @@ namespace {
 constexpr const char* kUsage =
     "gpt [--layers N] [--d-model N] [--heads N] [--seq N] [--vocab N] [--batch N] [--steps N]\n"
     "    [--tp N] [--lr X] [--dropout P] [--clip X] [--dtype f32|f64|bf16] [--mode sp|fsdp|both]\n"
+    "    [--pp N] [--schedule gpipe|1f1b|interleaved|zb] [--microbatches N] [--virtual-stages N]\n"
     "    [--no-check] [--data FILE] [--seed N]   (and the --spmd-* flags of launch())";
 
 int64_t parse_int(const std::string& flag, const std::string& value) {
@@ -81,6 +95,7 @@ double parse_real(const std::string& flag, const std::string& value) {
 Config parse_flags(int argc, char** argv) {
   Config c;
   c.data = SPMD_GPT_DATA;
+  bool layers_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--no-check") {
@@ -92,6 +107,7 @@ Config parse_flags(int argc, char** argv) {
     const std::string value = argv[++i];
     if (flag == "--layers") {
       c.layers = parse_int(flag, value);
+      layers_given = true;
     } else if (flag == "--d-model") {
       c.d_model = parse_int(flag, value);
     } else if (flag == "--heads") {
@@ -104,6 +120,14 @@ Config parse_flags(int argc, char** argv) {
       c.batch = parse_int(flag, value);
     } else if (flag == "--tp") {
       c.tp = parse_int(flag, value);
+    } else if (flag == "--pp") {
+      c.pp = parse_int(flag, value);
+    } else if (flag == "--schedule") {
+      c.schedule = value;
+    } else if (flag == "--microbatches") {
+      c.microbatches = parse_int(flag, value);
+    } else if (flag == "--virtual-stages") {
+      c.virtual_stages = parse_int(flag, value);
     } else if (flag == "--steps") {
       c.steps = parse_int(flag, value);
     } else if (flag == "--seed") {
@@ -140,6 +164,9 @@ Config parse_flags(int argc, char** argv) {
                              c.heads);
   }
   if (c.dropout >= 1.0) throw_error<ConfigError>("gpt: --dropout must be below 1");
+  if (c.virtual_stages == 0) c.virtual_stages = c.schedule == "interleaved" ? 2 : 1;
+  // Without --layers, a pipeline gets one block per stage (at least the default 2).
+  if (!layers_given && c.pp > 1) c.layers = std::max(c.layers, c.pp * c.virtual_stages);
   return c;
 }
 
@@ -151,6 +178,212 @@ std::string read_text(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+// ---- pipeline parallelism -----------------------------------------------------------------------
+
+// Note [GPT pipeline]
+// With --pp above 1 the mesh is (pp, dp, tp) and the model is cut into pp x virtual stages
+// (pipeline/schedule.h): stage 0 holds the embeddings, the last one the final norm, the output
+// layer and the loss, and the blocks are split evenly in order. Stage s runs on pp rank
+// s % pp, whose ranks form the stage mesh (dp, tp): a root mesh of its own
+// (DeviceMesh::from_ranks), so a stage's parameters live only on its ranks. Each step, run_pipeline
+// (pipeline/runner.h) runs the schedule; a stage's forward takes the runner's LocalTensor into a
+// DTensor (from_local: the tokens S(0), R; an activation the sequence-parallel layout S(0), S(1)),
+// runs the model's own code on it, and hands the result back (to_local). The stage sees its
+// parameters through LocalTensor leaves, one per parameter and step, made DTensors with a
+// gradient Partial over dp: the microbatches' gradients add up locally, and after the pipeline
+// one all_reduce per parameter over dp reduces them (FSDP's reduce_scatter runs inside each
+// backward, as its gather runs inside each forward). The gradient norm adds every stage's
+// squares (an all_reduce over pp), and one AdamW step follows, as on one device, whose reference
+// run splits each batch into the same microbatches with the same dropout masks
+// (train_microbatched, Note [Dropout sites]).
+
+struct PipelineSetup {
+  pipeline::Schedule schedule;
+  int64_t dp = 1, tp = 1;
+  std::vector<DeviceMesh> meshes;  // per pp rank: the stage mesh (dp, tp)
+  int64_t blocks_per_stage = 0;
+
+  int stages() const { return schedule.stages(); }
+  // The stage holding layer `layer` (-1: the embeddings; the layer count: the head).
+  int stage_of(int64_t layer) const {
+    if (layer < 0) return 0;
+    return static_cast<int>(std::min<int64_t>(layer / blocks_per_stage, stages() - 1));
+  }
+  const DeviceMesh& mesh_of(int stage) const {
+    return meshes[static_cast<size_t>(schedule.rank_of_stage(stage))];
+  }
+};
+
+PipelineSetup make_pipeline(const Config& c, const DeviceMesh& mesh) {
+  PipelineSetup setup;
+  setup.schedule =
+      pipeline::make_schedule(c.schedule, static_cast<int>(c.pp), static_cast<int>(c.microbatches),
+                              static_cast<int>(c.virtual_stages));
+  const int64_t stages = setup.stages();
+  if (c.layers % stages != 0) {
+    throw_error<ConfigError>(
+        "gpt: --layers {} does not split into {} pipeline stages (--pp {} x {} virtual stages): "
+        "every stage needs the same number of blocks; try --layers {}",
+        c.layers, stages, c.pp, c.virtual_stages, stages * std::max<int64_t>(1, c.layers / stages));
+  }
+  setup.blocks_per_stage = c.layers / stages;
+  setup.dp = mesh.size("dp");
+  setup.tp = mesh.size("tp");
+  if (c.batch % c.microbatches != 0 || (c.batch / c.microbatches) % setup.dp != 0) {
+    throw_error<ConfigError>(
+        "gpt: --batch {} must split into --microbatches {} of a multiple of dp = {} rows each",
+        c.batch, c.microbatches, setup.dp);
+  }
+  if (c.seq % setup.tp != 0) {
+    throw_error<ConfigError>("gpt: --seq {} must be a multiple of tp = {} (sequence parallel)",
+                             c.seq, setup.tp);
+  }
+  const Tensor table = mesh.rank_table();
+  for (int64_t p = 0; p < c.pp; ++p) {
+    const Tensor ranks = table.select(0, p).contiguous();
+    setup.meshes.push_back(DeviceMesh::from_ranks(mesh.world(), ranks, {"dp", "tp"}));
+  }
+  // Under mpi creating a communicator is collective over every process: all of them create every
+  // stage mesh's, in the same order, before any stage communicates; the debug checks'
+  // (--spmd-debug) too, which they would otherwise create at a stage's first op, on its ranks only.
+  for (const DeviceMesh& m : setup.meshes) {
+    for (int d = 0; d < m.ndim(); ++d) (void)communicator(m, d);
+    create_debug_communicators(m);
+  }
+  return setup;
+}
+
+// A stage's view of parameter p: the gradient Partial over dp where p is replicated there, so the
+// microbatches' gradients are reduced once per step (Note [GPT pipeline]).
+Placements grad_placements(const DTensor& p) {
+  Placements out = p.placements();
+  if (std::holds_alternative<Replicate>(out[0])) out[0] = Partial{};
+  return out;
+}
+
+// Trains c.steps steps by the pipeline; returns each step's loss (on every process).
+std::vector<double> train_pipeline(World& world, const Config& c, const std::string& text,
+                                   const Parallel& par, const DeviceMesh& mesh,
+                                   const PipelineSetup& setup, Model<DTensor>& model) {
+  const Config mc = microbatch_config(c);
+  const pipeline::Schedule& schedule = setup.schedule;
+  const int last = setup.stages() - 1;
+  const std::vector<int64_t> layer_of = param_layers(c);
+  std::vector<DTensor*> params = model.params();
+  std::vector<std::vector<size_t>> own(static_cast<size_t>(setup.stages()));
+  for (size_t i = 0; i < params.size(); ++i) {
+    own[static_cast<size_t>(setup.stage_of(layer_of[i]))].push_back(i);
+  }
+  const Placements sp = {Shard{0}, Shard{1}};
+  const Placements batch_rows = {Shard{0}, Replicate{}};
+  AdamW<DTensor> opt(params, adamw_options(c));
+  std::vector<double> losses;
+  for (int64_t step = 0; step < c.steps; ++step) {
+    const Tensor batch = batch_tokens(c, text, step);
+    std::vector<LocalTensor> leaves(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i]->participates()) continue;
+      leaves[i] = params[i]->local().detach();
+      leaves[i].requires_grad_();
+    }
+    std::optional<Placements> logits_placements;
+    auto tokens_of = [&](int mb, const DeviceMesh& on) {
+      return distribute_tensor(microbatch_tokens(c, batch, mb), on, batch_rows);
+    };
+    pipeline::PipelineModel pm;
+    for (int s = 0; s <= last; ++s) {
+      pipeline::PipelineStage stage;
+      for (size_t i : own[static_cast<size_t>(s)]) {
+        if (leaves[i].defined()) stage.parameters.push_back(&leaves[i]);
+      }
+      stage.input_shape = {mc.batch / setup.dp, c.seq / setup.tp, c.d_model};
+      stage.input_dtype = c.dtype;
+      stage.forward = [&, s](const LocalTensor& input) {
+        // The runner names the microbatch it runs (Note [Pipeline context]): its dropout masks.
+        const int mb = pipeline_context().microbatch;
+        const int64_t mb_step = microbatch_step(c, step, mb);
+        const DeviceMesh& on = setup.mesh_of(s);
+        Model<DTensor> m = model;
+        const std::vector<DTensor*> views = m.params();
+        for (size_t i : own[static_cast<size_t>(s)]) {
+          const DTensor& p = *params[i];
+          *views[i] = DTensor::from_local(leaves[i], p.mesh(), p.placements(), p.shape(),
+                                          grad_placements(p));
+        }
+        DTensor x =
+            s == 0 ? embed(mc, par, m,
+                           DTensor::from_local(input, on, batch_rows, Shape{mc.batch, c.seq + 1}),
+                           mb_step)
+                   : DTensor::from_local(input, on, sp, Shape{mc.batch, c.seq, c.d_model});
+        const int64_t first = s * setup.blocks_per_stage;
+        for (int64_t l = first; l < first + setup.blocks_per_stage; ++l) {
+          x = block(mc, par, m.blocks[static_cast<size_t>(l)], l, x, mb_step);
+        }
+        if (s != last) return x.redistribute(sp).to_local();
+        const DTensor logits = logits_of(par, m, x);
+        logits_placements = logits.placements();
+        return logits.to_local();
+      };
+      pm.stages.push_back(std::move(stage));
+    }
+    pm.input = [&](int mb, const std::vector<int>&) {
+      return tokens_of(mb, setup.meshes.front()).local();
+    };
+    pm.loss = [&](const LocalTensor& logits, int mb) {
+      const DeviceMesh& on = setup.mesh_of(last);
+      const DTensor loss = next_token_loss(
+          mc, DTensor::from_local(logits, on, *logits_placements, Shape{mc.batch, c.seq, c.vocab}),
+          tokens_of(mb, on));
+      return loss.redistribute(replicate_placements(on)).to_local();
+    };
+    const pipeline::PipelineStep ran = pipeline::run_pipeline(pm, schedule, mesh, "pp");
+
+    // The dp reduction of every gradient, then the norm over every stage's squares.
+    std::vector<DTensor> grads(params.size());
+    std::vector<DTensor> squares(setup.meshes.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!leaves[i].defined() || !leaves[i].grad().defined()) continue;
+      const DTensor& p = *params[i];
+      grads[i] = DTensor::from_local(leaves[i].grad(), p.mesh(), grad_placements(p), p.shape())
+                     .redistribute(p.placements());
+      const DTensor g64 = to(grads[i], DType::F64);
+      const DTensor sq = sum(g64 * g64);
+      const DTensor partial = sq.redistribute(Placements(sq.placements().size(), Partial{}));
+      DTensor& acc =
+          squares[static_cast<size_t>(schedule.rank_of_stage(setup.stage_of(layer_of[i])))];
+      acc = acc.defined() ? acc + partial : partial;
+    }
+    std::vector<LocalTensor> per_mesh;
+    for (const DTensor& sq : squares) {
+      per_mesh.push_back(sq.defined() ? sq.redistribute(replicate_placements(sq.mesh())).to_local()
+                                      : LocalTensor());
+    }
+    const LocalTensor mine = LocalTensor::from_fn(world, [&](int r) {
+      for (size_t q = 0; q < per_mesh.size(); ++q) {
+        if (per_mesh[q].defined() && setup.meshes[q].contains(r)) return per_mesh[q].shard(r);
+      }
+      return scalar_tensor(0.0, DType::F64);
+    });
+    const int held = world.held_ranks().front();
+    const double norm = std::sqrt(all_reduce(mine, mesh, "pp").shard(held).item<double>());
+    const double coefficient = c.clip / (norm + 1e-6);
+    // clip_grad_norm's scaling; backward of a leaf stores the gradient it is given, for AdamW.
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      backward(*params[i], coefficient < 1.0 ? grads[i] * coefficient : grads[i]);
+    }
+    opt.step();
+
+    // The loss, on the last stage's ranks, to every process.
+    const LocalTensor loss = LocalTensor::from_fn(world, [&](int r) {
+      return ran.loss.defined() && ran.loss.holds(r) ? ran.loss.shard(r).to(DType::F64)
+                                                     : scalar_tensor(0.0, DType::F64);
+    });
+    losses.push_back(all_reduce(loss, mesh, "pp").shard(held).item<double>());
+  }
+  return losses;
+}
+
 // ---- the program ------------------------------------------------------------------------------
 
 void section(const World& world, const std::string& title) {
@@ -158,15 +391,31 @@ void section(const World& world, const std::string& title) {
 }
 
 int gpt(World& world, Config c) {
-  if (c.tp == 0 && (world.size() < 2 || world.size() % 2 != 0)) {
-    throw_error<ConfigError>("gpt runs on a (dp=2, tp) mesh and needs an even world size, got {}",
-                             world.size());
+  const int64_t n = world.size();
+  if (c.tp == 0 && (n % c.pp != 0 || n / c.pp < 2 || (n / c.pp) % 2 != 0)) {
+    throw_error<ConfigError>(
+        "gpt runs on a (dp=2, tp) mesh per pipeline rank and needs a world size that --pp {} "
+        "divides into an even count, got {} (or give --tp)",
+        c.pp, n);
   }
-  const int64_t tp = c.tp != 0 ? c.tp : world.size() / 2;
-  if (world.size() % tp != 0) {
-    throw_error<ConfigError>("gpt: --tp {} does not divide the world size {}", tp, world.size());
+  const int64_t tp = c.tp != 0 ? c.tp : n / c.pp / 2;
+  if (n % (c.pp * tp) != 0) {
+    throw_error<ConfigError>("gpt: --pp {} x --tp {} does not divide the world size {}", c.pp, tp,
+                             n);
   }
-  const DeviceMesh mesh = init_device_mesh(world, {world.size() / tp, tp}, {"dp", "tp"});
+  // Megatron's and torchtitan's order: tp the innermost dim (neighbouring ranks, the most
+  // traffic), pp the outermost (the least: one activation per microbatch and stage).
+  const DeviceMesh mesh =
+      c.pp > 1 ? init_device_mesh(world, {c.pp, n / c.pp / tp, tp}, {"pp", "dp", "tp"})
+               : init_device_mesh(world, {n / tp, tp}, {"dp", "tp"});
+  const bool pipelined = c.pp > 1;
+  if (pipelined && meta_tensors()) {
+    throw_error<ConfigError>(
+        "gpt: --pp has no dry run (--spmd-tensors=meta): the pipeline's loss and gradient norm "
+        "need values");
+  }
+  std::optional<PipelineSetup> setup;
+  if (pipelined) setup = make_pipeline(c, mesh);
   // A shape-only dry run (--spmd-tensors=meta) has no losses to compare: it checks shapes and
   // issues every collective of the real run.
   const bool dry_run = meta_tensors();
@@ -179,6 +428,13 @@ int gpt(World& world, Config c) {
     fmt::print("     {} steps of AdamW (lr {}), dropout {}, {} ranks, backend {}\n", c.steps, c.lr,
                c.dropout, world.size(), world.backend_name());
     fmt::print("     text: {} ({} bytes)\n", c.data, text.size());
+    if (pipelined) {
+      fmt::print(
+          "     pipeline: schedule {}, {} microbatches of {} rows, {} stages ({} pp ranks x {} "
+          "virtual), blocks per stage: {}\n",
+          c.schedule, c.microbatches, c.batch / c.microbatches, setup->stages(), c.pp,
+          c.virtual_stages, setup->blocks_per_stage);
+    }
     fmt::print("\n== mesh, layout {}\n{}", mesh.layout(),
                world.size() <= 64 ? mesh.to_grid() : std::string("(grid not drawn)\n"));
   }
@@ -195,7 +451,16 @@ int gpt(World& world, Config c) {
   std::string comm;
   for (Run& run : runs) {
     const ModelLayout layout{mesh, run.fsdp};
-    run.model = init_model<DTensor>(c, &layout);
+    std::vector<ModelLayout> stage_layouts;
+    if (pipelined) {
+      for (const DeviceMesh& m : setup->meshes) stage_layouts.push_back(ModelLayout{m, run.fsdp});
+      run.model = init_model<DTensor>(c, [&](int64_t layer) {
+        return &stage_layouts[static_cast<size_t>(
+            setup->schedule.rank_of_stage(setup->stage_of(layer)))];
+      });
+    } else {
+      run.model = init_model<DTensor>(c, &layout);
+    }
     if (coordinator) {
       section(world, fmt::format("{}: where the parameters live", run.name));
       const Block<DTensor>& b = run.model.blocks.front();
@@ -241,6 +506,8 @@ int gpt(World& world, Config c) {
         std::ofstream(fmt::format("{}.{}.json", path, run.fsdp ? "fsdp" : "sp")) << report.json();
         dry.write_timeline(fmt::format("{}.{}.timeline.json", path, run.fsdp ? "fsdp" : "sp"));
       }
+    } else if (pipelined) {
+      run.losses = train_pipeline(world, c, text, Parallel{run.fsdp}, mesh, *setup, run.model);
     } else {
       run.losses = train(c, text, Parallel{run.fsdp}, run.model, &layout);
     }
@@ -252,7 +519,8 @@ int gpt(World& world, Config c) {
   std::vector<double> single;
   if (c.check) {
     Model<Tensor> model = init_model<Tensor>(c, nullptr);
-    single = train(c, text, Single{}, model, nullptr);
+    single =
+        pipelined ? train_microbatched(c, text, model) : train(c, text, Single{}, model, nullptr);
   }
   const double tolerance = c.dtype == DType::F64 ? 1e-9 : c.dtype == DType::F32 ? 1e-5 : 5e-2;
   section(world, "loss per step");

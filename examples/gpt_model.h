@@ -3,11 +3,14 @@
 // One model definition, a template over the tensor type: Tensor runs it on one device, DTensor on
 // a (dp, tp) mesh, where `Parallel` adds the redistributions of tensor, sequence and (optionally)
 // FSDP parallelism (nn/parallel.h) and `Single` adds nothing. Parameters come from mesh-invariant
-// random DTensors and dropout masks are mesh-invariant, so both runs compute the same model.
+// random DTensors and dropout masks are mesh-invariant, so both runs compute the same model. A
+// pipeline stage runs the pieces of forward() it holds (embed, block, logits_of,
+// next_token_loss) on its own (dp, tp) mesh (examples/gpt.cpp, Note [GPT pipeline]).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -26,7 +29,11 @@ struct Config {
   int64_t seq = 32;
   int64_t vocab = 256;
   int64_t batch = 8;
-  int64_t tp = 0;  // the tp mesh dim's size; 0: half the world (mesh (dp=2, tp))
+  int64_t tp = 0;                 // the tp mesh dim's size; 0: half of what pp leaves (dp = 2)
+  int64_t pp = 1;                 // pipeline stages' ranks: mesh (pp, dp, tp) when above 1
+  std::string schedule = "1f1b";  // pipeline/schedule.h: gpipe, 1f1b, interleaved, zb
+  int64_t microbatches = 4;       // per step, with pp above 1
+  int64_t virtual_stages = 0;     // stages per pp rank; 0: 2 for interleaved, else 1
   int64_t steps = 8;
   double lr = 3e-3;
   double dropout = 0.1;
@@ -132,12 +139,25 @@ T make_param(const ModelLayout* layout, Role role, const Shape& shape, uint64_t 
   }
 }
 
+// The layout of layer `layer`'s parameters: -1 for the embeddings, c.layers for the final norm
+// and the output layer (one layout for all without pipeline parallelism; the stage's with it).
+using LayoutOf = std::function<const ModelLayout*(int64_t layer)>;
+
+// The layer of each parameter, in params() order (-1: embeddings, c.layers: final norm and head).
+inline std::vector<int64_t> param_layers(const Config& c) {
+  std::vector<int64_t> out = {-1, -1};
+  for (int64_t l = 0; l < c.layers; ++l) out.insert(out.end(), 13, l);
+  out.insert(out.end(), 3, c.layers);
+  return out;
+}
+
 template <class T>
-Model<T> init_model(const Config& c, const ModelLayout* layout) {
+Model<T> init_model(const Config& c, const LayoutOf& layout_of) {
   const int64_t d = c.d_model;
   const double std = 0.02;
   const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
   uint64_t seed = c.seed;
+  const ModelLayout* layout = layout_of(-1);
   auto param = [&](Role role, const Shape& shape, double s, double fill = 0.0) {
     return make_param<T>(layout, role, shape, ++seed, s, fill, c.dtype);
   };
@@ -145,6 +165,7 @@ Model<T> init_model(const Config& c, const ModelLayout* layout) {
   m.wte = param(Role::Vocab, {c.vocab, d}, std);
   m.wpe = param(Role::Replicated, {c.seq, d}, std);
   for (int64_t l = 0; l < c.layers; ++l) {
+    layout = layout_of(l);
     Block<T> b;
     b.ln1_w = param(Role::Replicated, {d}, 0.0, 1.0);
     b.ln1_b = param(Role::Replicated, {d}, 0.0);
@@ -161,11 +182,17 @@ Model<T> init_model(const Config& c, const ModelLayout* layout) {
     b.b2 = param(Role::Replicated, {d}, 0.0);
     m.blocks.push_back(std::move(b));
   }
+  layout = layout_of(c.layers);
   m.lnf_w = param(Role::Replicated, {d}, 0.0, 1.0);
   m.lnf_b = param(Role::Replicated, {d}, 0.0);
   m.head = param(Role::Colwise, {d, c.vocab}, std);
   for (T* p : m.params()) p->requires_grad_();
   return m;
+}
+
+template <class T>
+Model<T> init_model(const Config& c, const ModelLayout* layout) {
+  return init_model<T>(c, [layout](int64_t) { return layout; });
 }
 
 // The redistributions of the parallel runs; nothing on one device.
@@ -214,23 +241,55 @@ T mlp(const P& par, const Block<T>& b, const T& h) {
   return par.out_of_tp(matmul(gelu(u, GeluApproximate::Tanh), par.use(b.w2)), par.use(b.b2));
 }
 
-// The loss of one batch ([B, S + 1] tokens): mean cross-entropy of the next token.
+// The pieces of the forward, which the pipeline stages run apart (Note [Dropout sites]):
+// the embeddings of tokens [B, S + 1] (the last column is only a target) ...
+template <class T, class P>
+T embed(const Config& c, const P& par, const Model<T>& m, const T& tokens, int64_t step) {
+  const T ids = narrow(tokens, 1, 0, c.seq);
+  const T x = par.into_sp(embedding(ids, par.use(m.wte)));
+  return dropout(x + par.use(m.wpe), c.dropout, dropout_seed(c, step, 0));
+}
+
+// ... block `layer` of the residual stream [B, S, d] ...
+template <class T, class P>
+T block(const Config& c, const P& par, const Block<T>& b, int64_t layer, const T& x, int64_t step) {
+  const int64_t site = 1 + 2 * layer;
+  auto drop = [&](const T& y, int64_t at) {
+    return dropout(y, c.dropout, dropout_seed(c, step, at));
+  };
+  const T h =
+      x + drop(attention(c, par, b, layer_norm(x, par.use(b.ln1_w), par.use(b.ln1_b))), site);
+  return h + drop(mlp(par, b, layer_norm(h, par.use(b.ln2_w), par.use(b.ln2_b))), site + 1);
+}
+
+// ... the final norm and the output layer: logits [B, S, V] ...
+template <class T, class P>
+T logits_of(const P& par, const Model<T>& m, const T& x) {
+  const T h = layer_norm(x, par.use(m.lnf_w), par.use(m.lnf_b));
+  return matmul(par.into_tp(h), par.use(m.head));
+}
+
+// ... and the mean cross-entropy of the next token.
+template <class T>
+T next_token_loss(const Config& c, const T& logits, const T& tokens) {
+  const int64_t B = c.batch, S = c.seq;
+  const T targets = reshape(narrow(tokens, 1, 1, S), {B * S});
+  return cross_entropy(reshape(logits, {B * S, c.vocab}), targets);
+}
+
+// Note [Dropout sites]
+// Every dropout of a forward has a site: 0 after the embeddings, 1 + 2 l and 2 + 2 l after block
+// l's attention and MLP. Its mask's seed is dropout_seed(step, site), so a pipeline stage holding
+// blocks 4..7 draws the masks the whole model on one device draws there.
+
+// The loss of one batch ([B, S + 1] tokens).
 template <class T, class P>
 T forward(const Config& c, const P& par, const Model<T>& m, const T& tokens, int64_t step) {
-  const int64_t B = c.batch, S = c.seq;
-  const T ids = narrow(tokens, 1, 0, S);
-  const T targets = reshape(narrow(tokens, 1, 1, S), {B * S});
-  int64_t site = 0;
-  auto drop = [&](const T& x) { return dropout(x, c.dropout, dropout_seed(c, step, site++)); };
-  T x = par.into_sp(embedding(ids, par.use(m.wte)));
-  x = drop(x + par.use(m.wpe));
-  for (const Block<T>& b : m.blocks) {
-    x = x + drop(attention(c, par, b, layer_norm(x, par.use(b.ln1_w), par.use(b.ln1_b))));
-    x = x + drop(mlp(par, b, layer_norm(x, par.use(b.ln2_w), par.use(b.ln2_b))));
+  T x = embed(c, par, m, tokens, step);
+  for (size_t l = 0; l < m.blocks.size(); ++l) {
+    x = block(c, par, m.blocks[l], static_cast<int64_t>(l), x, step);
   }
-  const T h = layer_norm(x, par.use(m.lnf_w), par.use(m.lnf_b));
-  const T logits = matmul(par.into_tp(h), par.use(m.head));
-  return cross_entropy(reshape(logits, {B * S, c.vocab}), targets);
+  return next_token_loss(c, logits_of(par, m, x), tokens);
 }
 
 // The loss's value; NaN in a shape-only dry run (--spmd-tensors=meta), which has none.
@@ -279,6 +338,50 @@ std::vector<double> train(const Config& c, const std::string& text, const P& par
   for (int64_t step = 0; step < c.steps; ++step) {
     const T tokens = place_tokens<T>(batch_tokens(c, text, step), layout);
     losses.push_back(train_step(c, par, model, opt, params, tokens, step));
+  }
+  return losses;
+}
+
+// The configuration of one microbatch: c.batch / c.microbatches rows.
+inline Config microbatch_config(const Config& c) {
+  Config mc = c;
+  mc.batch = c.batch / c.microbatches;
+  return mc;
+}
+
+// Microbatch m of step `step`: its rows of the batch, and the step index its dropout masks use
+// (each microbatch its own masks, the same on one device and in the pipeline).
+inline Tensor microbatch_tokens(const Config& c, const Tensor& batch, int64_t m) {
+  const int64_t rows = c.batch / c.microbatches;
+  return batch.narrow(0, m * rows, rows).contiguous();
+}
+inline int64_t microbatch_step(const Config& c, int64_t step, int64_t m) {
+  return step * c.microbatches + m;
+}
+
+// train() as the pipeline runs it (on one device): each step's batch split into c.microbatches
+// microbatches, each one's loss divided by their count and its gradients accumulated, then one
+// clipping and one AdamW step. Returns each step's loss (the sum of the scaled losses).
+inline std::vector<double> train_microbatched(const Config& c, const std::string& text,
+                                              Model<Tensor>& model) {
+  const Config mc = microbatch_config(c);
+  std::vector<Tensor*> params = model.params();
+  AdamW<Tensor> opt(params, adamw_options(c));
+  std::vector<double> losses;
+  for (int64_t step = 0; step < c.steps; ++step) {
+    const Tensor batch = batch_tokens(c, text, step);
+    Tensor total;
+    for (int64_t m = 0; m < c.microbatches; ++m) {
+      const Tensor loss = forward(mc, Single{}, model, microbatch_tokens(c, batch, m),
+                                  microbatch_step(c, step, m)) *
+                          (1.0 / static_cast<double>(c.microbatches));
+      backward(loss);
+      const Tensor value = loss.detach();
+      total = total.defined() ? total + value : value;
+    }
+    losses.push_back(scalar(total));
+    clip_grad_norm(params, c.clip);
+    opt.step();
   }
   return losses;
 }

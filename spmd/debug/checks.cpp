@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 
+#include <spmd/collectives/backend.h>
 #include <spmd/collectives/fingerprint.h>
 #include <spmd/collectives/functional.h>
 #include <spmd/collectives/reduce_kernels.h>
@@ -670,6 +671,13 @@ CheckTolerance check_tolerance(DType dtype) {
 
 Tensor assemble_full_tensor(const DTensor& tensor) {
   return assemble(held_pieces(tensor));
+}
+
+void create_debug_communicators(const DeviceMesh& mesh) {
+  const DebugOptions& debug = mesh.world().debug();
+  if (!debug.check && !debug.replicate) return;
+  const DeviceMesh flat = mesh.ndim() == 1 ? mesh : mesh.flatten(gather_mesh_name(mesh));
+  (void)communicator(flat, 0, internal_comm_options());
 }
 
 void set_debug(World& world, const DebugOptions& debug) {

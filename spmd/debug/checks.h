@@ -73,6 +73,14 @@ namespace spmd {
 // unresolved `all`.
 void set_debug(World& world, const DebugOptions& debug);
 
+// Creates the communicator that check and replicate gather pieces over on `mesh` (internal: the
+// flattened mesh of Note [Check modes]), which they otherwise create at the first op on the mesh;
+// nothing when neither is on. Under mpi creating a communicator is collective over every process,
+// so a program whose meshes only some processes use (pipeline stages, Note [Ranks outside the
+// mesh] in dtensor/dtensor.h) calls this for each such mesh on every process, in the same order,
+// before the first op.
+void create_debug_communicators(const DeviceMesh& mesh);
+
 // How far a sharded float result may be from the single-device one under check mode: elementwise
 // |got - expected| <= atol + rtol * |expected| (reductions and matmuls sum in another order).
 // F64: 1e-9, 1e-12; F32: 1e-4, 1e-5; BF16 and F16: 2e-2, 1e-2. Integers and bool: exact.

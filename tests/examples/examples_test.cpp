@@ -144,5 +144,21 @@ TEST(Examples, GptTrainsWithTpSpAndFsdpAndMatchesOneDevice) {
   EXPECT_TRUE(contains(r.output, "--d-model 64 must be a multiple of --heads 3")) << r.output;
 }
 
+// Pipeline parallelism (--pp): the (pp, dp, tp) mesh, the schedule as it ran and one device's
+// losses; a layer count that does not split into the stages is a ConfigError that says so.
+TEST(Examples, GptPipelineMatchesOneDevice) {
+  expect_passes("gpt --pp 2 --steps 2", 8,
+                {"DeviceMesh((pp=2, dp=2, tp=2), stride=(4, 2, 1))",
+                 "pipeline: schedule 1f1b, 4 microbatches of 2 rows, 2 stages (2 pp ranks x 1 "
+                 "virtual), blocks per stage: 1",
+                 "send pp", "all_reduce pp", "pipeline schedule as it ran:"});
+  expect_passes("gpt --pp 4 --schedule interleaved --steps 2", 8,
+                {"8 stages (4 pp ranks x 2 virtual)"});
+  const CommandResult r =
+      run_command(std::string(SPMD_EXAMPLES_DIR) + "/gpt --spmd-world-size=8 --pp 2 --layers 3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "--layers 3 does not split into 2 pipeline stages")) << r.output;
+}
+
 }  // namespace
 }  // namespace spmd
