@@ -465,12 +465,18 @@ std::string pipeline_table(const DryRunReport::Pipeline& p) {
                          bytes_text(p.peak_activation_bytes[r]), per_stage);
     }
   }
-  out += fmt::format(
-      "  per action: F {}, B {}, I {}, W {}; transfer {}\n"
-      "  pipelined: makespan {}, bubble {:.1f}% (idle over pp ranks x makespan)\n",
-      time_text(p.forward_us), time_text(p.backward_us), time_text(p.input_us),
-      time_text(p.weight_us), time_text(p.transfer_us), time_text(p.makespan_us),
-      100.0 * p.bubble_fraction);
+  out += fmt::format("  per action: F {}, B {}, I {}, W {}; transfer {}\n", time_text(p.forward_us),
+                     time_text(p.backward_us), time_text(p.input_us), time_text(p.weight_us),
+                     time_text(p.transfer_us));
+  if (p.forward_us + p.backward_us + p.input_us + p.weight_us <= 0.0) {
+    out +=
+        "  pipelined: no compute estimate (the stages ran no DTensor ops; LocalTensor ops are not "
+        "costed), so the makespan is the transfers' alone: " +
+        time_text(p.makespan_us) + "\n";
+    return out;
+  }
+  out += fmt::format("  pipelined: makespan {}, bubble {:.1f}% (idle over pp ranks x makespan)\n",
+                     time_text(p.makespan_us), 100.0 * p.bubble_fraction);
   return out;
 }
 

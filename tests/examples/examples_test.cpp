@@ -123,11 +123,20 @@ TEST(Examples, ExpertParallelMeshReusesCommunicatorsOfCoincidingGroups) {
   expect_passes("expert_parallel_mesh", 16);
 }
 
+// Every schedule's step against one device (examples/pipeline.cpp), on (pp, dp) meshes of 4 and 8
+// ranks and a 3-stage one; a dry run reports the in-flight activations per pp rank.
 TEST(Examples, PipelineRunsEveryMicrobatchThroughEveryStage) {
   expect_passes("pipeline", 8,
-                {"4 stages x 4 microbatches", "bubble: 12 of 28 stage-ticks idle", "permute"});
-  expect_passes("pipeline", 4);
-  expect_passes("pipeline", 6);
+                {"4 stages (4 pp ranks x 1 per rank), 4 microbatches",
+                 "1f1b: 4 ranks, 4 microbatches", "makespan 21, bubble 42.9%"});
+  expect_passes("pipeline --schedule interleaved", 8, {"8 stages (4 pp ranks x 2 per rank)"});
+  expect_passes("pipeline --schedule zb --microbatches 8", 4);
+  expect_passes("pipeline --schedule gpipe", 6);
+  const CommandResult r = run_command(std::string(SPMD_EXAMPLES_DIR) +
+                                      "/pipeline --spmd-world-size=8 --spmd-tensors=meta");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "pipeline: 1f1b, 4 pp ranks x 4 microbatches")) << r.output;
+  EXPECT_TRUE(contains(r.output, "in flight")) << r.output;
 }
 
 TEST(Examples, GptTrainsWithTpSpAndFsdpAndMatchesOneDevice) {

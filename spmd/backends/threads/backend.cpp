@@ -9,6 +9,7 @@
 #include <optional>
 #include <source_location>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <variant>
 
@@ -58,6 +59,9 @@ struct Rendezvous {
   // between them (Note [Point-to-point]); `requires_grad`: the sender's data carries a gradient.
   bool p2p = false;
   bool requires_grad = false;
+  // A failed pairing: what was sent and what the recv expected, for the receiver's report.
+  std::optional<P2PEnvelope> p2p_sent;
+  std::optional<P2PEnvelope> p2p_expected;
   std::vector<int> members;  // group order
   std::vector<std::optional<Call>> calls;
   size_t arrived = 0;
@@ -290,6 +294,7 @@ struct ThreadsHub::Impl {
   static std::string last_call_text(const RankState& state);
   std::string pairing_note(const Rendezvous& rv) const;
   static void compute(Rendezvous& rv);
+  std::string late_p2p_report(const Rendezvous& rv, std::unique_lock<std::mutex>& lock);
 
   std::mutex mutex_;
   std::unordered_map<FamilyKey, std::shared_ptr<ThreadsFamily>, FamilyKeyHash> families_;
@@ -397,6 +402,8 @@ std::shared_ptr<Rendezvous> ThreadsHub::Impl::arrive_p2p(
     for (const auto& [n, other] : pair.pending) {
       if (n > number && other->calls[0]) later.push_back(*other->calls[0]->envelope);
     }
+    rv->p2p_sent = sent;
+    rv->p2p_expected = expected;
     fail(*rv, Failure::Mismatch, p2p_mismatch_report(sent, expected, differences, later));
     return rv;
   }
@@ -458,6 +465,7 @@ Tensor ThreadsHub::Impl::await(const std::shared_ptr<Rendezvous>& rv, int index,
     case Failure::None:
       return std::move(rv->outputs[static_cast<size_t>(index)]);
     case Failure::Mismatch:
+      if (rv->p2p && index == 1) throw CollectiveMismatchError(late_p2p_report(*rv, lock));
       throw CollectiveMismatchError(rv->error);
     case Failure::Deadlock:
       throw DeadlockError(rv->error);
@@ -467,6 +475,34 @@ Tensor ThreadsHub::Impl::await(const std::shared_ptr<Rendezvous>& rv, int index,
       std::rethrow_exception(rv->raised);
   }
   throw_error<InternalError>("threads backend: unknown rendezvous state");
+}
+
+// The receiver's report of a failed pairing. The sender may not have posted the message that
+// would have fitted yet when the pair met (an isend right after): give it 200 ms, so the report
+// can say the two sides pair in different orders (Megatron-LM #5271).
+std::string ThreadsHub::Impl::late_p2p_report(const Rendezvous& rv,
+                                              std::unique_lock<std::mutex>& lock) {
+  const P2PEnvelope& sent = *rv.p2p_sent;
+  const P2PEnvelope& expected = *rv.p2p_expected;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  std::vector<P2PEnvelope> later;
+  for (;;) {
+    later.clear();
+    bool fits = false;
+    const auto it = rv.family->pairs.find({rv.members[0], rv.members[1]});
+    if (it != rv.family->pairs.end()) {
+      for (const auto& [n, other] : it->second.pending) {
+        if (n <= rv.sequence || !other->calls[0]) continue;
+        later.push_back(*other->calls[0]->envelope);
+        fits = fits || envelope_differences(later.back(), expected).empty();
+      }
+    }
+    if (fits || std::chrono::steady_clock::now() >= until) break;
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    lock.lock();
+  }
+  return p2p_mismatch_report(sent, expected, envelope_differences(sent, expected), later);
 }
 
 bool ThreadsHub::Impl::settled(const Rendezvous& rv) {
