@@ -238,6 +238,8 @@ PipelineSetup make_pipeline(const Config& c, const DeviceMesh& mesh) {
     throw_error<ConfigError>("gpt: --seq {} must be a multiple of tp = {} (sequence parallel)",
                              c.seq, setup.tp);
   }
+  // Rank ids are values, also in a dry run (--spmd-tensors=meta).
+  const MetaTensorsScope real(false);
   const Tensor table = mesh.rank_table();
   for (int64_t p = 0; p < c.pp; ++p) {
     const Tensor ranks = table.select(0, p).contiguous();
@@ -264,7 +266,8 @@ Placements grad_placements(const DTensor& p) {
 // Trains c.steps steps by the pipeline; returns each step's loss (on every process).
 std::vector<double> train_pipeline(World& world, const Config& c, const std::string& text,
                                    const Parallel& par, const DeviceMesh& mesh,
-                                   const PipelineSetup& setup, Model<DTensor>& model) {
+                                   const PipelineSetup& setup, Model<DTensor>& model,
+                                   pipeline::PipelineStep* last_step = nullptr) {
   const Config mc = microbatch_config(c);
   const pipeline::Schedule& schedule = setup.schedule;
   const int last = setup.stages() - 1;
@@ -337,6 +340,10 @@ std::vector<double> train_pipeline(World& world, const Config& c, const std::str
       return loss.redistribute(replicate_placements(on)).to_local();
     };
     const pipeline::PipelineStep ran = pipeline::run_pipeline(pm, schedule, mesh, "pp");
+    if (last_step != nullptr) *last_step = ran;
+    // A dry run (--spmd-tensors=meta) issues every op and collective below on shapes; the norm
+    // and the loss have no values.
+    const bool shapes_only = meta_tensors();
 
     // The dp reduction of every gradient, then the norm over every stage's squares.
     std::vector<DTensor> grads(params.size());
@@ -365,8 +372,9 @@ std::vector<double> train_pipeline(World& world, const Config& c, const std::str
       return scalar_tensor(0.0, DType::F64);
     });
     const int held = world.held_ranks().front();
-    const double norm = std::sqrt(all_reduce(mine, mesh, "pp").shard(held).item<double>());
-    const double coefficient = c.clip / (norm + 1e-6);
+    const Tensor norm_squared = all_reduce(mine, mesh, "pp").shard(held);
+    const double norm = shapes_only ? 0.0 : std::sqrt(norm_squared.item<double>());
+    const double coefficient = shapes_only ? 0.5 : c.clip / (norm + 1e-6);
     // clip_grad_norm's scaling; backward of a leaf stores the gradient it is given, for AdamW.
     for (size_t i = 0; i < params.size(); ++i) {
       if (!grads[i].defined()) continue;
@@ -379,7 +387,8 @@ std::vector<double> train_pipeline(World& world, const Config& c, const std::str
       return ran.loss.defined() && ran.loss.holds(r) ? ran.loss.shard(r).to(DType::F64)
                                                      : scalar_tensor(0.0, DType::F64);
     });
-    losses.push_back(all_reduce(loss, mesh, "pp").shard(held).item<double>());
+    const Tensor total = all_reduce(loss, mesh, "pp").shard(held);
+    losses.push_back(shapes_only ? std::nan("") : total.item<double>());
   }
   return losses;
 }
@@ -409,11 +418,6 @@ int gpt(World& world, Config c) {
       c.pp > 1 ? init_device_mesh(world, {c.pp, n / c.pp / tp, tp}, {"pp", "dp", "tp"})
                : init_device_mesh(world, {n / tp, tp}, {"dp", "tp"});
   const bool pipelined = c.pp > 1;
-  if (pipelined && meta_tensors()) {
-    throw_error<ConfigError>(
-        "gpt: --pp has no dry run (--spmd-tensors=meta): the pipeline's loss and gradient norm "
-        "need values");
-  }
   std::optional<PipelineSetup> setup;
   if (pipelined) setup = make_pipeline(c, mesh);
   // A shape-only dry run (--spmd-tensors=meta) has no losses to compare: it checks shapes and
@@ -480,6 +484,20 @@ int gpt(World& world, Config c) {
       const char* device_file = std::getenv("SPMD_DEVICE");
       DryRun dry(world, device_file != nullptr ? DeviceSpec::load(device_file) : DeviceSpec{});
       std::vector<DTensor*> params = run.model.params();
+      if (pipelined) {
+        // With pp: the last step's in-flight activations per pp rank, and its pipelined time
+        // (Note [Dry-run estimates]).
+        pipeline::PipelineStep step;
+        run.losses =
+            train_pipeline(world, c, text, Parallel{run.fsdp}, mesh, *setup, run.model, &step);
+        MemoryParts parts;
+        for (DTensor* p : params) parts.parameters.push_back(p);
+        parts.pipeline = &step;
+        const DryRunReport report = dry.report(parts);
+        if (coordinator) fmt::print("\n== {}: dry-run report\n{}", run.name, report.table());
+        comm += fmt::format("{}, {} steps:\n{}", run.name, c.steps, trace().summary_table());
+        continue;
+      }
       AdamW<DTensor> opt(params, adamw_options(c));
       std::vector<DTensor> grads;
       for (int64_t step = 0; step < c.steps; ++step) {

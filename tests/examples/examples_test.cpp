@@ -167,6 +167,14 @@ TEST(Examples, GptPipelineMatchesOneDevice) {
       run_command(std::string(SPMD_EXAMPLES_DIR) + "/gpt --spmd-world-size=8 --pp 2 --layers 3");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.output, "--layers 3 does not split into 2 pipeline stages")) << r.output;
+  // A dry run: 1F1B's in-flight microbatches per pp rank (2, then 1) and the pipelined step.
+  const CommandResult dry = run_command(std::string(SPMD_EXAMPLES_DIR) +
+                                        "/gpt --spmd-world-size=8 --pp 2 --steps 1 --mode sp "
+                                        "--spmd-tensors=meta");
+  EXPECT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_TRUE(contains(squeeze(dry.output), squeeze("pipeline: 1f1b, 2 pp ranks x 4 microbatches")))
+      << dry.output;
+  EXPECT_TRUE(contains(dry.output, "pipelined: makespan")) << dry.output;
 }
 
 }  // namespace
