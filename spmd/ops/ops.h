@@ -36,7 +36,8 @@ namespace spmd {
 namespace op {
 
 // Elementwise, one input (tensor/element_ops.h has the math). Integer inputs of exp, log, sqrt,
-// rsqrt, tanh and gelu give F32; neg, abs and relu keep integer dtypes (wrapping at the minimum).
+// rsqrt, tanh, gelu, log1p, expm1, sin, cos and reciprocal give F32; neg, abs and relu keep
+// integer dtypes (wrapping at the minimum).
 inline constexpr OpDef neg = unary_op<element::Neg, PartialRule::Negation>();
 inline constexpr OpDef abs = unary_op<element::Abs, PartialRule::None>();
 inline constexpr OpDef exp = unary_op<element::Exp, PartialRule::NonDecreasing>();
@@ -50,6 +51,11 @@ inline constexpr OpDef gelu_tanh = unary_op<element::GeluTanh, PartialRule::None
 inline constexpr OpDef erf = unary_op<element::Erf, PartialRule::NonDecreasing>();
 inline constexpr OpDef sigmoid = unary_op<element::Sigmoid, PartialRule::NonDecreasing>();
 inline constexpr OpDef silu = unary_op<element::Silu, PartialRule::None>();
+inline constexpr OpDef log1p = unary_op<element::Log1p, PartialRule::None>();
+inline constexpr OpDef expm1 = unary_op<element::Expm1, PartialRule::NonDecreasing>();
+inline constexpr OpDef sin = unary_op<element::Sin, PartialRule::None>();
+inline constexpr OpDef cos = unary_op<element::Cos, PartialRule::None>();
+inline constexpr OpDef reciprocal = unary_op<element::Reciprocal, PartialRule::None>();
 
 // Elementwise, two inputs with broadcasting. Integer add/sub/mul wrap around; div is true
 // division (integer inputs give F32); maximum/minimum propagate NaN.
@@ -168,6 +174,11 @@ inline std::span<const OpDef* const> all_ops() {
       &op::erf,
       &op::sigmoid,
       &op::silu,
+      &op::log1p,
+      &op::expm1,
+      &op::sin,
+      &op::cos,
+      &op::reciprocal,
       &op::add,
       &op::sub,
       &op::mul,
@@ -350,7 +361,7 @@ inline Tensor operator-(const Tensor& a) {
   return call(op::neg, {a});
 }
 
-// ---- unary (floating results; integer inputs of exp/log/sqrt/rsqrt/tanh/gelu give F32) ----------
+// ---- unary (integer inputs give F32, except for neg, abs and relu) ------------------------------
 
 inline Tensor neg(const Tensor& t) {
   return call(op::neg, {t});
@@ -392,6 +403,24 @@ inline Tensor sigmoid(const Tensor& t) {
 // x * sigmoid(x).
 inline Tensor silu(const Tensor& t) {
   return call(op::silu, {t});
+}
+// log(1 + x), accurate for small x.
+inline Tensor log1p(const Tensor& t) {
+  return call(op::log1p, {t});
+}
+// exp(x) - 1, accurate for small x.
+inline Tensor expm1(const Tensor& t) {
+  return call(op::expm1, {t});
+}
+inline Tensor sin(const Tensor& t) {
+  return call(op::sin, {t});
+}
+inline Tensor cos(const Tensor& t) {
+  return call(op::cos, {t});
+}
+// 1 / x.
+inline Tensor reciprocal(const Tensor& t) {
+  return call(op::reciprocal, {t});
 }
 // t to the power c, elementwise (integer inputs give F32).
 inline Tensor pow(const Tensor& t, double c) {

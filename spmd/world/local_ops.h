@@ -261,6 +261,22 @@ inline LocalTensor sigmoid(const LocalTensor& t, SourceLocation loc = SourceLoca
 inline LocalTensor silu(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
   return local_call(op::silu, {t}, {}, loc);
 }
+inline LocalTensor log1p(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::log1p, {t}, {}, loc);
+}
+inline LocalTensor expm1(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::expm1, {t}, {}, loc);
+}
+inline LocalTensor sin(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::sin, {t}, {}, loc);
+}
+inline LocalTensor cos(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::cos, {t}, {}, loc);
+}
+inline LocalTensor reciprocal(const LocalTensor& t,
+                              SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::reciprocal, {t}, {}, loc);
+}
 inline LocalTensor pow(const LocalTensor& t, double c,
                        SourceLocation loc = SourceLocation::current()) {
   return local_call(op::pow_scalar, {t}, {{}, {c}}, loc);

@@ -172,6 +172,21 @@ Table op_table() {
   t.unary(
       "softplus (user op)", [](const auto& x) { return softplus(x); },
       [](double x) { return std::log1p(std::exp(x)); }, Kind::Floating);
+  t.unary(
+      "log1p", [](const auto& x) { return log1p(x); }, [](double x) { return std::log1p(x); },
+      Kind::Floating, true);
+  t.unary(
+      "expm1", [](const auto& x) { return expm1(x); }, [](double x) { return std::expm1(x); },
+      Kind::Floating);
+  t.unary(
+      "sin", [](const auto& x) { return sin(x); }, [](double x) { return std::sin(x); },
+      Kind::Floating);
+  t.unary(
+      "cos", [](const auto& x) { return cos(x); }, [](double x) { return std::cos(x); },
+      Kind::Floating);
+  t.unary(
+      "reciprocal", [](const auto& x) { return reciprocal(x); }, [](double x) { return 1 / x; },
+      Kind::Floating, true);
 
   // ---- elementwise, two inputs with broadcasting ----
   t.binary(
