@@ -19,7 +19,7 @@
 //     P(avg); P(avg), P(max), P(min) plus or minus a Replicate; mul/div of P(sum) or P(avg) by a
 //     Replicate; maximum of P(max)s (or with a Replicate), minimum of P(min)s; scalar mul/div
 //     keep sum and avg (and max/min, swapped for a negative scalar); scalar add/sub keep avg, max
-//     and min; neg keeps sum and avg and swaps max and min; exp, expm1, tanh and relu
+//     and min; neg keeps sum and avg and swaps max and min; exp, expm1, tanh, relu and clamp
 //     (non-decreasing) keep max and min; everything else needs Replicate;
 //   - matmul/bmm/addmm follow einsum: S(0)@R -> S(0), R@S(1) -> S(1), S(1)@S(0) -> P(sum),
 //     batch dims sharded alike; a linear Partial on one operand passes (addmm's c then must be
@@ -45,6 +45,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include <spmd/dtensor/dispatch.h>
@@ -290,6 +291,12 @@ inline DTensor reciprocal(const DTensor& t, SourceLocation loc = SourceLocation:
 }
 inline DTensor pow(const DTensor& t, double c, SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::pow_scalar, {t}, {{}, {c}}, loc);
+}
+// Nondecreasing: P(max) and P(min) pass.
+inline DTensor clamp(const DTensor& t, std::optional<double> min,
+                     std::optional<double> max = std::nullopt,
+                     SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::clamp, {t}, clamp_args(min, max), loc);
 }
 
 // ---- selecting, indexing and transformer layers (ops/ops.h has their contracts) -----------------

@@ -84,6 +84,10 @@ extern const OpDef div_scalar;
 extern const OpDef rdiv_scalar;
 // x ^ c (integer inputs give F32).
 extern const OpDef pow_scalar;
+// x limited to [min, max]: args.ints = [has min, has max], args.reals = [min, max] (clamp_args).
+// Its backward entry takes (grad, x) and clamp's args.
+extern const OpDef clamp;
+extern const OpDef clamp_backward;
 
 // where(cond, a, b): inputs (cond Bool, a, b), broadcasting. masked_fill(x, mask): args.reals =
 // [value], args.ints = [invert] (1: fill where the mask is false; the backward's use).
@@ -200,6 +204,8 @@ inline std::span<const OpDef* const> all_ops() {
       &op::div_scalar,
       &op::rdiv_scalar,
       &op::pow_scalar,
+      &op::clamp,
+      &op::clamp_backward,
       &op::where,
       &op::masked_fill,
       // Linear algebra, reductions, softmax.
@@ -267,6 +273,10 @@ inline OpArgs dropout_args(double p, uint64_t seed) {
   OpArgs args{{}, {p}};
   args.seed = seed;
   return args;
+}
+// The args of clamp (either bound may be absent; an absent one is 0 in args.reals).
+inline OpArgs clamp_args(std::optional<double> min, std::optional<double> max) {
+  return OpArgs{{min ? 1 : 0, max ? 1 : 0}, {min.value_or(0.0), max.value_or(0.0)}};
 }
 // The shape of t reshaped with dims [start, end] merged into one (flatten), as reshape args.
 Shape flattened_shape(const Shape& shape, int64_t start, int64_t end);
@@ -425,6 +435,13 @@ inline Tensor reciprocal(const Tensor& t) {
 // t to the power c, elementwise (integer inputs give F32).
 inline Tensor pow(const Tensor& t, double c) {
   return call(op::pow_scalar, {t}, {{}, {c}});
+}
+// torch.clamp: min(max(x, min), max), either bound absent (not both: ConfigError); max when
+// min > max; NaN stays NaN. An integer t keeps its dtype unless a bound is not an integer (then
+// F32); Bool is Unsupported. The gradient passes where min <= x <= max, the bounds included.
+inline Tensor clamp(const Tensor& t, std::optional<double> min,
+                    std::optional<double> max = std::nullopt) {
+  return call(op::clamp, {t}, clamp_args(min, max));
 }
 
 // ---- selecting ----------------------------------------------------------------------------------

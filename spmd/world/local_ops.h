@@ -8,6 +8,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -280,6 +281,11 @@ inline LocalTensor reciprocal(const LocalTensor& t,
 inline LocalTensor pow(const LocalTensor& t, double c,
                        SourceLocation loc = SourceLocation::current()) {
   return local_call(op::pow_scalar, {t}, {{}, {c}}, loc);
+}
+inline LocalTensor clamp(const LocalTensor& t, std::optional<double> min,
+                         std::optional<double> max = std::nullopt,
+                         SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::clamp, {t}, clamp_args(min, max), loc);
 }
 
 // ---- selecting, indexing and transformer layers (ops/ops.h has their contracts) -----------------

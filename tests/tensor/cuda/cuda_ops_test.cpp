@@ -185,6 +185,8 @@ TEST(CudaOps, UnaryOpsMatchTheCpu) {
       expect_matches(sin(v.make(a)), sin(v.make(ga)), tol, "sin " + what);
       expect_matches(cos(v.make(a)), cos(v.make(ga)), tol, "cos " + what);
       expect_matches(reciprocal(v.make(a)), reciprocal(v.make(ga)), 0.0, "reciprocal " + what);
+      expect_matches(clamp(v.make(a), -1.0, 2.0), clamp(v.make(ga), -1.0, 2.0), 0.0,
+                     "clamp " + what);
     }
   }
 }
