@@ -19,8 +19,8 @@
 //     P(avg); P(avg), P(max), P(min) plus or minus a Replicate; mul/div of P(sum) or P(avg) by a
 //     Replicate; maximum of P(max)s (or with a Replicate), minimum of P(min)s; scalar mul/div
 //     keep sum and avg (and max/min, swapped for a negative scalar); scalar add/sub keep avg, max
-//     and min; neg keeps sum and avg and swaps max and min; exp, tanh and relu (non-decreasing)
-//     keep max and min; everything else needs Replicate;
+//     and min; neg keeps sum and avg and swaps max and min; exp, expm1, tanh, relu and clamp
+//     (non-decreasing) keep max and min; everything else needs Replicate;
 //   - matmul/bmm/addmm follow einsum: S(0)@R -> S(0), R@S(1) -> S(1), S(1)@S(0) -> P(sum),
 //     batch dims sharded alike; a linear Partial on one operand passes (addmm's c then must be
 //     the same Partial, a free local partition from R);
@@ -45,6 +45,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include <spmd/dtensor/dispatch.h>
@@ -273,8 +274,29 @@ inline DTensor sigmoid(const DTensor& t, SourceLocation loc = SourceLocation::cu
 inline DTensor silu(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::silu, {t}, {}, loc);
 }
+inline DTensor log1p(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::log1p, {t}, {}, loc);
+}
+inline DTensor expm1(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::expm1, {t}, {}, loc);
+}
+inline DTensor sin(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::sin, {t}, {}, loc);
+}
+inline DTensor cos(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::cos, {t}, {}, loc);
+}
+inline DTensor reciprocal(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::reciprocal, {t}, {}, loc);
+}
 inline DTensor pow(const DTensor& t, double c, SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::pow_scalar, {t}, {{}, {c}}, loc);
+}
+// Nondecreasing: P(max) and P(min) pass.
+inline DTensor clamp(const DTensor& t, std::optional<double> min,
+                     std::optional<double> max = std::nullopt,
+                     SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::clamp, {t}, clamp_args(min, max), loc);
 }
 
 // ---- selecting, indexing and transformer layers (ops/ops.h has their contracts) -----------------

@@ -36,7 +36,8 @@ namespace spmd {
 namespace op {
 
 // Elementwise, one input (tensor/element_ops.h has the math). Integer inputs of exp, log, sqrt,
-// rsqrt, tanh and gelu give F32; neg, abs and relu keep integer dtypes (wrapping at the minimum).
+// rsqrt, tanh, gelu, log1p, expm1, sin, cos and reciprocal give F32; neg, abs and relu keep
+// integer dtypes (wrapping at the minimum).
 inline constexpr OpDef neg = unary_op<element::Neg, PartialRule::Negation>();
 inline constexpr OpDef abs = unary_op<element::Abs, PartialRule::None>();
 inline constexpr OpDef exp = unary_op<element::Exp, PartialRule::NonDecreasing>();
@@ -50,6 +51,11 @@ inline constexpr OpDef gelu_tanh = unary_op<element::GeluTanh, PartialRule::None
 inline constexpr OpDef erf = unary_op<element::Erf, PartialRule::NonDecreasing>();
 inline constexpr OpDef sigmoid = unary_op<element::Sigmoid, PartialRule::NonDecreasing>();
 inline constexpr OpDef silu = unary_op<element::Silu, PartialRule::None>();
+inline constexpr OpDef log1p = unary_op<element::Log1p, PartialRule::None>();
+inline constexpr OpDef expm1 = unary_op<element::Expm1, PartialRule::NonDecreasing>();
+inline constexpr OpDef sin = unary_op<element::Sin, PartialRule::None>();
+inline constexpr OpDef cos = unary_op<element::Cos, PartialRule::None>();
+inline constexpr OpDef reciprocal = unary_op<element::Reciprocal, PartialRule::None>();
 
 // Elementwise, two inputs with broadcasting. Integer add/sub/mul wrap around; div is true
 // division (integer inputs give F32); maximum/minimum propagate NaN.
@@ -78,6 +84,10 @@ extern const OpDef div_scalar;
 extern const OpDef rdiv_scalar;
 // x ^ c (integer inputs give F32).
 extern const OpDef pow_scalar;
+// x limited to [min, max]: args.ints = [has min, has max], args.reals = [min, max] (clamp_args).
+// Its backward entry takes (grad, x) and clamp's args.
+extern const OpDef clamp;
+extern const OpDef clamp_backward;
 
 // where(cond, a, b): inputs (cond Bool, a, b), broadcasting. masked_fill(x, mask): args.reals =
 // [value], args.ints = [invert] (1: fill where the mask is false; the backward's use).
@@ -168,6 +178,11 @@ inline std::span<const OpDef* const> all_ops() {
       &op::erf,
       &op::sigmoid,
       &op::silu,
+      &op::log1p,
+      &op::expm1,
+      &op::sin,
+      &op::cos,
+      &op::reciprocal,
       &op::add,
       &op::sub,
       &op::mul,
@@ -189,6 +204,8 @@ inline std::span<const OpDef* const> all_ops() {
       &op::div_scalar,
       &op::rdiv_scalar,
       &op::pow_scalar,
+      &op::clamp,
+      &op::clamp_backward,
       &op::where,
       &op::masked_fill,
       // Linear algebra, reductions, softmax.
@@ -256,6 +273,10 @@ inline OpArgs dropout_args(double p, uint64_t seed) {
   OpArgs args{{}, {p}};
   args.seed = seed;
   return args;
+}
+// The args of clamp (either bound may be absent; an absent one is 0 in args.reals).
+inline OpArgs clamp_args(std::optional<double> min, std::optional<double> max) {
+  return OpArgs{{min ? 1 : 0, max ? 1 : 0}, {min.value_or(0.0), max.value_or(0.0)}};
 }
 // The shape of t reshaped with dims [start, end] merged into one (flatten), as reshape args.
 Shape flattened_shape(const Shape& shape, int64_t start, int64_t end);
@@ -350,7 +371,7 @@ inline Tensor operator-(const Tensor& a) {
   return call(op::neg, {a});
 }
 
-// ---- unary (floating results; integer inputs of exp/log/sqrt/rsqrt/tanh/gelu give F32) ----------
+// ---- unary (integer inputs give F32, except for neg, abs and relu) ------------------------------
 
 inline Tensor neg(const Tensor& t) {
   return call(op::neg, {t});
@@ -393,9 +414,34 @@ inline Tensor sigmoid(const Tensor& t) {
 inline Tensor silu(const Tensor& t) {
   return call(op::silu, {t});
 }
+// log(1 + x), accurate for small x.
+inline Tensor log1p(const Tensor& t) {
+  return call(op::log1p, {t});
+}
+// exp(x) - 1, accurate for small x.
+inline Tensor expm1(const Tensor& t) {
+  return call(op::expm1, {t});
+}
+inline Tensor sin(const Tensor& t) {
+  return call(op::sin, {t});
+}
+inline Tensor cos(const Tensor& t) {
+  return call(op::cos, {t});
+}
+// 1 / x.
+inline Tensor reciprocal(const Tensor& t) {
+  return call(op::reciprocal, {t});
+}
 // t to the power c, elementwise (integer inputs give F32).
 inline Tensor pow(const Tensor& t, double c) {
   return call(op::pow_scalar, {t}, {{}, {c}});
+}
+// torch.clamp: min(max(x, min), max), either bound absent (not both: ConfigError); max when
+// min > max; NaN stays NaN. An integer t keeps its dtype unless a bound is not an integer (then
+// F32); Bool is Unsupported. The gradient passes where min <= x <= max, the bounds included.
+inline Tensor clamp(const Tensor& t, std::optional<double> min,
+                    std::optional<double> max = std::nullopt) {
+  return call(op::clamp, {t}, clamp_args(min, max));
 }
 
 // ---- selecting ----------------------------------------------------------------------------------

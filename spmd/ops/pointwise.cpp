@@ -1,9 +1,10 @@
 // spmd/ops/pointwise.cpp: the shared meta and compute of the elementwise entries, the entries of
-// the ops with a scalar operand (x + c, c - x, x * c, x / c, c / x, x ^ c), and where and
-// masked_fill.
+// the ops with a scalar operand (x + c, c - x, x * c, x / c, c / x, x ^ c), where, masked_fill and
+// clamp.
 #include <spmd/ops/pointwise.h>
 
 #include <cmath>
+#include <optional>
 
 #include <spmd/core/error.h>
 #include <spmd/ops/ops.h>
@@ -137,11 +138,15 @@ OpMeta scalar_meta(std::span<const InputMeta> in, const OpArgs& args) {
   return OpMeta{*in[0].shape, dtype};
 }
 
+// BF16/F16 keep a scalar operand's F32 precision: they compute in F32 and round the result once.
+DType scalar_compute_dtype(DType out) {
+  return out == DType::BF16 || out == DType::F16 ? DType::F32 : out;
+}
+
 template <ScalarOp op>
 Tensor scalar_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
   const double c = args.reals[0];
-  // BF16/F16 keep the scalar's F32 precision: compute in F32 and round the result once.
-  const DType dtype = out.dtype == DType::BF16 || out.dtype == DType::F16 ? DType::F32 : out.dtype;
+  const DType dtype = scalar_compute_dtype(out.dtype);
   const Tensor x = in[0].to(dtype);
   const Tensor s = full({}, c, dtype, x.device());
   Tensor result;
@@ -377,6 +382,99 @@ const OpDef op::masked_fill{
     .strategies = masked_fill_strategies,
     .backward = masked_fill_backward,
     .follow_first_input = true,
+};
+
+// ---- clamp --------------------------------------------------------------------------------------
+
+namespace {
+
+struct ClampBounds {
+  std::optional<double> min;
+  std::optional<double> max;
+};
+
+// The bounds clamp_args packed into args.
+ClampBounds clamp_bounds(const OpArgs& args) {
+  ClampBounds b;
+  if (args.ints.at(0) != 0) b.min = args.reals.at(0);
+  if (args.ints.at(1) != 0) b.max = args.reals.at(1);
+  return b;
+}
+
+// As for a scalar operand (Note [Type promotion]): an integer tensor keeps its dtype unless a
+// bound is not an integer.
+OpMeta clamp_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const ClampBounds b = clamp_bounds(args);
+  const Shape& shape = *in[0].shape;
+  if (!b.min && !b.max) {
+    throw_error<ConfigError>("clamp: at least one of min and max must be given (shape {})",
+                             shape_str(shape));
+  }
+  DType dtype = in[0].dtype;
+  if (dtype == DType::Bool) {
+    throw_error<Unsupported>("clamp: dtype bool is not supported (shape {})", shape_str(shape));
+  }
+  for (const std::optional<double>& bound : {b.min, b.max}) {
+    if (bound && !is_floating(dtype) && !is_integral_value(*bound)) dtype = DType::F32;
+  }
+  for (const std::optional<double>& bound : {b.min, b.max}) {
+    if (bound) check_fill_value(*bound, dtype, "clamp");
+  }
+  return OpMeta{shape, dtype};
+}
+
+// min(max(x, min), max), as torch: NaN in x or in a bound gives NaN, and min > max gives max.
+// Rounding is monotone, so BF16/F16 computed in F32 and rounded once equal torch's comparisons
+// with the bounds rounded to the dtype.
+Tensor clamp_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+  const ClampBounds b = clamp_bounds(args);
+  const DType dtype = scalar_compute_dtype(out.dtype);
+  Tensor x = in[0].to(dtype);
+  if (b.min) x = maximum(x, full({}, *b.min, dtype, x.device()));
+  if (b.max) x = minimum(x, full({}, *b.max, dtype, x.device()));
+  return x.to(out.dtype);
+}
+
+// torch's clamp_backward (the subgradient 1 at the bounds, pytorch/pytorch#7049): (grad, x) ->
+// grad where x >= min and x <= max, 0 elsewhere (at NaN too, and everywhere when min > max).
+// x >= min exactly where clamp(x, min) == x, compared in x's dtype as torch compares. Each piece
+// of x is compared with itself clamped (the forward's output against x reduced again from a
+// Partial could differ in the last bit).
+Tensor clamp_backward_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+  const ClampBounds b = clamp_bounds(args);
+  const Tensor& x = in[1];
+  Tensor g = in[0];
+  for (const ClampBounds one :
+       {ClampBounds{b.min, std::nullopt}, ClampBounds{std::nullopt, b.max}}) {
+    if (!one.min && !one.max) continue;
+    const Tensor inside = eq(clamp(x, one.min, one.max), x);
+    g = call(op::masked_fill, {g, inside}, {{1}, {0.0}});
+  }
+  return g;
+}
+
+void clamp_grad(BackwardContext& c) {
+  if (c.needs_grad(0)) {
+    c.set_grad(0, apply(op::clamp_backward, {c.grad(), c.input(0)}, c.args()));
+  }
+}
+
+}  // namespace
+
+// clamp is nondecreasing: P(max) and P(min) pass, no pending sum does.
+const OpDef op::clamp{
+    .name = "clamp",
+    .meta = clamp_meta,
+    .compute = clamp_compute,
+    .strategies = pointwise::unary_strategies_of<PartialRule::NonDecreasing>,
+    .backward = clamp_grad,
+};
+// Linear in the gradient, as every elementwise derivative.
+const OpDef op::clamp_backward{
+    .name = "clamp_backward",
+    .meta = pointwise::derivative_meta,
+    .compute = clamp_backward_compute,
+    .strategies = pointwise::derivative_strategies,
 };
 
 }  // namespace spmd

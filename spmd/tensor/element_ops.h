@@ -104,6 +104,30 @@ SPMD_HD float math_erf(float x) {
 SPMD_HD double math_erf(double x) {
   return ::erf(x);
 }
+SPMD_HD float math_log1p(float x) {
+  return ::log1pf(x);
+}
+SPMD_HD double math_log1p(double x) {
+  return ::log1p(x);
+}
+SPMD_HD float math_expm1(float x) {
+  return ::expm1f(x);
+}
+SPMD_HD double math_expm1(double x) {
+  return ::expm1(x);
+}
+SPMD_HD float math_sin(float x) {
+  return ::sinf(x);
+}
+SPMD_HD double math_sin(double x) {
+  return ::sin(x);
+}
+SPMD_HD float math_cos(float x) {
+  return ::cosf(x);
+}
+SPMD_HD double math_cos(double x) {
+  return ::cos(x);
+}
 SPMD_HD float math_pow(float x, float y) {
   return ::powf(x, y);
 }
@@ -303,6 +327,74 @@ struct GeluTanh {
     const C k = C(0.79788456080286535588);
     const C t = math_tanh(k * (x + C(0.044715) * x * x * x));
     return C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * k * (C(1) + C(0.134145) * x * x);
+  }
+};
+
+// log(1 + x), accurate for small x.
+struct Log1p {
+  static constexpr std::string_view name = "log1p";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return math_log1p(x);
+  }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    return C(1) / (C(1) + x);
+  }
+};
+
+// exp(x) - 1, accurate for small x; its derivative exp(x) is y + 1 (PyTorch's expm1 backward).
+struct Expm1 {
+  static constexpr std::string_view name = "expm1";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return math_expm1(x);
+  }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    return y + C(1);
+  }
+};
+
+struct Sin {
+  static constexpr std::string_view name = "sin";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return math_sin(x);
+  }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    return math_cos(x);
+  }
+};
+
+struct Cos {
+  static constexpr std::string_view name = "cos";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return math_cos(x);
+  }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    return -math_sin(x);
+  }
+};
+
+// 1 / x (integer and Bool inputs compute in F32); its derivative -1 / x^2 is -y^2.
+struct Reciprocal {
+  static constexpr std::string_view name = "reciprocal";
+  static constexpr Domain domain = Domain::Floating;
+  template <class C>
+  SPMD_HD C operator()(C x) const {
+    return C(1) / x;
+  }
+  template <class C>
+  SPMD_HD static C df(C x, C y) {
+    return -(y * y);
   }
 };
 
@@ -523,8 +615,8 @@ struct List {
   static constexpr int size = static_cast<int>(sizeof...(Fs));
 };
 
-using UnaryOps =
-    List<Neg, Abs, Exp, Log, Sqrt, Rsqrt, Tanh, Relu, Gelu, Erf, Sigmoid, Silu, GeluTanh>;
+using UnaryOps = List<Neg, Abs, Exp, Log, Sqrt, Rsqrt, Tanh, Relu, Gelu, Erf, Sigmoid, Silu,
+                      GeluTanh, Log1p, Expm1, Sin, Cos, Reciprocal>;
 using BinaryOps = List<Add, Sub, Mul, Div, Maximum, Minimum, Pow, Eq, Ne, Lt, Le, Gt, Ge>;
 
 namespace detail {

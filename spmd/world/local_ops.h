@@ -8,6 +8,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -261,9 +262,30 @@ inline LocalTensor sigmoid(const LocalTensor& t, SourceLocation loc = SourceLoca
 inline LocalTensor silu(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
   return local_call(op::silu, {t}, {}, loc);
 }
+inline LocalTensor log1p(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::log1p, {t}, {}, loc);
+}
+inline LocalTensor expm1(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::expm1, {t}, {}, loc);
+}
+inline LocalTensor sin(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::sin, {t}, {}, loc);
+}
+inline LocalTensor cos(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::cos, {t}, {}, loc);
+}
+inline LocalTensor reciprocal(const LocalTensor& t,
+                              SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::reciprocal, {t}, {}, loc);
+}
 inline LocalTensor pow(const LocalTensor& t, double c,
                        SourceLocation loc = SourceLocation::current()) {
   return local_call(op::pow_scalar, {t}, {{}, {c}}, loc);
+}
+inline LocalTensor clamp(const LocalTensor& t, std::optional<double> min,
+                         std::optional<double> max = std::nullopt,
+                         SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::clamp, {t}, clamp_args(min, max), loc);
 }
 
 // ---- selecting, indexing and transformer layers (ops/ops.h has their contracts) -----------------

@@ -11,8 +11,10 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -172,6 +174,34 @@ Table op_table() {
   t.unary(
       "softplus (user op)", [](const auto& x) { return softplus(x); },
       [](double x) { return std::log1p(std::exp(x)); }, Kind::Floating);
+  t.unary(
+      "log1p", [](const auto& x) { return log1p(x); }, [](double x) { return std::log1p(x); },
+      Kind::Floating, true);
+  t.unary(
+      "expm1", [](const auto& x) { return expm1(x); }, [](double x) { return std::expm1(x); },
+      Kind::Floating);
+  t.unary(
+      "sin", [](const auto& x) { return sin(x); }, [](double x) { return std::sin(x); },
+      Kind::Floating);
+  t.unary(
+      "cos", [](const auto& x) { return cos(x); }, [](double x) { return std::cos(x); },
+      Kind::Floating);
+  t.unary(
+      "reciprocal", [](const auto& x) { return reciprocal(x); }, [](double x) { return 1 / x; },
+      Kind::Floating, true);
+  // Integral bounds keep integer dtypes; with min > max every element is max.
+  t.unary(
+      "clamp", [](const auto& x) { return clamp(x, -1.0, 2.0); },
+      [](double x) { return std::min(std::max(x, -1.0), 2.0); }, Kind::Numeric);
+  t.unary(
+      "clamp", [](const auto& x) { return clamp(x, 1.0); },
+      [](double x) { return std::max(x, 1.0); }, Kind::Numeric);
+  t.unary(
+      "clamp", [](const auto& x) { return clamp(x, std::nullopt, -2.0); },
+      [](double x) { return std::min(x, -2.0); }, Kind::Numeric);
+  t.unary(
+      "clamp", [](const auto& x) { return clamp(x, 2.0, -1.0); }, [](double) { return -1.0; },
+      Kind::Numeric);
 
   // ---- elementwise, two inputs with broadcasting ----
   t.binary(
@@ -231,6 +261,8 @@ Table op_table() {
 
   t.add(row("x^3", {{5, 4}}, [](const auto& x) { return pow(x[0], 3.0); }));
   t.add(row("x^0.5", {{5, 4}}, [](const auto& x) { return pow(x[0], 0.5); })).positive = true;
+  // Bounds that are not integers: integer inputs give F32.
+  t.add(row("clamp -0.5 1.5", {{5, 4}}, [](const auto& x) { return clamp(x[0], -0.5, 1.5); }));
 
   // ---- selecting ----
   for (const auto& shapes :
@@ -688,6 +720,60 @@ TEST(OpTable, PowWithExponentZeroHasAZeroGradientAtZero) {
   EXPECT_EQ(dk[1], 0.0);
   EXPECT_TRUE(std::isnan(dk[2]));
   EXPECT_NEAR(dk[3], std::log(3.5), 1e-12);
+}
+
+// torch.clamp's subgradient 1 at the bounds (pytorch/pytorch#7049), 0 outside and at NaN, and 0
+// everywhere when min > max (no x lies in [min, max], though x == max is left unchanged).
+TEST(OpTable, ClampGradientPassesInsideTheBoundsIncludingThem) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const Tensor base = from_vector<double>({-1.0, 0.0, 2.0, 3.0, -2.0, nan}, {6});
+  struct Case {
+    std::optional<double> min, max;
+    std::vector<double> values, grad;
+  };
+  for (const Case& c : std::vector<Case>{
+           {-1.0, 2.0, {-1, 0, 2, 2, -1, nan}, {1, 1, 1, 0, 0, 0}},
+           {-1.0, std::nullopt, {-1, 0, 2, 3, -1, nan}, {1, 1, 1, 1, 0, 0}},
+           {std::nullopt, 2.0, {-1, 0, 2, 2, -2, nan}, {1, 1, 1, 0, 1, 0}},
+           {2.0, -1.0, {-1, -1, -1, -1, -1, nan}, {0, 0, 0, 0, 0, 0}},
+       }) {
+    SCOPED_TRACE(fmt::format("clamp({}, {})", c.min ? fmt::format("{}", *c.min) : "none",
+                             c.max ? fmt::format("{}", *c.max) : "none"));
+    Tensor x = base.clone();
+    x.requires_grad_();
+    const Tensor y = clamp(x, c.min, c.max);
+    expect_values(y, c.values, 0, 0, "clamp");
+    backward(sum(y));
+    EXPECT_TRUE(equal(x.grad(), from_vector<double>(c.grad, {6}))) << x.grad();
+  }
+  // A NaN bound makes every element NaN.
+  for (double v : testing::values(clamp(base, nan, 2.0))) EXPECT_TRUE(std::isnan(v));
+  expect_throws<ConfigError>([&] { clamp(base, std::nullopt, std::nullopt); },
+                             {"clamp", "at least one of min and max", "[6]"});
+  expect_throws<Unsupported>([&] { clamp(ones({3}, DType::Bool), 0.0, 1.0); },
+                             {"clamp", "bool", "[3]"});
+  expect_throws<Unsupported>([&] { clamp(ones({3}, DType::I32), 1e10); }, {"clamp", "i32"});
+}
+
+// clamp and expm1 are non-decreasing: P(max) and P(min) pass with no communication; reciprocal
+// (as every other nonlinear op) takes a Partial input reduced first.
+TEST(OpTable, NonDecreasingOpsKeepPartialMaxAndMin) {
+  World world = World::sim(4);
+  const DeviceMesh mesh = *testing::try_mesh(world, {4});
+  const Tensor g = randn({5, 4}, 8, DType::F64);
+  for (ReduceOp q : {ReduceOp::Max, ReduceOp::Min}) {
+    const DTensor x = testing::make_dtensor(g, mesh, {Partial{q}}, 9);
+    const DTensor c = clamp(x, -0.5, 0.5);
+    EXPECT_EQ(c.placements(), Placements{Partial{q}});
+    EXPECT_TRUE(testing::pieces_match(c, clamp(g, -0.5, 0.5), 1e-12));
+    const DTensor e = expm1(x);
+    EXPECT_EQ(e.placements(), Placements{Partial{q}});
+    EXPECT_TRUE(testing::pieces_match(e, expm1(g), 1e-12));
+  }
+  const DTensor s = testing::make_dtensor(abs(g) + 1.0, mesh, {Partial{}}, 10);
+  const DTensor r = reciprocal(s);
+  EXPECT_EQ(r.placements(), Placements{Replicate{}});
+  EXPECT_TRUE(testing::pieces_match(r, reciprocal(abs(g) + 1.0), 1e-12));
 }
 
 // The Tensor methods that make new tensors are recorded too (their free-function rows above check

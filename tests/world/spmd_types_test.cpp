@@ -5,6 +5,11 @@
 // form computed on plain Tensors.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include <spmd/spmd.h>
 
 #include "tests/support/test_support.h"
@@ -134,6 +139,17 @@ TEST_F(Typed, NonlinearOpOnPartialIsAnError) {
       [&] { (void)relu(p); },
       {"relu: along mesh axis 'tp' input 1 is P (reinterpret at spmd_types_test.cpp:",
        "is not linear", "(at spmd_types_test.cpp:"});
+  // The elementwise ops of issue 27: none is linear (clamp keeps P(max) and P(min) on DTensors,
+  // but a pending sum does not pass).
+  for (const auto& [name, run] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"sin", [&] { (void)sin(p); }},
+           {"cos", [&] { (void)cos(p); }},
+           {"log1p", [&] { (void)log1p(p); }},
+           {"expm1", [&] { (void)expm1(p); }},
+           {"reciprocal", [&] { (void)reciprocal(p); }},
+           {"clamp", [&] { (void)clamp(p, -1.0, 1.0); }}}) {
+    expect_throws<TypeError>(run, {name + ": along mesh axis 'tp' input 1 is P", "is not linear"});
+  }
   expect_throws<TypeError>([&] { (void)(p * p); }, {"product of two pending sums"});
   expect_throws<TypeError>([&] { (void)(p * varying({6})); }, {"only by Replicate values"});
   // Adding an R value to a P adds it once per rank: sum_of(p + r) = sum_of(p) + kRanks * r.

@@ -180,6 +180,13 @@ TEST(CudaOps, UnaryOpsMatchTheCpu) {
       expect_matches(erf(v.make(a)), erf(v.make(ga)), tol, "erf " + what);
       expect_matches(sigmoid(v.make(a)), sigmoid(v.make(ga)), tol, "sigmoid " + what);
       expect_matches(silu(v.make(a)), silu(v.make(ga)), tol, "silu " + what);
+      expect_matches(log1p(abs(v.make(a))), log1p(abs(v.make(ga))), tol, "log1p " + what);
+      expect_matches(expm1(v.make(a)), expm1(v.make(ga)), tol, "expm1 " + what);
+      expect_matches(sin(v.make(a)), sin(v.make(ga)), tol, "sin " + what);
+      expect_matches(cos(v.make(a)), cos(v.make(ga)), tol, "cos " + what);
+      expect_matches(reciprocal(v.make(a)), reciprocal(v.make(ga)), 0.0, "reciprocal " + what);
+      expect_matches(clamp(v.make(a), -1.0, 2.0), clamp(v.make(ga), -1.0, 2.0), 0.0,
+                     "clamp " + what);
     }
   }
 }

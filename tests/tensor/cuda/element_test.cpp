@@ -221,6 +221,11 @@ TEST(CudaElement, UnaryOperatorsMatchTheCpuKernels) {
           expect_unary<T>(sqrt(a), a, element::Sqrt{}, "sqrt");
           expect_unary<T>(tanh(a), a, element::Tanh{}, "tanh");
           expect_unary<T>(gelu(a), a, element::Gelu{}, "gelu");
+          expect_unary<T>(log1p(a), a, element::Log1p{}, "log1p");
+          expect_unary<T>(expm1(a), a, element::Expm1{}, "expm1");
+          expect_unary<T>(sin(a), a, element::Sin{}, "sin");
+          expect_unary<T>(cos(a), a, element::Cos{}, "cos");
+          expect_unary<T>(reciprocal(a), a, element::Reciprocal{}, "reciprocal");
         }
       }
     });
