@@ -37,8 +37,8 @@
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
-#include <spmd/world/spmd_types.h>
 #include <spmd/tensor/random.h>
+#include <spmd/world/spmd_types.h>
 
 namespace spmd {
 namespace {
@@ -133,8 +133,8 @@ void BM_DTensorMatmulWarm(benchmark::State& state) {
 }
 BENCHMARK(BM_DTensorMatmulWarm);
 
-// SPMD types (world/spmd_types.h) off and on, same run, interleaved (best of 7 each): a DTensor op's
-// pieces are untyped, so types on costs the op one check of the switch per LocalTensor op.
+// SPMD types (world/spmd_types.h) off and on, same run, interleaved (best of 7 each): a DTensor
+// op's pieces are untyped, so types on costs the op one check of the switch per LocalTensor op.
 //   types_off_us, types_on_us   the DTensor op
 //   types_cost_us               types_on_us - types_off_us (target <= 0.3 us)
 void types_benchmark(benchmark::State& state, const DTensor& a, const DTensor& b,

@@ -77,9 +77,9 @@ Config parse_flags(int argc, char** argv) {
 
 // The weights, as one device holds them (the reference) and as the ranks hold them.
 struct Weights {
-  Tensor w_in;                  // [dim, dim]
-  Tensor router;                // [dim, experts]
-  std::vector<Tensor> w1, w2;   // per expert: [dim, hidden], [hidden, dim]
+  Tensor w_in;                 // [dim, dim]
+  Tensor router;               // [dim, experts]
+  std::vector<Tensor> w1, w2;  // per expert: [dim, hidden], [hidden, dim]
 };
 
 Weights initial_weights(const Config& c, int64_t experts) {
@@ -180,8 +180,8 @@ int moe_local(World& world, const Config& c) {
   if (world.is_coordinator()) {
     fmt::print("moe_local: {} ranks, one expert each, {} tokens per rank, backend {}\n\n", n,
                c.tokens, world.backend_name());
-    fmt::print("{:>4}  {:>22}  {:>22}  {:>9}  rows rank {}'s expert got from each rank\n",
-               "step", "loss (local code)", "loss (one device)", "|diff|", held.front());
+    fmt::print("{:>4}  {:>22}  {:>22}  {:>9}  rows rank {}'s expert got from each rank\n", "step",
+               "loss (local code)", "loss (one device)", "|diff|", held.front());
   }
   for (int64_t step = 0; step < c.steps; ++step) {
     for (LocalTensor* p : {&w_in, &router, &w1, &w2}) p->requires_grad_();
@@ -201,11 +201,10 @@ int moe_local(World& world, const Config& c) {
     });
     const LocalTensor order = LocalTensor::from_fn(
         world, [&](int r) { return index_tensor(argsort_by(destinations.at(r))); });
-    const LocalTensor back_order = LocalTensor::from_fn(world, [&](int r) {
-      return index_tensor(inverse_of(argsort_by(destinations.at(r))));
-    });
-    const LocalTensor counts = LocalTensor::from_fn(
-        world, [&](int r) { return from_vector(send_counts.at(r), {n}); });
+    const LocalTensor back_order = LocalTensor::from_fn(
+        world, [&](int r) { return index_tensor(inverse_of(argsort_by(destinations.at(r)))); });
+    const LocalTensor counts =
+        LocalTensor::from_fn(world, [&](int r) { return from_vector(send_counts.at(r), {n}); });
     const LocalTensor recv_counts_t = all_to_all(counts, mesh, "ep");
     const auto recv_counts = PerRank<std::vector<int64_t>>::from_fn(
         held, [&](int r) { return recv_counts_t.shard(r).to_vector<int64_t>(); });
@@ -245,10 +244,9 @@ int moe_local(World& world, const Config& c) {
   // rank e.
   LocalTensor error = LocalTensor::from_fn(world, [&](int r) {
     const auto e = static_cast<size_t>(r);
-    const double d = std::max({max_abs_diff(w_in.shard(r), ref.w_in),
-                               max_abs_diff(router.shard(r), ref.router),
-                               max_abs_diff(w1.shard(r), ref.w1[e]),
-                               max_abs_diff(w2.shard(r), ref.w2[e])});
+    const double d =
+        std::max({max_abs_diff(w_in.shard(r), ref.w_in), max_abs_diff(router.shard(r), ref.router),
+                  max_abs_diff(w1.shard(r), ref.w1[e]), max_abs_diff(w2.shard(r), ref.w2[e])});
     return scalar_tensor(d);
   });
   const double weights_error =
@@ -269,5 +267,6 @@ int moe_local(World& world, const Config& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return launch(argc, argv, [&](World& world) { return moe_local(world, parse_flags(argc, argv)); });
+  return launch(argc, argv,
+                [&](World& world) { return moe_local(world, parse_flags(argc, argv)); });
 }

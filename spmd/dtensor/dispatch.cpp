@@ -146,9 +146,10 @@ std::shared_ptr<const OutputSharding> decide(const OpDef& op, SpecList inputs, c
     return false;
   };
   // Note [Following the first input]
-  // An elementwise op that can keep its first input's placements does (PyTorch's pointwise rule), even when another strategy is cheaper: otherwise
-  // `w - lr * dw` with a P(sum) update would make a Replicate w Partial (a free local partition)
-  // and the parameter would leave the step with placements it did not have.
+  // An elementwise op that can keep its first input's placements does (PyTorch's pointwise rule),
+  // even when another strategy is cheaper: otherwise `w - lr * dw` with a P(sum) update would make
+  // a Replicate w Partial (a free local partition) and the parameter would leave the step with
+  // placements it did not have.
   bool first_kept = false;
   if (op.follow_first_input) {
     for (const OpStrategy& strategy : strategies) {

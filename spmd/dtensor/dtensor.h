@@ -24,8 +24,8 @@
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/placement.h>
-#include <spmd/world/local_tensor.h>
 #include <spmd/tensor/tensor.h>
+#include <spmd/world/local_tensor.h>
 
 namespace spmd {
 

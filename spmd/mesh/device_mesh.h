@@ -58,9 +58,9 @@
 #include <spmd/mesh/comm_cache.h>
 #include <spmd/mesh/group_family.h>
 #include <spmd/mesh/layout.h>
+#include <spmd/tensor/tensor.h>
 #include <spmd/world/per_rank.h>
 #include <spmd/world/world.h>
-#include <spmd/tensor/tensor.h>
 
 namespace spmd {
 

@@ -21,9 +21,9 @@
 #include <vector>
 
 #include <spmd/core/call_site.h>
+#include <spmd/tensor/tensor.h>
 #include <spmd/world/local_tensor.h>
 #include <spmd/world/world.h>
-#include <spmd/tensor/tensor.h>
 
 namespace spmd {
 

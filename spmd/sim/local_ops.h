@@ -1,6 +1,7 @@
-// spmd/sim/local_ops.h: the old path of <spmd/world/local_ops.h>. The backend-neutral core (World, PerRank,
-// LocalTensor, SPMD types, the backend registry) lived in spmd/sim/ until round 3, when it was named
-// spmd/world/ ("sim" is the sim backend only). Deprecated: this header goes in the next release.
+// spmd/sim/local_ops.h: the old path of <spmd/world/local_ops.h>. The backend-neutral core (World,
+// PerRank, LocalTensor, SPMD types, the backend registry) lived in spmd/sim/ until round 3, when it
+// was named spmd/world/ ("sim" is the sim backend only). Deprecated: this header goes in the next
+// release.
 #pragma once
 
 #pragma message("<spmd/sim/local_ops.h> is deprecated: include <spmd/world/local_ops.h>")

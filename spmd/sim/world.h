@@ -1,6 +1,7 @@
 // spmd/sim/world.h: the old path of <spmd/world/world.h>. The backend-neutral core (World, PerRank,
-// LocalTensor, SPMD types, the backend registry) lived in spmd/sim/ until round 3, when it was named
-// spmd/world/ ("sim" is the sim backend only). Deprecated: this header goes in the next release.
+// LocalTensor, SPMD types, the backend registry) lived in spmd/sim/ until round 3, when it was
+// named spmd/world/ ("sim" is the sim backend only). Deprecated: this header goes in the next
+// release.
 #pragma once
 
 #pragma message("<spmd/sim/world.h> is deprecated: include <spmd/world/world.h>")

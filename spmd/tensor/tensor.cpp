@@ -301,9 +301,8 @@ std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
   check_defined("chunk");
   d = normalize_dim(d, dim(), "chunk", meta_->shape);
   const int64_t size = meta_->shape[static_cast<std::size_t>(d)];
-  const auto ranges =
-      chunk_ranges(size, chunks, fmt::format("dim {} of size {} (shape {})", d, size,
-                                             shape_str(meta_->shape)));
+  const auto ranges = chunk_ranges(
+      size, chunks, fmt::format("dim {} of size {} (shape {})", d, size, shape_str(meta_->shape)));
   std::vector<Tensor> pieces;
   try {
     pieces.reserve(ranges.size());

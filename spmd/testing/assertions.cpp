@@ -15,10 +15,10 @@
 #include <fmt/format.h>
 
 #include <spmd/collectives/functional.h>
-#include <spmd/world/backend_driver.h>
 #include <spmd/tensor/autograd_meta.h>
 #include <spmd/tensor/compare.h>
 #include <spmd/tensor/factory.h>
+#include <spmd/world/backend_driver.h>
 
 namespace spmd::testing {
 namespace {

@@ -40,8 +40,8 @@
 #include <spmd/dtensor/dtensor.h>
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/placement.h>
-#include <spmd/world/local_tensor.h>
 #include <spmd/tensor/tensor.h>
+#include <spmd/world/local_tensor.h>
 
 namespace spmd::testing {
 

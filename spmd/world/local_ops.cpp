@@ -10,8 +10,8 @@
 
 #include <spmd/core/error.h>
 #include <spmd/core/format.h>
-#include <spmd/world/spmd_types.h>
 #include <spmd/tensor/random.h>
+#include <spmd/world/spmd_types.h>
 
 namespace spmd {
 namespace {

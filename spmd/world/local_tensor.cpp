@@ -10,9 +10,9 @@
 #include <spmd/core/error.h>
 #include <spmd/core/format.h>
 #include <spmd/core/parallel.h>
+#include <spmd/tensor/compare.h>
 #include <spmd/world/local_ops.h>
 #include <spmd/world/spmd_types.h>
-#include <spmd/tensor/compare.h>
 
 namespace spmd {
 namespace {

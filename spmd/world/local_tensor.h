@@ -46,10 +46,10 @@
 #include <spmd/core/call_site.h>
 #include <spmd/core/format.h>
 
-#include <spmd/world/per_rank.h>
-#include <spmd/world/world.h>
 #include <spmd/tensor/autograd_meta.h>
 #include <spmd/tensor/tensor.h>
+#include <spmd/world/per_rank.h>
+#include <spmd/world/world.h>
 
 namespace spmd {
 

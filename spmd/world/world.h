@@ -1,5 +1,5 @@
-// spmd/world/world.h: World, the ranks this process (or rank thread) holds and the backend that runs
-// their collectives.
+// spmd/world/world.h: World, the ranks this process (or rank thread) holds and the backend that
+// runs their collectives.
 //
 // Every spmdsim program runs against a World. Under `sim` one World holds every rank; under
 // `threads` each rank thread gets its own World holding its rank; under `mpi` and `nccl` each
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include <spmd/world/per_rank.h>
 #include <spmd/tensor/storage.h>
+#include <spmd/world/per_rank.h>
 
 namespace spmd {
 

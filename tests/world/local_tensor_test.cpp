@@ -5,9 +5,9 @@
 #include <vector>
 
 #include <spmd/ops/ops.h>
+#include <spmd/tensor/random.h>
 #include <spmd/world/local_ops.h>
 #include <spmd/world/local_tensor.h>
-#include <spmd/tensor/random.h>
 #include "tests/support/test_support.h"
 
 namespace spmd {

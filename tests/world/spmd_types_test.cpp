@@ -192,9 +192,10 @@ TEST_F(Typed, ToLocalTypesFollowTheGradientClaim) {
   // With values identical on every rank the claim holds: I meets I and R.
   EXPECT_EQ(type_of(claimed_reduced * claimed_reduced, "tp"), SpmdType::I);
   // With a value that differs per rank it cannot: each rank's gradient is its own term.
-  expect_throws<TypeError>([&] { (void)(claimed_reduced * varying({3})); },
-                           {"mul", "to_local at spmd_types_test.cpp", "claims this value's gradient",
-                            "grad_placements with Partial on 'tp'"});
+  expect_throws<TypeError>(
+      [&] { (void)(claimed_reduced * varying({3})); },
+      {"mul", "to_local at spmd_types_test.cpp", "claims this value's gradient",
+       "grad_placements with Partial on 'tp'"});
   // Partial claimed: R meets V as usual, and the gradient is the sum of the ranks' terms.
   const LocalTensor v = varying({3});
   backward(sum(w.to_local(Placements{Partial{}}) * v));

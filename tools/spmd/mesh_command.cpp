@@ -20,8 +20,8 @@
 
 #include <spmd/core/error.h>
 #include <spmd/mesh/device_mesh.h>
-#include <spmd/world/world.h>
 #include <spmd/tensor/shape.h>
+#include <spmd/world/world.h>
 #include "tools/spmd/cli.h"
 
 namespace spmd::cli {

@@ -27,8 +27,8 @@
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/ops.h>
 #include <spmd/ops/placement.h>
-#include <spmd/world/world.h>
 #include <spmd/tensor/dtype.h>
+#include <spmd/world/world.h>
 #include "tools/spmd/cli.h"
 
 namespace spmd::cli {

@@ -20,10 +20,10 @@ struct Call {
   CollectiveCall what;
   Tensor input;  // this rank's input, contiguous
   MPI_Datatype type;
-  int n;              // group size
-  int index;          // this rank's group rank
-  int rank;           // this process's rank
-  uint64_t sequence;  // this call's number on the communicator (0 for point-to-point)
+  int n;                           // group size
+  int index;                       // this rank's group rank
+  int rank;                        // this process's rank
+  uint64_t sequence;               // this call's number on the communicator (0 for point-to-point)
   const CallSite* site = nullptr;  // the caller's, alive for the call
 
   std::string describe() const { return describe_call(what); }

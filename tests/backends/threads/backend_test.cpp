@@ -20,8 +20,8 @@
 #include <spmd/ops/ops.h>
 #include <spmd/runtime/digest.h>
 #include <spmd/runtime/launch.h>
-#include <spmd/world/local_ops.h>
 #include <spmd/tensor/random.h>
+#include <spmd/world/local_ops.h>
 
 namespace spmd {
 namespace {

@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
     AdamW opt({&w}, {.lr = 0.01});
     // BUG: the last rank decides alone to skip the clipping.
     if (mesh.local_rank("dp") != world.size() - 1) {  // REPORTED
-      clip_grad_norm({&w}, 1.0);  // REPORTED
+      clip_grad_norm({&w}, 1.0);                      // REPORTED
     }
     opt.step();  // REPORTED
     print_digest(world, {w.to_local()});

@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
     });
     // BUG: the gain's gradient is a pending tp sum; grad_placements {Partial{}} is missing.
     LocalTensor scaled = h * gain.to_local();  // REPORTED
-    backward(sum(scaled * scaled));  // each rank's own loss term
+    backward(sum(scaled * scaled));            // each rank's own loss term
     print_digest(world, {gain.grad().to_local()});
   });
 }

@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
     w.requires_grad_();
     DTensor x = distribute_tensor(randn({16, 8}, 1), mesh, {Shard{0}});
     // BUG: the gradient of the weight is a pending dp sum; grad_placements {Partial{}} is missing.
-    LocalTensor w_local = w.to_local();  // REPORTED
+    LocalTensor w_local = w.to_local();             // REPORTED
     LocalTensor y = matmul(x.to_local(), w_local);  // REPORTED
     DTensor out = DTensor::from_local(y, mesh, {Shard{0}});
     backward(sum(out * out));

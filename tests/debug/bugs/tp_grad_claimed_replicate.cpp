@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
     DTensor x = distribute_tensor(randn({2, 16, 8}, 1), mesh, {Shard{0}, Shard{1}});
     // BUG: tp must be Partial too.
     LocalTensor wk_local = wk.to_local(Placements{Partial{}, Replicate{}});  // REPORTED
-    LocalTensor k = matmul(x.to_local(), wk_local);  // REPORTED
+    LocalTensor k = matmul(x.to_local(), wk_local);                          // REPORTED
     DTensor keys = DTensor::from_local(k, mesh, {Shard{0}, Shard{1}});
     backward(sum(keys * keys));
     print_digest(world, {wk.grad().to_local()});
