@@ -172,8 +172,15 @@ PipelineStep run_pipeline(const PipelineModel& model, const Schedule& schedule,
       const Var grad = local_var(f.grad);
       auto send_input_grad = [&] {
         if (s == 0) return;
-        LocalTensor g = f.input.grad();
-        if (!g.defined()) g = f.input.detach() * 0.0;
+        const LocalTensor g = f.input.grad();
+        if (!g.defined()) {
+          // Sending zeros would train the earlier stages on nothing, silently.
+          throw_error<Error>(
+              "run_pipeline: {} on pp rank {}: the stage's output does not depend on its input "
+              "(a detach or a to_local without gradient inside stage {}'s forward?), so no "
+              "gradient goes back to stage {}",
+              a, step.pp_rank, s, s - 1);
+        }
         sends.push_back(isend(g, mesh, pp, schedule.rank_of_stage(s - 1), m, loc));
       };
       if (a.kind == ActionKind::Backward) {

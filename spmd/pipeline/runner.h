@@ -45,7 +45,8 @@ namespace spmd::pipeline {
 // a compute span of the trace (the schedule as it ran: trace summary, Perfetto tracks).
 // Before any transfer, every process creates the pp dim's communicator (mpi: MPI_Comm_split over
 // every process). The step ends by waiting for every send; a stage whose backward never ran
-// (a hand-made schedule validate() lets through cannot have one) is an Error.
+// (a hand-made schedule validate() lets through cannot have one) is an Error, and so is a stage
+// whose output does not depend on its input: no gradient would go back to the stage before.
 
 struct PipelineStage {
   // The stage's computation on one microbatch (LocalTensors over the stage's ranks).

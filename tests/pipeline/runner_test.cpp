@@ -125,5 +125,48 @@ SPMD_TEST(PipelineRunner, DroppedBackwardIsAConfigError) {
                                       {"runner_test.cpp:"});
 }
 
+// A stage that cuts its input off the graph (a detach) would send the previous stage nothing to
+// learn from: an Error naming the stage, not zeros.
+SPMD_TEST(PipelineRunner, StageThatDetachesItsInputIsAnError) {
+  if (world.size() % 2 != 0) GTEST_SKIP();
+  // Under mpi the first stage's wait that can never complete leaves a request MPI cannot cancel,
+  // which ends the job (Note [Exit notices]): that is the right outcome, but not a test's.
+  if (world.backend_name() == "mpi") GTEST_SKIP();
+  DeviceMesh mesh = init_device_mesh(world, {world.size() / 2, 2}, {"dp", "pp"});
+  const Schedule schedule = make_schedule("1f1b", 2, 2);
+  std::vector<LocalTensor> w(2);
+  PipelineModel model;
+  for (int s = 0; s < 2; ++s) {
+    const std::vector<int> ranks = stage_ranks(mesh, "pp", s);
+    if (!ranks.empty()) {
+      w[static_cast<size_t>(s)] = LocalTensor::from_fn(ranks, [&](int) { return weight_of(s); });
+      w[static_cast<size_t>(s)].requires_grad_(true);
+    }
+    LocalTensor* param = &w[static_cast<size_t>(s)];
+    model.stages.push_back(
+        PipelineStage{[param](const LocalTensor& x) { return tanh(matmul(x.detach(), *param)); },
+                      {param},
+                      {kBatch, kWidth}});
+  }
+  model.input = [](int m, const std::vector<int>& ranks) {
+    return LocalTensor::from_fn(ranks, [&](int) { return input_of(m); });
+  };
+  model.loss = [](const LocalTensor& y, int) { return sum(y * y); };
+  // Only the last stage's ranks see it; the first stage's then wait for a gradient that never
+  // comes (threads: reported as the other rank having finished).
+  if (!stage_ranks(mesh, "pp", 1).empty()) {
+    testing::expect_throws<Error>([&] { run_pipeline(model, schedule, mesh, "pp"); },
+                                  {"does not depend on its input", "stage 1"});
+    // Under sim the abandoned step left activations in the mailbox: reported (and dropped) when
+    // the program ends, here at once.
+    if (world.backend_name() == "sim") {
+      testing::expect_throws<CommError>([&] { world.backend().finish_program(); },
+                                        {"nobody received"});
+    }
+  } else {
+    EXPECT_THROW(run_pipeline(model, schedule, mesh, "pp"), Error);
+  }
+}
+
 }  // namespace
 }  // namespace spmd::pipeline

@@ -294,6 +294,7 @@ struct ThreadsHub::Impl {
   static std::string last_call_text(const RankState& state);
   std::string pairing_note(const Rendezvous& rv) const;
   static void compute(Rendezvous& rv);
+  static void settle(Rendezvous& rv);
   std::string late_p2p_report(const Rendezvous& rv, std::unique_lock<std::mutex>& lock);
 
   std::mutex mutex_;
@@ -356,14 +357,7 @@ std::shared_ptr<Rendezvous> ThreadsHub::Impl::arrive(const std::shared_ptr<Threa
   lock.unlock();
   compute(*rv);
   lock.lock();
-  for (auto& c : rv->calls) c->input = Tensor();
-  if (rv->raised) {
-    rv->status = Status::Failed;
-    rv->failure = Failure::Raised;
-  } else {
-    rv->status = Status::Done;
-  }
-  rv->settled.notify_all();
+  settle(*rv);
   return rv;
 }
 
@@ -410,15 +404,20 @@ std::shared_ptr<Rendezvous> ThreadsHub::Impl::arrive_p2p(
   rv->requires_grad = sent.requires_grad != 0;
   // A copy, under the lock (it shares the sender's buffer).
   compute(*rv);
-  for (auto& c : rv->calls) c->input = Tensor();
-  if (rv->raised) {
-    rv->status = Status::Failed;
-    rv->failure = Failure::Raised;
-  } else {
-    rv->status = Status::Done;
-  }
-  rv->settled.notify_all();
+  settle(*rv);
   return rv;
+}
+
+// After compute, under the lock: the inputs dropped, the outcome published to the members.
+void ThreadsHub::Impl::settle(Rendezvous& rv) {
+  for (auto& c : rv.calls) c->input = Tensor();
+  if (rv.raised) {
+    rv.status = Status::Failed;
+    rv.failure = Failure::Raised;
+  } else {
+    rv.status = Status::Done;
+  }
+  rv.settled.notify_all();
 }
 
 void ThreadsHub::Impl::compute(Rendezvous& rv) {
