@@ -151,6 +151,20 @@ inline DTensor bmm(const Tensor& a, const DTensor& b,
   return dispatch(op::bmm, {a, b}, {}, loc);
 }
 
+// The rows never split (they follow the sizes); w's columns S(2) give S(1), the inner dim S(1)
+// of both gives P(sum).
+inline DTensor grouped_mm(const DTensor& x, const DTensor& w, const DTensor& sizes,
+                          SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::grouped_mm, {x, w, sizes}, {}, loc);
+}
+// Sizes the same on every rank: Replicate on x's mesh.
+inline DTensor grouped_mm(const DTensor& x, const DTensor& w, const Tensor& sizes,
+                          SourceLocation loc = SourceLocation::current()) {
+  const DTensor replicated = distribute_tensor(
+      sizes, x.mesh(), Placements(static_cast<size_t>(x.mesh().ndim()), Replicate{}));
+  return dispatch(op::grouped_mm, {x, w, replicated}, {}, loc);
+}
+
 inline DTensor pow(const DTensor& a, const DTensor& b,
                    SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::pow, {a, b}, {}, loc);

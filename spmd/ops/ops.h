@@ -98,6 +98,10 @@ extern const OpDef masked_fill;
 extern const OpDef matmul;
 extern const OpDef bmm;
 extern const OpDef addmm;
+// grouped_mm (x [N, K], w [G, K, M], sizes [G] I64): group g's rows times w[g] (ops/grouped.cpp,
+// Note [Grouped matmul]); its weight gradient grouped_mm_backward (x, grad, sizes) -> [G, K, M].
+extern const OpDef grouped_mm;
+extern const OpDef grouped_mm_backward;
 
 // Reductions (ops/reduction.cpp). args.ints = [keepdim, dims...]; no dims: every dim.
 extern const OpDef sum;
@@ -212,6 +216,8 @@ inline std::span<const OpDef* const> all_ops() {
       &op::matmul,
       &op::bmm,
       &op::addmm,
+      &op::grouped_mm,
+      &op::grouped_mm_backward,
       &op::sum,
       &op::mean,
       &op::amax,
@@ -555,6 +561,11 @@ inline Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, double be
   return call(op::addmm, {c, a, b}, {{}, {beta, alpha}});
 }
 // Batched: a [B,n,k] @ b [B,k,m] -> [B,n,m].
+// The rows of x [N, K] in consecutive groups of sizes[g] rows (I64 [G], adding up to N), group g
+// times w[g] (w [G, K, M]): a mixture-of-experts layer's experts in one call.
+inline Tensor grouped_mm(const Tensor& x, const Tensor& w, const Tensor& sizes) {
+  return call(op::grouped_mm, {x, w, sizes});
+}
 inline Tensor bmm(const Tensor& a, const Tensor& b) {
   return call(op::bmm, {a, b});
 }

@@ -139,6 +139,16 @@ inline LocalTensor bmm(const Tensor& a, const LocalTensor& b,
   return local_call(op::bmm, {a, b}, {}, loc);
 }
 
+// Each rank's rows in groups of its own sizes (Note [Grouped matmul] in ops/grouped.cpp).
+inline LocalTensor grouped_mm(const LocalTensor& x, const LocalTensor& w, const LocalTensor& sizes,
+                              SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::grouped_mm, {x, w, sizes}, {}, loc);
+}
+inline LocalTensor grouped_mm(const LocalTensor& x, const LocalTensor& w, const Tensor& sizes,
+                              SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::grouped_mm, {x, w, sizes}, {}, loc);
+}
+
 inline LocalTensor pow(const LocalTensor& a, const LocalTensor& b,
                        SourceLocation loc = SourceLocation::current()) {
   return local_call(op::pow, {a, b}, {}, loc);

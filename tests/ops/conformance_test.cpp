@@ -341,6 +341,10 @@ Table op_table() {
     t.add(row("matmul", shapes, [](const auto& x) { return matmul(x[0], x[1]); }));
   }
   t.add(row("bmm", {{3, 4, 5}, {3, 5, 2}}, [](const auto& x) { return bmm(x[0], x[1]); }));
+  // Groups of 2, 0 (an expert no token chose) and 5 rows.
+  t.add(row("grouped_mm", {{7, 4}, {3, 4, 5}}, [](const auto& x) {
+     return grouped_mm(x[0], x[1], from_vector<int64_t>({2, 0, 5}, {3}));
+   })).floating_only = true;
   for (const Shape& c : std::vector<Shape>{{5, 3}, {3}, {5, 1}}) {
     t.add(row("addmm", {c, {5, 6}, {6, 3}}, [](const auto& x) {
        return addmm(x[0], x[1], x[2], 0.5, 2.0);
@@ -753,6 +757,70 @@ TEST(OpTable, ClampGradientPassesInsideTheBoundsIncludingThem) {
   expect_throws<Unsupported>([&] { clamp(ones({3}, DType::Bool), 0.0, 1.0); },
                              {"clamp", "bool", "[3]"});
   expect_throws<Unsupported>([&] { clamp(ones({3}, DType::I32), 1e10); }, {"clamp", "i32"});
+}
+
+// grouped_mm against a brute-force triple loop, its gradients against the per-group matmuls'
+// (a group of no rows gets a zero weight gradient), and its errors.
+TEST(OpTable, GroupedMatmulMultipliesEachGroupByItsWeight) {
+  const std::vector<int64_t> sizes{3, 0, 1, 4};
+  const Tensor x = randn({8, 5}, 7, DType::F64);
+  const Tensor w = randn({4, 5, 3}, 8, DType::F64);
+  const Tensor y = grouped_mm(x, w, from_vector(sizes, {4}));
+  ASSERT_EQ(y.shape(), (Shape{8, 3}));
+  const std::vector<double> xv = testing::values(x), wv = testing::values(w);
+  std::vector<double> expected;
+  int64_t group = 0, left = sizes[0];
+  for (int64_t i = 0; i < 8; ++i) {
+    while (left == 0) left = sizes[static_cast<size_t>(++group)];
+    --left;
+    for (int64_t j = 0; j < 3; ++j) {
+      double v = 0.0;
+      for (int64_t k = 0; k < 5; ++k) {
+        v += xv[static_cast<size_t>(i * 5 + k)] * wv[static_cast<size_t>((group * 5 + k) * 3 + j)];
+      }
+      expected.push_back(v);
+    }
+  }
+  expect_values(y, expected, 1e-12, 1e-12, "grouped_mm");
+
+  Tensor xg = x.clone().requires_grad_();
+  Tensor wg = w.clone().requires_grad_();
+  const Tensor g = randn({8, 3}, 9, DType::F64);
+  backward(grouped_mm(xg, wg, from_vector(sizes, {4})), g);
+  Tensor xr = x.clone().requires_grad_();
+  Tensor wr = w.clone().requires_grad_();
+  std::vector<Tensor> parts;
+  int64_t start = 0;
+  for (int64_t e = 0; e < 4; ++e) {
+    const int64_t n = sizes[static_cast<size_t>(e)];
+    if (n > 0) parts.push_back(matmul(xr.narrow(0, start, n), wr.select(0, e)));
+    start += n;
+  }
+  backward(cat(parts, 0), g);
+  EXPECT_LE(max_abs_diff(xg.grad(), xr.grad()), 1e-12);
+  EXPECT_LE(max_abs_diff(wg.grad().narrow(0, 0, 1), wr.grad().narrow(0, 0, 1)), 1e-12);
+  EXPECT_TRUE(equal(wg.grad().select(0, 1), zeros({5, 3}, DType::F64)));
+  EXPECT_LE(max_abs_diff(wg.grad().narrow(0, 2, 2), wr.grad().narrow(0, 2, 2)), 1e-12);
+
+  expect_throws<ShapeError>(
+      [&] {
+        grouped_mm(x, w, from_vector<int64_t>({3, 0, 1, 3}, {4}));
+      },
+      {"grouped_mm", "add up to 7", "8 rows"});
+  expect_throws<ShapeError>(
+      [&] {
+        grouped_mm(x, w, from_vector<int64_t>({9, -1, 0, 0}, {4}));
+      },
+      {"grouped_mm", "negative size -1"});
+  expect_throws<ShapeError>([&] { grouped_mm(x, w, from_vector<int64_t>({8}, {1})); },
+                            {"grouped_mm", "one count per group (4)", "[1]"});
+  expect_throws<ShapeError>(
+      [&] {
+        grouped_mm(x, randn({4, 6, 3}, 1), from_vector(sizes, {4}));
+      },
+      {"grouped_mm", "[8, 5]", "[4, 6, 3]"});
+  expect_throws<Unsupported>([&] { grouped_mm(x, w, ones({4}, DType::F32)); },
+                             {"grouped_mm", "integer"});
 }
 
 // clamp and expm1 are non-decreasing: P(max) and P(min) pass with no communication; reciprocal
