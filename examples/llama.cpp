@@ -34,7 +34,8 @@ constexpr const char* kUsage =
     "llama [--dp N] [--ep N] [--cp N] [--tp N] [--fsdp] [--layers N] [--d-model N] [--heads N]\n"
     "      [--kv-heads N] [--ffn N] [--seq N] [--vocab N] [--batch N] [--steps N] [--lr X]\n"
     "      [--experts N] [--top-k N] [--capacity-factor X] [--aux-coef X] [--shared-expert]\n"
-    "      [--no-rope-scaling] [--dtype f32|f64|bf16] [--model toy|8b|70b|405b] [--no-check]\n"
+    "      [--cp-method ring|allgather|sdpa] [--no-zigzag] [--no-rope-scaling]\n"
+    "      [--dtype f32|f64|bf16] [--model toy|8b|70b|405b] [--no-check]\n"
     "      [--data FILE] [--seed N]   (and the --spmd-* flags of launch())";
 
 int64_t parse_int(const std::string& flag, const std::string& value) {
@@ -100,6 +101,8 @@ Config parse_flags(int argc, char** argv) {
       c.shared_expert = true;
     } else if (flag == "--no-rope-scaling") {
       c.rope_scaling = false;
+    } else if (flag == "--no-zigzag") {
+      c.zigzag = false;
     } else if (flag == "-h" || flag == "--help") {
       throw_error<ConfigError>("{}", kUsage);
     } else {
@@ -154,6 +157,12 @@ Config parse_flags(int argc, char** argv) {
       c.aux_coef = parse_real(flag, value);
     } else if (flag == "--data") {
       c.data = value;
+    } else if (flag == "--cp-method") {
+      if (value != "ring" && value != "allgather" && value != "sdpa") {
+        throw_error<ConfigError>("llama: --cp-method takes ring, allgather or sdpa, got '{}'",
+                                 value);
+      }
+      c.cp_method = value;
     } else if (flag == "--dtype") {
       if (value == "f32") {
         c.dtype = DType::F32;
@@ -209,6 +218,12 @@ Config parse_flags(int argc, char** argv) {
         "llama: --seq {} must split over --cp {} x --tp {} (context and sequence parallelism)",
         c.seq, c.cp, c.tp);
   }
+  if (c.cp > 1 && c.zigzag && c.cp_method != "sdpa" && c.seq % (2 * c.cp * c.tp) != 0) {
+    throw_error<ConfigError>(
+        "llama: --seq {} must split into 2 x --cp {} chunks of a multiple of --tp {} (zigzag "
+        "order; or --no-zigzag)",
+        c.seq, c.cp, c.tp);
+  }
   if (c.batch % (c.dp * c.ep) != 0) {
     throw_error<ConfigError>("llama: --batch {} must split over --dp {} x --ep {}", c.batch, c.dp,
                              c.ep);
@@ -253,13 +268,21 @@ std::vector<double> train(const Config& c, const std::string& text, const P& par
   std::vector<double> losses;
   for (int64_t step = 0; step < c.steps; ++step) {
     const Tensor batch = batch_tokens(c, text, step);
-    T tokens;
+    Tensor ids = batch.narrow(1, 0, c.seq).contiguous();
+    Tensor next = batch.narrow(1, 1, c.seq).contiguous();
+    T loss;
     if constexpr (std::is_same_v<T, Tensor>) {
-      tokens = batch;
+      loss = forward(c, par, model, ids, next);
     } else {
-      tokens = distribute_tensor(batch, layout->mesh, layout->tokens());
+      if (!par.positions.empty()) {
+        // The sequence in the run's (zigzag) order.
+        const Tensor order = from_vector(par.positions, {c.seq});
+        ids = index_select(ids, 1, order);
+        next = index_select(next, 1, order);
+      }
+      loss = forward(c, par, model, distribute_tensor(ids, layout->mesh, layout->tokens()),
+                     distribute_tensor(next, layout->mesh, layout->tokens()));
     }
-    const T loss = forward(c, par, model, tokens);
     if constexpr (std::is_same_v<T, Tensor>) {
       losses.push_back(value_of(loss));
     } else {
@@ -318,6 +341,9 @@ int llama(World& world, Config c) {
   const std::string text = dry_run ? std::string() : read_text(c.data);
   const bool coordinator = world.is_coordinator();
   ModelLayout layout{mesh, c.fsdp, c.kv_heads % c.tp != 0};
+  // The sequence's order over cp: zigzag (head-tail) for ring and all-gather attention.
+  std::vector<int64_t> order;
+  if (c.cp > 1 && c.zigzag && c.cp_method != "sdpa") order = zigzag_order(c.seq, c.cp);
   if (coordinator) {
     fmt::print(
         "llama: {} layers, d_model {}, {} heads ({} key/value heads), ffn {}, sequence {}, "
@@ -330,6 +356,10 @@ int llama(World& world, Config c) {
     fmt::print("       rotary theta {}{}; {} steps of AdamW (lr {}), {} ranks, backend {}\n",
                c.rope_theta, c.rope_scaling ? " with Llama 3.1 scaling" : "", c.steps, c.lr,
                world.size(), world.backend_name());
+    if (c.cp > 1) {
+      fmt::print("       context parallel over cp = {}: {} attention, sequence in {} order\n", c.cp,
+                 c.cp_method, order.empty() ? "contiguous" : "zigzag (head-tail)");
+    }
     fmt::print("       key/value heads {} over tp\n",
                layout.kv_replicated ? "replicated (fewer than tp)" : "split");
     fmt::print("\n== mesh {}{}\n{}", mesh.layout(), c.fsdp ? ", FSDP over dp" : "",
@@ -340,8 +370,12 @@ int llama(World& world, Config c) {
   auto [cos_t, sin_t] = rope_tables(c);
   Placements table_placements = replicate_placements(mesh);
   if (layout.has("cp")) table_placements = placed_on(mesh, "cp", Shard{1});
-  const Parallel par{&layout, distribute_tensor(cos_t, mesh, table_placements),
-                     distribute_tensor(sin_t, mesh, table_placements)};
+  // The rotary tables in the sequence's order: index i rotates by position order[i].
+  auto ordered = [&](const Tensor& table) {
+    return order.empty() ? table : index_select(table, 1, from_vector(order, {c.seq}));
+  };
+  const Parallel par{&layout, distribute_tensor(ordered(cos_t), mesh, table_placements),
+                     distribute_tensor(ordered(sin_t), mesh, table_placements), c.cp_method, order};
   trace().clear();
   std::vector<double> losses;
   if (dry_run) {

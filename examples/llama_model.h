@@ -7,11 +7,11 @@
 // each), causal; the FFN a SwiGLU (w2 (silu(x w1) * x w3)) or a mixture of experts (nn/moe.h) with
 // an optional shared expert; no biases, no dropout; tied nothing. The parallel run adds:
 //   dp, ep   the batch split over both (ep also splits the experts, Note [Expert parallelism])
-//   cp       context parallelism: the sequence split over cp everywhere; attention's queries stay
-//            split while its keys and values are gathered over cp (all-gather-kv context
-//            parallelism: scaled_dot_product_attention's row-sharded strategy, whose causal mask
-//            uses each piece's global rows); rotary tables split like the sequence, so every rank
-//            rotates by its tokens' global positions
+//   cp       context parallelism: the sequence split over cp everywhere, in zigzag (head-tail)
+//            order by default (tokens, targets and rotary tables alike, so every rank rotates by
+//            its tokens' global positions); attention by ring (keys and values passed around the
+//            cp ring), all-gather, or sdpa's own row-sharded strategy (contiguous order only;
+//            nn/context_parallel.h)
 //   tp       Megatron tensor parallelism with sequence parallelism (nn/parallel.h): q, k, v, w1,
 //            w3 column-wise, wo, w2 row-wise, the embedding vocabulary-parallel, the output layer
 //            column-wise into the vocabulary-parallel cross-entropy; key/value heads fewer than tp
@@ -57,6 +57,12 @@ struct Config {
   bool shared_expert = false;
   // The mesh.
   int64_t dp = 2, ep = 1, cp = 1, tp = 4;
+  // Context parallelism's attention (nn/context_parallel.h): ring (keys and values passed around
+  // the cp ring), allgather, or sdpa (scaled_dot_product_attention's own row-sharded strategy, its
+  // keys and values gathered by DTensor); zigzag: the sequence in head-tail order over cp (ring
+  // and allgather only).
+  std::string cp_method = "ring";
+  bool zigzag = true;
   bool fsdp = false;
   DType dtype = DType::F64;
   bool check = true;
@@ -280,11 +286,26 @@ struct Single {
   Tensor out_of_tp(const Tensor& partial) const { return partial; }
   Tensor into_sp(const Tensor& x) const { return x; }
   Tensor heads_for_tp(const Tensor& kv) const { return kv; }
+  Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v) const {
+    return scaled_dot_product_attention(q, k, v, true);
+  }
 };
 
 struct Parallel {
   const ModelLayout* layout = nullptr;
-  DTensor cos_t, sin_t;  // [1, S, 1, D], split over cp like the sequence
+  DTensor cos_t, sin_t;  // [1, S, 1, D], split over cp like the sequence (in its order)
+  std::string cp_method = "sdpa";
+  std::vector<int64_t> positions;  // of each sequence index (empty: in order)
+  // Causal attention of q, k, v [B, H, S, D]: over cp by the chosen method.
+  DTensor attend(const DTensor& q, const DTensor& k, const DTensor& v) const {
+    if (!layout->has("cp") || cp_method == "sdpa")
+      return scaled_dot_product_attention(q, k, v, true);
+    return context_attention(
+        q, k, v,
+        {.cp = "cp",
+         .positions = positions,
+         .method = cp_method == "ring" ? ContextMethod::Ring : ContextMethod::AllGather});
+  }
   DTensor use(const DTensor& p) const { return layout->fsdp ? fsdp_unshard(p, "dp") : p; }
   // Into a tensor-parallel region: the sequence gathered over tp (it stays split over cp).
   DTensor into_tp(const DTensor& x) const {
@@ -318,8 +339,7 @@ T attention(const Config& c, const P& par, const Block<T>& b, const T& x) {
     return par.heads_for_tp(r);
   };
   auto heads_first = [](const T& t) { return permute(t, {0, 2, 1, 3}); };
-  const T o = scaled_dot_product_attention(heads_first(q), heads_first(repeat(k)),
-                                           heads_first(repeat(v)), true);
+  const T o = par.attend(heads_first(q), heads_first(repeat(k)), heads_first(repeat(v)));
   const T merged = reshape(permute(o, {0, 2, 1, 3}), {B, S, H * D});
   return par.out_of_tp(matmul(merged, par.use(b.wo)));
 }
@@ -341,12 +361,12 @@ std::pair<T, T> ffn(const Config& c, const P& par, const Block<T>& b, const T& x
   return {out, r.aux_loss};
 }
 
-// The loss of one batch of tokens [B, S + 1]: the mean next-token cross-entropy plus aux_coef
-// times the layers' load-balancing losses.
+// The loss of one batch: input tokens and their next tokens [B, S] (in the run's sequence order):
+// the mean next-token cross-entropy plus aux_coef times the layers' load-balancing losses.
 template <class T, class P>
-T forward(const Config& c, const P& par, const Model<T>& m, const T& tokens) {
+T forward(const Config& c, const P& par, const Model<T>& m, const T& ids, const T& next) {
   const int64_t B = c.batch, S = c.seq;
-  T x = par.into_sp(embedding(narrow(tokens, 1, 0, S), par.use(m.tok_embeddings)));
+  T x = par.into_sp(embedding(ids, par.use(m.tok_embeddings)));
   T aux;
   for (const Block<T>& b : m.blocks) {
     const T h = x + attention(c, par, b, rms_norm(x, par.use(b.attn_norm), c.norm_eps));
@@ -355,7 +375,7 @@ T forward(const Config& c, const P& par, const Model<T>& m, const T& tokens) {
     if (layer_aux.defined()) aux = aux.defined() ? aux + layer_aux : layer_aux;
   }
   const T logits = matmul(par.into_tp(rms_norm(x, par.use(m.norm), c.norm_eps)), par.use(m.output));
-  const T targets = reshape(narrow(tokens, 1, 1, S), {B * S});
+  const T targets = reshape(next, {B * S});
   const T loss = cross_entropy(reshape(logits, {B * S, c.vocab}), targets);
   return aux.defined() ? loss + aux * c.aux_coef : loss;
 }
