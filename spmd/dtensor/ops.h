@@ -371,6 +371,17 @@ inline DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, 
   return dispatch(op::scaled_dot_product_attention, {q, k, v},
                   attention_args(q.size(-1), causal, scale), loc);
 }
+// Every dim of x but the head dim shards, positions with x's rows; without positions a piece
+// rotates its rows by their global index along S (context parallelism needs no positions).
+inline DTensor rotary_embedding(const DTensor& x, const DTensor& positions,
+                                const RopeConfig& config = {},
+                                SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::rotary_embedding, {x, positions}, rope_args(config), loc);
+}
+inline DTensor rotary_embedding(const DTensor& x, const RopeConfig& config = {},
+                                SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::rotary_embedding, {x}, rope_args(config), loc);
+}
 
 // Over all dims, or over `dims` (each once, negative allowed; empty means all).
 inline DTensor sum(const DTensor& t, SourceLocation loc = SourceLocation::current()) {

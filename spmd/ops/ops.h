@@ -136,6 +136,10 @@ extern const OpDef cross_entropy;
 extern const OpDef cross_entropy_backward;
 extern const OpDef scaled_dot_product_attention;
 extern const OpDef attention_probs;
+// Rotary embeddings (ops/rope.cpp, Note [Rotary embeddings]): inputs (x [..., S, H, D]) or (x,
+// positions); args.ints = [sign, interleaved, scaled], args.reals = [theta, factor,
+// low_freq_factor, high_freq_factor, original_max_position] (rope_args).
+extern const OpDef rotary_embedding;
 
 // Shapes (ops/shape.cpp). transpose: args.ints = [a, b]; reshape and expand: the shape; cat,
 // stack, unsqueeze, squeeze: [d]; pad: [d, before, after], args.reals = [value]; narrow: [d,
@@ -236,6 +240,7 @@ inline std::span<const OpDef* const> all_ops() {
       &op::cross_entropy_backward,
       &op::scaled_dot_product_attention,
       &op::attention_probs,
+      &op::rotary_embedding,
       // Shapes.
       &op::transpose,
       &op::reshape,
@@ -268,6 +273,24 @@ enum class LossReduction { Mean, Sum };
 // The args of scaled_dot_product_attention for queries with head size `head_dim`: the scale
 // defaults to 1 / sqrt(head_dim).
 OpArgs attention_args(int64_t head_dim, bool causal, std::optional<double> scale);
+// Llama 3.1's rescaling of the rotary frequencies (Meta's apply_scaling, HF's rope_type "llama3").
+struct RopeScaling {
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_max_position = 8192.0;
+};
+// Rotary embeddings: frequencies theta^(-2i/D), rescaled when `scaling` is set; `interleaved`
+// rotates the pairs (2i, 2i+1) as Meta's Llama code (complex form), otherwise (i, i + D/2) as HF's
+// rotate_half.
+struct RopeConfig {
+  double theta = 500000.0;
+  std::optional<RopeScaling> scaling;
+  bool interleaved = true;
+};
+// The args of rotary_embedding; the D/2 frequencies it uses (in double) for head dim D.
+OpArgs rope_args(const RopeConfig& config);
+std::vector<double> rope_frequencies(int64_t head_dim, const RopeConfig& config);
 // The args of dropout.
 inline OpArgs dropout_args(double p, uint64_t seed) {
   OpArgs args{{}, {p}};
@@ -510,6 +533,18 @@ inline Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, con
                                            std::optional<double> scale = std::nullopt) {
   return call(op::scaled_dot_product_attention, {q, k, v},
               attention_args(q.size(-1), causal, scale));
+}
+
+// Rotary position embeddings (Note [Rotary embeddings] in ops/rope.cpp) of x [..., S, H, D] (D
+// even): pair i of the row at position p turns by p * f_i. positions: integer [S] or x's dims
+// before H ([B, S]), each row's global position; without it, each row's index along S (on a
+// DTensor the global index, so a sequence-sharded x needs no positions). The gradient turns back.
+inline Tensor rotary_embedding(const Tensor& x, const Tensor& positions,
+                               const RopeConfig& config = {}) {
+  return call(op::rotary_embedding, {x, positions}, rope_args(config));
+}
+inline Tensor rotary_embedding(const Tensor& x, const RopeConfig& config = {}) {
+  return call(op::rotary_embedding, {x}, rope_args(config));
 }
 
 // ---- reductions -------------------------------------------------------------------------------

@@ -355,6 +355,16 @@ LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor
                                          const LocalTensor& v, bool causal = false,
                                          std::optional<double> scale = std::nullopt,
                                          SourceLocation loc = SourceLocation::current());
+// Without positions each shard's rows are at 0, 1, ... (local code: pass the global positions).
+inline LocalTensor rotary_embedding(const LocalTensor& x, const LocalTensor& positions,
+                                    const RopeConfig& config = {},
+                                    SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::rotary_embedding, {x, positions}, rope_args(config), loc);
+}
+inline LocalTensor rotary_embedding(const LocalTensor& x, const RopeConfig& config = {},
+                                    SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::rotary_embedding, {x}, rope_args(config), loc);
+}
 
 inline LocalTensor sum(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
   return local_call(op::sum, {t}, reduction_args({}, false), loc);

@@ -329,6 +329,25 @@ Table op_table() {
   t.add(row("sdpa", {{2, 3, 4}, {2, 5, 4}, {2, 5, 3}}, [](const auto& x) {
      return scaled_dot_product_attention(x[0], x[1], x[2], false, 0.7);
    })).floating_only = true;
+  // Rotary embeddings: positions [S] or [B, S] (an index input), or the rows' global indices.
+  {
+    const RopeConfig scaled{.theta = 500000.0, .scaling = RopeScaling{}};
+    const RopeConfig half{.theta = 10000.0, .interleaved = false};
+    OpRow& a = t.add(row("rotary_embedding", {{2, 6, 3, 8}, {6}},
+                         [](const auto& x) { return rotary_embedding(x[0], x[1]); }));
+    a.indices = {{1, 9000}};
+    a.floating_only = true;
+    OpRow& b = t.add(row("rotary_embedding [B, S] scaled", {{2, 5, 2, 8}, {2, 5}},
+                         [scaled](const auto& x) { return rotary_embedding(x[0], x[1], scaled); }));
+    b.indices = {{1, 20000}};
+    b.floating_only = true;
+    t.add(row("rotary_embedding rows half", {{6, 2, 4}}, [half](const auto& x) {
+       return rotary_embedding(x[0], half);
+     })).floating_only = true;
+    t.add(row("rotary_embedding rows scaled", {{2, 7, 2, 8}}, [scaled](const auto& x) {
+       return rotary_embedding(x[0], scaled);
+     })).floating_only = true;
+  }
 
   // ---- linear algebra ----
   for (const auto& shapes : std::vector<std::vector<Shape>>{{{5, 6}, {6, 3}},
@@ -774,6 +793,180 @@ TEST(OpTable, NonDecreasingOpsKeepPartialMaxAndMin) {
   const DTensor r = reciprocal(s);
   EXPECT_EQ(r.placements(), Placements{Replicate{}});
   EXPECT_TRUE(testing::pieces_match(r, reciprocal(abs(g) + 1.0), 1e-12));
+}
+
+// ---- rotary embeddings ----
+
+// Meta's Llama 3 frequencies (apply_scaling), written out again: theta^(-2i/D), and with the
+// scaling, wavelengths above original / low_freq_factor divided by the factor, those between
+// original / high_freq_factor and that blended.
+std::vector<double> reference_rope_frequencies(int64_t dim, const RopeConfig& c) {
+  std::vector<double> out;
+  for (int64_t i = 0; i < dim; i += 2) {
+    const double freq = 1.0 / std::pow(c.theta, static_cast<double>(i) / static_cast<double>(dim));
+    if (!c.scaling) {
+      out.push_back(freq);
+      continue;
+    }
+    const RopeScaling& s = *c.scaling;
+    const double low_freq_wavelen = s.original_max_position / s.low_freq_factor;
+    const double high_freq_wavelen = s.original_max_position / s.high_freq_factor;
+    const double wavelen = 2 * M_PI / freq;
+    if (wavelen < high_freq_wavelen) {
+      out.push_back(freq);
+    } else if (wavelen > low_freq_wavelen) {
+      out.push_back(freq / s.factor);
+    } else {
+      const double smooth = (s.original_max_position / wavelen - s.low_freq_factor) /
+                            (s.high_freq_factor - s.low_freq_factor);
+      out.push_back((1 - smooth) * freq / s.factor + smooth * freq);
+    }
+  }
+  return out;
+}
+
+// Element by element: x [B, S, H, D], positions [B, S] (pos(b, s)).
+std::vector<double> reference_rope(const Tensor& x,
+                                   const std::function<int64_t(int64_t, int64_t)>& pos,
+                                   const RopeConfig& c, double sign = 1.0) {
+  const Shape& shape = x.shape();
+  const int64_t dim = shape[3];
+  const std::vector<double> f = reference_rope_frequencies(dim, c);
+  const std::vector<double> v = testing::values(x);
+  std::vector<double> out(v.size());
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const auto index = testing::unravel(i, shape);
+    const int64_t d = index[3];
+    // The pair (a, b) that d belongs to, the frequency's index and whether d is a or b.
+    const int64_t pair = c.interleaved ? d / 2 : d % (dim / 2);
+    const bool first = c.interleaved ? d % 2 == 0 : d < dim / 2;
+    const int64_t da = c.interleaved ? 2 * pair : pair;
+    const int64_t db = c.interleaved ? 2 * pair + 1 : pair + dim / 2;
+    const int64_t base = i - d;
+    const double xa = v[static_cast<size_t>(base + da)];
+    const double xb = v[static_cast<size_t>(base + db)];
+    const double angle =
+        sign * static_cast<double>(pos(index[0], index[1])) * f[static_cast<size_t>(pair)];
+    out[static_cast<size_t>(i)] = first ? xa * std::cos(angle) - xb * std::sin(angle)
+                                        : xa * std::sin(angle) + xb * std::cos(angle);
+  }
+  return out;
+}
+
+TEST(OpTable, RotaryEmbeddingMatchesAnElementwiseReference) {
+  const Tensor x = randn({2, 5, 3, 8}, 3, DType::F64);
+  const Tensor pos_s = from_vector<int64_t>({0, 7, 3, 9000, 123456}, {5});
+  const Tensor pos_bs =
+      from_vector<int64_t>({4, 5, 6, 7, 8, 100, 2000, 30000, 65535, 131071}, {2, 5});
+  for (bool interleaved : {true, false}) {
+    for (bool scaled : {false, true}) {
+      RopeConfig c{.theta = 500000.0, .interleaved = interleaved};
+      if (scaled) c.scaling = RopeScaling{};
+      SCOPED_TRACE(fmt::format("interleaved {} scaled {}", interleaved, scaled));
+      const std::vector<double> ps = testing::values(pos_s);
+      const std::vector<double> pbs = testing::values(pos_bs);
+      const auto at_s = [&](int64_t, int64_t s) {
+        return static_cast<int64_t>(ps[static_cast<size_t>(s)]);
+      };
+      const auto at_bs = [&](int64_t b, int64_t s) {
+        return static_cast<int64_t>(pbs[static_cast<size_t>(b * 5 + s)]);
+      };
+      expect_values(rotary_embedding(x, pos_s, c), reference_rope(x, at_s, c), 1e-12, 1e-12,
+                    "positions [S]");
+      expect_values(rotary_embedding(x, pos_bs, c), reference_rope(x, at_bs, c), 1e-12, 1e-12,
+                    "positions [B, S]");
+      expect_values(rotary_embedding(x, c),
+                    reference_rope(
+                        x, [](int64_t, int64_t s) { return s; }, c),
+                    1e-12, 1e-12, "row indices");
+      // The gradient of sum(y * w) is w turned back.
+      Tensor leaf = x.clone();
+      leaf.requires_grad_();
+      const Tensor w = randn(x.shape(), 4, DType::F64);
+      backward(sum(rotary_embedding(leaf, pos_bs, c) * w));
+      expect_values(leaf.grad(), reference_rope(w, at_bs, c, -1.0), 1e-12, 1e-12, "gradient");
+    }
+  }
+  // The scaled frequencies cover the three bands at D = 8 (wavelengths 6.3, 167, 4443, 118000).
+  const std::vector<double> f = rope_frequencies(8, RopeConfig{.scaling = RopeScaling{}});
+  const std::vector<double> plain = rope_frequencies(8, RopeConfig{});
+  EXPECT_EQ(f[0], plain[0]);
+  EXPECT_EQ(f[1], plain[1]);
+  EXPECT_LT(f[2], plain[2]);
+  EXPECT_GT(f[2], plain[2] / 8);
+  EXPECT_NEAR(f[3], plain[3] / 8, 1e-18);
+  // F32 rounds the double result once.
+  expect_values(
+      rotary_embedding(x.to(DType::F32), pos_s),
+      reference_rope(x.to(DType::F32).to(DType::F64),
+                     [](int64_t, int64_t s) {
+                       return std::vector<int64_t>{0, 7, 3, 9000, 123456}[static_cast<size_t>(s)];
+                     },
+                     {}),
+      1e-5, 1e-5, "f32");
+  expect_throws<ShapeError>(
+      [&] {
+        rotary_embedding(randn({2, 5, 3, 7}, 1), pos_s);
+      },
+      {"rotary_embedding", "even head dim", "[2, 5, 3, 7]"});
+  expect_throws<ShapeError>(
+      [&] {
+        rotary_embedding(randn({5, 8}, 1));
+      },
+      {"rotary_embedding", "[5, 8]"});
+  expect_throws<ShapeError>(
+      [&] {
+        rotary_embedding(x, from_vector<int64_t>({1, 2}, {2}));
+      },
+      {"rotary_embedding", "positions [2]", "[2, 5, 3, 8]"});
+  expect_throws<Unsupported>([&] { rotary_embedding(x, pos_s.to(DType::F32)); },
+                             {"rotary_embedding", "I64 or I32"});
+  expect_throws<Unsupported>(
+      [&] {
+        rotary_embedding(ones({2, 5, 3, 8}, DType::I64));
+      },
+      {"rotary_embedding", "floating"});
+  expect_throws<ConfigError>([&] { rotary_embedding(x, RopeConfig{.theta = 0.0}); },
+                             {"rotary_embedding", "theta"});
+  expect_throws<ConfigError>(
+      [&] {
+        rotary_embedding(
+            x, RopeConfig{.scaling = RopeScaling{.low_freq_factor = 4, .high_freq_factor = 4}});
+      },
+      {"rotary_embedding", "low_freq_factor < high_freq_factor"});
+}
+
+// Context parallelism: a sequence-sharded x rotates its rows by their global positions, with or
+// without a positions input (sharded alike: no communication), and so does its gradient. A piece
+// that used its local row indices would differ on every rank but the first: checked too.
+TEST(OpTable, RotaryEmbeddingOnSequenceShardsUsesGlobalPositions) {
+  World world = World::sim(4);
+  const DeviceMesh mesh = *testing::try_mesh(world, {4});
+  const RopeConfig c{.scaling = RopeScaling{}};
+  const Tensor x = randn({2, 8, 2, 8}, 5, DType::F64);
+  const Tensor positions = arange(8, DType::I64);
+  const Tensor want = rotary_embedding(x, positions, c);
+  expect_values(want,
+                reference_rope(
+                    x, [](int64_t, int64_t s) { return s; }, c),
+                1e-12, 1e-12, "global");
+  DTensor dx = testing::make_dtensor(x, mesh, {Shard{1}}, 1);
+  dx.requires_grad_();
+  const DTensor dpos = testing::make_dtensor(positions, mesh, {Shard{0}}, 2);
+  for (const DTensor& y : {rotary_embedding(dx, c), rotary_embedding(dx, dpos, c)}) {
+    EXPECT_EQ(y.placements(), Placements{Shard{1}});
+    EXPECT_TRUE(testing::pieces_match(y, want, 1e-12));
+    // The planted bug: local positions 0, 1 on rank 1 (rows 2, 3) give other values.
+    const Tensor local = rotary_embedding(dx.local().shard(1), c);
+    EXPECT_FALSE(allclose(y.local().shard(1), local, 1e-6, 1e-6));
+  }
+  const Tensor w = randn(x.shape(), 6, DType::F64);
+  backward(rotary_embedding(dx, c), testing::make_dtensor(w, mesh, {Shard{1}}, 3));
+  EXPECT_EQ(dx.grad().placements(), Placements{Shard{1}});
+  expect_values(dx.grad().full_tensor(),
+                reference_rope(
+                    w, [](int64_t, int64_t s) { return s; }, c, -1.0),
+                1e-12, 1e-12, "gradient");
 }
 
 // The Tensor methods that make new tensors are recorded too (their free-function rows above check
