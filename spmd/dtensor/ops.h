@@ -371,6 +371,12 @@ inline DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, 
   return dispatch(op::scaled_dot_product_attention, {q, k, v},
                   attention_args(q.size(-1), causal, scale), loc);
 }
+// Other dims' shards and every Partial pass; d sharded passes when its size divides evenly over
+// the mesh dims that shard it (each block's copies stay on its rank).
+inline DTensor repeat_interleave(const DTensor& t, int64_t repeats, int64_t d,
+                                 SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::repeat_interleave, {t}, {{repeats, d}, {}}, loc);
+}
 // Every dim of x but the head dim shards, positions with x's rows; without positions a piece
 // rotates its rows by their global index along S (context parallelism needs no positions).
 inline DTensor rotary_embedding(const DTensor& x, const DTensor& positions,

@@ -161,6 +161,10 @@ extern const OpDef contiguous;
 extern const OpDef triu;
 extern const OpDef tril;
 extern const OpDef to_dtype;
+// repeat_interleave: args.ints = [repeats, dim]; its backward entry (grad) sums each group of
+// repeats rows: args.ints = [repeats, dim, the input's size along dim].
+extern const OpDef repeat_interleave;
+extern const OpDef repeat_interleave_backward;
 
 }  // namespace op
 
@@ -258,6 +262,8 @@ inline std::span<const OpDef* const> all_ops() {
       &op::triu,
       &op::tril,
       &op::to_dtype,
+      &op::repeat_interleave,
+      &op::repeat_interleave_backward,
   };
   return kAll;
 }
@@ -658,6 +664,12 @@ inline Tensor view(const Tensor& t, const Shape& shape) {
 }
 inline Tensor flatten(const Tensor& t, int64_t start = 0, int64_t end = -1) {
   return call(op::reshape, {t}, {flattened_shape(t.shape(), start, end), {}});
+}
+// torch.repeat_interleave with an integer repeats: each slice along d `repeats` times in a row
+// (repeats >= 0); the gradient sums each group of copies. For grouped-query attention, k and v
+// [B, S, Hkv, D] repeated along the heads give [B, S, Hkv * repeats, D].
+inline Tensor repeat_interleave(const Tensor& t, int64_t repeats, int64_t d) {
+  return call(op::repeat_interleave, {t}, {{repeats, d}, {}});
 }
 // Pieces along d of the given sizes (split) or of torch.chunk's sizes (chunk): narrow views.
 std::vector<Tensor> split(const Tensor& t, const std::vector<int64_t>& sizes, int64_t d = 0);

@@ -355,6 +355,10 @@ LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor
                                          const LocalTensor& v, bool causal = false,
                                          std::optional<double> scale = std::nullopt,
                                          SourceLocation loc = SourceLocation::current());
+inline LocalTensor repeat_interleave(const LocalTensor& t, int64_t repeats, int64_t d,
+                                     SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::repeat_interleave, {t}, {{repeats, d}, {}}, loc);
+}
 // Without positions each shard's rows are at 0, 1, ... (local code: pass the global positions).
 inline LocalTensor rotary_embedding(const LocalTensor& x, const LocalTensor& positions,
                                     const RopeConfig& config = {},

@@ -447,6 +447,12 @@ Table op_table() {
     const auto pieces = chunk(x[0], 3, 1);
     return cat({pieces[2], pieces[0], pieces[1]}, 1);
   }));
+  t.add(row("repeat_interleave", {{4, 3}},
+            [](const auto& x) { return repeat_interleave(x[0], 3, 0); }));
+  t.add(row("repeat_interleave", {{2, 4, 3}},
+            [](const auto& x) { return repeat_interleave(x[0], 2, -2); }));
+  t.add(row("repeat_interleave", {{5, 2}},
+            [](const auto& x) { return repeat_interleave(x[0], 2, 0); }));
   t.add(row("pad", {{5, 4}}, [](const auto& x) { return pad(x[0], 1, 2, 1, 0.0); }));
   t.add(row("pad", {{5, 4}}, [](const auto& x) { return pad(x[0], 0, 1, 0, 3.0); }));
   return t;
@@ -967,6 +973,72 @@ TEST(OpTable, RotaryEmbeddingOnSequenceShardsUsesGlobalPositions) {
                 reference_rope(
                     w, [](int64_t, int64_t s) { return s; }, c, -1.0),
                 1e-12, 1e-12, "gradient");
+}
+
+// ---- repeat_interleave ----
+
+// out[..., j, ...] = x[..., j / r, ...] along d, element by element; the gradient of sum(out * w)
+// sums w over each group of r copies.
+TEST(OpTable, RepeatInterleaveMatchesAnElementwiseReference) {
+  const Tensor x = randn({3, 4, 2}, 11, DType::F64);
+  const std::vector<double> xv = testing::values(x);
+  for (int64_t d = 0; d < 3; ++d) {
+    for (int64_t r : {0, 1, 3}) {
+      SCOPED_TRACE(fmt::format("dim {} repeats {}", d, r));
+      Tensor leaf = x.clone();
+      leaf.requires_grad_();
+      const Tensor y = repeat_interleave(leaf, r, d - 3);
+      Shape want_shape = x.shape();
+      want_shape[static_cast<size_t>(d)] *= r;
+      ASSERT_EQ(y.shape(), want_shape);
+      std::vector<double> want;
+      std::vector<double> want_grad(xv.size(), 0.0);
+      const Tensor w = randn(want_shape, 12, DType::F64);
+      const std::vector<double> wv = testing::values(w);
+      for (int64_t i = 0; i < y.numel(); ++i) {
+        auto index = testing::unravel(i, want_shape);
+        index[static_cast<size_t>(d)] /= r;
+        int64_t flat = 0;
+        for (size_t k = 0; k < index.size(); ++k) flat = flat * x.shape()[k] + index[k];
+        want.push_back(xv[static_cast<size_t>(flat)]);
+        want_grad[static_cast<size_t>(flat)] += wv[static_cast<size_t>(i)];
+      }
+      expect_values(y, want, 0, 0, "repeat_interleave");
+      backward(sum(y * w));
+      expect_values(leaf.grad(), want_grad, 1e-12, 1e-12, "gradient");
+    }
+  }
+  expect_throws<ShapeError>([&] { repeat_interleave(x, -1, 0); },
+                            {"repeat_interleave", "repeats must be >= 0", "[3, 4, 2]"});
+  expect_throws<ShapeError>([&] { repeat_interleave(x, 2, 3); }, {"repeat_interleave"});
+}
+
+// The repeated dim stays sharded when its size divides evenly over the mesh dims sharding it
+// (block c of the output is then the copies of block c of x), forward and backward; an uneven
+// split (6 rows over 4 ranks: 2, 2, 2, 0, but 18 rows split 5, 5, 5, 3) is redistributed and
+// still correct.
+TEST(OpTable, RepeatInterleaveKeepsEvenShardsOfItsDim) {
+  World world = World::sim(4);
+  for (const std::vector<int64_t>& mesh_shape : std::vector<std::vector<int64_t>>{{4}, {2, 2}}) {
+    const DeviceMesh mesh = *testing::try_mesh(world, mesh_shape);
+    const Placements sharded(mesh_shape.size(), Shard{0});
+    for (int64_t rows : {8, 6}) {
+      SCOPED_TRACE(fmt::format("{} rows on {}", rows, mesh.to_string()));
+      const Tensor x = randn({rows, 3}, 13, DType::F64);
+      DTensor dx = testing::make_dtensor(x, mesh, sharded, 1);
+      dx.requires_grad_();
+      const DTensor y = repeat_interleave(dx, 3, 0);
+      EXPECT_TRUE(testing::pieces_match(y, repeat_interleave(x, 3, 0)));
+      if (rows % 4 == 0) EXPECT_EQ(y.placements(), sharded);
+      const Tensor w = randn({rows * 3, 3}, 14, DType::F64);
+      backward(y, testing::make_dtensor(w, mesh, sharded, 2));
+      Tensor leaf = x.clone();
+      leaf.requires_grad_();
+      backward(sum(repeat_interleave(leaf, 3, 0) * w));
+      EXPECT_TRUE(allclose(dx.grad().full_tensor(), leaf.grad(), 1e-12, 1e-12));
+      if (rows % 4 == 0) EXPECT_EQ(dx.grad().placements(), sharded);
+    }
+  }
 }
 
 // The Tensor methods that make new tensors are recorded too (their free-function rows above check
