@@ -125,8 +125,9 @@ extern const OpDef embedding_backward;
 // Transformer layers (ops/nn.cpp). layer_norm (x, weight, bias) and rms_norm (x, weight):
 // args.reals = [eps]; their backward entries (grad, x, weight), args.ints = [0: the input's
 // gradient, 1: grad * x_hat]. dropout: args.reals = [p], args.seed. cross_entropy (logits [N, C],
-// target [N]): args.ints = [0 mean, 1 sum]. scaled_dot_product_attention (q, k, v) and
-// attention_probs (q, k): args.ints = [causal], args.reals = [scale].
+// target [N]): args.ints = [0 mean, 1 sum]. scaled_dot_product_attention (q, k, v[, mask]) and
+// attention_probs (q, k[, mask]): args.ints = [causal, enable_gqa, has_mask] (the last two
+// optional), args.reals = [scale].
 extern const OpDef layer_norm;
 extern const OpDef layer_norm_backward;
 extern const OpDef rms_norm;
@@ -279,6 +280,14 @@ enum class LossReduction { Mean, Sum };
 // The args of scaled_dot_product_attention for queries with head size `head_dim`: the scale
 // defaults to 1 / sqrt(head_dim).
 OpArgs attention_args(int64_t head_dim, bool causal, std::optional<double> scale);
+// torch's keyword arguments of scaled_dot_product_attention: is_causal, scale (default
+// 1 / sqrt(D)) and enable_gqa (k and v with fewer heads, dim -3, dividing q's).
+struct AttentionOptions {
+  bool causal = false;
+  std::optional<double> scale;
+  bool enable_gqa = false;
+};
+OpArgs attention_args(int64_t head_dim, const AttentionOptions& options, bool has_mask);
 // Llama 3.1's rescaling of the rotary frequencies (Meta's apply_scaling, HF's rope_type "llama3").
 struct RopeScaling {
   double factor = 8.0;
@@ -539,6 +548,22 @@ inline Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, con
                                            std::optional<double> scale = std::nullopt) {
   return call(op::scaled_dot_product_attention, {q, k, v},
               attention_args(q.size(-1), causal, scale));
+}
+// torch.nn.functional.scaled_dot_product_attention with its options: enable_gqa lets k and v
+// [..., Hkv, Sk, D] have fewer heads than q [..., H, Sq, D] (H % Hkv == 0; query head h uses kv
+// head h / (H / Hkv)); attn_mask broadcastable to [..., Sq, Sk], Bool (true: attend) or floating
+// (added to the scores; it gets a gradient), not together with causal. A row that attends to
+// nothing gives NaN.
+inline Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const AttentionOptions& options) {
+  return call(op::scaled_dot_product_attention, {q, k, v},
+              attention_args(q.size(-1), options, false));
+}
+inline Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& attn_mask,
+                                           const AttentionOptions& options = {}) {
+  return call(op::scaled_dot_product_attention, {q, k, v, attn_mask},
+              attention_args(q.size(-1), options, true));
 }
 
 // Rotary position embeddings (Note [Rotary embeddings] in ops/rope.cpp) of x [..., S, H, D] (D

@@ -355,6 +355,13 @@ LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor
                                          const LocalTensor& v, bool causal = false,
                                          std::optional<double> scale = std::nullopt,
                                          SourceLocation loc = SourceLocation::current());
+LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor& k,
+                                         const LocalTensor& v, const AttentionOptions& options,
+                                         SourceLocation loc = SourceLocation::current());
+LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor& k,
+                                         const LocalTensor& v, const LocalTensor& attn_mask,
+                                         const AttentionOptions& options = {},
+                                         SourceLocation loc = SourceLocation::current());
 inline LocalTensor repeat_interleave(const LocalTensor& t, int64_t repeats, int64_t d,
                                      SourceLocation loc = SourceLocation::current()) {
   return local_call(op::repeat_interleave, {t}, {{repeats, d}, {}}, loc);

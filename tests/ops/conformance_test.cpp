@@ -329,6 +329,34 @@ Table op_table() {
   t.add(row("sdpa", {{2, 3, 4}, {2, 5, 4}, {2, 5, 3}}, [](const auto& x) {
      return scaled_dot_product_attention(x[0], x[1], x[2], false, 0.7);
    })).floating_only = true;
+  // Grouped-query attention (H 4 over Hkv 2; H 6 over Hkv 2, causal), and masks: a Bool mask
+  // (an index-like input; its first key always attended, so no row is empty) and a floating one
+  // (data, with a gradient) broadcast over the heads.
+  t.add(row("sdpa gqa", {{2, 4, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 3}}, [](const auto& x) {
+     return scaled_dot_product_attention(x[0], x[1], x[2], AttentionOptions{.enable_gqa = true});
+   })).floating_only = true;
+  t.add(row("sdpa gqa causal", {{1, 6, 4, 2}, {1, 2, 4, 2}, {1, 2, 4, 2}}, [](const auto& x) {
+     return scaled_dot_product_attention(x[0], x[1], x[2],
+                                         AttentionOptions{.causal = true, .enable_gqa = true});
+   })).floating_only = true;
+  for (bool gqa : {false, true}) {
+    OpRow& r = t.add(row(gqa ? "sdpa gqa bool mask" : "sdpa bool mask",
+                         {{2, 4, 4, 3}, {2, gqa ? 2 : 4, 5, 3}, {2, gqa ? 2 : 4, 5, 3}, {4, 5}},
+                         [gqa](const auto& x) {
+                           const auto first = narrow(x[3], 1, 0, 1);
+                           const auto mask = cat({eq(first, first), narrow(x[3], 1, 1, 4)}, 1);
+                           return scaled_dot_product_attention(x[0], x[1], x[2], mask,
+                                                               AttentionOptions{.enable_gqa = gqa});
+                         }));
+    r.masks = {3};
+    r.floating_only = true;
+  }
+  t.add(row("sdpa float mask", {{2, 2, 4, 3}, {2, 2, 5, 3}, {2, 2, 5, 3}, {2, 1, 4, 5}},
+            [](const auto& x) {
+              return scaled_dot_product_attention(x[0], x[1], x[2], x[3],
+                                                  AttentionOptions{.scale = 0.5});
+            }))
+      .floating_only = true;
   // Rotary embeddings: positions [S] or [B, S] (an index input), or the rows' global indices.
   {
     const RopeConfig scaled{.theta = 500000.0, .scaling = RopeScaling{}};
@@ -799,6 +827,169 @@ TEST(OpTable, NonDecreasingOpsKeepPartialMaxAndMin) {
   const DTensor r = reciprocal(s);
   EXPECT_EQ(r.placements(), Placements{Replicate{}});
   EXPECT_TRUE(testing::pieces_match(r, reciprocal(abs(g) + 1.0), 1e-12));
+}
+
+// ---- attention with GQA and masks ----
+
+// torch's math: query head h uses kv head h / (H / Hkv); a Bool mask hides false keys, a floating
+// one is added; element by element in double. q [B, H, Sq, D], k/v [B, Hkv, Sk, D|Dv], mask
+// [Sq, Sk] (mask(i, j) or null).
+std::vector<double> reference_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        double scale, bool causal,
+                                        const std::function<double(int64_t, int64_t)>& mask) {
+  const Shape& qs = q.shape();
+  const Shape& ks = k.shape();
+  const int64_t heads = qs[1], group = qs[1] / ks[1], sq = qs[2], sk = ks[2], dh = qs[3];
+  const int64_t dv = v.shape()[3];
+  const std::vector<double> qv = testing::values(q), kv = testing::values(k),
+                            vv = testing::values(v);
+  std::vector<double> out;
+  for (int64_t b = 0; b < qs[0]; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t hk = h / group;
+      for (int64_t i = 0; i < sq; ++i) {
+        std::vector<double> w(static_cast<size_t>(sk));
+        double top = -INFINITY;
+        for (int64_t j = 0; j < sk; ++j) {
+          double s = 0;
+          for (int64_t d = 0; d < dh; ++d) {
+            s += qv[static_cast<size_t>(((b * heads + h) * sq + i) * dh + d)] *
+                 kv[static_cast<size_t>(((b * ks[1] + hk) * sk + j) * dh + d)];
+          }
+          s *= scale;
+          if (causal && j > i) s = -INFINITY;
+          if (mask) s += mask(i, j);
+          w[static_cast<size_t>(j)] = s;
+          top = std::max(top, s);
+        }
+        double total = 0;
+        for (double& x : w) total += (x = std::exp(x - top));
+        for (int64_t e = 0; e < dv; ++e) {
+          double o = 0;
+          for (int64_t j = 0; j < sk; ++j) {
+            o += w[static_cast<size_t>(j)] / total *
+                 vv[static_cast<size_t>(((b * ks[1] + hk) * sk + j) * dv + e)];
+          }
+          out.push_back(o);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST(OpTable, AttentionWithGqaAndMasksMatchesAnElementwiseReference) {
+  const Tensor q = randn({2, 6, 4, 3}, 21, DType::F64);
+  const Tensor k = randn({2, 2, 5, 3}, 22, DType::F64);
+  const Tensor v = randn({2, 2, 5, 2}, 23, DType::F64);
+  const double scale = 1 / std::sqrt(3.0);
+  const AttentionOptions gqa{.enable_gqa = true};
+  expect_values(scaled_dot_product_attention(q, k, v, gqa),
+                reference_attention(q, k, v, scale, false, nullptr), 1e-12, 1e-12, "gqa");
+  expect_values(scaled_dot_product_attention(q, k, v, {.causal = true, .enable_gqa = true}),
+                reference_attention(q, k, v, scale, true, nullptr), 1e-12, 1e-12, "gqa causal");
+  // A Bool mask: true attends (key 0 always, so no row is empty).
+  std::vector<bool> keep(20);
+  for (size_t i = 0; i < keep.size(); ++i) keep[i] = i % 5 == 0 || (i * 7) % 3 == 1;
+  const Tensor bool_mask = from_vector(keep, {4, 5});
+  expect_values(scaled_dot_product_attention(q, k, v, bool_mask, gqa),
+                reference_attention(q, k, v, scale, false,
+                                    [&](int64_t i, int64_t j) {
+                                      return keep[static_cast<size_t>(i * 5 + j)] ? 0.0 : -INFINITY;
+                                    }),
+                1e-12, 1e-12, "gqa bool mask");
+  const Tensor float_mask = randn({4, 5}, 24, DType::F64);
+  const std::vector<double> fm = testing::values(float_mask);
+  expect_values(
+      scaled_dot_product_attention(q, k, v, float_mask, {.scale = 0.3, .enable_gqa = true}),
+      reference_attention(q, k, v, 0.3, false,
+                          [&](int64_t i, int64_t j) { return fm[static_cast<size_t>(i * 5 + j)]; }),
+      1e-12, 1e-12, "gqa float mask");
+  // Without GQA the old overload and the options agree.
+  const Tensor k6 = randn({2, 6, 5, 3}, 25, DType::F64);
+  const Tensor v6 = randn({2, 6, 5, 2}, 26, DType::F64);
+  EXPECT_TRUE(equal(scaled_dot_product_attention(q, k6, v6, true, 0.4),
+                    scaled_dot_product_attention(q, k6, v6, {.causal = true, .scale = 0.4})));
+  // The gradients against the same attention on k and v repeated per query head (autograd through
+  // repeat_interleave and the plain attention), the float mask's included.
+  Tensor lq = q.clone(), lk = k.clone(), lv = v.clone(), lm = float_mask.clone();
+  Tensor rq = q.clone(), rk = k.clone(), rv = v.clone(), rm = float_mask.clone();
+  for (Tensor* t : {&lq, &lk, &lv, &lm, &rq, &rk, &rv, &rm}) t->requires_grad_();
+  const Tensor w = randn({2, 6, 4, 2}, 27, DType::F64);
+  backward(sum(scaled_dot_product_attention(lq, lk, lv, lm, gqa) * w));
+  backward(sum(scaled_dot_product_attention(rq, repeat_interleave(rk, 3, 1),
+                                            repeat_interleave(rv, 3, 1), rm) *
+               w));
+  for (auto [got, want] : {std::pair{&lq, &rq}, {&lk, &rk}, {&lv, &rv}, {&lm, &rm}}) {
+    EXPECT_TRUE(allclose(got->grad(), want->grad(), 1e-12, 1e-12))
+        << got->grad() << " vs " << want->grad();
+  }
+  // Errors name the op and the shapes.
+  expect_throws<ShapeError>([&] { scaled_dot_product_attention(q, k, v, AttentionOptions{}); },
+                            {"scaled_dot_product_attention", "[2, 6, 4, 3]", "[2, 2, 5, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        scaled_dot_product_attention(q, randn({2, 4, 5, 3}, 1, DType::F64),
+                                     randn({2, 4, 5, 2}, 1, DType::F64), gqa);
+      },
+      {"scaled_dot_product_attention", "enable_gqa", "[2, 4, 5, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        scaled_dot_product_attention(q, k, v, ones({3, 5}, DType::Bool), gqa);
+      },
+      {"scaled_dot_product_attention", "mask [3, 5]", "[2, 6, 4, 5]"});
+  expect_throws<Unsupported>(
+      [&] {
+        scaled_dot_product_attention(q, k, v, ones({4, 5}, DType::I64), gqa);
+      },
+      {"scaled_dot_product_attention", "Bool or floating", "i64"});
+  expect_throws<ConfigError>(
+      [&] {
+        scaled_dot_product_attention(q, k, v, bool_mask, {.causal = true, .enable_gqa = true});
+      },
+      {"scaled_dot_product_attention", "causal"});
+}
+
+// GQA under tensor parallelism: 8 query heads over 4 ranks with 2 kv heads (fewer than the ranks)
+// run with q's heads sharded and k, v whole, each piece picking the kv heads of its global query
+// heads; with 4 kv heads all three shard alike. The query rows shard with a mask sharded alike
+// (context parallelism). Forward and gradients against the Tensor op.
+TEST(OpTable, AttentionWithGqaShardsQueryHeadsAndRows) {
+  World world = World::sim(4);
+  const DeviceMesh mesh = *testing::try_mesh(world, {4});
+  std::vector<bool> keep(48);
+  for (size_t i = 0; i < keep.size(); ++i) keep[i] = i % 8 == 0 || (i * 5) % 3 != 0;
+  const Tensor mask = from_vector(keep, {6, 8});
+  for (int64_t kv_heads : {2, 4}) {
+    const Tensor q = randn({2, 8, 6, 4}, 31, DType::F64);
+    const Tensor k = randn({2, kv_heads, 8, 4}, 32, DType::F64);
+    const Tensor v = randn({2, kv_heads, 8, 3}, 33, DType::F64);
+    const Tensor w = randn({2, 8, 6, 3}, 34, DType::F64);
+    for (bool rows : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} kv heads, {}", kv_heads, rows ? "rows" : "heads"));
+      const Placements qp{Shard{rows ? 2 : 1}};
+      const Placements kvp{rows ? Placement{Replicate{}} : Placement{Shard{1}}};
+      DTensor dq = testing::make_dtensor(q, mesh, qp, 1);
+      DTensor dk = testing::make_dtensor(k, mesh, kvp, 2);
+      DTensor dv = testing::make_dtensor(v, mesh, kvp, 3);
+      const DTensor dm = testing::make_dtensor(
+          mask, mesh, {rows ? Placement{Shard{0}} : Placement{Replicate{}}}, 4);
+      for (DTensor* t : {&dq, &dk, &dv}) t->requires_grad_();
+      const AttentionOptions gqa{.enable_gqa = true};
+      const DTensor out = scaled_dot_product_attention(dq, dk, dv, dm, gqa);
+      EXPECT_EQ(out.placements(), qp);
+      Tensor lq = q.clone(), lk = k.clone(), lv = v.clone();
+      for (Tensor* t : {&lq, &lk, &lv}) t->requires_grad_();
+      const Tensor want = scaled_dot_product_attention(lq, lk, lv, mask, gqa);
+      EXPECT_TRUE(testing::pieces_match(out, want, 1e-12));
+      backward(out, testing::make_dtensor(w, mesh, qp, 5));
+      backward(sum(want * w));
+      EXPECT_TRUE(allclose(dq.grad().full_tensor(), lq.grad(), 1e-12, 1e-12));
+      EXPECT_TRUE(allclose(dk.grad().full_tensor(), lk.grad(), 1e-12, 1e-12));
+      EXPECT_TRUE(allclose(dv.grad().full_tensor(), lv.grad(), 1e-12, 1e-12));
+      if (!rows && kv_heads == 4) EXPECT_EQ(dk.grad().placements(), kvp);
+    }
+  }
 }
 
 // ---- rotary embeddings ----
