@@ -365,6 +365,27 @@ LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor
                                          const LocalTensor& v, bool causal = false,
                                          std::optional<double> scale = std::nullopt,
                                          SourceLocation loc = SourceLocation::current());
+LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor& k,
+                                         const LocalTensor& v, const AttentionOptions& options,
+                                         SourceLocation loc = SourceLocation::current());
+LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor& k,
+                                         const LocalTensor& v, const LocalTensor& attn_mask,
+                                         const AttentionOptions& options = {},
+                                         SourceLocation loc = SourceLocation::current());
+inline LocalTensor repeat_interleave(const LocalTensor& t, int64_t repeats, int64_t d,
+                                     SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::repeat_interleave, {t}, {{repeats, d}, {}}, loc);
+}
+// Without positions each shard's rows are at 0, 1, ... (local code: pass the global positions).
+inline LocalTensor rotary_embedding(const LocalTensor& x, const LocalTensor& positions,
+                                    const RopeConfig& config = {},
+                                    SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::rotary_embedding, {x, positions}, rope_args(config), loc);
+}
+inline LocalTensor rotary_embedding(const LocalTensor& x, const RopeConfig& config = {},
+                                    SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::rotary_embedding, {x}, rope_args(config), loc);
+}
 
 inline LocalTensor sum(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
   return local_call(op::sum, {t}, reduction_args({}, false), loc);
