@@ -156,6 +156,12 @@ const VarKind kDTensorKind{
       const DTensor& t = dtensor_of(v);
       return fmt::format("{} {} {}", spmd::to_string(t.placements()), shape_str(t.shape()),
                          t.dtype());
+    },
+    nullptr,
+    nullptr,
+    nullptr,
+    [](const Var& leaf) {
+      static_cast<DTensorAutogradMeta&>(*leaf.meta()).dtensor_grad = DTensor();
     }};
 
 bool outside_mesh(const DTensorSpec& spec) {

@@ -118,6 +118,9 @@ struct DTensorAutogradMeta : AutogradMeta {
 // get their placements by sharding propagation.
 const VarKind& dtensor_kind();
 Var dtensor_var(const DTensor& t);
+inline Var to_var(const DTensor& t) {
+  return dtensor_var(t);
+}
 
 // backward(loss) of a DTensor of one element; or with an explicit output gradient (a DTensor of
 // the output's shape, any placements).

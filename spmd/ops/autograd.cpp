@@ -71,7 +71,11 @@ const VarKind kTensorKind{
     [](const Var& v) { return v.tensor().dtype(); },
     [](const Var& v) {
       return fmt::format("{} {}", shape_str(v.tensor().shape()), v.tensor().dtype());
-    }};
+    },
+    nullptr,
+    nullptr,
+    nullptr,
+    [](const Var& leaf) { leaf.meta()->grad = Tensor(); }};
 
 }  // namespace
 
@@ -246,7 +250,7 @@ void run_backward(const Var& output, const Var& grad, const BackwardOptions& opt
   if (meta->grad_fn == nullptr) {
     if (wanted_leaves == nullptr ||
         std::find(leaves.begin(), leaves.end(), meta.get()) != leaves.end()) {
-      output.kind().accumulate(output, grad);
+      output.kind().accumulate(output, run_grad_hooks(output, grad));
     }
     return;
   }
@@ -360,7 +364,7 @@ void run_backward(const Var& output, const Var& grad, const BackwardOptions& opt
         }
         if (--pending[e.node.get()] == 0) ready.push_back(e.node.get());
       } else if (e.leaf.defined() && gi.defined()) {
-        e.leaf.kind().accumulate(e.leaf, gi);
+        e.leaf.kind().accumulate(e.leaf, run_grad_hooks(e.leaf, gi));
       }
     }
     if (options.retain_graph) continue;
@@ -369,6 +373,65 @@ void run_backward(const Var& output, const Var& grad, const BackwardOptions& opt
     n->payload = nullptr;
     n->released = true;
   }
+}
+
+// ---- hooks and set_grad (Note [Gradient hooks])
+// ---------------------------------------------------
+
+namespace {
+
+// The leaf's autograd state: ConfigError unless `leaf` is a leaf that requires grad.
+AutogradMeta& leaf_meta(const Var& leaf, std::string_view what) {
+  const std::shared_ptr<AutogradMeta>& meta = leaf.defined() ? leaf.meta() : nullptr;
+  if (meta == nullptr || !meta->requires_grad || meta->grad_fn != nullptr) {
+    throw_error<ConfigError>(
+        "{}: {} is not a leaf that requires grad (call requires_grad_() on a parameter; a value "
+        "computed from one gets its gradient through the ops that made it)",
+        what, leaf.defined() ? leaf.kind().describe(leaf) : std::string("an undefined value"));
+  }
+  return *meta;
+}
+
+void check_grad_like(const Var& leaf, const Var& grad, std::string_view what) {
+  if (!grad.defined() || &grad.kind() != &leaf.kind() || !same_shape(grad, leaf)) {
+    throw_error<ShapeError>("{}: the gradient ({}) must be a {} of the leaf's shape ({})", what,
+                            grad.defined() ? grad.kind().describe(grad) : "undefined",
+                            leaf.kind().name, leaf.kind().describe(leaf));
+  }
+}
+
+}  // namespace
+
+void add_grad_hook(const Var& leaf, GradHook hook, SourceLocation loc) {
+  const UserCallSite site(loc);
+  AutogradMeta& meta = leaf_meta(leaf, "register_hook");
+  if (!hook) throw_error<ConfigError>("register_hook: the hook is empty");
+  if (meta.hooks == nullptr) meta.hooks = std::make_shared<GradHookList>();
+  meta.hooks->hooks.push_back(std::move(hook));
+}
+
+void set_leaf_grad(const Var& leaf, const Var& grad, SourceLocation loc) {
+  const UserCallSite site(loc);
+  (void)leaf_meta(leaf, "set_grad");
+  check_grad_like(leaf, grad, "set_grad");
+  const VarKind& kind = leaf.kind();
+  if (kind.clear_grad == nullptr) {
+    throw_error<InternalError>("set_grad: the {} kind cannot clear a gradient", kind.name);
+  }
+  NoGradGuard no_grad;
+  kind.clear_grad(leaf);
+  kind.accumulate(leaf, grad.with_meta(nullptr));
+}
+
+Var run_grad_hooks(const Var& leaf, Var grad) {
+  const std::shared_ptr<AutogradMeta>& meta = leaf.meta();
+  if (meta == nullptr || meta->hooks == nullptr) return grad;
+  for (const GradHook& hook : meta->hooks->hooks) {
+    Var out = hook(grad);
+    check_grad_like(leaf, out, "register_hook: the hook's result");
+    grad = std::move(out);
+  }
+  return grad;
 }
 
 void backward(const Tensor& loss, SourceLocation loc) {

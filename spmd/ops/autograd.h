@@ -30,6 +30,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <span>
@@ -80,6 +81,8 @@ struct VarKind {
   // has one shape (the engine then runs `fn` once).
   bool (*per_shape_class)(const Node& node, const Var& grad, BackwardFn fn,
                           std::vector<Var>& grads) = nullptr;
+  // Drops the gradient accumulated into `leaf` (set_grad, Note [Gradient hooks]).
+  void (*clear_grad)(const Var& leaf) = nullptr;
 };
 
 // A differentiable value: a Tensor, LocalTensor or DTensor (kept without its autograd state), its
@@ -228,6 +231,46 @@ void backward(const Tensor& loss, SourceLocation loc = SourceLocation::current()
 // With an explicit output gradient of the output's shape.
 void backward(const Tensor& output, const Tensor& grad,
               SourceLocation loc = SourceLocation::current());
+
+// ---- a leaf's gradient: hooks and set_grad
+// -------------------------------------------------------
+
+// Note [Gradient hooks]
+// register_hook(leaf, fn) (torch.Tensor.register_hook on a leaf): every gradient backward computes
+// for the leaf goes through fn before it accumulates into leaf.grad(), in registration order, and
+// what fn returns accumulates instead (the same shape; a DTensor's gradient arrives with the
+// placements autograd computed, before they become the leaf's). Hooks see each backward's
+// contribution, so a hook can clip, scale, log or reduce a gradient as it arrives (an
+// expert-parallel gradient's reduction, FSDP's reduce-scatter written by hand). set_grad(leaf, g)
+// replaces the accumulated gradient by g (torch's `p.grad = g`; a DTensor's g is redistributed to
+// the leaf's placements), for gradients computed outside autograd: a chunked loss, a gradient
+// received from another rank, a test. Both take a leaf that requires grad; anything else is a
+// ConfigError naming the call, and a gradient of another shape or kind a ShapeError.
+using GradHook = std::function<Var(const Var&)>;
+struct GradHookList {
+  std::vector<GradHook> hooks;
+};
+void add_grad_hook(const Var& leaf, GradHook hook, SourceLocation loc);
+void set_leaf_grad(const Var& leaf, const Var& grad, SourceLocation loc);
+// The gradient `grad` for `leaf` after its hooks (the engine calls this before accumulating).
+Var run_grad_hooks(const Var& leaf, Var grad);
+
+inline Var to_var(const Tensor& t) {
+  return Var(t);
+}
+// On a Tensor, LocalTensor or DTensor leaf (to_var of each kind: here, world/local_ops.h,
+// dtensor/dtensor.h).
+template <class T>
+void register_hook(T& leaf, std::function<T(const T&)> hook,
+                   SourceLocation loc = SourceLocation::current()) {
+  add_grad_hook(
+      to_var(leaf), [hook = std::move(hook)](const Var& g) { return to_var(hook(g.value<T>())); },
+      loc);
+}
+template <class T>
+void set_grad(T& leaf, const T& grad, SourceLocation loc = SourceLocation::current()) {
+  set_leaf_grad(to_var(leaf), to_var(grad), loc);
+}
 
 // ---- ops on Vars for backward formulas ----------------------------------------------------------
 

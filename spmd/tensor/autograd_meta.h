@@ -20,7 +20,8 @@
 
 namespace spmd {
 
-struct Node;  // ops/autograd.h
+struct Node;          // ops/autograd.h
+struct GradHookList;  // ops/autograd.h
 
 struct AutogradMeta {
   virtual ~AutogradMeta() = default;
@@ -30,6 +31,8 @@ struct AutogradMeta {
   Tensor grad;
   // The node of the op that made this tensor (null for leaves and untracked tensors).
   std::shared_ptr<Node> grad_fn;
+  // A leaf's gradient hooks (register_hook, Note [Gradient hooks] in ops/autograd.h).
+  std::shared_ptr<GradHookList> hooks;
 };
 
 // Whether ops on this thread are recorded for backward (default true).

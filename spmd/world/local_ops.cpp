@@ -342,7 +342,10 @@ const VarKind kLocalKind{
           grad.meta());
     },
     same_local_shape,
-    local_per_shape_class};
+    local_per_shape_class,
+    [](const Var& leaf) {
+      static_cast<LocalAutogradMeta&>(*leaf.meta()).local_grad = LocalTensor();
+    }};
 
 }  // namespace
 

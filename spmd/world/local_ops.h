@@ -571,6 +571,9 @@ LocalTensor randn_per_rank(const World& world, const Shape& shape, uint64_t seed
 // shape: autograd through them on shards of different shapes is Unsupported.
 const VarKind& local_kind();
 Var local_var(const LocalTensor& t);
+inline Var to_var(const LocalTensor& t) {
+  return local_var(t);
+}
 
 // backward(loss) of a LocalTensor of one element per rank (each rank's d loss / d loss = 1), or
 // of a send's token (no elements: its backward receives the sent tensor's gradient, Note

@@ -168,6 +168,66 @@ SPMD_TEST(Autograd, LocalCollectivesAreDifferentiableWhenTyped) {
 // Note [Ranks outside the mesh]: a DTensor on a mesh of ranks 0 and 1 only. Every rank runs the
 // same program (as PyTorch lets it); the ranks outside hold empty pieces and compute nothing, the
 // ranks inside get the one-device values; under sim the process holds both kinds of rank.
+// Note [Gradient hooks]: a leaf's hooks see each gradient before it accumulates, in registration
+// order, and what they return accumulates; set_grad replaces the accumulated gradient. On Tensor,
+// LocalTensor and DTensor leaves alike.
+SPMD_TEST(Autograd, GradientHooksAndSetGrad) {
+  // Tensor: two hooks, applied in order (x 2, then + 1), once per backward.
+  Tensor w = randn({3}, 1, DType::F64).requires_grad_();
+  int calls = 0;
+  register_hook<Tensor>(w, [&](const Tensor& g) {
+    ++calls;
+    return g * 2.0;
+  });
+  register_hook<Tensor>(w, [](const Tensor& g) { return g + 1.0; });
+  backward(sum(w * 3.0));
+  backward(sum(w * 3.0));
+  EXPECT_EQ(calls, 2);
+  EXPECT_TRUE(allclose(w.grad(), full({3}, 14.0, DType::F64)));  // (3 * 2 + 1) twice
+  set_grad(w, full({3}, -1.0, DType::F64));
+  EXPECT_TRUE(allclose(w.grad(), full({3}, -1.0, DType::F64)));
+  expect_throws<ShapeError>([&] { set_grad(w, zeros({4}, DType::F64)); },
+                            {"set_grad", "[4] f64", "[3] f64"});
+  Tensor y = w * 2.0;
+  expect_throws<ConfigError>([&] { register_hook<Tensor>(y, [](const Tensor& g) { return g; }); },
+                             {"register_hook", "not a leaf that requires grad"});
+  Tensor v = randn({2}, 2, DType::F64).requires_grad_();
+  register_hook<Tensor>(v, [](const Tensor&) { return zeros({5}, DType::F64); });
+  expect_throws<ShapeError>([&] { backward(sum(v)); }, {"register_hook", "hook's result", "[5]"});
+
+  // DTensor: the hook sees the gradient as autograd computed it; set_grad's gradient is
+  // redistributed to the leaf's placements.
+  const DeviceMesh mesh = init_device_mesh(world, {world.size()}, {"dp"});
+  DTensor p = distribute_tensor(randn({8, 4}, 3, DType::F64), mesh, {Replicate{}});
+  p.requires_grad_();
+  std::vector<double> norms;
+  register_hook<DTensor>(p, [&](const DTensor& g) {
+    norms.push_back(std::sqrt(sum(g * g).full_tensor().item<double>()));
+    return g * 0.5;
+  });
+  const DTensor x = distribute_tensor(randn({16, 8}, 4, DType::F64), mesh, {Shard{0}});
+  backward(sum(matmul(x, p)));
+  Tensor fp = randn({8, 4}, 3, DType::F64).requires_grad_();
+  backward(sum(matmul(randn({16, 8}, 4, DType::F64), fp)));
+  ASSERT_EQ(norms.size(), 1u);
+  EXPECT_NEAR(norms[0], std::sqrt(sum(fp.grad() * fp.grad()).item<double>()), 1e-10);
+  EXPECT_TRUE(allclose(p.grad().full_tensor(), fp.grad() * 0.5, 1e-12, 1e-12));
+  EXPECT_EQ(p.grad().placements(), p.placements());
+  const Tensor g = randn({8, 4}, 5, DType::F64);
+  set_grad(p, distribute_tensor(g, mesh, {Shard{0}}));
+  EXPECT_EQ(p.grad().placements(), p.placements());
+  EXPECT_TRUE(allclose(p.grad().full_tensor(), g));
+
+  // LocalTensor.
+  LocalTensor l = LocalTensor::from_fn(world, [](int r) { return full({2}, r, DType::F64); });
+  l.requires_grad_();
+  register_hook<LocalTensor>(l, [](const LocalTensor& gl) { return gl * 3.0; });
+  backward(sum(l * l));
+  for (int r : world.held_ranks()) {
+    EXPECT_TRUE(allclose(l.grad().shard(r), full({2}, 6.0 * r, DType::F64))) << "rank " << r;
+  }
+}
+
 SPMD_TEST(Autograd, RanksOutsideTheMeshHoldEmptyPiecesAndRunTheProgram) {
   const DeviceMesh pair = DeviceMesh::from_ranks(world, {2}, {0, 1}, {"pair"});
   const Tensor full_a = arange(8, DType::F64);
