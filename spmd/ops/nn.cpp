@@ -428,14 +428,23 @@ void check_attention(std::span<const InputMeta> in, const OpArgs& args, bool wit
     ok = ok && leading_ok(v) && v[nd - 2] == k[nd - 2] && (!f.gqa || v[nd - 3] == k[nd - 3]);
   }
   if (!ok) {
+    // Grouped-query attention without enable_gqa: k and v have fewer heads than q, the rest fits.
+    std::string hint;
+    if (!f.gqa && nd >= 3 && k.size() == nd && k[nd - 3] > 0 && k[nd - 3] < q[nd - 3] &&
+        q[nd - 3] % k[nd - 3] == 0) {
+      hint = fmt::format(
+          "; k has {} heads for q's {}: repeat the key/value heads (repeat_interleave(k, {}, -3)) "
+          "or pass enable_gqa",
+          k[nd - 3], q[nd - 3], q[nd - 3] / k[nd - 3]);
+    }
     throw_error<ShapeError>(
         "{}: expects q [..., Sq, D], k [..., Sk, D] and v [..., Sk, Dv] with equal leading dims{}, "
-        "got q {}, k {}{}",
+        "got q {}, k {}{}{}",
         name,
         f.gqa ? " but for the heads (dim -3), where k's and v's (equal) must divide q's "
                 "(enable_gqa)"
               : "",
-        shape_str(q), shape_str(k), with_v ? ", v " + shape_str(*in[2].shape) : "");
+        shape_str(q), shape_str(k), with_v ? ", v " + shape_str(*in[2].shape) : "", hint);
   }
   if (!f.mask) return;
   const InputMeta& m = in[mask_index(with_v)];

@@ -187,7 +187,8 @@ const Bug kBugs[] = {
      ""},
     {"gqa_kv_not_repeated",
      {"sim", "threads", "mpi"},
-     "ShapeError: scaled_dot_product_attention",
+     "k has 2 heads for q's 8: repeat the key/value heads (repeat_interleave(k, 4, -3)) or pass "
+     "enable_gqa",
      ""},
 };
 
