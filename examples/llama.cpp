@@ -274,9 +274,9 @@ std::vector<double> train(const Config& c, const std::string& text, const P& par
     if constexpr (std::is_same_v<T, Tensor>) {
       loss = forward(c, par, model, ids, next);
     } else {
-      if (!par.positions.empty()) {
+      if (!par.order.empty()) {
         // The sequence in the run's (zigzag) order.
-        const Tensor order = from_vector(par.positions, {c.seq});
+        const Tensor order = from_vector(par.order, {c.seq});
         ids = index_select(ids, 1, order);
         next = index_select(next, 1, order);
       }
@@ -367,15 +367,16 @@ int llama(World& world, Config c) {
   }
 
   Model<DTensor> model = init_model<DTensor>(c, &layout);
-  auto [cos_t, sin_t] = rope_tables(c);
-  Placements table_placements = replicate_placements(mesh);
-  if (layout.has("cp")) table_placements = placed_on(mesh, "cp", Shard{1});
-  // The rotary tables in the sequence's order: index i rotates by position order[i].
-  auto ordered = [&](const Tensor& table) {
-    return order.empty() ? table : index_select(table, 1, from_vector(order, {c.seq}));
-  };
-  const Parallel par{&layout, distribute_tensor(ordered(cos_t), mesh, table_placements),
-                     distribute_tensor(ordered(sin_t), mesh, table_placements), c.cp_method, order};
+  // Each sequence index's position (zigzag over cp), split over cp like the sequence.
+  std::vector<int64_t> positions = order;
+  if (positions.empty()) {
+    for (int64_t i = 0; i < c.seq; ++i) positions.push_back(i);
+  }
+  Placements seq_placements = replicate_placements(mesh);
+  if (layout.has("cp")) seq_placements = placed_on(mesh, "cp", Shard{0});
+  const Parallel par{&layout,
+                     distribute_tensor(from_vector(positions, {c.seq}), mesh, seq_placements),
+                     c.cp_method, order};
   trace().clear();
   std::vector<double> losses;
   if (dry_run) {
@@ -391,7 +392,9 @@ int llama(World& world, Config c) {
   std::vector<double> single;
   if (c.check) {
     Model<Tensor> one = init_model<Tensor>(c, nullptr);
-    single = train(c, text, Single{cos_t, sin_t}, one, nullptr);
+    std::vector<int64_t> in_order(static_cast<size_t>(c.seq));
+    for (int64_t i = 0; i < c.seq; ++i) in_order[static_cast<size_t>(i)] = i;
+    single = train(c, text, Single{from_vector(in_order, {c.seq})}, one, nullptr);
   }
   const double tolerance = c.dtype == DType::F64 ? 1e-9 : c.dtype == DType::F32 ? 1e-4 : 5e-2;
   section(world, "loss per step");

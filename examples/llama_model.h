@@ -8,8 +8,8 @@
 // an optional shared expert; no biases, no dropout; tied nothing. The parallel run adds:
 //   dp, ep   the batch split over both (ep also splits the experts, Note [Expert parallelism])
 //   cp       context parallelism: the sequence split over cp everywhere, in zigzag (head-tail)
-//            order by default (tokens, targets and rotary tables alike, so every rank rotates by
-//            its tokens' global positions); attention by ring (keys and values passed around the
+//            order by default (tokens, targets and rotary positions alike, so every rank rotates
+//            by its tokens' global positions); attention by ring (keys and values passed around the
 //            cp ring), all-gather, or sdpa's own row-sharded strategy (contiguous order only;
 //            nn/context_parallel.h)
 //   tp       Megatron tensor parallelism with sequence parallelism (nn/parallel.h): q, k, v, w1,
@@ -22,7 +22,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <numbers>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -75,57 +74,13 @@ struct Config {
 
 // ---- rotary embeddings ----------------------------------------------------------------------
 
-// Llama 3.1's scaled inverse frequencies (apply_scaling in Meta's reference): wavelengths
-// shorter than original/high_freq_factor keep theirs, those longer than original/low_freq_factor
-// are divided by the factor, those between blend smoothly.
-inline std::vector<double> rope_frequencies(const Config& c) {
-  const int64_t half = c.head_dim() / 2;
-  const double factor = 8.0, low = 1.0, high = 4.0, original = 8192.0;
-  std::vector<double> out;
-  for (int64_t i = 0; i < half; ++i) {
-    const double freq =
-        1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(2 * half));
-    if (!c.rope_scaling) {
-      out.push_back(freq);
-      continue;
-    }
-    const double wavelen = 2.0 * std::numbers::pi / freq;
-    if (wavelen < original / high) {
-      out.push_back(freq);
-    } else if (wavelen > original / low) {
-      out.push_back(freq / factor);
-    } else {
-      const double smooth = (original / wavelen - low) / (high - low);
-      out.push_back((1.0 - smooth) * freq / factor + smooth * freq);
-    }
-  }
-  return out;
-}
-
-// cos and sin of position p times frequency i, laid out [1, S, 1, D] for q, k [B, S, H, D] in
-// the half-split convention (element i pairs with i + D/2): both halves repeat the D/2 angles.
-inline std::pair<Tensor, Tensor> rope_tables(const Config& c) {
-  const int64_t D = c.head_dim();
-  if (meta_tensors()) return {zeros({1, c.seq, 1, D}, c.dtype), zeros({1, c.seq, 1, D}, c.dtype)};
-  const std::vector<double> freq = rope_frequencies(c);
-  std::vector<double> cs, sn;
-  for (int64_t p = 0; p < c.seq; ++p) {
-    for (int64_t i = 0; i < D; ++i) {
-      const double angle = static_cast<double>(p) * freq[static_cast<size_t>(i % (D / 2))];
-      cs.push_back(std::cos(angle));
-      sn.push_back(std::sin(angle));
-    }
-  }
-  return {from_vector(cs, {1, c.seq, 1, D}).to(c.dtype),
-          from_vector(sn, {1, c.seq, 1, D}).to(c.dtype)};
-}
-
-// x cos + rotate_half(x) sin, rotate_half(x) = [-x2, x1] for x = [x1, x2] along the head dim.
-template <class T>
-T apply_rope(const T& x, const T& cos_t, const T& sin_t, int64_t D) {
-  const T x1 = narrow(x, -1, 0, D / 2);
-  const T x2 = narrow(x, -1, D / 2, D / 2);
-  return x * cos_t + cat({-x2, x1}, -1) * sin_t;
+// The op table's rotary_embedding with Llama 3.1's frequency scaling (theta 500000, factor 8,
+// low/high frequency factors 1 and 4, original context 8192) or plain RoPE, rotating the pairs
+// (i, i + D/2) of q, k [B, S, H, D] by the positions of their rows (HF's layout).
+inline RopeConfig rope_config(const Config& c) {
+  RopeConfig r{.theta = c.rope_theta, .interleaved = false};
+  if (c.rope_scaling) r.scaling = RopeScaling{};
+  return r;
 }
 
 // ---- parameters -----------------------------------------------------------------------------
@@ -280,7 +235,7 @@ Model<T> init_model(const Config& c, const ModelLayout* layout) {
 // ---- the redistributions of the parallel run; none on one device ------------------------------
 
 struct Single {
-  Tensor cos_t, sin_t;
+  Tensor positions;  // [S]: 0, 1, ..., S - 1
   Tensor use(const Tensor& p) const { return p; }
   Tensor into_tp(const Tensor& x) const { return x; }
   Tensor out_of_tp(const Tensor& partial) const { return partial; }
@@ -293,9 +248,9 @@ struct Single {
 
 struct Parallel {
   const ModelLayout* layout = nullptr;
-  DTensor cos_t, sin_t;  // [1, S, 1, D], split over cp like the sequence (in its order)
+  DTensor positions;  // [S] I64: the position of each sequence index, split over cp like it
   std::string cp_method = "sdpa";
-  std::vector<int64_t> positions;  // of each sequence index (empty: in order)
+  std::vector<int64_t> order;  // the same positions on the host (empty: in order)
   // Causal attention of q, k, v [B, H, S, D]: over cp by the chosen method.
   DTensor attend(const DTensor& q, const DTensor& k, const DTensor& v) const {
     if (!layout->has("cp") || cp_method == "sdpa")
@@ -303,7 +258,7 @@ struct Parallel {
     return context_attention(
         q, k, v,
         {.cp = "cp",
-         .positions = positions,
+         .positions = order,
          .method = cp_method == "ring" ? ContextMethod::Ring : ContextMethod::AllGather});
   }
   DTensor use(const DTensor& p) const { return layout->fsdp ? fsdp_unshard(p, "dp") : p; }
@@ -329,15 +284,14 @@ template <class T, class P>
 T attention(const Config& c, const P& par, const Block<T>& b, const T& x) {
   const int64_t B = c.batch, S = c.seq, H = c.heads, Hkv = c.kv_heads, D = c.head_dim();
   const T h = par.into_tp(x);
-  const T q = apply_rope(reshape(matmul(h, par.use(b.wq)), {B, S, H, D}), par.cos_t, par.sin_t, D);
+  const RopeConfig rope = rope_config(c);
+  const T q =
+      rotary_embedding(reshape(matmul(h, par.use(b.wq)), {B, S, H, D}), par.positions, rope);
   const T k =
-      apply_rope(reshape(matmul(h, par.use(b.wk)), {B, S, Hkv, D}), par.cos_t, par.sin_t, D);
+      rotary_embedding(reshape(matmul(h, par.use(b.wk)), {B, S, Hkv, D}), par.positions, rope);
   const T v = reshape(matmul(h, par.use(b.wv)), {B, S, Hkv, D});
   // Grouped-query attention: kv head j serves query heads j * H/Hkv .. (j + 1) * H/Hkv - 1.
-  auto repeat = [&](const T& t) {
-    const T r = reshape(expand(unsqueeze(t, 3), {B, S, Hkv, H / Hkv, D}), {B, S, H, D});
-    return par.heads_for_tp(r);
-  };
+  auto repeat = [&](const T& t) { return par.heads_for_tp(repeat_interleave(t, H / Hkv, 2)); };
   auto heads_first = [](const T& t) { return permute(t, {0, 2, 1, 3}); };
   const T o = par.attend(heads_first(q), heads_first(repeat(k)), heads_first(repeat(v)));
   const T merged = reshape(permute(o, {0, 2, 1, 3}), {B, S, H * D});
