@@ -124,8 +124,8 @@ extern const OpDef embedding_backward;
 
 // Transformer layers (ops/nn.cpp). layer_norm (x, weight, bias) and rms_norm (x, weight):
 // args.reals = [eps]; their backward entries (grad, x, weight), args.ints = [0: the input's
-// gradient, 1: grad * x_hat]. dropout: args.reals = [p], args.seed. cross_entropy (logits [N, C],
-// target [N]): args.ints = [0 mean, 1 sum]. scaled_dot_product_attention (q, k, v) and
+// gradient, 1: grad * x_hat]. dropout: args.reals = [p], args.seed. cross_entropy (logits [N, C,
+// d...], target [N, d...]): loss_args. scaled_dot_product_attention (q, k, v) and
 // attention_probs (q, k): args.ints = [causal], args.reals = [scale].
 extern const OpDef layer_norm;
 extern const OpDef layer_norm_backward;
@@ -134,6 +134,12 @@ extern const OpDef rms_norm_backward;
 extern const OpDef dropout;
 extern const OpDef cross_entropy;
 extern const OpDef cross_entropy_backward;
+// Losses (ops/nn.cpp): nll_loss (log_probs [N, C, d...], target [N, d...]) takes loss_args as
+// cross_entropy; its backward entry (grad, log_probs, target) too. mse_loss (a, b): args.ints =
+// [reduction]; its backward is written with table ops.
+extern const OpDef nll_loss;
+extern const OpDef nll_loss_backward;
+extern const OpDef mse_loss;
 extern const OpDef scaled_dot_product_attention;
 extern const OpDef attention_probs;
 
@@ -234,6 +240,9 @@ inline std::span<const OpDef* const> all_ops() {
       &op::dropout,
       &op::cross_entropy,
       &op::cross_entropy_backward,
+      &op::nll_loss,
+      &op::nll_loss_backward,
+      &op::mse_loss,
       &op::scaled_dot_product_attention,
       &op::attention_probs,
       // Shapes.
@@ -262,8 +271,32 @@ OpArgs reduction_args(const std::vector<int64_t>& dims, bool keepdim);
 
 // GELU's exact form (erf) or its tanh approximation (torch's approximate="tanh").
 enum class GeluApproximate { None, Tanh };
-// How cross_entropy reduces the rows' losses.
-enum class LossReduction { Mean, Sum };
+// How a loss reduces its elements' losses: torch's reduction='mean' | 'sum' | 'none' (None: one
+// loss per element, of the target's shape).
+enum class LossReduction { Mean, Sum, None };
+// torch.nn.functional.cross_entropy's options for class-index targets (no class weights).
+struct CrossEntropyOptions {
+  LossReduction reduction = LossReduction::Mean;
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;
+};
+// nll_loss's: cross_entropy's without label smoothing.
+struct NllLossOptions {
+  LossReduction reduction = LossReduction::Mean;
+  int64_t ignore_index = -100;
+};
+// The args of cross_entropy and nll_loss (and their backward entries): args.ints = [reduction
+// (0 mean, 1 sum, 2 none), ignore_index], args.reals = [label_smoothing]; missing ones take
+// torch's defaults (mean, -100, 0).
+inline int64_t loss_reduction_code(LossReduction r) {
+  return r == LossReduction::Mean ? 0 : r == LossReduction::Sum ? 1 : 2;
+}
+inline OpArgs loss_args(const CrossEntropyOptions& o) {
+  return OpArgs{{loss_reduction_code(o.reduction), o.ignore_index}, {o.label_smoothing}};
+}
+inline OpArgs loss_args(const NllLossOptions& o) {
+  return OpArgs{{loss_reduction_code(o.reduction), o.ignore_index}, {}};
+}
 
 // The args of scaled_dot_product_attention for queries with head size `head_dim`: the scale
 // defaults to 1 / sqrt(head_dim).
@@ -497,11 +530,30 @@ inline Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6)
 inline Tensor dropout(const Tensor& x, double p, uint64_t seed) {
   return call(op::dropout, {x}, dropout_args(p, seed));
 }
-// The mean (or sum) over rows of logsumexp(logits[i]) - logits[i, target[i]]; logits [N, C],
-// target [N] class indices.
+// torch.nn.functional.cross_entropy with class-index targets: logits [N, C, d1, ...] (class dim 1;
+// or [C] with a 0-d target), target [N, d1, ...] integer. The loss of element i is
+// (1 - eps) (logsumexp(logits_i) - logits_i[target_i]) + eps mean_c(logsumexp(logits_i) -
+// logits_i[c]) for eps = label_smoothing in [0, 1] (ConfigError outside); 0 where target_i ==
+// ignore_index (no other target outside [0, C): ShapeError). Mean divides the sum by the count of
+// elements not ignored (NaN when there is none, as torch), Sum sums, None keeps the target's shape.
+inline Tensor cross_entropy(const Tensor& logits, const Tensor& target,
+                            const CrossEntropyOptions& options) {
+  return call(op::cross_entropy, {logits, target}, loss_args(options));
+}
 inline Tensor cross_entropy(const Tensor& logits, const Tensor& target,
                             LossReduction reduction = LossReduction::Mean) {
-  return call(op::cross_entropy, {logits, target}, {{reduction == LossReduction::Sum ? 1 : 0}, {}});
+  return cross_entropy(logits, target, CrossEntropyOptions{.reduction = reduction});
+}
+// torch.nn.functional.nll_loss: -log_probs_i[target_i] with cross_entropy's shapes, ignore_index
+// and reductions.
+inline Tensor nll_loss(const Tensor& log_probs, const Tensor& target,
+                       const NllLossOptions& options = {}) {
+  return call(op::nll_loss, {log_probs, target}, loss_args(options));
+}
+// torch.nn.functional.mse_loss: (a - b)^2 (broadcasting), its mean, sum or every element.
+inline Tensor mse_loss(const Tensor& a, const Tensor& b,
+                       LossReduction reduction = LossReduction::Mean) {
+  return call(op::mse_loss, {a, b}, {{loss_reduction_code(reduction)}, {}});
 }
 // softmax(q k^T scale [+ causal mask]) v for q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv]; the
 // scale defaults to 1 / sqrt(D); causal hides key j from query i when j > i.

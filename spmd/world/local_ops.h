@@ -349,7 +349,23 @@ inline LocalTensor cross_entropy(const LocalTensor& logits, const LocalTensor& t
                                  LossReduction reduction = LossReduction::Mean,
                                  SourceLocation loc = SourceLocation::current()) {
   return local_call(op::cross_entropy, {logits, target},
-                    {{reduction == LossReduction::Sum ? 1 : 0}, {}}, loc);
+                    loss_args(CrossEntropyOptions{.reduction = reduction}), loc);
+}
+// Each rank's own loss (a Mean over its own elements not ignored).
+inline LocalTensor cross_entropy(const LocalTensor& logits, const LocalTensor& target,
+                                 const CrossEntropyOptions& options,
+                                 SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::cross_entropy, {logits, target}, loss_args(options), loc);
+}
+inline LocalTensor nll_loss(const LocalTensor& log_probs, const LocalTensor& target,
+                            const NllLossOptions& options = {},
+                            SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::nll_loss, {log_probs, target}, loss_args(options), loc);
+}
+inline LocalTensor mse_loss(const LocalTensor& a, const LocalTensor& b,
+                            LossReduction reduction = LossReduction::Mean,
+                            SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::mse_loss, {a, b}, {{loss_reduction_code(reduction)}, {}}, loc);
 }
 LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor& k,
                                          const LocalTensor& v, bool causal = false,

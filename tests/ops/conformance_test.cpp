@@ -323,6 +323,46 @@ Table op_table() {
     s.indices = {{1, 6}};
     s.floating_only = true;
   }
+  // Losses with torch's options (tests/ops/loss_test.cpp checks them against brute force): an
+  // ignore_index that is a class (so random targets hit it), label smoothing, None, logits beyond
+  // 2-D, unbatched; nll_loss; mse_loss with broadcasting.
+  struct Loss {
+    std::string name;
+    Shape logits;
+    CrossEntropyOptions o;
+  };
+  for (const Loss& l : std::vector<Loss>{
+           {"ignore 2 smoothing 0.1", {6, 5}, {.ignore_index = 2, .label_smoothing = 0.1}},
+           {"none", {6, 5}, {.reduction = LossReduction::None, .ignore_index = 1}},
+           {"sum smoothing 1", {5, 4}, {.reduction = LossReduction::Sum, .label_smoothing = 1.0}},
+           {"3d ignore 0", {4, 5, 3}, {.ignore_index = 0, .label_smoothing = 0.2}},
+           {"3d none", {4, 5, 3}, {.reduction = LossReduction::None, .ignore_index = 3}},
+           {"4d sum", {3, 4, 2, 3}, {.reduction = LossReduction::Sum, .ignore_index = 2}},
+           {"unbatched", {5}, {.label_smoothing = 0.3}}}) {
+    Shape target = l.logits;
+    target.erase(target.begin() + (l.logits.size() == 1 ? 0 : 1));
+    const int64_t classes = l.logits[l.logits.size() == 1 ? 0 : 1];
+    const CrossEntropyOptions o = l.o;
+    OpRow& r = t.add(row("cross_entropy " + l.name, {l.logits, target},
+                         [o](const auto& x) { return cross_entropy(x[0], x[1], o); }));
+    r.indices = {{1, classes}};
+    r.floating_only = true;
+    const NllLossOptions n{.reduction = o.reduction, .ignore_index = o.ignore_index};
+    OpRow& q = t.add(row("nll_loss " + l.name, {l.logits, target},
+                         [n](const auto& x) { return nll_loss(x[0], x[1], n); }));
+    q.indices = {{1, classes}};
+    q.floating_only = true;
+  }
+  for (const auto& [shapes, reduction] : std::vector<std::pair<std::vector<Shape>, LossReduction>>{
+           {{{5, 4}, {5, 4}}, LossReduction::Mean},
+           {{{5, 4}, {4}}, LossReduction::Sum},
+           {{{3, 5, 4}, {5, 1}}, LossReduction::None},
+           {{{5, 1}, {3, 5, 4}}, LossReduction::Mean}}) {
+    const LossReduction red = reduction;
+    t.add(row("mse_loss", shapes, [red](const auto& x) {
+       return mse_loss(x[0], x[1], red);
+     })).floating_only = true;
+  }
   t.add(row("sdpa causal", {{2, 2, 4, 3}, {2, 2, 4, 3}, {2, 2, 4, 3}}, [](const auto& x) {
      return scaled_dot_product_attention(x[0], x[1], x[2], true);
    })).floating_only = true;
