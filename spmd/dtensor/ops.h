@@ -390,6 +390,29 @@ inline DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, 
 }
 
 // Over all dims, or over `dims` (each once, negative allowed; empty means all).
+// logsumexp, var, std and norm: the reduced dims gathered, the other dims keep their shards;
+// prod: a sharded reduced dim gives P(product) (ops/reduction.cpp).
+inline DTensor logsumexp(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false,
+                         SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::logsumexp, {t}, reduction_args(dims, keepdim), loc);
+}
+inline DTensor var(const DTensor& t, const std::vector<int64_t>& dims = {}, double correction = 1.0,
+                   bool keepdim = false, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::var, {t}, reduction_args(dims, keepdim, correction), loc);
+}
+inline DTensor std(const DTensor& t, const std::vector<int64_t>& dims = {}, double correction = 1.0,
+                   bool keepdim = false, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::std, {t}, reduction_args(dims, keepdim, correction), loc);
+}
+inline DTensor norm(const DTensor& t, double p = 2.0, const std::vector<int64_t>& dims = {},
+                    bool keepdim = false, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::norm, {t}, reduction_args(dims, keepdim, p), loc);
+}
+inline DTensor prod(const DTensor& t, const std::vector<int64_t>& dims = {}, bool keepdim = false,
+                    SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::prod, {t}, reduction_args(dims, keepdim), loc);
+}
+
 inline DTensor sum(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::sum, {t}, reduction_args({}, false), loc);
 }

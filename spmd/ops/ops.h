@@ -107,6 +107,13 @@ extern const OpDef amin;
 
 // args.ints = [dim, keepdim] (ops/reduction.cpp).
 extern const OpDef argmax;
+// Reductions with args.ints = [keepdim, dims...] (ops/reduction.cpp); var and std: args.reals =
+// [correction], norm: [p] (reduction_args(dims, keepdim, real)).
+extern const OpDef logsumexp;
+extern const OpDef var;
+extern const OpDef std;
+extern const OpDef norm;
+extern const OpDef prod;
 
 // Softmax along args.ints[0] (ops/softmax.cpp).
 extern const OpDef softmax;
@@ -223,6 +230,11 @@ inline std::span<const OpDef* const> all_ops() {
       &op::amax,
       &op::amin,
       &op::argmax,
+      &op::logsumexp,
+      &op::var,
+      &op::std,
+      &op::norm,
+      &op::prod,
       &op::softmax,
       &op::log_softmax,
       // Picking by index.
@@ -268,6 +280,8 @@ inline std::span<const OpDef* const> all_ops() {
 
 // [keepdim, dims...]: the args of the reductions.
 OpArgs reduction_args(const std::vector<int64_t>& dims, bool keepdim);
+// The same with args.reals = [real] (var's and std's correction, norm's p).
+OpArgs reduction_args(const std::vector<int64_t>& dims, bool keepdim, double real);
 
 // GELU's exact form (erf) or its tanh approximation (torch's approximate="tanh").
 enum class GeluApproximate { None, Tanh };
@@ -593,6 +607,32 @@ inline Tensor amin(const Tensor& t) {
 }
 inline Tensor amin(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim = false) {
   return call(op::amin, {t}, reduction_args(dims, keepdim));
+}
+
+// torch.logsumexp: log(sum(exp(t))) over dims, shifted by the maximum (0 where it is infinite),
+// so large values do not overflow; integers give F32; zero elements give -inf.
+inline Tensor logsumexp(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim = false) {
+  return call(op::logsumexp, {t}, reduction_args(dims, keepdim));
+}
+// torch.var and torch.std: sum((t - mean)^2) / max(0, n - correction) over dims (empty: every
+// dim), and its square root; floating t only.
+inline Tensor var(const Tensor& t, const std::vector<int64_t>& dims = {}, double correction = 1.0,
+                  bool keepdim = false) {
+  return call(op::var, {t}, reduction_args(dims, keepdim, correction));
+}
+inline Tensor std(const Tensor& t, const std::vector<int64_t>& dims = {}, double correction = 1.0,
+                  bool keepdim = false) {
+  return call(op::std, {t}, reduction_args(dims, keepdim, correction));
+}
+// torch.linalg.vector_norm: (sum |t|^p)^(1/p) over dims (empty: every dim); p = inf: max |t|,
+// -inf: min |t|, 0: the count of nonzeros; floating t only.
+inline Tensor norm(const Tensor& t, double p = 2.0, const std::vector<int64_t>& dims = {},
+                   bool keepdim = false) {
+  return call(op::norm, {t}, reduction_args(dims, keepdim, p));
+}
+// torch.prod over dims (empty: every dim): integers and Bool give I64; zero elements give 1.
+inline Tensor prod(const Tensor& t, const std::vector<int64_t>& dims = {}, bool keepdim = false) {
+  return call(op::prod, {t}, reduction_args(dims, keepdim));
 }
 
 // ---- linear algebra (Eigen on the CPU; BF16/F16 accumulate in F32) ------------------------------

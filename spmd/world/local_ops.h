@@ -372,6 +372,29 @@ LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor
                                          std::optional<double> scale = std::nullopt,
                                          SourceLocation loc = SourceLocation::current());
 
+inline LocalTensor logsumexp(const LocalTensor& t, const std::vector<int64_t>& dims,
+                             bool keepdim = false, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::logsumexp, {t}, reduction_args(dims, keepdim), loc);
+}
+inline LocalTensor var(const LocalTensor& t, const std::vector<int64_t>& dims = {},
+                       double correction = 1.0, bool keepdim = false,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::var, {t}, reduction_args(dims, keepdim, correction), loc);
+}
+inline LocalTensor std(const LocalTensor& t, const std::vector<int64_t>& dims = {},
+                       double correction = 1.0, bool keepdim = false,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::std, {t}, reduction_args(dims, keepdim, correction), loc);
+}
+inline LocalTensor norm(const LocalTensor& t, double p = 2.0, const std::vector<int64_t>& dims = {},
+                        bool keepdim = false, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::norm, {t}, reduction_args(dims, keepdim, p), loc);
+}
+inline LocalTensor prod(const LocalTensor& t, const std::vector<int64_t>& dims = {},
+                        bool keepdim = false, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::prod, {t}, reduction_args(dims, keepdim), loc);
+}
+
 inline LocalTensor sum(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
   return local_call(op::sum, {t}, reduction_args({}, false), loc);
 }

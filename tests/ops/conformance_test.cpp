@@ -410,6 +410,26 @@ Table op_table() {
     t.add(row("amin", {r.shape}, [=](const auto& x) { return amin(x[0], dims, keep); }));
   }
   t.add(row("sum all", {{4, 3}}, [](const auto& x) { return sum(x[0]); }));
+  // logsumexp, var, std, norm and prod (tests/ops/stats_test.cpp: against brute force).
+  for (const Red& r :
+       std::vector<Red>{{{5, 6}, {1}, false}, {{3, 4, 5}, {0, 2}, true}, {{4, 3}, {}, false}}) {
+    const auto dims = r.dims;
+    const bool keep = r.keep;
+    t.add(row("logsumexp", {r.shape}, [=](const auto& x) { return logsumexp(x[0], dims, keep); }));
+    t.add(row("var", {r.shape}, [=](const auto& x) {
+       return var(x[0], dims, 1.0, keep);
+     })).floating_only = true;
+    t.add(row("std", {r.shape}, [=](const auto& x) {
+       return std(x[0], dims, 0.0, keep);
+     })).floating_only = true;
+    t.add(row("prod", {r.shape}, [=](const auto& x) { return prod(x[0], dims, keep); }));
+    for (double p : {2.0, 1.0, 3.0, 0.0, std::numeric_limits<double>::infinity(),
+                     -std::numeric_limits<double>::infinity()}) {
+      t.add(row(fmt::format("norm {}", p), {r.shape}, [=](const auto& x) {
+         return norm(x[0], p, dims, keep);
+       })).floating_only = true;
+    }
+  }
 
   // ---- softmax ----
   for (int64_t d : {0, 1, -1}) {
