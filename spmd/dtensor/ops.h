@@ -390,8 +390,10 @@ inline DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, 
 }
 
 // Over all dims, or over `dims` (each once, negative allowed; empty means all).
-// logsumexp, var, std and norm: the reduced dims gathered, the other dims keep their shards;
-// prod: a sharded reduced dim gives P(product) (ops/reduction.cpp).
+// var, std and norm: the reduced dims gathered, the other dims keep their shards; prod: a sharded
+// reduced dim gives P(product); logsumexp over a sharded dim runs as table ops (the maximum and
+// the sum of exponentials all_reduced; the result P(max), the shift added last)
+// (ops/reduction.cpp).
 inline DTensor logsumexp(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false,
                          SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::logsumexp, {t}, reduction_args(dims, keepdim), loc);

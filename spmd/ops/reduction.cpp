@@ -313,7 +313,8 @@ std::vector<OpStrategy> argmax_strategies(ShardingInputs in, const OpArgs& args,
 // args.reals = [p]. logsumexp of integers gives F32, prod of integers and Bool I64; var, std and
 // norm take floating inputs only (as torch). Sharding: the reduced dims whole on every rank, the
 // other dims keep their shards; prod also turns a sharded reduced dim into P(product) (an empty
-// piece contributes 1) and keeps a P(product) input. None is linear in a pending sum.
+// piece contributes 1) and keeps a P(product) input; logsumexp over a sharded dim runs as table
+// ops (logsumexp_composite). None is linear in a pending sum.
 
 enum class Stat { LogSumExp, Var, Std, Norm, Prod };
 
@@ -553,6 +554,39 @@ void stat_backward(BackwardContext& c) {
   }
 }
 
+// logsumexp over a sharded dim, as table ops: the maximum (P(max) -> all_reduce), the sum of the
+// shifted exponentials (P(sum) -> all_reduce), its log plus the shift: two all_reduces of the
+// output's size instead of gathering the input. The shift is detached (its gradient cancels), 0
+// where the maximum is infinite (m - m is NaN there).
+bool reduced_dim_sharded(ShardingInputs in, const OpArgs& args) {
+  const std::vector<int64_t> dims = reduced_dims("logsumexp", args, in[0]->shape());
+  if (group_size(in[0]->shape(), dims) == 0) return false;  // -inf, no maximum to shift by
+  for (const Placement& p : in[0]->placements()) {
+    for (int64_t d : dims) {
+      if (is_shard(p, static_cast<int>(d))) return true;
+    }
+  }
+  return false;
+}
+
+Var logsumexp_composite(std::span<const Var> in, const OpArgs& args) {
+  Var x = in[0];
+  if (!is_floating(var_dtype(x))) {
+    x = apply(op::to_dtype, {x}, {{static_cast<int64_t>(DType::F32)}, {}});
+  }
+  const std::vector<int64_t> dims = reduced_dims("logsumexp", args, var_shape(x));
+  const Var m = apply(op::amax, {x}, reduction_args(dims, true)).detach();
+  const Var m_minus_m = m - m;
+  const Var shift =
+      apply(op::masked_fill, {m, apply(op::eq, {m_minus_m, m_minus_m})}, {{1}, {0.0}});
+  Var r =
+      apply(op::log, {apply(op::sum, {apply(op::exp, {x - shift})}, reduction_args(dims, true))});
+  r = r + shift;
+  if (keepdim(args)) return r;
+  for (auto d = dims.rbegin(); d != dims.rend(); ++d) r = apply(op::squeeze, {r}, {{*d}, {}});
+  return r;
+}
+
 }  // namespace
 
 OpArgs reduction_args(const std::vector<int64_t>& dims, bool keepdim, double real) {
@@ -567,6 +601,8 @@ const OpDef op::logsumexp{
     .compute = stat_compute<Stat::LogSumExp>,
     .strategies = stat_strategies<Stat::LogSumExp>,
     .backward = stat_backward<Stat::LogSumExp>,
+    .composite = logsumexp_composite,
+    .use_composite = reduced_dim_sharded,
 };
 const OpDef op::var{
     .name = "var",

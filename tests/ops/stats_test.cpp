@@ -9,9 +9,11 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
+#include <spmd/dtensor/hooks.h>
 #include <spmd/dtensor/ops.h>
 #include <spmd/ops/autograd.h>
 #include "tests/dtensor/dtensor_test_support.h"
@@ -239,36 +241,37 @@ TEST(Stats, Sharded) {
     std::string name;
     std::function<DTensor(const DTensor&)> on_dtensor;
     std::function<Tensor(const Tensor&)> on_tensor;
+    Placements input;
     Placements output;
   };
   const Placements in{Shard{0}, Shard{1}};
-  for (const Sharded& s :
-       std::vector<Sharded>{{"logsumexp",
-                             [](const DTensor& x) { return logsumexp(x, {1}); },
-                             [](const Tensor& x) { return logsumexp(x, {1}); },
-                             {Shard{0}, Replicate{}}},
-                            {"var",
-                             [](const DTensor& x) { return var(x, {1}); },
-                             [](const Tensor& x) { return var(x, {1}); },
-                             {Shard{0}, Replicate{}}},
-                            {"std keepdim",
-                             [](const DTensor& x) { return std(x, {0}, 1.0, true); },
-                             [](const Tensor& x) { return std(x, {0}, 1.0, true); },
-                             {Replicate{}, Shard{1}}},
-                            {"norm",
-                             [](const DTensor& x) { return norm(x, 2.0, {1}); },
-                             [](const Tensor& x) { return norm(x, 2.0, {1}); },
-                             {Shard{0}, Replicate{}}},
-                            {"norm inf",
-                             [](const DTensor& x) { return norm(x, kInf, {0}); },
-                             [](const Tensor& x) { return norm(x, kInf, {0}); },
-                             {Replicate{}, Shard{0}}},
-                            {"prod",
-                             [](const DTensor& x) { return prod(x, {1}); },
-                             [](const Tensor& x) { return prod(x, {1}); },
-                             {Shard{0}, Partial{ReduceOp::Product}}}}) {
+  const Placements rows{Shard{0}, Replicate{}};
+  auto lse = [](const auto& x) { return logsumexp(x, {1}); };
+  for (const Sharded& s : std::vector<Sharded>{
+           // Over the sharded dim: table ops, the shift by the maximum added last (P(max)).
+           {"logsumexp", lse, lse, in, {Shard{0}, Partial{ReduceOp::Max}}},
+           {"logsumexp of a whole dim", lse, lse, rows, rows},
+           {"var", [](const DTensor& x) { return var(x, {1}); },
+            [](const Tensor& x) { return var(x, {1}); }, in, rows},
+           {"std keepdim",
+            [](const DTensor& x) { return std(x, {0}, 1.0, true); },
+            [](const Tensor& x) { return std(x, {0}, 1.0, true); },
+            in,
+            {Replicate{}, Shard{1}}},
+           {"norm", [](const DTensor& x) { return norm(x, 2.0, {1}); },
+            [](const Tensor& x) { return norm(x, 2.0, {1}); }, in, rows},
+           {"norm inf",
+            [](const DTensor& x) { return norm(x, kInf, {0}); },
+            [](const Tensor& x) { return norm(x, kInf, {0}); },
+            in,
+            {Replicate{}, Shard{0}}},
+           {"prod",
+            [](const DTensor& x) { return prod(x, {1}); },
+            [](const Tensor& x) { return prod(x, {1}); },
+            in,
+            {Shard{0}, Partial{ReduceOp::Product}}}}) {
     SCOPED_TRACE(s.name);
-    DTensor x = distribute_tensor(g, mesh, in);
+    DTensor x = distribute_tensor(g, mesh, s.input);
     x.requires_grad_();
     const DTensor out = s.on_dtensor(x);
     EXPECT_EQ(out.placements(), s.output);
@@ -277,9 +280,30 @@ TEST(Stats, Sharded) {
     EXPECT_TRUE(allclose(out.full_tensor(), want, 1e-12, 1e-12)) << out.full_tensor() << want;
     backward(sum(out));
     backward(sum(want));
-    EXPECT_EQ(x.grad().placements(), in);
+    EXPECT_EQ(x.grad().placements(), s.input);
     EXPECT_TRUE(allclose(x.grad().full_tensor(), leaf.grad(), 1e-12, 1e-12));
   }
+  // logsumexp over the sharded dim runs as table ops (the maximum and the sum of exponentials are
+  // all_reduced: values of the output's size), not as the entry on a gathered input; -inf and
+  // large values as on one device.
+  const Tensor h = from_vector<double>({1000.0, 999.0, -kInf, -kInf, 2.0, 3.0, 0.5, -1.0}, {2, 4})
+                       .transpose(0, 1)
+                       .contiguous();
+  DTensor x = distribute_tensor(h, mesh, {Replicate{}, Shard{0}});
+  x.requires_grad_();
+  std::set<std::string> ran;
+  const int observer = add_op_observer([&](const OpEvent& e) { ran.insert(std::string(e.op)); });
+  const DTensor out = logsumexp(x, {0}, true);
+  remove_op_observer(observer);
+  EXPECT_EQ(ran.count("logsumexp"), 0u);
+  EXPECT_EQ(ran.count("amax"), 1u);
+  Tensor leaf = h.clone().requires_grad_();
+  const Tensor want = logsumexp(leaf, {0}, true);
+  EXPECT_TRUE(allclose(out.full_tensor(), want, 1e-12, 1e-12)) << out.full_tensor() << want;
+  backward(sum(out));
+  backward(sum(want));
+  EXPECT_EQ(x.grad().placements(), x.placements());
+  EXPECT_TRUE(allclose(x.grad().full_tensor(), leaf.grad(), 1e-12, 1e-12));
 }
 
 }  // namespace
