@@ -369,13 +369,30 @@ inline DTensor dropout(const DTensor& x, double p, uint64_t seed,
                        SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::dropout, {x}, dropout_args(p, seed), loc);
 }
-// Rows shard (P(sum) of the mean); classes sharded run Megatron's vocabulary-parallel loss
-// (Note [Vocabulary-parallel cross-entropy] in ops/nn.cpp): the logits are never gathered.
+// Rows shard (P(sum) of the mean or sum, the rows' shards with None); classes sharded run
+// Megatron's vocabulary-parallel loss (Note [Vocabulary-parallel cross-entropy] in ops/nn.cpp):
+// the logits are never gathered. nll_loss shards alike.
 inline DTensor cross_entropy(const DTensor& logits, const DTensor& target,
                              LossReduction reduction = LossReduction::Mean,
                              SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::cross_entropy, {logits, target},
-                  {{reduction == LossReduction::Sum ? 1 : 0}, {}}, loc);
+                  loss_args(CrossEntropyOptions{.reduction = reduction}), loc);
+}
+inline DTensor cross_entropy(const DTensor& logits, const DTensor& target,
+                             const CrossEntropyOptions& options,
+                             SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::cross_entropy, {logits, target}, loss_args(options), loc);
+}
+inline DTensor nll_loss(const DTensor& log_probs, const DTensor& target,
+                        const NllLossOptions& options = {},
+                        SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::nll_loss, {log_probs, target}, loss_args(options), loc);
+}
+// Inputs of one shape shard alike (P(sum) of the mean or sum, the shards with None).
+inline DTensor mse_loss(const DTensor& a, const DTensor& b,
+                        LossReduction reduction = LossReduction::Mean,
+                        SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::mse_loss, {a, b}, {{loss_reduction_code(reduction)}, {}}, loc);
 }
 // Batch and head dims shard (tensor-parallel attention); query rows may shard with k, v whole.
 inline DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const DTensor& v,
@@ -419,6 +436,31 @@ inline DTensor rotary_embedding(const DTensor& x, const RopeConfig& config = {},
 }
 
 // Over all dims, or over `dims` (each once, negative allowed; empty means all).
+// var, std and norm: the reduced dims gathered, the other dims keep their shards; prod: a sharded
+// reduced dim gives P(product); logsumexp over a sharded dim runs as table ops (the maximum and
+// the sum of exponentials all_reduced; the result P(max), the shift added last)
+// (ops/reduction.cpp).
+inline DTensor logsumexp(const DTensor& t, const std::vector<int64_t>& dims, bool keepdim = false,
+                         SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::logsumexp, {t}, reduction_args(dims, keepdim), loc);
+}
+inline DTensor var(const DTensor& t, const std::vector<int64_t>& dims = {}, double correction = 1.0,
+                   bool keepdim = false, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::var, {t}, reduction_args(dims, keepdim, correction), loc);
+}
+inline DTensor std(const DTensor& t, const std::vector<int64_t>& dims = {}, double correction = 1.0,
+                   bool keepdim = false, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::std, {t}, reduction_args(dims, keepdim, correction), loc);
+}
+inline DTensor norm(const DTensor& t, double p = 2.0, const std::vector<int64_t>& dims = {},
+                    bool keepdim = false, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::norm, {t}, reduction_args(dims, keepdim, p), loc);
+}
+inline DTensor prod(const DTensor& t, const std::vector<int64_t>& dims = {}, bool keepdim = false,
+                    SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::prod, {t}, reduction_args(dims, keepdim), loc);
+}
+
 inline DTensor sum(const DTensor& t, SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::sum, {t}, reduction_args({}, false), loc);
 }

@@ -1,5 +1,6 @@
 // spmd/ops/nn.cpp: the entries of a transformer's layers: layer_norm, rms_norm, dropout,
-// cross_entropy and scaled_dot_product_attention, and the entries their backward uses.
+// cross_entropy and scaled_dot_product_attention, the losses nll_loss and mse_loss, and the
+// entries their backward uses.
 //
 // Each computes on Tensors with other ops (so it runs on every device that has their kernels) and
 // shards as its entry says: the norms and attention keep the shards of their batch dims (and
@@ -195,172 +196,428 @@ void dropout_backward(BackwardContext& c) {
   if (c.needs_grad(0)) c.set_grad(0, apply(op::dropout, {c.grad()}, c.args()));
 }
 
-// ---- cross_entropy ------------------------------------------------------------------------------
-// inputs (logits [N, C], target [N] integer); args.ints = [reduction] (0 mean, 1 sum). The loss of
-// row i is logsumexp_c(logits[i, c]) - logits[i, target[i]].
+// ---- cross_entropy and nll_loss -----------------------------------------------------------------
+// inputs (logits [N, C, d...] or [C], target [N, d...] or [] integer; nll_loss: log-probabilities
+// for logits); args (loss_args in ops/ops.h): ints = [reduction (0 mean, 1 sum, 2 none),
+// ignore_index], reals = [label_smoothing]. The class dim is 1 (0 for [C]). The loss of element i
+// (torch's formula) is
+//   cross_entropy: (1 - eps) (lse_i - x_i[t_i]) + (eps / C) sum_c (lse_i - x_i[c]), with lse_i the
+//                  logsumexp over the classes;
+//   nll_loss:      -x_i[t_i];
+// and 0 where t_i == ignore_index. Mean divides the sum by the count of elements not ignored
+// (0 / 0 = NaN when every one is, as torch), Sum sums, None keeps one loss per target element.
 //
 // Note [Vocabulary-parallel cross-entropy]
 // With the classes sharded (logits Shard(1) on some mesh dim, as a column-parallel output layer
 // leaves them) the op runs as its composite form, Megatron-LM's vocabulary-parallel loss written
 // with table ops: the row maximum (amax, P(max) -> all_reduce max), exp of the shifted logits, the
 // sum of exponentials (P(sum) -> all_reduce), and the target's logit by a masked gather (P(sum) ->
-// all_reduce): three all_reduces of N values, and the logits are never gathered. Its backward is
-// that of its ops (the gather's scatters into each rank's own classes). Otherwise the op is one
-// entry: rows shard, and the mean divides every rank's partial sum by the global row count, so the
-// sum over ranks is the mean even for uneven rows.
+// all_reduce): three all_reduces of N values, and the logits are never gathered (label smoothing
+// adds the sum of the shifted logits: a fourth). Its backward is that of its ops (the gather's
+// scatters into each rank's own classes). Otherwise the op is one entry whose elements shard
+// (the batch dim and d..., with the target's); None keeps those shards and Sum gives P(sum).
+//
+// Note [Mean over the elements not ignored]
+// A piece of rows cannot divide by the global count of elements not ignored: that depends on the
+// targets of every rank. So a Mean over sharded elements runs as the composite too: the
+// per-element losses (table ops that keep the elements' shards: no communication), their sum
+// (P(sum)), the count of targets not ignored (a sum of the target's mask: P(sum), all_reduced as
+// the divisor: one value), and the division, which keeps the sum's P(sum). Exact for uneven and
+// ignored rows. (The composite is the op's whole form: an apply() of the entry inside it would
+// record the entry's node over the composite's and differentiate the fused entry instead.)
 
-int64_t reduction_kind(const OpArgs& args) {
-  return args.ints.empty() ? 0 : args.ints[0];
-}
+enum class LossKind { CrossEntropy, Nll };
 
-OpMeta cross_entropy_meta(std::span<const InputMeta> in, const OpArgs& args) {
-  const Shape& logits = *in[0].shape;
-  const Shape& target = *in[1].shape;
-  check_floating("cross_entropy", in[0], "logits");
-  if (in[1].dtype != DType::I64 && in[1].dtype != DType::I32) {
-    throw_error<Unsupported>(
-        "cross_entropy: the target must be I64 or I32 class indices, got {} "
-        "(shape {})",
-        in[1].dtype, shape_str(target));
-  }
-  if (logits.size() != 2 || target.size() != 1 || target[0] != logits[0]) {
-    throw_error<ShapeError>(
-        "cross_entropy: expects logits [N, C] and target [N], got logits {} and target {}",
-        shape_str(logits), shape_str(target));
-  }
-  const int64_t r = reduction_kind(args);
-  if (r != 0 && r != 1) {
-    throw_error<ConfigError>("cross_entropy: reduction {} is neither mean (0) nor sum (1)", r);
-  }
-  return OpMeta{{}, in[0].dtype};
-}
-
-// Where a piece of rows sits: its first row in the whole target, and the whole logits' shape.
-struct Rows {
-  int64_t first = 0;
-  Shape logits;  // empty: the piece is the whole
+struct LossArgs {
+  int64_t reduction = 0;  // 0 mean, 1 sum, 2 none
+  int64_t ignore_index = -100;
+  double smoothing = 0.0;
 };
 
-// ShapeError naming the first target that is not a class index in [0, classes), its row and the
-// class count, as torch's "Target 7 is out of bounds" says less.
-void check_targets(const Tensor& target, const Tensor& logits, const Rows& rows) {
+LossArgs loss_options(const OpArgs& args) {
+  LossArgs a;
+  if (!args.ints.empty()) a.reduction = args.ints[0];
+  if (args.ints.size() > 1) a.ignore_index = args.ints[1];
+  if (!args.reals.empty()) a.smoothing = args.reals[0];
+  return a;
+}
+
+template <LossKind k>
+constexpr std::string_view loss_name() {
+  return k == LossKind::CrossEntropy ? "cross_entropy" : "nll_loss";
+}
+
+// The class dim of logits of `ndim` dims: 1, or 0 for unbatched [C].
+int64_t class_dim(size_t ndim) {
+  return ndim == 1 ? 0 : 1;
+}
+
+// The logits dim that target dim j lines up with.
+int target_to_logits_dim(int j) {
+  return j == 0 ? 0 : j + 1;
+}
+
+template <LossKind k>
+OpMeta loss_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  constexpr std::string_view name = loss_name<k>();
+  const Shape& logits = *in[0].shape;
+  const Shape& target = *in[1].shape;
+  check_floating(name, in[0], k == LossKind::CrossEntropy ? "logits" : "input");
+  if (in[1].dtype != DType::I64 && in[1].dtype != DType::I32) {
+    throw_error<Unsupported>("{}: the target must be I64 or I32 class indices, got {} (shape {})",
+                             name, in[1].dtype, shape_str(target));
+  }
+  Shape want;
+  for (size_t d = 0; d < logits.size(); ++d) {
+    if (static_cast<int64_t>(d) != class_dim(logits.size())) want.push_back(logits[d]);
+  }
+  if (logits.empty() || target != want) {
+    throw_error<ShapeError>(
+        "{}: expects {} [N, C, d1, ...] and target [N, d1, ...] (or [C] and []), got {} {} and "
+        "target {}",
+        name, k == LossKind::CrossEntropy ? "logits" : "input",
+        k == LossKind::CrossEntropy ? "logits" : "input", shape_str(logits), shape_str(target));
+  }
+  const LossArgs a = loss_options(args);
+  if (a.reduction < 0 || a.reduction > 2) {
+    throw_error<ConfigError>("{}: reduction {} is none of mean (0), sum (1) and none (2)", name,
+                             a.reduction);
+  }
+  if (!(a.smoothing >= 0.0 && a.smoothing <= 1.0)) {
+    throw_error<ConfigError>("{}: label_smoothing must lie in [0, 1], got {} (logits {})", name,
+                             a.smoothing, shape_str(logits));
+  }
+  if (k == LossKind::Nll && a.smoothing != 0.0) {
+    throw_error<ConfigError>("nll_loss: takes no label smoothing, got {}", a.smoothing);
+  }
+  return OpMeta{a.reduction == 2 ? target : Shape{}, in[0].dtype};
+}
+
+// Where a piece of the target sits in the whole: its offset, and the whole logits' shape (both
+// empty: the piece is the whole).
+struct TargetPlace {
+  Shape offset;
+  Shape logits;
+};
+
+// "2" for a 1-D target, "[2, 1]" otherwise.
+std::string position_str(const Shape& index) {
+  return index.size() == 1 ? std::to_string(index[0]) : shape_str(index);
+}
+
+// ShapeError naming the first target that is neither a class index in [0, classes) nor
+// ignore_index, its position and the class count, as torch's "Target 7 is out of bounds" says less.
+void check_targets(std::string_view name, const Tensor& target, const Tensor& logits,
+                   int64_t ignore_index, const TargetPlace& place) {
   if (target.is_meta()) return;
-  const int64_t classes = logits.size(1);
+  const int64_t classes = logits.size(class_dim(static_cast<size_t>(logits.dim())));
   const Tensor host = target.to(cpu()).to(DType::I64).contiguous();
   const int64_t* p = host.data<int64_t>();
   for (int64_t i = 0; i < host.numel(); ++i) {
-    if (p[i] >= 0 && p[i] < classes) continue;
+    if ((p[i] >= 0 && p[i] < classes) || p[i] == ignore_index) continue;
+    Shape index(static_cast<size_t>(host.dim()));
+    for (int64_t r = i, d = host.dim() - 1; d >= 0; --d) {
+      const auto u = static_cast<size_t>(d);
+      index[u] = r % host.size(d) + (place.offset.empty() ? 0 : place.offset[u]);
+      r /= host.size(d);
+    }
     throw_error<ShapeError>(
-        "cross_entropy: target {} at index {} is not a class index: expected [0, {}) for the {} "
-        "classes of logits {}",
-        p[i], rows.first + i, classes, classes,
-        shape_str(rows.logits.empty() ? logits.shape() : rows.logits));
+        "{}: target {} at index {} is not a class index: expected [0, {}) for the {} classes of "
+        "logits {} (or ignore_index {})",
+        name, p[i], position_str(index), classes, classes,
+        shape_str(place.logits.empty() ? logits.shape() : place.logits), ignore_index);
   }
 }
 
-// The summed losses of these rows divided by `divisor`.
-Tensor cross_entropy_rows(const Tensor& logits, const Tensor& target, double divisor,
-                          const Rows& rows = {}) {
-  check_targets(target, logits, rows);
-  const Tensor shifted = logits - amax(logits, {1}, true);
-  const Tensor lse = log(sum(exp(shifted), {1}));
-  const Tensor picked =
-      call(op::gather, {shifted, target.to(DType::I64).unsqueeze(1)}, {{1}, {}}).reshape({-1});
-  return sum(lse - picked) * (1.0 / divisor);
+// The targets not ignored (Bool, the target's shape) and the targets with the ignored ones 0.
+struct Targets {
+  Tensor valid;
+  Tensor safe;
+};
+
+Targets split_targets(const Tensor& target, int64_t ignore_index) {
+  const Tensor t = target.to(DType::I64);
+  const Tensor valid = ne(t, full({}, static_cast<double>(ignore_index), DType::I64, t.device()));
+  return {valid, where(valid, t, zeros({}, DType::I64, t.device()))};
 }
 
-double loss_divisor(const OpArgs& args, int64_t rows) {
-  return reduction_kind(args) == 0 ? static_cast<double>(rows) : 1.0;
+// The loss of every target element (the target's shape), 0 where ignored.
+template <LossKind k>
+Tensor element_losses(const Tensor& logits, const Tensor& target, const LossArgs& a,
+                      const TargetPlace& place = {}) {
+  check_targets(loss_name<k>(), target, logits, a.ignore_index, place);
+  const int64_t cd = class_dim(static_cast<size_t>(logits.dim()));
+  const Targets t = split_targets(target, a.ignore_index);
+  Tensor loss;
+  if constexpr (k == LossKind::Nll) {
+    loss = -gather(logits, cd, t.safe.unsqueeze(cd)).squeeze(cd);
+  } else {
+    const Tensor shifted = logits - amax(logits, {cd}, true);
+    const Tensor lse = log(sum(exp(shifted), {cd}));
+    const Tensor picked = gather(shifted, cd, t.safe.unsqueeze(cd)).squeeze(cd);
+    if (a.smoothing == 0.0) {
+      loss = lse - picked;
+    } else {
+      const double classes = static_cast<double>(logits.size(cd));
+      loss = lse - picked * (1.0 - a.smoothing) - sum(shifted, {cd}) * (a.smoothing / classes);
+    }
+  }
+  return call(op::masked_fill, {loss, t.valid}, {{1}, {0.0}});
 }
 
-Tensor cross_entropy_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
-  return cross_entropy_rows(in[0], in[1], loss_divisor(args, in[1].numel()));
+// The losses reduced as the args say: the count for Mean is of this target's elements.
+Tensor reduce_losses(const Tensor& losses, const Tensor& target, const LossArgs& a) {
+  if (a.reduction == 2) return losses;
+  if (a.reduction == 1) return sum(losses);
+  const Tensor count = sum(split_targets(target, a.ignore_index).valid);
+  return sum(losses) / count;
 }
 
-Tensor cross_entropy_piece(std::span<const Tensor> pieces, const OpArgs& args,
-                           const PieceContext& where) {
-  return cross_entropy_rows(
-      pieces[0], pieces[1], loss_divisor(args, where.inputs[1]->shape()[0]),
-      Rows{where.inputs[1]->local_offset(where.coordinate)[0], where.inputs[0]->shape()});
+template <LossKind k>
+Tensor loss_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+  const LossArgs a = loss_options(args);
+  return reduce_losses(element_losses<k>(in[0], in[1], a), in[1], a);
 }
 
-std::vector<OpStrategy> cross_entropy_strategies(ShardingInputs in, const OpArgs&, const OpMeta&) {
-  return expand_dim_options(
-      in, {{{Replicate{}, Replicate{}}, Replicate{}}, {{Shard{0}, Shard{0}}, Partial{}}});
+// A piece of elements (None: its losses; Sum: its partial sum; Mean runs only unsharded, Note
+// [Mean over the elements not ignored]). The piece knows its place for the error message.
+template <LossKind k>
+Tensor loss_piece(std::span<const Tensor> pieces, const OpArgs& args, const PieceContext& where) {
+  const LossArgs a = loss_options(args);
+  const TargetPlace place{where.inputs[1]->local_offset(where.coordinate),
+                          where.inputs[0]->shape()};
+  return reduce_losses(element_losses<k>(pieces[0], pieces[1], a, place), pieces[1], a);
 }
 
-bool classes_sharded(ShardingInputs in, const OpArgs&) {
+// All Replicate; None and Sum: each element dim sharded with the target's dim (None keeps it,
+// Sum gives P(sum)). Mean over sharded elements runs as the composite.
+std::vector<OpStrategy> loss_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {
+  const LossArgs a = loss_options(args);
+  std::vector<DimOption> options = {{{Replicate{}, Replicate{}}, Replicate{}}};
+  if (a.reduction != 0 && in[0]->ndim() >= 2) {
+    for (int j = 0; j < static_cast<int>(in[1]->ndim()); ++j) {
+      options.push_back({{Shard{target_to_logits_dim(j)}, Shard{j}},
+                         a.reduction == 2 ? Placement{Shard{j}} : Placement{Partial{}}});
+    }
+  }
+  return expand_dim_options(in, options);
+}
+
+bool loss_use_composite(ShardingInputs in, const OpArgs& args) {
+  const int cd = static_cast<int>(class_dim(static_cast<size_t>(in[0]->ndim())));
+  const bool mean = loss_options(args).reduction == 0;
   for (const Placement& p : in[0]->placements()) {
-    if (is_shard(p, 1)) return true;
+    if (is_shard(p, cd) || (mean && is_shard(p))) return true;
+  }
+  if (mean) {
+    for (const Placement& p : in[1]->placements()) {
+      if (is_shard(p)) return true;
+    }
   }
   return false;
 }
 
-Var cross_entropy_composite(std::span<const Var> in, const OpArgs& args) {
+Var var_scalar_op(const OpDef& op, const Var& v, double c) {
+  return apply(op, {v}, {{}, {c}});
+}
+
+// The composite form (Notes [Vocabulary-parallel cross-entropy], [Mean over the elements not
+// ignored]).
+template <LossKind k>
+Var loss_composite(std::span<const Var> in, const OpArgs& args) {
   const Var& logits = in[0];
   const Var& target = in[1];
-  const int64_t rows = var_shape(logits)[0];
-  const Var max = apply(op::amax, {logits}, reduction_args({1}, true)).detach();
-  const Var shifted = logits - max;
-  const Var lse =
-      apply(op::log, {apply(op::sum, {apply(op::exp, {shifted})}, reduction_args({1}, false))});
-  const Var index = apply(op::unsqueeze, {target}, {{1}, {}});
+  const LossArgs a = loss_options(args);
+  const Shape& shape = var_shape(logits);
+  const int64_t cd = class_dim(shape.size());
+  // The targets not ignored, and the targets with the ignored ones 0 (table ops on the target).
+  const Var zero = var_scalar_op(op::mul_scalar, target, 0.0);
+  const Var ignored = var_scalar_op(op::add_scalar, zero, static_cast<double>(a.ignore_index));
+  const Var valid = apply(op::ne, {target, ignored});
+  const Var safe = apply(op::where, {valid, target, zero});
+  const Var index = apply(op::unsqueeze, {safe}, {{cd}, {}});
+  Var shifted = logits;
+  Var lse;
+  if constexpr (k == LossKind::CrossEntropy) {
+    const Var max = apply(op::amax, {logits}, reduction_args({cd}, true)).detach();
+    shifted = logits - max;
+    lse =
+        apply(op::log, {apply(op::sum, {apply(op::exp, {shifted})}, reduction_args({cd}, false))});
+  }
   Var gathered;
   try {
-    gathered = apply(op::gather, {shifted, index}, {{1}, {}});
+    gathered = apply(op::gather, {shifted, index}, {{cd}, {}});
   } catch (const ShapeError& e) {
     // The gather's pieces see the whole class range (Note [Masked lookup]): its report names the
-    // bad target's value and its position [row, 0].
-    const int64_t classes = var_shape(logits)[1];
+    // bad target's value and its position (the target's, with the class dim as 0).
+    const int64_t classes = shape[static_cast<size_t>(cd)];
     throw_error<ShapeError>(
-        "cross_entropy: a target is not a class index: expected [0, {}) for the {} classes of "
-        "logits {} (vocabulary-parallel: the gather of the target logits reports the target's "
-        "value and its position [row, 0]): {}",
-        classes, classes, shape_str(var_shape(logits)), e.what());
+        "{}: a target is not a class index: expected [0, {}) for the {} classes of logits {} (or "
+        "ignore_index {}; sharded: the gather of the target logits reports the target's value "
+        "and its position): {}",
+        loss_name<k>(), classes, classes, shape_str(shape), a.ignore_index, e.what());
   }
-  const Var picked = apply(op::reshape, {gathered}, {{rows}, {}});
-  const Var total = apply(op::sum, {lse - picked}, reduction_args({}, false));
-  return total * (1.0 / loss_divisor(args, rows));
+  // The elements' log-likelihoods as the log-probabilities of one class (the class dim of size 1),
+  // each element's target 0 or -1 where ignored: nll_loss (the entry: its elements keep their
+  // shards) masks the ignored ones and reduces. Masking here with masked_fill would, in the
+  // backward, gather the mask to the gradient's Replicate (Note [Following the first input]).
+  Var likelihood = gathered;
+  if constexpr (k == LossKind::CrossEntropy) {
+    const Var picked = apply(op::squeeze, {gathered}, {{cd}, {}});
+    Var loss = lse - picked;
+    if (a.smoothing != 0.0) {
+      const double classes = static_cast<double>(shape[static_cast<size_t>(cd)]);
+      loss = lse - picked * (1.0 - a.smoothing) -
+             apply(op::sum, {shifted}, reduction_args({cd}, false)) * (a.smoothing / classes);
+    }
+    likelihood = apply(op::unsqueeze, {-loss}, {{cd}, {}});
+  }
+  const Var one_class = apply(op::where, {valid, zero, var_scalar_op(op::sub_scalar, zero, 1.0)});
+  const Var out = apply(op::nll_loss, {likelihood, one_class},
+                        loss_args(NllLossOptions{.reduction = a.reduction == 2 ? LossReduction::None
+                                                                               : LossReduction::Sum,
+                                                 .ignore_index = -1}));
+  if (a.reduction != 0) return out;
+  return out / apply(op::sum, {valid}, reduction_args({}, false));
 }
 
-void cross_entropy_derivative(BackwardContext& c) {
+template <LossKind k>
+void loss_derivative(BackwardContext& c) {
+  const OpDef& derivative =
+      k == LossKind::CrossEntropy ? op::cross_entropy_backward : op::nll_loss_backward;
   if (c.needs_grad(0)) {
-    c.set_grad(0, apply(op::cross_entropy_backward, {c.grad(), c.input(0), c.input(1)}, c.args()));
+    c.set_grad(0, apply(derivative, {c.grad(), c.input(0), c.input(1)}, c.args()));
   }
 }
 
-// (grad [], logits, target) -> grad * (softmax(logits) - one_hot(target)) / divisor.
-OpMeta cross_entropy_backward_meta(std::span<const InputMeta> in, const OpArgs&) {
-  return OpMeta{*in[1].shape, in[1].dtype};
+// (grad, logits, target) -> the logits' gradient: grad_i / divisor * (softmax(logits_i) - (1 - eps)
+// one_hot(t_i) - eps / C) for cross_entropy, -grad_i / divisor * one_hot(t_i) for nll_loss; 0 on
+// the ignored elements. grad is 0-d (Mean, Sum) or of the target's shape (None); the divisor is
+// the count of elements not ignored for Mean (of the whole target: Mean runs unsharded), else 1.
+OpMeta loss_backward_meta(std::span<const InputMeta> in, const OpArgs&) {
+  return OpMeta{*in[1].shape, promote_types(in[0].dtype, in[1].dtype)};
 }
 
-Tensor cross_entropy_gradient(const Tensor& grad, const Tensor& logits, const Tensor& target,
-                              double divisor) {
-  const int64_t classes = logits.size(1);
-  const Tensor one_hot = eq(arange(classes, DType::I64).reshape({1, classes}).to(logits.device()),
-                            target.to(DType::I64).reshape({-1, 1}));
-  const Tensor delta = softmax(logits, 1) - one_hot.to(logits.dtype());
-  return delta * (grad.to(logits.dtype()) * (1.0 / divisor));
+template <LossKind k>
+Tensor loss_backward_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+  const LossArgs a = loss_options(args);
+  const Tensor logits = in[1].to(out.dtype);
+  const Tensor& target = in[2];
+  const int64_t cd = class_dim(static_cast<size_t>(logits.dim()));
+  const int64_t classes = logits.size(cd);
+  const Targets t = split_targets(target, a.ignore_index);
+  Shape along(static_cast<size_t>(logits.dim()), 1);
+  along[static_cast<size_t>(cd)] = classes;
+  const Tensor one_hot =
+      eq(arange(classes, DType::I64).reshape(along).to(logits.device()), t.safe.unsqueeze(cd))
+          .to(out.dtype);
+  Tensor delta;
+  if constexpr (k == LossKind::Nll) {
+    delta = -one_hot;
+  } else {
+    delta = softmax(logits, cd) - one_hot * (1.0 - a.smoothing);
+    if (a.smoothing != 0.0) delta = delta - a.smoothing / static_cast<double>(classes);
+  }
+  Tensor g = in[0].to(out.dtype);
+  if (a.reduction == 0) g = g / sum(t.valid);
+  if (a.reduction != 2) g = g.expand(target.shape());
+  // masked_fill, not a product: a Mean over no element divides by 0, and its gradient is 0.
+  const Tensor scale = call(op::masked_fill, {g, t.valid}, {{1}, {0.0}});
+  return delta * scale.unsqueeze(cd);
 }
 
-Tensor cross_entropy_backward_compute(std::span<const Tensor> in, const OpArgs& args,
-                                      const OpMeta&) {
-  return cross_entropy_gradient(in[0], in[1], in[2], loss_divisor(args, in[2].numel()));
-}
-
-Tensor cross_entropy_backward_piece(std::span<const Tensor> pieces, const OpArgs& args,
-                                    const PieceContext& where) {
-  return cross_entropy_gradient(pieces[0], pieces[1], pieces[2],
-                                loss_divisor(args, where.inputs[2]->shape()[0]));
-}
-
-std::vector<OpStrategy> cross_entropy_backward_strategies(ShardingInputs in, const OpArgs&,
-                                                          const OpMeta&) {
+// All Replicate; the gradient linear in grad (P(sum) and P(avg) pass); None and Sum: each element
+// dim sharded with the target's (None: grad's too).
+std::vector<OpStrategy> loss_backward_strategies(ShardingInputs in, const OpArgs& args,
+                                                 const OpMeta&) {
+  const LossArgs a = loss_options(args);
   const Placement R = Replicate{};
-  return expand_dim_options(in, {{{R, R, R}, R},
-                                 {{R, Shard{0}, Shard{0}}, Shard{0}},
-                                 {{Partial{}, R, R}, Partial{}},
-                                 {{Partial{ReduceOp::Avg}, R, R}, Partial{ReduceOp::Avg}}});
+  std::vector<DimOption> options = {{{R, R, R}, R},
+                                    {{Partial{}, R, R}, Partial{}},
+                                    {{Partial{ReduceOp::Avg}, R, R}, Partial{ReduceOp::Avg}}};
+  if (a.reduction != 0 && in[1]->ndim() >= 2) {
+    for (int j = 0; j < static_cast<int>(in[2]->ndim()); ++j) {
+      const int d = target_to_logits_dim(j);
+      options.push_back(
+          {{a.reduction == 2 ? Placement{Shard{j}} : R, Shard{d}, Shard{j}}, Shard{d}});
+    }
+  }
+  return expand_dim_options(in, options);
+}
+
+// ---- mse_loss -----------------------------------------------------------------------------------
+// inputs (a, b) broadcasting; args.ints = [reduction (0 mean, 1 sum, 2 none)]. (a - b)^2 per
+// element of the broadcast shape; Mean divides by that shape's element count. Sharding: the
+// elementwise shards pass (None keeps them, Sum and Mean give P(sum): a Mean piece divides by the
+// global count, so the sum over ranks is the mean even for uneven shards).
+
+int64_t mse_reduction(const OpArgs& args) {
+  return args.ints.empty() ? 0 : args.ints[0];
+}
+
+Shape mse_shape(const Shape& a, const Shape& b) {
+  return broadcast_shapes(a, b, "mse_loss");
+}
+
+OpMeta mse_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const DType dtype = promote_types(in[0].dtype, in[1].dtype);
+  if (!is_floating(dtype)) {
+    throw_error<Unsupported>(
+        "mse_loss: the inputs must be floating, got {} and {} (shapes {} and {})", in[0].dtype,
+        in[1].dtype, shape_str(*in[0].shape), shape_str(*in[1].shape));
+  }
+  const Shape shape = mse_shape(*in[0].shape, *in[1].shape);
+  const int64_t r = mse_reduction(args);
+  if (r < 0 || r > 2) {
+    throw_error<ConfigError>("mse_loss: reduction {} is none of mean (0), sum (1) and none (2)", r);
+  }
+  return OpMeta{r == 2 ? shape : Shape{}, dtype};
+}
+
+Tensor mse_of(const Tensor& a, const Tensor& b, int64_t reduction, double count) {
+  const Tensor d = a - b;
+  const Tensor sq = d * d;
+  if (reduction == 2) return sq;
+  return reduction == 1 ? sum(sq) : sum(sq) / count;
+}
+
+Tensor mse_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+  const Tensor a = in[0].to(out.dtype);
+  const Tensor b = in[1].to(out.dtype);
+  return mse_of(a, b, mse_reduction(args),
+                static_cast<double>(shape_numel(mse_shape(a.shape(), b.shape()))));
+}
+
+Tensor mse_piece(std::span<const Tensor> pieces, const OpArgs& args, const PieceContext& where) {
+  const DType dtype = promote_types(pieces[0].dtype(), pieces[1].dtype());
+  const double count = static_cast<double>(
+      shape_numel(mse_shape(where.inputs[0]->shape(), where.inputs[1]->shape())));
+  return mse_of(pieces[0].to(dtype), pieces[1].to(dtype), mse_reduction(args), count);
+}
+
+std::vector<OpStrategy> mse_strategies(ShardingInputs in, const OpArgs& args, const OpMeta& out) {
+  const OpMeta full{mse_shape(in[0]->shape(), in[1]->shape()), out.dtype};
+  std::vector<DimOption> options = pointwise_shard_options(in, full);
+  if (mse_reduction(args) != 2) {
+    for (DimOption& o : options) {
+      if (is_shard(o.output)) o.output = Partial{};
+    }
+  }
+  return expand_dim_options(in, options);
+}
+
+// d/da = 2 (a - b) grad / count, summed to a's shape; d/db its negation.
+void mse_backward(BackwardContext& c) {
+  const Var& a = c.input(0);
+  const Var& b = c.input(1);
+  const int64_t r = mse_reduction(c.args());
+  double scale = 2.0;
+  if (r == 0) {
+    scale /= static_cast<double>(shape_numel(mse_shape(var_shape(a), var_shape(b))));
+  }
+  const Var g = (a - b) * c.grad() * scale;
+  if (c.needs_grad(0)) c.set_grad(0, sum_to(g, var_shape(a)));
+  if (c.needs_grad(1)) c.set_grad(1, sum_to(-g, var_shape(b)));
 }
 
 // ---- scaled_dot_product_attention ---------------------------------------------------------------
@@ -815,20 +1072,43 @@ const OpDef op::dropout{
 };
 const OpDef op::cross_entropy{
     .name = "cross_entropy",
-    .meta = cross_entropy_meta,
-    .compute = cross_entropy_compute,
-    .strategies = cross_entropy_strategies,
-    .piece = cross_entropy_piece,
-    .backward = cross_entropy_derivative,
-    .composite = cross_entropy_composite,
-    .use_composite = classes_sharded,
+    .meta = loss_meta<LossKind::CrossEntropy>,
+    .compute = loss_compute<LossKind::CrossEntropy>,
+    .strategies = loss_strategies,
+    .piece = loss_piece<LossKind::CrossEntropy>,
+    .backward = loss_derivative<LossKind::CrossEntropy>,
+    .composite = loss_composite<LossKind::CrossEntropy>,
+    .use_composite = loss_use_composite,
 };
 const OpDef op::cross_entropy_backward{
     .name = "cross_entropy_backward",
-    .meta = cross_entropy_backward_meta,
-    .compute = cross_entropy_backward_compute,
-    .strategies = cross_entropy_backward_strategies,
-    .piece = cross_entropy_backward_piece,
+    .meta = loss_backward_meta,
+    .compute = loss_backward_compute<LossKind::CrossEntropy>,
+    .strategies = loss_backward_strategies,
+};
+const OpDef op::nll_loss{
+    .name = "nll_loss",
+    .meta = loss_meta<LossKind::Nll>,
+    .compute = loss_compute<LossKind::Nll>,
+    .strategies = loss_strategies,
+    .piece = loss_piece<LossKind::Nll>,
+    .backward = loss_derivative<LossKind::Nll>,
+    .composite = loss_composite<LossKind::Nll>,
+    .use_composite = loss_use_composite,
+};
+const OpDef op::nll_loss_backward{
+    .name = "nll_loss_backward",
+    .meta = loss_backward_meta,
+    .compute = loss_backward_compute<LossKind::Nll>,
+    .strategies = loss_backward_strategies,
+};
+const OpDef op::mse_loss{
+    .name = "mse_loss",
+    .meta = mse_meta,
+    .compute = mse_compute,
+    .strategies = mse_strategies,
+    .piece = mse_piece,
+    .backward = mse_backward,
 };
 const OpDef op::scaled_dot_product_attention{
     .name = "scaled_dot_product_attention",

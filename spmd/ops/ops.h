@@ -111,6 +111,13 @@ extern const OpDef amin;
 
 // args.ints = [dim, keepdim] (ops/reduction.cpp).
 extern const OpDef argmax;
+// Reductions with args.ints = [keepdim, dims...] (ops/reduction.cpp); var and std: args.reals =
+// [correction], norm: [p] (reduction_args(dims, keepdim, real)).
+extern const OpDef logsumexp;
+extern const OpDef var;
+extern const OpDef std;
+extern const OpDef norm;
+extern const OpDef prod;
 
 // Softmax along args.ints[0] (ops/softmax.cpp).
 extern const OpDef softmax;
@@ -128,8 +135,8 @@ extern const OpDef embedding_backward;
 
 // Transformer layers (ops/nn.cpp). layer_norm (x, weight, bias) and rms_norm (x, weight):
 // args.reals = [eps]; their backward entries (grad, x, weight), args.ints = [0: the input's
-// gradient, 1: grad * x_hat]. dropout: args.reals = [p], args.seed. cross_entropy (logits [N, C],
-// target [N]): args.ints = [0 mean, 1 sum]. scaled_dot_product_attention (q, k, v[, mask]) and
+// gradient, 1: grad * x_hat]. dropout: args.reals = [p], args.seed. cross_entropy (logits [N, C,
+// d...], target [N, d...]): loss_args. scaled_dot_product_attention (q, k, v[, mask]) and
 // attention_probs (q, k[, mask]): args.ints = [causal, enable_gqa, has_mask] (the last two
 // optional), args.reals = [scale].
 extern const OpDef layer_norm;
@@ -139,6 +146,12 @@ extern const OpDef rms_norm_backward;
 extern const OpDef dropout;
 extern const OpDef cross_entropy;
 extern const OpDef cross_entropy_backward;
+// Losses (ops/nn.cpp): nll_loss (log_probs [N, C, d...], target [N, d...]) takes loss_args as
+// cross_entropy; its backward entry (grad, log_probs, target) too. mse_loss (a, b): args.ints =
+// [reduction]; its backward is written with table ops.
+extern const OpDef nll_loss;
+extern const OpDef nll_loss_backward;
+extern const OpDef mse_loss;
 extern const OpDef scaled_dot_product_attention;
 extern const OpDef attention_probs;
 // Rotary embeddings (ops/rope.cpp, Note [Rotary embeddings]): inputs (x [..., S, H, D]) or (x,
@@ -232,6 +245,11 @@ inline std::span<const OpDef* const> all_ops() {
       &op::amax,
       &op::amin,
       &op::argmax,
+      &op::logsumexp,
+      &op::var,
+      &op::std,
+      &op::norm,
+      &op::prod,
       &op::softmax,
       &op::log_softmax,
       // Picking by index.
@@ -249,6 +267,9 @@ inline std::span<const OpDef* const> all_ops() {
       &op::dropout,
       &op::cross_entropy,
       &op::cross_entropy_backward,
+      &op::nll_loss,
+      &op::nll_loss_backward,
+      &op::mse_loss,
       &op::scaled_dot_product_attention,
       &op::attention_probs,
       &op::rotary_embedding,
@@ -277,11 +298,37 @@ inline std::span<const OpDef* const> all_ops() {
 
 // [keepdim, dims...]: the args of the reductions.
 OpArgs reduction_args(const std::vector<int64_t>& dims, bool keepdim);
+// The same with args.reals = [real] (var's and std's correction, norm's p).
+OpArgs reduction_args(const std::vector<int64_t>& dims, bool keepdim, double real);
 
 // GELU's exact form (erf) or its tanh approximation (torch's approximate="tanh").
 enum class GeluApproximate { None, Tanh };
-// How cross_entropy reduces the rows' losses.
-enum class LossReduction { Mean, Sum };
+// How a loss reduces its elements' losses: torch's reduction='mean' | 'sum' | 'none' (None: one
+// loss per element, of the target's shape).
+enum class LossReduction { Mean, Sum, None };
+// torch.nn.functional.cross_entropy's options for class-index targets (no class weights).
+struct CrossEntropyOptions {
+  LossReduction reduction = LossReduction::Mean;
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;
+};
+// nll_loss's: cross_entropy's without label smoothing.
+struct NllLossOptions {
+  LossReduction reduction = LossReduction::Mean;
+  int64_t ignore_index = -100;
+};
+// The args of cross_entropy and nll_loss (and their backward entries): args.ints = [reduction
+// (0 mean, 1 sum, 2 none), ignore_index], args.reals = [label_smoothing]; missing ones take
+// torch's defaults (mean, -100, 0).
+inline int64_t loss_reduction_code(LossReduction r) {
+  return r == LossReduction::Mean ? 0 : r == LossReduction::Sum ? 1 : 2;
+}
+inline OpArgs loss_args(const CrossEntropyOptions& o) {
+  return OpArgs{{loss_reduction_code(o.reduction), o.ignore_index}, {o.label_smoothing}};
+}
+inline OpArgs loss_args(const NllLossOptions& o) {
+  return OpArgs{{loss_reduction_code(o.reduction), o.ignore_index}, {}};
+}
 
 // The args of scaled_dot_product_attention for queries with head size `head_dim`: the scale
 // defaults to 1 / sqrt(head_dim).
@@ -541,11 +588,30 @@ inline Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6)
 inline Tensor dropout(const Tensor& x, double p, uint64_t seed) {
   return call(op::dropout, {x}, dropout_args(p, seed));
 }
-// The mean (or sum) over rows of logsumexp(logits[i]) - logits[i, target[i]]; logits [N, C],
-// target [N] class indices.
+// torch.nn.functional.cross_entropy with class-index targets: logits [N, C, d1, ...] (class dim 1;
+// or [C] with a 0-d target), target [N, d1, ...] integer. The loss of element i is
+// (1 - eps) (logsumexp(logits_i) - logits_i[target_i]) + eps mean_c(logsumexp(logits_i) -
+// logits_i[c]) for eps = label_smoothing in [0, 1] (ConfigError outside); 0 where target_i ==
+// ignore_index (no other target outside [0, C): ShapeError). Mean divides the sum by the count of
+// elements not ignored (NaN when there is none, as torch), Sum sums, None keeps the target's shape.
+inline Tensor cross_entropy(const Tensor& logits, const Tensor& target,
+                            const CrossEntropyOptions& options) {
+  return call(op::cross_entropy, {logits, target}, loss_args(options));
+}
 inline Tensor cross_entropy(const Tensor& logits, const Tensor& target,
                             LossReduction reduction = LossReduction::Mean) {
-  return call(op::cross_entropy, {logits, target}, {{reduction == LossReduction::Sum ? 1 : 0}, {}});
+  return cross_entropy(logits, target, CrossEntropyOptions{.reduction = reduction});
+}
+// torch.nn.functional.nll_loss: -log_probs_i[target_i] with cross_entropy's shapes, ignore_index
+// and reductions.
+inline Tensor nll_loss(const Tensor& log_probs, const Tensor& target,
+                       const NllLossOptions& options = {}) {
+  return call(op::nll_loss, {log_probs, target}, loss_args(options));
+}
+// torch.nn.functional.mse_loss: (a - b)^2 (broadcasting), its mean, sum or every element.
+inline Tensor mse_loss(const Tensor& a, const Tensor& b,
+                       LossReduction reduction = LossReduction::Mean) {
+  return call(op::mse_loss, {a, b}, {{loss_reduction_code(reduction)}, {}});
 }
 // softmax(q k^T scale [+ causal mask]) v for q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv]; the
 // scale defaults to 1 / sqrt(D); causal hides key j from query i when j > i.
@@ -613,6 +679,32 @@ inline Tensor amin(const Tensor& t) {
 }
 inline Tensor amin(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim = false) {
   return call(op::amin, {t}, reduction_args(dims, keepdim));
+}
+
+// torch.logsumexp: log(sum(exp(t))) over dims, shifted by the maximum (0 where it is infinite),
+// so large values do not overflow; integers give F32; zero elements give -inf.
+inline Tensor logsumexp(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim = false) {
+  return call(op::logsumexp, {t}, reduction_args(dims, keepdim));
+}
+// torch.var and torch.std: sum((t - mean)^2) / max(0, n - correction) over dims (empty: every
+// dim), and its square root; floating t only.
+inline Tensor var(const Tensor& t, const std::vector<int64_t>& dims = {}, double correction = 1.0,
+                  bool keepdim = false) {
+  return call(op::var, {t}, reduction_args(dims, keepdim, correction));
+}
+inline Tensor std(const Tensor& t, const std::vector<int64_t>& dims = {}, double correction = 1.0,
+                  bool keepdim = false) {
+  return call(op::std, {t}, reduction_args(dims, keepdim, correction));
+}
+// torch.linalg.vector_norm: (sum |t|^p)^(1/p) over dims (empty: every dim); p = inf: max |t|,
+// -inf: min |t|, 0: the count of nonzeros; floating t only.
+inline Tensor norm(const Tensor& t, double p = 2.0, const std::vector<int64_t>& dims = {},
+                   bool keepdim = false) {
+  return call(op::norm, {t}, reduction_args(dims, keepdim, p));
+}
+// torch.prod over dims (empty: every dim): integers and Bool give I64; zero elements give 1.
+inline Tensor prod(const Tensor& t, const std::vector<int64_t>& dims = {}, bool keepdim = false) {
+  return call(op::prod, {t}, reduction_args(dims, keepdim));
 }
 
 // ---- linear algebra (Eigen on the CPU; BF16/F16 accumulate in F32) ------------------------------

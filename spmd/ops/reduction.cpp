@@ -1,4 +1,5 @@
-// spmd/ops/reduction.cpp: the entries of sum, mean, amax and amin, and argmax.
+// spmd/ops/reduction.cpp: the entries of sum, mean, amax and amin, argmax, and logsumexp, var,
+// std, norm and prod.
 //
 // args.ints = [keepdim, dims...] (dims as the user gave them; none: every dim). Sharding: a
 // reduced sharded dim becomes P(sum)/P(avg)/P(max)/P(min); mean gives P(avg) only when every
@@ -7,11 +8,14 @@
 // P(min) through amin. An empty piece of a sharded reduced dim (Note [Uneven sharding])
 // contributes the reduction's identity to amax's and amin's Partial.
 #include <algorithm>
+#include <cmath>
 #include <limits>
+#include <optional>
 
 #include <spmd/core/error.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
+#include <spmd/ops/pointwise.h>
 #include <spmd/ops/strategy.h>
 #include <spmd/tensor/device_ops.h>
 
@@ -304,7 +308,330 @@ std::vector<OpStrategy> argmax_strategies(ShardingInputs in, const OpArgs& args,
   });
 }
 
+// ---- logsumexp, var, std, norm and prod ---------------------------------------------------------
+// args.ints = [keepdim, dims...] as above; var and std: args.reals = [correction]; norm:
+// args.reals = [p]. logsumexp of integers gives F32, prod of integers and Bool I64; var, std and
+// norm take floating inputs only (as torch). Sharding: the reduced dims whole on every rank, the
+// other dims keep their shards; prod also turns a sharded reduced dim into P(product) (an empty
+// piece contributes 1) and keeps a P(product) input; logsumexp over a sharded dim runs as table
+// ops (logsumexp_composite). None is linear in a pending sum.
+
+enum class Stat { LogSumExp, Var, Std, Norm, Prod };
+
+constexpr std::string_view stat_name(Stat s) {
+  switch (s) {
+    case Stat::LogSumExp:
+      return "logsumexp";
+    case Stat::Var:
+      return "var";
+    case Stat::Std:
+      return "std";
+    case Stat::Norm:
+      return "norm";
+    case Stat::Prod:
+      return "prod";
+  }
+  return "?";
+}
+
+// var and std's correction (default 1), norm's p (default 2).
+double stat_real(const OpArgs& args, Stat s) {
+  if (!args.reals.empty()) return args.reals[0];
+  return s == Stat::Norm ? 2.0 : 1.0;
+}
+
+// The number of elements each output element reduces.
+int64_t group_size(const Shape& shape, const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= shape[static_cast<size_t>(d)];
+  return n;
+}
+
+template <Stat s>
+OpMeta stat_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  constexpr std::string_view name = stat_name(s);
+  const Shape& shape = *in[0].shape;
+  const std::vector<int64_t> dims = reduced_dims(name, args, shape);
+  DType dtype = in[0].dtype;
+  if (!is_floating(dtype)) {
+    if constexpr (s == Stat::Prod) {
+      dtype = DType::I64;
+    } else if constexpr (s == Stat::LogSumExp) {
+      dtype = DType::F32;
+    } else {
+      throw_error<Unsupported>(
+          "{}: dtype {} is not supported (shape {}); only floating dtypes, convert with "
+          "to(DType::F32)",
+          name, dtype, shape_str(shape));
+    }
+  }
+  if constexpr (s == Stat::Var || s == Stat::Std || s == Stat::Norm) {
+    if (std::isnan(stat_real(args, s))) {
+      throw_error<ConfigError>("{}: {} is NaN (shape {})", name,
+                               s == Stat::Norm ? "p" : "correction", shape_str(shape));
+    }
+  }
+  if constexpr (s == Stat::Norm) {
+    const double p = stat_real(args, s);
+    if (std::isinf(p) && group_size(shape, dims) == 0 &&
+        shape_numel(reduced_shape(shape, dims, true)) > 0) {
+      throw_error<ShapeError>(
+          "norm: the {}inf norm of zero elements (dims {} of shape {}) has no "
+          "identity",
+          p < 0 ? "-" : "", shape_str(dims), shape_str(shape));
+    }
+  }
+  return OpMeta{reduced_shape(shape, dims, keepdim(args)), dtype};
+}
+
+// The product over `dims` (kept as size 1) by halving: the pairs of the first and second halves
+// multiplied, log2(n) table multiplications on any device. No element: 1.
+Tensor product(const Tensor& x, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> order;
+  Shape merged;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) {
+      order.push_back(d);
+      merged.push_back(x.size(d));
+    }
+  }
+  order.insert(order.end(), dims.begin(), dims.end());
+  int64_t n = group_size(x.shape(), dims);
+  merged.push_back(n);
+  const Shape kept = reduced_shape(x.shape(), dims, true);
+  if (n == 0) return ones(kept, x.dtype(), x.device());
+  Tensor t = x.permute(order).contiguous().reshape(merged);
+  const int64_t last = t.dim() - 1;
+  while (n > 1) {
+    const int64_t half = n / 2;
+    Tensor p = t.narrow(last, 0, half) * t.narrow(last, half, half);
+    if (n % 2 != 0) p = cat({p, t.narrow(last, n - 1, 1)}, last);
+    t = p;
+    n = half + n % 2;
+  }
+  return t.reshape(kept);
+}
+
+template <Stat s>
+Tensor stat_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+  const Tensor x = in[0].to(out.dtype);
+  const std::vector<int64_t> dims = reduced_dims(stat_name(s), args, x.shape());
+  Tensor r;  // with the reduced dims kept as 1
+  if constexpr (s == Stat::LogSumExp) {
+    if (group_size(x.shape(), dims) == 0) {
+      return full(out.shape, -std::numeric_limits<double>::infinity(), out.dtype, x.device());
+    }
+    // torch's: the maximum as the shift, 0 where it is infinite (all -inf, or an inf).
+    const Tensor m = amax(x, dims, true);
+    const Tensor shift = masked_fill(
+        m, eq(abs(m), full({}, std::numeric_limits<double>::infinity(), m.dtype(), m.device())),
+        0.0);
+    r = log(sum(exp(x - shift), dims, true)) + shift;
+  } else if constexpr (s == Stat::Var || s == Stat::Std) {
+    const double divisor =
+        std::max(0.0, static_cast<double>(group_size(x.shape(), dims)) - stat_real(args, s));
+    const Tensor centered = x - mean(x, dims, true);
+    r = sum(centered * centered, dims, true) / divisor;
+    if constexpr (s == Stat::Std) r = sqrt(r);
+  } else if constexpr (s == Stat::Norm) {
+    const double p = stat_real(args, s);
+    if (p == 2.0) {
+      r = sqrt(sum(x * x, dims, true));
+    } else if (p == 1.0) {
+      r = sum(abs(x), dims, true);
+    } else if (std::isinf(p)) {
+      if (group_size(x.shape(), dims) == 0) return zeros(out.shape, out.dtype, x.device());
+      r = p > 0 ? amax(abs(x), dims, true) : amin(abs(x), dims, true);
+    } else if (p == 0.0) {
+      r = sum(ne(x, zeros({}, x.dtype(), x.device())).to(x.dtype()), dims, true);
+    } else {
+      r = pow(sum(pow(abs(x), p), dims, true), 1.0 / p);
+    }
+  } else {
+    r = product(x, dims);
+  }
+  return r.reshape(out.shape);
+}
+
+// The reduced dims whole on every rank, the other dims keep their shards (renumbered without the
+// reduced dims unless keepdim); prod: a sharded reduced dim gives P(product), which also passes.
+template <Stat s>
+std::vector<OpStrategy> stat_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {
+  const std::vector<int64_t> dims = reduced_dims(stat_name(s), args, in[0]->shape());
+  const bool keep = keepdim(args);
+  return derived_strategies(in, [&dims, keep](const Placement& p) -> std::optional<Placement> {
+    if (const Partial* q = std::get_if<Partial>(&p)) {
+      if (s == Stat::Prod && q->op == ReduceOp::Product) return p;
+      return std::nullopt;
+    }
+    if (const Shard* sh = std::get_if<Shard>(&p)) {
+      if (std::find(dims.begin(), dims.end(), sh->dim) != dims.end()) {
+        if (s == Stat::Prod) return Partial{ReduceOp::Product};
+        return std::nullopt;
+      }
+      int below = 0;
+      for (int64_t d : dims) below += !keep && d < sh->dim ? 1 : 0;
+      return Shard{sh->dim - below};
+    }
+    return p;
+  });
+}
+
+Var zero_mask(const Var& v) {
+  return apply(op::eq, {v, apply(op::mul_scalar, {v}, {{}, {0.0}})});
+}
+
+Var masked_zero(const Var& v, const Var& mask) {
+  return apply(op::masked_fill, {v, mask}, {{0}, {0.0}});
+}
+
+// g * sign(x).
+Var times_sign(const Var& g, const Var& x) {
+  return apply(pointwise::kUnaryDerivative<element::Abs>, {g, x, apply(op::abs, {x})});
+}
+
+// logsumexp: g exp(x - out) (the softmax). var: g 2 (x - mean) / max(0, n - correction); std: var's
+// with g / (2 std), 0 where std is 0 (torch's std_backward). norm (torch's): p = 2: g x / norm, 0
+// where the norm is 0; p = 1: g sign(x); p = +-inf: g sign(x) shared equally by the ties of the
+// largest (smallest) |x|; p = 0: 0; else g sign(x) |x|^(p-1) / norm^(p-1), 0 where the norm is 0.
+// prod: g times the product of the other elements, without dividing by a zero: with z zeros in
+// the group, an element gets g prod(nonzeros) / x when z = 0, g prod(nonzeros) at the zero when
+// z = 1, and 0 otherwise (torch's prod_backward). Each product starts with a factor of x's
+// placements, so the gradient keeps them (Note [Following the first input]).
+template <Stat s>
+void stat_backward(BackwardContext& c) {
+  if (!c.needs_grad(0)) return;
+  const Var& x = c.input(0);
+  const Shape& shape = var_shape(x);
+  const std::vector<int64_t> dims = reduced_dims(stat_name(s), c.args(), shape);
+  const bool keep = keepdim(c.args());
+  auto back = [&](const Var& v) { return expand_back(v, dims, keep, shape); };
+  const Var& g = c.grad();
+  const Var& out = c.output();
+  if constexpr (s == Stat::LogSumExp) {
+    c.set_grad(0, apply(op::exp, {x - back(out)}) * back(g));
+  } else if constexpr (s == Stat::Var || s == Stat::Std) {
+    const double divisor =
+        std::max(0.0, static_cast<double>(group_size(shape, dims)) - stat_real(c.args(), s));
+    Var gv = g;
+    if constexpr (s == Stat::Std) gv = masked_zero(g / (out * 2.0), zero_mask(out));
+    const Var centered = x - apply(op::mean, {x}, reduction_args(dims, true));
+    c.set_grad(0, centered * back(gv) * (2.0 / divisor));
+  } else if constexpr (s == Stat::Norm) {
+    const double p = stat_real(c.args(), s);
+    if (p == 2.0) {
+      c.set_grad(0, x * back(masked_zero(g / out, zero_mask(out))));
+    } else if (p == 1.0) {
+      c.set_grad(0, times_sign(back(g), x));
+    } else if (std::isinf(p)) {
+      const Var ties = p > 0 ? apply(kExtremumWeights<Reduction::Amax>, {apply(op::abs, {x})},
+                                     reduction_args(dims, true))
+                             : apply(kExtremumWeights<Reduction::Amin>, {apply(op::abs, {x})},
+                                     reduction_args(dims, true));
+      c.set_grad(0, times_sign(ties * back(g), x));
+    } else if (p == 0.0) {
+      c.set_grad(0, times_sign(back(g) * 0.0, x));
+    } else {
+      const Var scale =
+          masked_zero(g * apply(op::pow_scalar, {out}, {{}, {1.0 - p}}), zero_mask(out));
+      c.set_grad(
+          0, times_sign(back(scale) * apply(op::pow_scalar, {apply(op::abs, {x})}, {{}, {p - 1.0}}),
+                        x));
+    }
+  } else {
+    const Var zero = zero_mask(x);
+    const Var safe = apply(op::masked_fill, {x, zero}, {{0}, {1.0}});
+    const Var zeros_f = apply(op::to_dtype, {zero}, {{static_cast<int64_t>(var_dtype(x))}, {}});
+    // 1 - (zeros among the others), clamped: 1 where no other element is 0.
+    const Var alone = apply(
+        op::clamp,
+        {apply(op::add_scalar, {zeros_f - apply(op::sum, {zeros_f}, reduction_args(dims, true))},
+               {{}, {1.0}})},
+        clamp_args(0.0, 1.0));
+    const Var rest =
+        apply(op::reciprocal, {safe}) * apply(op::prod, {safe}, reduction_args(dims, true));
+    c.set_grad(0, rest * alone * back(g));
+  }
+}
+
+// logsumexp over a sharded dim, as table ops: the maximum (P(max) -> all_reduce), the sum of the
+// shifted exponentials (P(sum) -> all_reduce), its log plus the shift: two all_reduces of the
+// output's size instead of gathering the input. The shift is detached (its gradient cancels), 0
+// where the maximum is infinite (m - m is NaN there).
+bool reduced_dim_sharded(ShardingInputs in, const OpArgs& args) {
+  const std::vector<int64_t> dims = reduced_dims("logsumexp", args, in[0]->shape());
+  if (group_size(in[0]->shape(), dims) == 0) return false;  // -inf, no maximum to shift by
+  for (const Placement& p : in[0]->placements()) {
+    for (int64_t d : dims) {
+      if (is_shard(p, static_cast<int>(d))) return true;
+    }
+  }
+  return false;
+}
+
+Var logsumexp_composite(std::span<const Var> in, const OpArgs& args) {
+  Var x = in[0];
+  if (!is_floating(var_dtype(x))) {
+    x = apply(op::to_dtype, {x}, {{static_cast<int64_t>(DType::F32)}, {}});
+  }
+  const std::vector<int64_t> dims = reduced_dims("logsumexp", args, var_shape(x));
+  const Var m = apply(op::amax, {x}, reduction_args(dims, true)).detach();
+  const Var m_minus_m = m - m;
+  const Var shift =
+      apply(op::masked_fill, {m, apply(op::eq, {m_minus_m, m_minus_m})}, {{1}, {0.0}});
+  Var r =
+      apply(op::log, {apply(op::sum, {apply(op::exp, {x - shift})}, reduction_args(dims, true))});
+  r = r + shift;
+  if (keepdim(args)) return r;
+  for (auto d = dims.rbegin(); d != dims.rend(); ++d) r = apply(op::squeeze, {r}, {{*d}, {}});
+  return r;
+}
+
 }  // namespace
+
+OpArgs reduction_args(const std::vector<int64_t>& dims, bool keepdim, double real) {
+  OpArgs args = reduction_args(dims, keepdim);
+  args.reals = {real};
+  return args;
+}
+
+const OpDef op::logsumexp{
+    .name = "logsumexp",
+    .meta = stat_meta<Stat::LogSumExp>,
+    .compute = stat_compute<Stat::LogSumExp>,
+    .strategies = stat_strategies<Stat::LogSumExp>,
+    .backward = stat_backward<Stat::LogSumExp>,
+    .composite = logsumexp_composite,
+    .use_composite = reduced_dim_sharded,
+};
+const OpDef op::var{
+    .name = "var",
+    .meta = stat_meta<Stat::Var>,
+    .compute = stat_compute<Stat::Var>,
+    .strategies = stat_strategies<Stat::Var>,
+    .backward = stat_backward<Stat::Var>,
+};
+const OpDef op::std{
+    .name = "std",
+    .meta = stat_meta<Stat::Std>,
+    .compute = stat_compute<Stat::Std>,
+    .strategies = stat_strategies<Stat::Std>,
+    .backward = stat_backward<Stat::Std>,
+};
+const OpDef op::norm{
+    .name = "norm",
+    .meta = stat_meta<Stat::Norm>,
+    .compute = stat_compute<Stat::Norm>,
+    .strategies = stat_strategies<Stat::Norm>,
+    .backward = stat_backward<Stat::Norm>,
+};
+const OpDef op::prod{
+    .name = "prod",
+    .meta = stat_meta<Stat::Prod>,
+    .compute = stat_compute<Stat::Prod>,
+    .strategies = stat_strategies<Stat::Prod>,
+    .backward = stat_backward<Stat::Prod>,
+};
 
 const OpDef op::argmax{
     .name = "argmax",

@@ -359,7 +359,23 @@ inline LocalTensor cross_entropy(const LocalTensor& logits, const LocalTensor& t
                                  LossReduction reduction = LossReduction::Mean,
                                  SourceLocation loc = SourceLocation::current()) {
   return local_call(op::cross_entropy, {logits, target},
-                    {{reduction == LossReduction::Sum ? 1 : 0}, {}}, loc);
+                    loss_args(CrossEntropyOptions{.reduction = reduction}), loc);
+}
+// Each rank's own loss (a Mean over its own elements not ignored).
+inline LocalTensor cross_entropy(const LocalTensor& logits, const LocalTensor& target,
+                                 const CrossEntropyOptions& options,
+                                 SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::cross_entropy, {logits, target}, loss_args(options), loc);
+}
+inline LocalTensor nll_loss(const LocalTensor& log_probs, const LocalTensor& target,
+                            const NllLossOptions& options = {},
+                            SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::nll_loss, {log_probs, target}, loss_args(options), loc);
+}
+inline LocalTensor mse_loss(const LocalTensor& a, const LocalTensor& b,
+                            LossReduction reduction = LossReduction::Mean,
+                            SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::mse_loss, {a, b}, {{loss_reduction_code(reduction)}, {}}, loc);
 }
 LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor& k,
                                          const LocalTensor& v, bool causal = false,
@@ -385,6 +401,29 @@ inline LocalTensor rotary_embedding(const LocalTensor& x, const LocalTensor& pos
 inline LocalTensor rotary_embedding(const LocalTensor& x, const RopeConfig& config = {},
                                     SourceLocation loc = SourceLocation::current()) {
   return local_call(op::rotary_embedding, {x}, rope_args(config), loc);
+}
+
+inline LocalTensor logsumexp(const LocalTensor& t, const std::vector<int64_t>& dims,
+                             bool keepdim = false, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::logsumexp, {t}, reduction_args(dims, keepdim), loc);
+}
+inline LocalTensor var(const LocalTensor& t, const std::vector<int64_t>& dims = {},
+                       double correction = 1.0, bool keepdim = false,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::var, {t}, reduction_args(dims, keepdim, correction), loc);
+}
+inline LocalTensor std(const LocalTensor& t, const std::vector<int64_t>& dims = {},
+                       double correction = 1.0, bool keepdim = false,
+                       SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::std, {t}, reduction_args(dims, keepdim, correction), loc);
+}
+inline LocalTensor norm(const LocalTensor& t, double p = 2.0, const std::vector<int64_t>& dims = {},
+                        bool keepdim = false, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::norm, {t}, reduction_args(dims, keepdim, p), loc);
+}
+inline LocalTensor prod(const LocalTensor& t, const std::vector<int64_t>& dims = {},
+                        bool keepdim = false, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::prod, {t}, reduction_args(dims, keepdim), loc);
 }
 
 inline LocalTensor sum(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {

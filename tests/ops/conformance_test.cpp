@@ -323,6 +323,46 @@ Table op_table() {
     s.indices = {{1, 6}};
     s.floating_only = true;
   }
+  // Losses with torch's options (tests/ops/loss_test.cpp checks them against brute force): an
+  // ignore_index that is a class (so random targets hit it), label smoothing, None, logits beyond
+  // 2-D, unbatched; nll_loss; mse_loss with broadcasting.
+  struct Loss {
+    std::string name;
+    Shape logits;
+    CrossEntropyOptions o;
+  };
+  for (const Loss& l : std::vector<Loss>{
+           {"ignore 2 smoothing 0.1", {6, 5}, {.ignore_index = 2, .label_smoothing = 0.1}},
+           {"none", {6, 5}, {.reduction = LossReduction::None, .ignore_index = 1}},
+           {"sum smoothing 1", {5, 4}, {.reduction = LossReduction::Sum, .label_smoothing = 1.0}},
+           {"3d ignore 0", {4, 5, 3}, {.ignore_index = 0, .label_smoothing = 0.2}},
+           {"3d none", {4, 5, 3}, {.reduction = LossReduction::None, .ignore_index = 3}},
+           {"4d sum", {3, 4, 2, 3}, {.reduction = LossReduction::Sum, .ignore_index = 2}},
+           {"unbatched", {5}, {.label_smoothing = 0.3}}}) {
+    Shape target = l.logits;
+    target.erase(target.begin() + (l.logits.size() == 1 ? 0 : 1));
+    const int64_t classes = l.logits[l.logits.size() == 1 ? 0 : 1];
+    const CrossEntropyOptions o = l.o;
+    OpRow& r = t.add(row("cross_entropy " + l.name, {l.logits, target},
+                         [o](const auto& x) { return cross_entropy(x[0], x[1], o); }));
+    r.indices = {{1, classes}};
+    r.floating_only = true;
+    const NllLossOptions n{.reduction = o.reduction, .ignore_index = o.ignore_index};
+    OpRow& q = t.add(row("nll_loss " + l.name, {l.logits, target},
+                         [n](const auto& x) { return nll_loss(x[0], x[1], n); }));
+    q.indices = {{1, classes}};
+    q.floating_only = true;
+  }
+  for (const auto& [shapes, reduction] : std::vector<std::pair<std::vector<Shape>, LossReduction>>{
+           {{{5, 4}, {5, 4}}, LossReduction::Mean},
+           {{{5, 4}, {4}}, LossReduction::Sum},
+           {{{3, 5, 4}, {5, 1}}, LossReduction::None},
+           {{{5, 1}, {3, 5, 4}}, LossReduction::Mean}}) {
+    const LossReduction red = reduction;
+    t.add(row("mse_loss", shapes, [red](const auto& x) {
+       return mse_loss(x[0], x[1], red);
+     })).floating_only = true;
+  }
   t.add(row("sdpa causal", {{2, 2, 4, 3}, {2, 2, 4, 3}, {2, 2, 4, 3}}, [](const auto& x) {
      return scaled_dot_product_attention(x[0], x[1], x[2], true);
    })).floating_only = true;
@@ -421,6 +461,26 @@ Table op_table() {
     t.add(row("amin", {r.shape}, [=](const auto& x) { return amin(x[0], dims, keep); }));
   }
   t.add(row("sum all", {{4, 3}}, [](const auto& x) { return sum(x[0]); }));
+  // logsumexp, var, std, norm and prod (tests/ops/stats_test.cpp: against brute force).
+  for (const Red& r :
+       std::vector<Red>{{{5, 6}, {1}, false}, {{3, 4, 5}, {0, 2}, true}, {{4, 3}, {}, false}}) {
+    const auto dims = r.dims;
+    const bool keep = r.keep;
+    t.add(row("logsumexp", {r.shape}, [=](const auto& x) { return logsumexp(x[0], dims, keep); }));
+    t.add(row("var", {r.shape}, [=](const auto& x) {
+       return var(x[0], dims, 1.0, keep);
+     })).floating_only = true;
+    t.add(row("std", {r.shape}, [=](const auto& x) {
+       return std(x[0], dims, 0.0, keep);
+     })).floating_only = true;
+    t.add(row("prod", {r.shape}, [=](const auto& x) { return prod(x[0], dims, keep); }));
+    for (double p : {2.0, 1.0, 3.0, 0.0, std::numeric_limits<double>::infinity(),
+                     -std::numeric_limits<double>::infinity()}) {
+      t.add(row(fmt::format("norm {}", p), {r.shape}, [=](const auto& x) {
+         return norm(x[0], p, dims, keep);
+       })).floating_only = true;
+    }
+  }
 
   // ---- softmax ----
   for (int64_t d : {0, 1, -1}) {

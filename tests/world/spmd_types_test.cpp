@@ -167,6 +167,24 @@ TEST_F(Typed, NonlinearOpOnPartialIsAnError) {
     expect_throws<TypeError>(run, {name + ": along mesh axis 'tp' input 1 is P", "is not linear"});
   }
   expect_throws<TypeError>([&] { (void)(p * p); }, {"product of two pending sums"});
+  // The losses and reductions of issue 27 are not linear in their input either.
+  const LocalTensor logits = partial({2, 3});
+  const LocalTensor target = to(clamp(replicated({2}), 0.0, 0.0), DType::I64);
+  for (const auto& [name, run] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"cross_entropy", [&] { (void)cross_entropy(logits, target); }},
+           {"nll_loss", [&] { (void)nll_loss(logits, target); }},
+           {"mse_loss",
+            [&] {
+              (void)mse_loss(logits, replicated({2, 3}));
+            }},
+           {"logsumexp", [&] { (void)logsumexp(p, {0}); }},
+           {"var", [&] { (void)var(p); }},
+           {"std", [&] { (void)std(p); }},
+           {"norm", [&] { (void)norm(p, 1.0); }},
+           {"prod", [&] { (void)prod(p); }}}) {
+    expect_throws<TypeError>(run, {name + ": along mesh axis 'tp' input 1 is P", "is not linear"});
+  }
+  EXPECT_NO_THROW((void)cross_entropy(replicated({2, 3}), target));
   expect_throws<TypeError>([&] { (void)(p * varying({6})); }, {"only by Replicate values"});
   // Adding an R value to a P adds it once per rank: sum_of(p + r) = sum_of(p) + kRanks * r.
   const LocalTensor r = replicated({6});
