@@ -129,6 +129,10 @@ TEST_F(Typed, LinearOpsKeepPartial) {
   const LocalTensor reduced = sum(transpose(p, 0, 1), {0});
   EXPECT_EQ(type_of(reduced, "tp"), SpmdType::P);
   EXPECT_TRUE(allclose(sum_of(reduced), sum(transpose(meaning_p, 0, 1), {0}), 1e-4, 1e-5));
+  // cumsum (issue 27) is a sum too.
+  const LocalTensor scanned = cumsum(p, 1);
+  EXPECT_EQ(type_of(scanned, "tp"), SpmdType::P);
+  EXPECT_TRUE(allclose(sum_of(scanned), cumsum(meaning_p, 1), 1e-4, 1e-5));
 }
 
 TEST_F(Typed, NonlinearOpOnPartialIsAnError) {
@@ -147,7 +151,11 @@ TEST_F(Typed, NonlinearOpOnPartialIsAnError) {
            {"log1p", [&] { (void)log1p(p); }},
            {"expm1", [&] { (void)expm1(p); }},
            {"reciprocal", [&] { (void)reciprocal(p); }},
-           {"clamp", [&] { (void)clamp(p, -1.0, 1.0); }}}) {
+           {"clamp", [&] { (void)clamp(p, -1.0, 1.0); }},
+           // Ordering ops of issue 27: the order of the parts is not the order of the sum.
+           {"topk_indices", [&] { (void)topk(p, 2); }},
+           {"sort_indices", [&] { (void)sort(p); }},
+           {"argmin", [&] { (void)argmin(p, 0); }}}) {
     expect_throws<TypeError>(run, {name + ": along mesh axis 'tp' input 1 is P", "is not linear"});
   }
   expect_throws<TypeError>([&] { (void)(p * p); }, {"product of two pending sums"});
