@@ -402,6 +402,35 @@ inline DTensor bincount(const DTensor& x, int64_t minlength = 0,
   }
   return dispatch(op::bincount, {x}, {{length}, {}}, loc);
 }
+// The user's scatters: shards of dims other than d pass (x, index and src sharded alike); x
+// sharded along d with the rest whole: each rank writes its block. scatter_add and index_add
+// with the index and src sharded along the source rows (tokens) and x a pending sum give P(sum):
+// each rank adds its own tokens (a Replicate x is made a pending sum for free), the combine of a
+// mixture of experts; P(sum) x and src with a whole index pass.
+inline DTensor scatter_add(const DTensor& x, int64_t d, const DTensor& index, const DTensor& src,
+                           SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::scatter_add, {x, index, src}, {{d}, {}}, loc);
+}
+inline DTensor index_add(const DTensor& x, int64_t d, const DTensor& index, const DTensor& source,
+                         double alpha = 1.0, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::index_add, {x, index, source}, {{d}, {alpha}}, loc);
+}
+inline DTensor scatter(const DTensor& x, int64_t d, const DTensor& index, const DTensor& src,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::scatter, {x, index, src}, {{d}, {}}, loc);
+}
+inline DTensor scatter(const DTensor& x, int64_t d, const DTensor& index, double value,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::scatter, {x, index}, {{d, 1}, {value}}, loc);
+}
+inline DTensor take_along_dim(const DTensor& t, const DTensor& indices, int64_t d,
+                              SourceLocation loc = SourceLocation::current()) {
+  const auto [xs, is] = take_along_dim_shapes(t.shape(), indices.shape(), d);
+  return dispatch(
+      op::gather,
+      {dispatch(op::expand, {t}, {xs, {}}, loc), dispatch(op::expand, {indices}, {is, {}}, loc)},
+      {{d}, {}}, loc);
+}
 // Vocabulary-parallel with the table's rows sharded (Shard(0)) and the ids whole: P(sum), whose
 // reduction (all_reduce, or reduce_scatter into sequence parallelism) is the caller's next
 // redistribute; the table's gradient stays sharded like the table.

@@ -131,6 +131,12 @@ extern const OpDef sort_indices;
 extern const OpDef cumsum;
 extern const OpDef one_hot;
 extern const OpDef bincount;
+// The user's scatters (ops/index.cpp). scatter_add and scatter: args.ints = [dim], inputs (x,
+// index, src); scatter's value form: [dim, 1], args.reals = [value], inputs (x, index).
+// index_add: args.ints = [dim], args.reals = [alpha], inputs (x, index, source).
+extern const OpDef scatter_add;
+extern const OpDef index_add;
+extern const OpDef scatter;
 
 // Transformer layers (ops/nn.cpp). layer_norm (x, weight, bias) and rms_norm (x, weight):
 // args.reals = [eps]; their backward entries (grad, x, weight), args.ints = [0: the input's
@@ -243,6 +249,9 @@ inline std::span<const OpDef* const> all_ops() {
       &op::cumsum,
       &op::one_hot,
       &op::bincount,
+      &op::scatter_add,
+      &op::index_add,
+      &op::scatter,
       // Transformer layers.
       &op::layer_norm,
       &op::layer_norm_backward,
@@ -561,6 +570,36 @@ int64_t bincount_length(const Tensor& x, int64_t minlength);
 // otherwise), I64.
 inline Tensor bincount(const Tensor& x, int64_t minlength = 0) {
   return call(op::bincount, {x}, {{bincount_length(x, minlength)}, {}});
+}
+
+// x plus src added at the index along d: out[..., index[p], ...] += src[p] (index integer, of
+// src's shape and x's sizes on every dim but d; src of x's dtype; Bool Unsupported). Duplicates
+// add up. The gradient passes to x; src's is gather(grad, d, index).
+inline Tensor scatter_add(const Tensor& x, int64_t d, const Tensor& index, const Tensor& src) {
+  return call(op::scatter_add, {x, index, src}, {{d}, {}});
+}
+// x plus alpha * source's slices added at the 1-D index along d (source: x's shape but the
+// index's length along d; of x's dtype; an integer x needs an integral alpha). The gradient
+// passes to x; source's is alpha * index_select(grad, d, index).
+inline Tensor index_add(const Tensor& x, int64_t d, const Tensor& index, const Tensor& source,
+                        double alpha = 1.0) {
+  return call(op::index_add, {x, index, source}, {{d}, {alpha}});
+}
+// x with src written at the index along d (shapes as scatter_add's), or the value; of duplicate
+// indices the last in row-major order wins. The gradient: x's where nothing was written, src's
+// gather(grad, d, index).
+inline Tensor scatter(const Tensor& x, int64_t d, const Tensor& index, const Tensor& src) {
+  return call(op::scatter, {x, index, src}, {{d}, {}});
+}
+inline Tensor scatter(const Tensor& x, int64_t d, const Tensor& index, double value) {
+  return call(op::scatter, {x, index}, {{d, 1}, {value}});
+}
+// The shapes x and the indices of take_along_dim broadcast to (every dim but d).
+std::pair<Shape, Shape> take_along_dim_shapes(const Shape& x, const Shape& indices, int64_t d);
+// torch.take_along_dim(x, indices, d): gather along d after broadcasting the other dims.
+inline Tensor take_along_dim(const Tensor& t, const Tensor& indices, int64_t d) {
+  const auto [xs, is] = take_along_dim_shapes(t.shape(), indices.shape(), d);
+  return gather(call(op::expand, {t}, {xs, {}}), d, call(op::expand, {indices}, {is, {}}));
 }
 
 // ---- transformer layers -------------------------------------------------------------------------

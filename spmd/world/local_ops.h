@@ -380,6 +380,29 @@ inline LocalTensor bincount(const LocalTensor& x, int64_t minlength,
                             SourceLocation loc = SourceLocation::current()) {
   return local_call(op::bincount, {x}, {{minlength}, {}}, loc);
 }
+inline LocalTensor scatter_add(const LocalTensor& x, int64_t d, const LocalTensor& index,
+                               const LocalTensor& src,
+                               SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::scatter_add, {x, index, src}, {{d}, {}}, loc);
+}
+inline LocalTensor index_add(const LocalTensor& x, int64_t d, const LocalTensor& index,
+                             const LocalTensor& source, double alpha = 1.0,
+                             SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::index_add, {x, index, source}, {{d}, {alpha}}, loc);
+}
+inline LocalTensor scatter(const LocalTensor& x, int64_t d, const LocalTensor& index,
+                           const LocalTensor& src, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::scatter, {x, index, src}, {{d}, {}}, loc);
+}
+inline LocalTensor scatter(const LocalTensor& x, int64_t d, const LocalTensor& index, double value,
+                           SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::scatter, {x, index}, {{d, 1}, {value}}, loc);
+}
+// take_along_dim without broadcasting (the shards' shapes may differ by rank): gather.
+inline LocalTensor take_along_dim(const LocalTensor& t, const LocalTensor& indices, int64_t d,
+                                  SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::gather, {t, indices}, {{d}, {}}, loc);
+}
 inline LocalTensor embedding(const LocalTensor& ids, const LocalTensor& weight,
                              SourceLocation loc = SourceLocation::current()) {
   return local_call(op::embedding, {ids, weight}, {}, loc);

@@ -323,6 +323,29 @@ Table op_table() {
       {0, 6}};
   t.add(row("bincount", {{9}}, [](const auto& x) { return bincount(x[0], 5); })).indices = {{0, 5}};
 
+  // Scatters (issue 27): inputs (x, index, src); scatter's indices are unique per column (a
+  // permutation's first rows), so overwritten src elements (gradient without effect) do not occur.
+  t.add(row("scatter_add", {{5, 4}, {7, 4}, {7, 4}}, [](const auto& x) {
+     return scatter_add(x[0], 0, x[1], x[2]);
+   })).indices = {{1, 5}};
+  t.add(row("scatter_add", {{3, 6}, {3, 4}, {3, 4}}, [](const auto& x) {
+     return scatter_add(x[0], -1, x[1], x[2]);
+   })).indices = {{1, 6}};
+  t.add(row("index_add", {{5, 4}, {7}, {7, 4}}, [](const auto& x) {
+     return index_add(x[0], 0, x[1], x[2]);
+   })).indices = {{1, 5}};
+  t.add(row("index_add alpha", {{3, 6}, {4}, {3, 4}}, [](const auto& x) {
+     return index_add(x[0], 1, x[1], x[2], -2.0);
+   })).indices = {{1, 6}};
+  t.add(row("scatter", {{5, 4}, {5, 4}, {3, 4}}, [](const auto& x) {
+    return scatter(x[0], 0, narrow(argsort(x[1], 0), 0, 0, 3), x[2]);
+  }));
+  t.add(row("scatter value", {{5, 4}, {5, 2}}, [](const auto& x) {
+     return scatter(x[0], 1, x[1], -3.0);
+   })).indices = {{1, 4}};
+  t.add(row("take_along_dim", {{5, 4}, {5, 3}}, [](const auto& x) {
+     return take_along_dim(x[0], x[1], 1);
+   })).indices = {{1, 4}};
   // ---- transformer layers ----
   for (const Shape& shape : std::vector<Shape>{{6, 8}, {2, 3, 8}}) {
     t.add(row("layer_norm", {shape, {8}, {8}}, [](const auto& x) {
@@ -1065,6 +1088,160 @@ TEST(OpTable, RouterTopkAndExpertCountsStayShardedOverTokens) {
   Tensor xt = logits.clone().requires_grad_();
   backward(sum(topk(xt, 2).values));
   EXPECT_TRUE(equal(x.grad().full_tensor(), xt.grad()));
+}
+
+// scatter_add, index_add, scatter and take_along_dim against loops over the positions, with
+// duplicate indices.
+TEST(OpTable, ScattersAndTakeAlongDimMatchABruteForceReference) {
+  for (DType dtype : {DType::F64, DType::F32, DType::I64, DType::I32}) {
+    SCOPED_TRACE(fmt::format("{}", dtype));
+    const Tensor x = testing::int_valued({4, 3}, 1, dtype);
+    const Tensor src = testing::int_valued({5, 3}, 2, dtype);
+    const Tensor index =
+        from_vector<int64_t>({1, 3, 0, 1, 1, 2, 3, 3, 1, 0, 0, 2, 2, 1, 0}, {5, 3});
+    const std::vector<double> xv = testing::values(x);
+    const std::vector<double> sv = testing::values(src);
+    const std::vector<double> iv = testing::values(index);
+    // Along dim 0: out[index[i][j]][j] (+)= src[i][j].
+    std::vector<double> added = xv;
+    std::vector<double> written = xv;
+    for (size_t i = 0; i < 5; ++i) {
+      for (size_t j = 0; j < 3; ++j) {
+        const size_t at = static_cast<size_t>(iv[i * 3 + j]) * 3 + j;
+        added[at] += sv[i * 3 + j];
+        written[at] = sv[i * 3 + j];
+      }
+    }
+    expect_values(scatter_add(x, 0, index, src), added, 0, 0, "scatter_add");
+    expect_values(scatter(x, 0, index, src), written, 0, 0, "scatter");
+    // Along dim 1 with the transposes.
+    expect_values(scatter_add(x.transpose(0, 1).contiguous(), 1, index.transpose(0, 1).contiguous(),
+                              src.transpose(0, 1).contiguous())
+                      .transpose(0, 1),
+                  added, 0, 0, "scatter_add dim 1");
+    std::vector<double> filled = xv;
+    for (size_t p = 0; p < 15; ++p) filled[static_cast<size_t>(iv[p]) * 3 + p % 3] = 7;
+    expect_values(scatter(x, 0, index, 7.0), filled, 0, 0, "scatter value");
+    // index_add along dim 0 (rows) and dim 1 (columns), alpha 3.
+    const Tensor rows = from_vector<int64_t>({2, 0, 2, 3, 2}, {5});
+    std::vector<double> by_rows = xv;
+    for (size_t i = 0; i < 5; ++i) {
+      for (size_t j = 0; j < 3; ++j) {
+        by_rows[static_cast<size_t>(testing::values(rows)[i]) * 3 + j] += 3 * sv[i * 3 + j];
+      }
+    }
+    expect_values(index_add(x, 0, rows, src, 3.0), by_rows, 0, 0, "index_add");
+    const Tensor cols = from_vector<int64_t>({1, 1, 0, 2, 1}, {5});
+    const Tensor wide = testing::int_valued({4, 5}, 3, dtype);
+    std::vector<double> by_cols = xv;
+    for (size_t i = 0; i < 4; ++i) {
+      for (size_t j = 0; j < 5; ++j) {
+        by_cols[i * 3 + static_cast<size_t>(testing::values(cols)[j])] +=
+            testing::values(wide)[i * 5 + j];
+      }
+    }
+    expect_values(index_add(x, 1, cols, wide), by_cols, 0, 0, "index_add dim 1");
+    // take_along_dim with the indices broadcast over the rows: out[i][j] = x[i][idx[0][j]].
+    const Tensor picks = from_vector<int64_t>({2, 0, 2, 1}, {1, 4});
+    std::vector<double> taken;
+    for (size_t i = 0; i < 4; ++i) {
+      for (double j : testing::values(picks)) taken.push_back(xv[i * 3 + static_cast<size_t>(j)]);
+    }
+    expect_values(take_along_dim(x, picks, 1), taken, 0, 0, "take_along_dim");
+  }
+  // Gradients: x's passes (scatter: zero where written), src's is gathered at the index.
+  Tensor x = randn({4, 3}, 4, DType::F64).requires_grad_();
+  Tensor src = randn({5, 3}, 5, DType::F64).requires_grad_();
+  const Tensor index = from_vector<int64_t>({1, 3, 0, 1, 1, 2, 3, 3, 1, 0, 0, 2, 2, 1, 0}, {5, 3});
+  const Tensor w = randn({4, 3}, 6, DType::F64);
+  backward(sum(scatter_add(x, 0, index, src) * w));
+  EXPECT_TRUE(equal(x.grad(), w));
+  EXPECT_TRUE(equal(src.grad(), gather(w, 0, index)));
+  Tensor y = randn({4, 3}, 7, DType::F64).requires_grad_();
+  backward(sum(scatter(y, 0, index, 0.5) * w));
+  std::vector<double> kept = testing::values(w);
+  for (size_t p = 0; p < 15; ++p)
+    kept[static_cast<size_t>(testing::values(index)[p]) * 3 + p % 3] = 0;
+  expect_values(y.grad(), kept, 0, 0, "scatter grad");
+  Tensor s = randn({5, 3}, 8, DType::F64).requires_grad_();
+  const Tensor rows = from_vector<int64_t>({2, 0, 2, 3, 2}, {5});
+  backward(sum(index_add(x.detach(), 0, rows, s, -0.5) * w));
+  EXPECT_TRUE(allclose(s.grad(), index_select(w, 0, rows) * -0.5, 1e-15, 0));
+}
+
+TEST(OpTable, ScatterErrorsNameTheOpAndShapes) {
+  const Tensor x = zeros({4, 3});
+  const Tensor index = zeros({5, 3}, DType::I64);
+  const Tensor src = ones({5, 3});
+  expect_throws<ShapeError>([&] { scatter_add(x, 2, index, src); }, {"scatter_add", "[4, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        scatter_add(x, 0, zeros({5, 2}, DType::I64), ones({5, 2}));
+      },
+      {"scatter_add", "[5, 2]", "[4, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        scatter_add(x, 0, index, ones({6, 3}));
+      },
+      {"scatter_add", "[6, 3]", "[5, 3]"});
+  expect_throws<Unsupported>([&] { scatter_add(x, 0, index, src.to(DType::F64)); },
+                             {"scatter_add", "f64", "[4, 3]"});
+  expect_throws<Unsupported>([&] { scatter_add(x, 0, index.to(DType::F32), src); },
+                             {"scatter_add", "index", "[5, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        scatter_add(x, 0, full({5, 3}, 4.0, DType::I64), src);
+      },
+      {"scatter_add", "index 4", "[0, 4)", "[4, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        scatter(x, 0, full({5, 3}, -1.0, DType::I64), src);
+      },
+      {"scatter", "index -1", "[0, 4)", "[4, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        index_add(x, 0, zeros({5}, DType::I64), ones({5, 2}));
+      },
+      {"index_add", "[5, 2]", "[4, 3]"});
+  expect_throws<ShapeError>([&] { index_add(x, 0, full({5}, 9.0, DType::I64), src); },
+                            {"index_add", "index 9", "[0, 4)"});
+  expect_throws<ConfigError>(
+      [&] {
+        index_add(x.to(DType::I64), 0, index.narrow(1, 0, 1).reshape({5}), src.to(DType::I64), 0.5);
+      },
+      {"index_add", "alpha", "[4, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        take_along_dim(x, zeros({2, 3}, DType::I64), 1);
+      },
+      {"take_along_dim", "[2, 3]", "[4, 3]"});
+  expect_throws<ShapeError>([&] { take_along_dim(x, zeros({3}, DType::I64), 0); },
+                            {"take_along_dim", "[3]", "[4, 3]"});
+}
+
+// The dispatch of a mixture of experts on DTensors: tokens sharded (S(0)), each rank adds its
+// tokens' vectors into the expert rows: P(sum), no communication; the tokens' gradient stays S(0).
+TEST(OpTable, IndexAddOfShardedTokensIsAPendingSum) {
+  World world = World::sim(4);
+  const DeviceMesh mesh = *testing::try_mesh(world, {4});
+  const Tensor tokens = randn({8, 5}, 11, DType::F64);
+  const Tensor experts = from_vector<int64_t>({2, 0, 2, 1, 3, 2, 0, 2}, {8});
+  const DTensor t = distribute_tensor(tokens, mesh, {Shard{0}}).requires_grad_();
+  const DTensor e = distribute_tensor(experts, mesh, {Shard{0}});
+  const DTensor zero = distribute_tensor(zeros({4, 5}, DType::F64), mesh, {Replicate{}});
+  const DTensor sums = index_add(zero, 0, e, t);
+  EXPECT_EQ(sums.placements(), Placements{Partial{}});
+  EXPECT_TRUE(allclose(sums.full_tensor(), index_add(zeros({4, 5}, DType::F64), 0, experts, tokens),
+                       1e-12, 1e-12));
+  const DTensor expanded =
+      distribute_tensor(experts.reshape({8, 1}).expand({8, 5}).contiguous(), mesh, {Shard{0}});
+  const DTensor also = scatter_add(zero, 0, expanded, t);
+  EXPECT_EQ(also.placements(), Placements{Partial{}});
+  EXPECT_TRUE(allclose(also.full_tensor(), sums.full_tensor(), 1e-12, 1e-12));
+  const Tensor w = randn({4, 5}, 12, DType::F64);
+  backward(sums, distribute_tensor(w, mesh, {Replicate{}}));
+  EXPECT_EQ(t.grad().placements(), Placements{Shard{0}});
+  EXPECT_TRUE(equal(t.grad().full_tensor(), index_select(w, 0, experts)));
 }
 
 // The Tensor methods that make new tensors are recorded too (their free-function rows above check

@@ -143,6 +143,8 @@ TEST_F(Typed, NonlinearOpOnPartialIsAnError) {
       [&] { (void)relu(p); },
       {"relu: along mesh axis 'tp' input 1 is P (reinterpret at spmd_types_test.cpp:",
        "is not linear", "(at spmd_types_test.cpp:"});
+  const LocalTensor rows =
+      LocalTensor::replicate(world, from_vector<int64_t>({5, 0, 1, 1, 2, 3}, {6}));
   // The elementwise ops of issue 27: none is linear (clamp keeps P(max) and P(min) on DTensors,
   // but a pending sum does not pass).
   for (const auto& [name, run] : std::vector<std::pair<std::string, std::function<void()>>>{
@@ -155,7 +157,11 @@ TEST_F(Typed, NonlinearOpOnPartialIsAnError) {
            // Ordering ops of issue 27: the order of the parts is not the order of the sum.
            {"topk_indices", [&] { (void)topk(p, 2); }},
            {"sort_indices", [&] { (void)sort(p); }},
-           {"argmin", [&] { (void)argmin(p, 0); }}}) {
+           {"argmin", [&] { (void)argmin(p, 0); }},
+           // The scatters keep no pending sum: x and src would both have to be P, the index not
+           // (a DTensor P(sum) x with tokens sharded does pass: dtensor/ops.h).
+           {"index_add", [&] { (void)index_add(p, 0, rows, p); }},
+           {"scatter_add", [&] { (void)scatter_add(p, 0, rows, p); }}}) {
     expect_throws<TypeError>(run, {name + ": along mesh axis 'tp' input 1 is P", "is not linear"});
   }
   expect_throws<TypeError>([&] { (void)(p * p); }, {"product of two pending sums"});
