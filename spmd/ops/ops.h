@@ -563,8 +563,8 @@ int64_t one_hot_classes(const Tensor& indices, int64_t num_classes);
 inline Tensor one_hot(const Tensor& indices, int64_t num_classes = -1) {
   return call(op::one_hot, {indices}, {{one_hot_classes(indices, num_classes)}, {}});
 }
-// torch.bincount's length: max(minlength, largest value + 1). ConfigError on a negative
-// minlength or value.
+// torch.bincount's length: max(minlength, largest value + 1) (minlength in a shape-only run).
+// ConfigError on a negative minlength or value.
 int64_t bincount_length(const Tensor& x, int64_t minlength);
 // How many times each value in [0, length) appears in x (1-D, integer, non-negative: ConfigError
 // otherwise), I64.

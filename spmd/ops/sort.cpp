@@ -315,7 +315,8 @@ int64_t bincount_length(const Tensor& x, int64_t minlength) {
     throw_error<ConfigError>("bincount: minlength must be >= 0, got {} (shape {})", minlength,
                              shape_str(x.shape()));
   }
-  if (x.numel() == 0 || !is_integral(x.dtype())) return minlength;
+  // A shape-only run has no values (Note [Shape-only tensors]): minlength bins.
+  if (x.numel() == 0 || !is_integral(x.dtype()) || x.is_meta()) return minlength;
   const auto [lo, hi] = value_range(x);
   if (lo < 0) {
     throw_error<ConfigError>("bincount: the input must be non-negative, got {} (shape {})", lo,
@@ -332,6 +333,11 @@ int64_t one_hot_classes(const Tensor& x, int64_t num_classes) {
         shape_str(x.shape()));
   }
   if (x.dtype() != DType::I64) return 0;  // the entry's meta names the dtype
+  if (x.is_meta()) {
+    throw_error<ConfigError>(
+        "one_hot: a shape-only run has no values to infer num_classes from (shape {}): pass it",
+        shape_str(x.shape()));
+  }
   return std::max<int64_t>(value_range(x).second + 1, 0);
 }
 

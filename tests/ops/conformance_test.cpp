@@ -22,6 +22,7 @@
 #include <spmd/dtensor/ops.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/user_op.h>
+#include <spmd/tensor/meta.h>
 #include <spmd/world/local_ops.h>
 #include "tests/dtensor/dtensor_test_support.h"
 #include "tests/support/test_support.h"
@@ -1088,6 +1089,26 @@ TEST(OpTable, RouterTopkAndExpertCountsStayShardedOverTokens) {
   Tensor xt = logits.clone().requires_grad_();
   backward(sum(topk(xt, 2).values));
   EXPECT_TRUE(equal(x.grad().full_tensor(), xt.grad()));
+}
+
+// A shape-only run (Note [Shape-only tensors]) gives the shapes without values; bincount has
+// minlength bins, one_hot needs num_classes.
+TEST(OpTable, OrderingScanningCountingAndScattersRunShapeOnly) {
+  MetaTensorsScope meta(true);
+  const Tensor x = randn({4, 7}, 1);
+  ASSERT_TRUE(x.is_meta());
+  const auto [values, indices] = topk(x, 3);
+  EXPECT_EQ(values.shape(), (Shape{4, 3}));
+  EXPECT_EQ(indices.dtype(), DType::I64);
+  EXPECT_EQ(sort(x, 0).values.shape(), (Shape{4, 7}));
+  EXPECT_EQ(max(x, 1).values.shape(), (Shape{4}));
+  EXPECT_EQ(cumsum(x, 1).shape(), (Shape{4, 7}));
+  const Tensor ids = zeros({5}, DType::I64);
+  EXPECT_EQ(bincount(ids, 6).shape(), (Shape{6}));
+  EXPECT_EQ(one_hot(ids, 3).shape(), (Shape{5, 3}));
+  expect_throws<ConfigError>([&] { one_hot(ids); }, {"one_hot", "shape-only", "[5]"});
+  EXPECT_EQ(index_add(zeros({3, 7}), 0, zeros({4}, DType::I64), x).shape(), (Shape{3, 7}));
+  EXPECT_EQ(scatter(x, 1, zeros({4, 2}, DType::I64), 0.0).shape(), (Shape{4, 7}));
 }
 
 // scatter_add, index_add, scatter and take_along_dim against loops over the positions, with
