@@ -542,6 +542,14 @@ void index_add_derivative(BackwardContext& c) {
   }
 }
 
+// One add per element of src (scatter_add) or source (index_add, plus its scaling).
+double scatter_add_flops(std::span<const InputMeta> in, const OpMeta&) {
+  return static_cast<double>(checked_numel(*in[2].shape, "scatter_add"));
+}
+double index_add_flops(std::span<const InputMeta> in, const OpMeta&) {
+  return 2.0 * static_cast<double>(checked_numel(*in[2].shape, "index_add"));
+}
+
 bool scatter_has_value(const OpArgs& args) {
   return args.ints.size() > 1 && args.ints[1] != 0;
 }
@@ -700,6 +708,7 @@ const OpDef op::scatter_add{
     .strategies = scatter_add_strategies,
     .piece = piece_of<scatter_add_run>,
     .backward = scatter_add_derivative,
+    .flops = scatter_add_flops,
 };
 const OpDef op::index_add{
     .name = "index_add",
@@ -708,6 +717,7 @@ const OpDef op::index_add{
     .strategies = index_add_strategies,
     .piece = piece_of<index_add_run>,
     .backward = index_add_derivative,
+    .flops = index_add_flops,
 };
 const OpDef op::scatter{
     .name = "scatter",
