@@ -200,7 +200,8 @@ std::vector<OpStrategy> cumsum_strategies(ShardingInputs in, const OpArgs& args,
 // The gradient of a cumsum is the cumsum of the gradient from the other end.
 void cumsum_derivative(BackwardContext& c) {
   if (c.needs_grad(0)) {
-    c.set_grad(0, apply(op::cumsum, {c.grad()}, {{c.args().ints.at(0), 1 - c.args().ints.at(1)}}));
+    const OpArgs reversed{{c.args().ints.at(0), 1 - c.args().ints.at(1)}, {}};
+    c.set_grad(0, apply(op::cumsum, {c.grad()}, reversed));
   }
 }
 
