@@ -40,6 +40,8 @@
 #include <spmd/dtensor/spec.h>
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/mesh/layout.h>
+#include <spmd/nn/context_parallel.h>
+#include <spmd/nn/moe.h>
 #include <spmd/nn/optim.h>
 #include <spmd/nn/parallel.h>
 #include <spmd/ops/ops.h>

@@ -289,6 +289,7 @@ void check_from_local_types(const LocalTensor& local, const DeviceMesh& mesh,
   }
   const bool grads = grad_enabled() && local.requires_grad();
   for (int i = 0; i < mesh.ndim(); ++i) {
+    if (mesh.size(i) == 1) continue;  // one rank: nothing to be identical, distinct or pending
     const std::string axis = mesh.dim_name(i);
     const AxisType& got = local.spmd_types()->of(axis);
     const Placement& p = placements[static_cast<size_t>(i)];
@@ -371,7 +372,8 @@ TypesPtr to_local_types(const DTensorSpec& spec, const Placements* grad_placemen
     SpmdType t = std::holds_alternative<Shard>(p)     ? SpmdType::V
                  : std::holds_alternative<Partial>(p) ? SpmdType::P
                                                       : SpmdType::R;
-    if (t == SpmdType::R && grad_placements != nullptr &&
+    // Over a mesh dim of one rank nothing can differ between ranks: no claim to check.
+    if (t == SpmdType::R && grad_placements != nullptr && mesh.size(i) > 1 &&
         is_replicate((*grad_placements)[static_cast<size_t>(i)])) {
       t = SpmdType::I;
     }

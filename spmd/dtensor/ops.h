@@ -151,6 +151,20 @@ inline DTensor bmm(const Tensor& a, const DTensor& b,
   return dispatch(op::bmm, {a, b}, {}, loc);
 }
 
+// The rows never split (they follow the sizes); w's columns S(2) give S(1), the inner dim S(1)
+// of both gives P(sum).
+inline DTensor grouped_mm(const DTensor& x, const DTensor& w, const DTensor& sizes,
+                          SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::grouped_mm, {x, w, sizes}, {}, loc);
+}
+// Sizes the same on every rank: Replicate on x's mesh.
+inline DTensor grouped_mm(const DTensor& x, const DTensor& w, const Tensor& sizes,
+                          SourceLocation loc = SourceLocation::current()) {
+  const DTensor replicated = distribute_tensor(
+      sizes, x.mesh(), Placements(static_cast<size_t>(x.mesh().ndim()), Replicate{}));
+  return dispatch(op::grouped_mm, {x, w, replicated}, {}, loc);
+}
+
 inline DTensor pow(const DTensor& a, const DTensor& b,
                    SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::pow, {a, b}, {}, loc);
@@ -467,6 +481,38 @@ inline DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, 
                                             SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::scaled_dot_product_attention, {q, k, v},
                   attention_args(q.size(-1), causal, scale), loc);
+}
+// With GQA, q's heads shard with k, v whole on the heads when Hkv does not divide evenly over the
+// mesh (Note [Attention sharding] in ops/nn.cpp); the mask shards with the query rows or heads.
+inline DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const DTensor& v,
+                                            const AttentionOptions& options,
+                                            SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::scaled_dot_product_attention, {q, k, v},
+                  attention_args(q.size(-1), options, false), loc);
+}
+inline DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const DTensor& v,
+                                            const DTensor& attn_mask,
+                                            const AttentionOptions& options = {},
+                                            SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::scaled_dot_product_attention, {q, k, v, attn_mask},
+                  attention_args(q.size(-1), options, true), loc);
+}
+// Other dims' shards and every Partial pass; d sharded passes when its size divides evenly over
+// the mesh dims that shard it (each block's copies stay on its rank).
+inline DTensor repeat_interleave(const DTensor& t, int64_t repeats, int64_t d,
+                                 SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::repeat_interleave, {t}, {{repeats, d}, {}}, loc);
+}
+// Every dim of x but the head dim shards, positions with x's rows; without positions a piece
+// rotates its rows by their global index along S (context parallelism needs no positions).
+inline DTensor rotary_embedding(const DTensor& x, const DTensor& positions,
+                                const RopeConfig& config = {},
+                                SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::rotary_embedding, {x, positions}, rope_args(config), loc);
+}
+inline DTensor rotary_embedding(const DTensor& x, const RopeConfig& config = {},
+                                SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::rotary_embedding, {x}, rope_args(config), loc);
 }
 
 // Over all dims, or over `dims` (each once, negative allowed; empty means all).

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 
+#include <spmd/core/check.h>
 #include <spmd/core/error.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
@@ -363,31 +364,102 @@ std::vector<OpStrategy> cross_entropy_backward_strategies(ShardingInputs in, con
 }
 
 // ---- scaled_dot_product_attention ---------------------------------------------------------------
-// inputs (q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv]) with the same leading dims (batch,
-// heads); args.ints = [causal], args.reals = [scale]. softmax(q k^T * scale, masked) v; the causal
-// mask hides key j from query i when j > i (torch's top-left alignment). attention_probs (q, k)
-// is the softmax alone, which the backward recomputes instead of saving. Sharding: the leading
-// dims (batch, heads: the tensor-parallel split of attention) pass; the query rows may be sharded
-// with keys and values whole (each piece masks with its rows' global offset); a Partial of v
-// passes (the output is linear in v).
+// inputs (q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv][, mask]) with the same leading dims
+// (batch, heads); args.ints = [causal, enable_gqa, has_mask] (the last two may be absent: 0),
+// args.reals = [scale]. softmax(q k^T * scale, masked) v, as torch's: the causal mask hides key j
+// from query i when j > i (top-left alignment); the mask, broadcastable to [..., Sq, Sk], is Bool
+// (true: attend; false: -inf) or floating (added to the scores), and not both with causal (torch's
+// assertion). enable_gqa: k and v have Hkv heads (dim -3) dividing q's H, and query head h uses kv
+// head h / (H / Hkv) (torch's repeat_interleave). attention_probs (q, k[, mask]) is the softmax
+// alone, which the backward recomputes instead of saving.
+//
+// Note [Attention sharding]
+// The batch dims pass sharded alike (the mask's with them where it has them); the heads too when
+// q and k/v have as many heads, or with GQA when H and Hkv both divide evenly over the mesh dims
+// that shard them (query block c then uses exactly kv block c). With GQA and Hkv smaller than the
+// tensor-parallel degree, q's heads shard with k and v whole on the heads: each piece maps its
+// global query heads (PieceContext offsets) to the kv heads it holds. The query rows may shard with
+// k and v whole (each piece masks with its rows' global offset, the mask sharded with the rows);
+// a Partial of v passes (the output is linear in v).
 
-void check_attention(std::span<const InputMeta> in) {
+struct AttentionFlags {
+  bool causal = false;
+  bool gqa = false;
+  bool mask = false;
+};
+
+AttentionFlags attention_flags(const OpArgs& args) {
+  auto flag = [&](size_t i) { return args.ints.size() > i && args.ints[i] != 0; };
+  return {flag(0), flag(1), flag(2)};
+}
+
+// Where the optional mask sits: after v (the attention) or after k (its probabilities).
+size_t mask_index(bool with_v) {
+  return with_v ? 3 : 2;
+}
+
+void check_attention(std::span<const InputMeta> in, const OpArgs& args, bool with_v) {
+  constexpr std::string_view name = "scaled_dot_product_attention";
+  const AttentionFlags f = attention_flags(args);
+  const size_t n_data = with_v ? 3 : 2;
+  if (in.size() != n_data + (f.mask ? 1 : 0)) {
+    throw_error<ShapeError>("{}: expects {} inputs{}, got {}", name, n_data + (f.mask ? 1 : 0),
+                            f.mask ? " (q, k, v and the mask)" : "", in.size());
+  }
   const Shape& q = *in[0].shape;
   const Shape& k = *in[1].shape;
-  for (size_t t = 0; t < in.size(); ++t)
-    check_floating("scaled_dot_product_attention", in[t], "input");
-  bool ok = q.size() >= 2 && k.size() == q.size() && q.back() == k.back();
-  for (size_t d = 0; ok && d + 2 < q.size(); ++d) ok = q[d] == k[d];
-  if (in.size() == 3) {
+  for (size_t t = 0; t < n_data; ++t) check_floating(name, in[t], "input");
+  const size_t nd = q.size();
+  // The leading dims must agree, but for the heads (dim -3) with GQA: Hkv divides H.
+  auto leading_ok = [&](const Shape& o) {
+    if (o.size() != nd) return false;
+    for (size_t d = 0; d + 2 < nd; ++d) {
+      if (f.gqa && d + 3 == nd) {
+        if (o[d] == 0 || q[d] % o[d] != 0) return false;
+      } else if (o[d] != q[d]) {
+        return false;
+      }
+    }
+    return true;
+  };
+  bool ok = nd >= (f.gqa ? 3u : 2u) && leading_ok(k) && q.back() == k.back();
+  if (with_v) {
     const Shape& v = *in[2].shape;
-    ok = ok && v.size() == q.size() && v[v.size() - 2] == k[k.size() - 2];
-    for (size_t d = 0; ok && d + 2 < q.size(); ++d) ok = q[d] == v[d];
+    ok = ok && leading_ok(v) && v[nd - 2] == k[nd - 2] && (!f.gqa || v[nd - 3] == k[nd - 3]);
   }
   if (!ok) {
     throw_error<ShapeError>(
-        "scaled_dot_product_attention: expects q [..., Sq, D], k [..., Sk, D] and v [..., Sk, Dv] "
-        "with equal leading dims, got q {}, k {}{}",
-        shape_str(q), shape_str(k), in.size() == 3 ? ", v " + shape_str(*in[2].shape) : "");
+        "{}: expects q [..., Sq, D], k [..., Sk, D] and v [..., Sk, Dv] with equal leading dims{}, "
+        "got q {}, k {}{}",
+        name,
+        f.gqa ? " but for the heads (dim -3), where k's and v's (equal) must divide q's "
+                "(enable_gqa)"
+              : "",
+        shape_str(q), shape_str(k), with_v ? ", v " + shape_str(*in[2].shape) : "");
+  }
+  if (!f.mask) return;
+  const InputMeta& m = in[mask_index(with_v)];
+  const Shape& ms = *m.shape;
+  if (m.dtype != DType::Bool && !is_floating(m.dtype)) {
+    throw_error<Unsupported>("{}: the mask must be Bool or floating, got {} (shape {})", name,
+                             m.dtype, shape_str(ms));
+  }
+  Shape scores = q;
+  scores.back() = k[nd - 2];
+  bool fits = ms.size() <= scores.size();
+  for (size_t i = 0; fits && i < ms.size(); ++i) {
+    const int64_t have = ms[ms.size() - 1 - i];
+    fits = have == 1 || have == scores[scores.size() - 1 - i];
+  }
+  if (!fits) {
+    throw_error<ShapeError>("{}: the mask {} does not broadcast to the scores [..., Sq, Sk] = {}",
+                            name, shape_str(ms), shape_str(scores));
+  }
+  if (f.causal) {
+    throw_error<ConfigError>(
+        "{}: a mask and causal together are not supported (as torch's); put the causal mask into "
+        "the mask (mask {}, q {})",
+        name, shape_str(ms), shape_str(q));
   }
 }
 
@@ -400,7 +472,7 @@ void check_scale(const OpArgs& args) {
 }
 
 OpMeta attention_meta(std::span<const InputMeta> in, const OpArgs& args) {
-  check_attention(in);
+  check_attention(in, args, true);
   check_scale(args);
   Shape out = *in[0].shape;
   out.back() = in[2].shape->back();
@@ -409,17 +481,52 @@ OpMeta attention_meta(std::span<const InputMeta> in, const OpArgs& args) {
 }
 
 OpMeta attention_probs_meta(std::span<const InputMeta> in, const OpArgs& args) {
-  check_attention(in);
+  check_attention(in, args, false);
   check_scale(args);
   Shape out = *in[0].shape;
   out.back() = (*in[1].shape)[in[1].shape->size() - 2];
   return OpMeta{std::move(out), promote_types(in[0].dtype, in[1].dtype)};
 }
 
-// The attention weights of queries whose first row is global row `row`.
-Tensor attention_weights(const Tensor& q, const Tensor& k, const OpArgs& args, int64_t row) {
+// Where a piece sits: its first query row and first query head, and its k's first head.
+struct AttentionOffsets {
+  int64_t row = 0;
+  int64_t q_head = 0;
+  int64_t kv_head = 0;
+};
+
+AttentionOffsets attention_offsets(const PieceContext& where) {
+  const Shape q = where.inputs[0]->local_offset(where.coordinate);
+  AttentionOffsets o{q[q.size() - 2], 0, 0};
+  if (q.size() >= 3) {
+    const Shape k = where.inputs[1]->local_offset(where.coordinate);
+    o.q_head = q[q.size() - 3];
+    o.kv_head = k[k.size() - 3];
+  }
+  return o;
+}
+
+// The kv heads (dim -3) each of q's local heads uses: global query head o.q_head + j uses kv head
+// (o.q_head + j) / (H / Hkv), which is local head that minus o.kv_head.
+Tensor heads_for_queries(const Tensor& kv, int64_t q_heads, int64_t group,
+                         const AttentionOffsets& o) {
+  const int64_t nd = kv.dim();
+  if (group == 1 && o.q_head == o.kv_head && kv.size(nd - 3) == q_heads) return kv;
+  std::vector<int64_t> index(static_cast<size_t>(q_heads));
+  for (int64_t j = 0; j < q_heads; ++j) {
+    index[static_cast<size_t>(j)] = (o.q_head + j) / group - o.kv_head;
+    SPMD_CHECK_MSG(
+        index[static_cast<size_t>(j)] >= 0 && index[static_cast<size_t>(j)] < kv.size(nd - 3),
+        "scaled_dot_product_attention: a piece lacks the kv head of query head {}", o.q_head + j);
+  }
+  return index_select(kv, nd - 3, from_vector(index, {q_heads}).to(kv.device()));
+}
+
+// The attention weights of these queries (their offsets `o`), keys already per query head.
+Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor* mask, const OpArgs& args,
+                         int64_t row) {
   Tensor scores = matmul(q, k.transpose(-1, -2)) * args.reals.at(0);
-  if (args.ints.at(0) != 0) {
+  if (attention_flags(args).causal) {
     const int64_t rows = q.size(-2);
     const int64_t cols = k.size(-2);
     std::vector<bool> hidden(static_cast<size_t>(rows * cols));
@@ -429,76 +536,208 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, const OpArgs& args, i
     scores = masked_fill(scores, from_vector(hidden, {rows, cols}).to(q.device()),
                          -std::numeric_limits<double>::infinity());
   }
+  if (mask != nullptr) {
+    scores = mask->dtype() == DType::Bool ? call(op::masked_fill, {scores, *mask},
+                                                 {{1}, {-std::numeric_limits<double>::infinity()}})
+                                          : scores + mask->to(scores.dtype());
+  }
   return softmax(scores, -1);
 }
 
-int64_t query_offset(const PieceContext* where) {
-  if (where == nullptr) return 0;
-  const Shape offset = where->inputs[0]->local_offset(where->coordinate);
-  return offset[offset.size() - 2];
+// The GQA group: query heads per kv head (1 without GQA).
+int64_t gqa_group(const Shape& q, const Shape& k, const OpArgs& args) {
+  if (!attention_flags(args).gqa) return 1;
+  return q[q.size() - 3] / k[k.size() - 3];
 }
 
-Tensor attention_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
-  return matmul(attention_weights(in[0].to(out.dtype), in[1].to(out.dtype), args, 0),
-                in[2].to(out.dtype));
+// The weights on pieces (or whole tensors: offsets 0), and v per query head when given.
+struct AttentionPieces {
+  Tensor q, k, v;
+  const Tensor* mask = nullptr;
+};
+
+AttentionPieces attention_pieces(std::span<const Tensor> in, const OpArgs& args, bool with_v,
+                                 DType dtype, const AttentionOffsets& o, const Shape& q_global,
+                                 const Shape& k_global) {
+  AttentionPieces p;
+  p.q = in[0].to(dtype);
+  p.k = in[1].to(dtype);
+  if (with_v) p.v = in[2].to(dtype);
+  if (p.q.dim() >= 3) {  // the kv heads of this piece's query heads (Note [Attention sharding])
+    const int64_t group = gqa_group(q_global, k_global, args);
+    const int64_t heads = p.q.size(-3);
+    p.k = heads_for_queries(p.k, heads, group, o);
+    if (with_v) p.v = heads_for_queries(p.v, heads, group, o);
+  }
+  if (attention_flags(args).mask) p.mask = &in[mask_index(with_v)];
+  return p;
+}
+
+Tensor attention_run(std::span<const Tensor> in, const OpArgs& args, const AttentionOffsets& o,
+                     const Shape& q_global, const Shape& k_global) {
+  const DType dtype = promote_types(promote_types(in[0].dtype(), in[1].dtype()), in[2].dtype());
+  const AttentionPieces p = attention_pieces(in, args, true, dtype, o, q_global, k_global);
+  return matmul(attention_weights(p.q, p.k, p.mask, args, o.row), p.v);
+}
+
+Tensor attention_probs_run(std::span<const Tensor> in, const OpArgs& args,
+                           const AttentionOffsets& o, const Shape& q_global,
+                           const Shape& k_global) {
+  const DType dtype = promote_types(in[0].dtype(), in[1].dtype());
+  const AttentionPieces p = attention_pieces(in, args, false, dtype, o, q_global, k_global);
+  return attention_weights(p.q, p.k, p.mask, args, o.row);
+}
+
+Tensor attention_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+  return attention_run(in, args, {}, in[0].shape(), in[1].shape());
 }
 
 Tensor attention_piece(std::span<const Tensor> in, const OpArgs& args, const PieceContext& where) {
-  const DType dtype = promote_types(promote_types(in[0].dtype(), in[1].dtype()), in[2].dtype());
-  return matmul(attention_weights(in[0].to(dtype), in[1].to(dtype), args, query_offset(&where)),
-                in[2].to(dtype));
+  return attention_run(in, args, attention_offsets(where), where.inputs[0]->shape(),
+                       where.inputs[1]->shape());
 }
 
-Tensor attention_probs_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
-  return attention_weights(in[0].to(out.dtype), in[1].to(out.dtype), args, 0);
+Tensor attention_probs_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+  return attention_probs_run(in, args, {}, in[0].shape(), in[1].shape());
 }
 
 Tensor attention_probs_piece(std::span<const Tensor> in, const OpArgs& args,
                              const PieceContext& where) {
-  const DType dtype = promote_types(in[0].dtype(), in[1].dtype());
-  return attention_weights(in[0].to(dtype), in[1].to(dtype), args, query_offset(&where));
+  return attention_probs_run(in, args, attention_offsets(where), where.inputs[0]->shape(),
+                             where.inputs[1]->shape());
 }
 
-std::vector<OpStrategy> attention_strategies(ShardingInputs in, const OpArgs&, const OpMeta&) {
-  const size_t n = in.size();
-  const int nd = static_cast<int>(in[0]->ndim());
-  std::vector<DimOption> options = {{std::vector<Placement>(n, Replicate{}), Replicate{}}};
-  for (int d = 0; d + 2 < nd; ++d)
-    options.push_back({std::vector<Placement>(n, Shard{d}), Shard{d}});
-  DimOption rows{std::vector<Placement>(n, Replicate{}), Shard{nd - 2}};
-  rows.inputs[0] = Shard{nd - 2};
-  options.push_back(std::move(rows));
-  if (n == 3) {
-    for (ReduceOp o : {ReduceOp::Sum, ReduceOp::Avg}) {
-      options.push_back({{Replicate{}, Replicate{}, Partial{o}}, Partial{o}});
+// The product of the sizes of the mesh dims on which some input t shards its dim dims[t].
+int64_t sharding_parts(ShardingInputs in, const std::vector<int>& dims) {
+  int64_t parts = 1;
+  const std::vector<int64_t>& mesh = in[0]->mesh_shape();
+  for (size_t i = 0; i < mesh.size(); ++i) {
+    for (size_t t = 0; t < dims.size(); ++t) {
+      if (dims[t] >= 0 && is_shard(in[t]->placements()[i], dims[t])) {
+        parts *= mesh[i];
+        break;
+      }
     }
   }
-  return expand_dim_options(in, options);
+  return parts;
+}
+
+// Note [Attention sharding].
+std::vector<OpStrategy> attention_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {
+  const AttentionFlags f = attention_flags(args);
+  const size_t n = in.size();
+  const size_t n_data = f.mask ? n - 1 : n;  // q, k[, v]
+  const int nd = static_cast<int>(in[0]->ndim());
+  const Shape& q = in[0]->shape();
+  const Shape& k = in[1]->shape();
+  // The scores' shape [..., Sq, Sk], which the mask broadcasts to.
+  Shape scores = q;
+  scores.back() = k[k.size() - 2];
+  // The option sharding output dim d: `data` placements for q, k, v; the mask's aligned dim.
+  auto option = [&](int d, const std::vector<Placement>& data) {
+    DimOption o{std::vector<Placement>(n, Replicate{}), Shard{d}};
+    for (size_t t = 0; t < n_data; ++t) o.inputs[t] = data[t];
+    if (f.mask) {
+      const int m = aligned_dim(in[n - 1]->shape(), scores, d);
+      if (m >= 0) o.inputs[n - 1] = Shard{m};
+    }
+    return o;
+  };
+  std::vector<DimOption> options = {{std::vector<Placement>(n, Replicate{}), Replicate{}}};
+  for (int d = 0; d + 2 < nd; ++d) {
+    const bool heads = d + 3 == nd;
+    const int64_t h = q[static_cast<size_t>(d)];
+    const int64_t hkv = k[static_cast<size_t>(d)];
+    std::vector<int> dims(n, d);
+    if (f.mask) dims[n - 1] = aligned_dim(in[n - 1]->shape(), scores, d);
+    const int64_t parts = sharding_parts(in, dims);
+    if (!heads || h == hkv || (h % parts == 0 && hkv % parts == 0)) {
+      options.push_back(option(d, std::vector<Placement>(n_data, Shard{d})));
+    }
+    if (heads) {  // q's heads with k and v whole on them
+      std::vector<Placement> data(n_data, Replicate{});
+      data[0] = Shard{d};
+      options.push_back(option(d, data));
+    }
+  }
+  std::vector<Placement> rows(n_data, Replicate{});
+  rows[0] = Shard{nd - 2};
+  options.push_back(option(nd - 2, rows));
+  if (n_data == 3) {
+    for (ReduceOp o : {ReduceOp::Sum, ReduceOp::Avg}) {
+      DimOption p{std::vector<Placement>(n, Replicate{}), Partial{o}};
+      p.inputs[2] = Partial{o};
+      options.push_back(std::move(p));
+    }
+  }
+  std::vector<OpStrategy> strategies = expand_dim_options(in, options);
+  if (nd < 3) return strategies;
+  // q's heads sharded where k's are whole, and k's sharded on another mesh dim, would nest q's
+  // blocks in a way k's blocks need not contain: k is whole on the heads then, or sharded alike.
+  const Placement heads = Shard{nd - 3};
+  std::erase_if(strategies, [&](const OpStrategy& st) {
+    const Placements& sq = st.inputs[0];
+    const Placements& sk = st.inputs[1];
+    bool q_only = false;
+    bool k_sharded = false;
+    for (size_t i = 0; i < sq.size(); ++i) {
+      q_only = q_only || (sq[i] == heads && !(sk[i] == heads));
+      k_sharded = k_sharded || sk[i] == heads;
+    }
+    return q_only && k_sharded;
+  });
+  return strategies;
 }
 
 Var transposed(const Var& v) {
   return apply(op::transpose, {v}, {{-1, -2}, {}});
 }
 
-// With p the weights and g the output's gradient: dv = p^T g; ds = p (dp - rowsum(dp p)) for
-// dp = g v^T; dq = ds k scale; dk = ds^T q scale.
+// With GQA: a kv tensor per query head (repeat_interleave along the heads), and the gradient of
+// such a tensor summed back over each group of query heads.
+Var kv_per_query_head(const Var& kv, int64_t group) {
+  if (group == 1) return kv;
+  return apply(op::repeat_interleave, {kv}, {{group, -3}, {}});
+}
+
+Var kv_gradient(const Var& g, int64_t group, const Shape& kv) {
+  if (group == 1) return g;
+  return apply(op::repeat_interleave_backward, {g},
+               {{group, static_cast<int64_t>(kv.size()) - 3, kv[kv.size() - 3]}, {}});
+}
+
+// With p the weights and g the output's gradient (k and v per query head): dv = p^T g;
+// ds = p (dp - rowsum(dp p)) for dp = g v^T; dq = ds k scale; dk = ds^T q scale; with GQA dk and
+// dv summed over the query heads of each kv head; a floating mask's gradient is ds summed to its
+// shape (a Bool mask has none).
 void attention_backward(BackwardContext& c) {
   const Var& q = c.input(0);
   const Var& k = c.input(1);
   const Var& v = c.input(2);
   const Var& g = c.grad();
+  const AttentionFlags f = attention_flags(c.args());
   const double scale = c.args().reals.at(0);
-  const Var p = apply(op::attention_probs, {q, k}, c.args());
-  if (c.needs_grad(2)) c.set_grad(2, apply(op::matmul, {transposed(p), g}));
-  if (!c.needs_grad(0) && !c.needs_grad(1)) return;
-  const Var dp = apply(op::matmul, {g, transposed(v)});
+  const int64_t group = gqa_group(var_shape(q), var_shape(k), c.args());
+  const Var p = f.mask ? apply(op::attention_probs, {q, k, c.input(3)}, c.args())
+                       : apply(op::attention_probs, {q, k}, c.args());
+  if (c.needs_grad(2)) {
+    c.set_grad(2, kv_gradient(apply(op::matmul, {transposed(p), g}), group, var_shape(v)));
+  }
+  const bool mask_grad = f.mask && c.needs_grad(3);
+  if (!c.needs_grad(0) && !c.needs_grad(1) && !mask_grad) return;
+  const Var dp = apply(op::matmul, {g, transposed(kv_per_query_head(v, group))});
   const Var ds = p * (dp - apply(op::sum, {dp * p}, reduction_args({-1}, true)));
-  if (c.needs_grad(0)) c.set_grad(0, apply(op::matmul, {ds, k}) * scale);
-  if (c.needs_grad(1)) c.set_grad(1, apply(op::matmul, {transposed(ds), q}) * scale);
+  if (c.needs_grad(0)) {
+    c.set_grad(0, apply(op::matmul, {ds, kv_per_query_head(k, group)}) * scale);
+  }
+  if (c.needs_grad(1)) {
+    c.set_grad(1, kv_gradient(apply(op::matmul, {transposed(ds), q}) * scale, group, var_shape(k)));
+  }
+  if (mask_grad) c.set_grad(3, sum_to(ds, var_shape(c.input(3))));
 }
 
-// q k^T over every batch and head (2 * B*H * Sq * Sk * D), and for the attention itself p v too
-// (twice that).
+// q k^T over every batch and query head (2 * B*H * Sq * Sk * D, so GQA costs as many as its
+// query heads), and for the attention itself p v too (twice that).
 template <bool probs_only>
 double attention_flops(std::span<const InputMeta> in, const OpMeta&) {
   const Shape& q = *in[0].shape;
@@ -518,6 +757,13 @@ OpArgs attention_args(int64_t head_dim, bool causal, std::optional<double> scale
   const double s =
       scale ? *scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(head_dim, 1)));
   return OpArgs{{causal ? 1 : 0}, {s}};
+}
+
+OpArgs attention_args(int64_t head_dim, const AttentionOptions& options, bool has_mask) {
+  OpArgs args = attention_args(head_dim, options.causal, options.scale);
+  args.ints.push_back(options.enable_gqa ? 1 : 0);
+  args.ints.push_back(has_mask ? 1 : 0);
+  return args;
 }
 
 const OpDef op::layer_norm{

@@ -98,6 +98,10 @@ extern const OpDef masked_fill;
 extern const OpDef matmul;
 extern const OpDef bmm;
 extern const OpDef addmm;
+// grouped_mm (x [N, K], w [G, K, M], sizes [G] I64): group g's rows times w[g] (ops/grouped.cpp,
+// Note [Grouped matmul]); its weight gradient grouped_mm_backward (x, grad, sizes) -> [G, K, M].
+extern const OpDef grouped_mm;
+extern const OpDef grouped_mm_backward;
 
 // Reductions (ops/reduction.cpp). args.ints = [keepdim, dims...]; no dims: every dim.
 extern const OpDef sum;
@@ -141,8 +145,9 @@ extern const OpDef scatter;
 // Transformer layers (ops/nn.cpp). layer_norm (x, weight, bias) and rms_norm (x, weight):
 // args.reals = [eps]; their backward entries (grad, x, weight), args.ints = [0: the input's
 // gradient, 1: grad * x_hat]. dropout: args.reals = [p], args.seed. cross_entropy (logits [N, C],
-// target [N]): args.ints = [0 mean, 1 sum]. scaled_dot_product_attention (q, k, v) and
-// attention_probs (q, k): args.ints = [causal], args.reals = [scale].
+// target [N]): args.ints = [0 mean, 1 sum]. scaled_dot_product_attention (q, k, v[, mask]) and
+// attention_probs (q, k[, mask]): args.ints = [causal, enable_gqa, has_mask] (the last two
+// optional), args.reals = [scale].
 extern const OpDef layer_norm;
 extern const OpDef layer_norm_backward;
 extern const OpDef rms_norm;
@@ -152,6 +157,10 @@ extern const OpDef cross_entropy;
 extern const OpDef cross_entropy_backward;
 extern const OpDef scaled_dot_product_attention;
 extern const OpDef attention_probs;
+// Rotary embeddings (ops/rope.cpp, Note [Rotary embeddings]): inputs (x [..., S, H, D]) or (x,
+// positions); args.ints = [sign, interleaved, scaled], args.reals = [theta, factor,
+// low_freq_factor, high_freq_factor, original_max_position] (rope_args).
+extern const OpDef rotary_embedding;
 
 // Shapes (ops/shape.cpp). transpose: args.ints = [a, b]; reshape and expand: the shape; cat,
 // stack, unsqueeze, squeeze: [d]; pad: [d, before, after], args.reals = [value]; narrow: [d,
@@ -173,6 +182,10 @@ extern const OpDef contiguous;
 extern const OpDef triu;
 extern const OpDef tril;
 extern const OpDef to_dtype;
+// repeat_interleave: args.ints = [repeats, dim]; its backward entry (grad) sums each group of
+// repeats rows: args.ints = [repeats, dim, the input's size along dim].
+extern const OpDef repeat_interleave;
+extern const OpDef repeat_interleave_backward;
 
 }  // namespace op
 
@@ -228,6 +241,8 @@ inline std::span<const OpDef* const> all_ops() {
       &op::matmul,
       &op::bmm,
       &op::addmm,
+      &op::grouped_mm,
+      &op::grouped_mm_backward,
       &op::sum,
       &op::mean,
       &op::amax,
@@ -262,6 +277,7 @@ inline std::span<const OpDef* const> all_ops() {
       &op::cross_entropy_backward,
       &op::scaled_dot_product_attention,
       &op::attention_probs,
+      &op::rotary_embedding,
       // Shapes.
       &op::transpose,
       &op::reshape,
@@ -279,6 +295,8 @@ inline std::span<const OpDef* const> all_ops() {
       &op::triu,
       &op::tril,
       &op::to_dtype,
+      &op::repeat_interleave,
+      &op::repeat_interleave_backward,
   };
   return kAll;
 }
@@ -294,6 +312,32 @@ enum class LossReduction { Mean, Sum };
 // The args of scaled_dot_product_attention for queries with head size `head_dim`: the scale
 // defaults to 1 / sqrt(head_dim).
 OpArgs attention_args(int64_t head_dim, bool causal, std::optional<double> scale);
+// torch's keyword arguments of scaled_dot_product_attention: is_causal, scale (default
+// 1 / sqrt(D)) and enable_gqa (k and v with fewer heads, dim -3, dividing q's).
+struct AttentionOptions {
+  bool causal = false;
+  std::optional<double> scale;
+  bool enable_gqa = false;
+};
+OpArgs attention_args(int64_t head_dim, const AttentionOptions& options, bool has_mask);
+// Llama 3.1's rescaling of the rotary frequencies (Meta's apply_scaling, HF's rope_type "llama3").
+struct RopeScaling {
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_max_position = 8192.0;
+};
+// Rotary embeddings: frequencies theta^(-2i/D), rescaled when `scaling` is set; `interleaved`
+// rotates the pairs (2i, 2i+1) as Meta's Llama code (complex form), otherwise (i, i + D/2) as HF's
+// rotate_half.
+struct RopeConfig {
+  double theta = 500000.0;
+  std::optional<RopeScaling> scaling;
+  bool interleaved = true;
+};
+// The args of rotary_embedding; the D/2 frequencies it uses (in double) for head dim D.
+OpArgs rope_args(const RopeConfig& config);
+std::vector<double> rope_frequencies(int64_t head_dim, const RopeConfig& config);
 // The args of dropout.
 inline OpArgs dropout_args(double p, uint64_t seed) {
   OpArgs args{{}, {p}};
@@ -633,6 +677,34 @@ inline Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, con
   return call(op::scaled_dot_product_attention, {q, k, v},
               attention_args(q.size(-1), causal, scale));
 }
+// torch.nn.functional.scaled_dot_product_attention with its options: enable_gqa lets k and v
+// [..., Hkv, Sk, D] have fewer heads than q [..., H, Sq, D] (H % Hkv == 0; query head h uses kv
+// head h / (H / Hkv)); attn_mask broadcastable to [..., Sq, Sk], Bool (true: attend) or floating
+// (added to the scores; it gets a gradient), not together with causal. A row that attends to
+// nothing gives NaN.
+inline Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const AttentionOptions& options) {
+  return call(op::scaled_dot_product_attention, {q, k, v},
+              attention_args(q.size(-1), options, false));
+}
+inline Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& attn_mask,
+                                           const AttentionOptions& options = {}) {
+  return call(op::scaled_dot_product_attention, {q, k, v, attn_mask},
+              attention_args(q.size(-1), options, true));
+}
+
+// Rotary position embeddings (Note [Rotary embeddings] in ops/rope.cpp) of x [..., S, H, D] (D
+// even): pair i of the row at position p turns by p * f_i. positions: integer [S] or x's dims
+// before H ([B, S]), each row's global position; without it, each row's index along S (on a
+// DTensor the global index, so a sequence-sharded x needs no positions). The gradient turns back.
+inline Tensor rotary_embedding(const Tensor& x, const Tensor& positions,
+                               const RopeConfig& config = {}) {
+  return call(op::rotary_embedding, {x, positions}, rope_args(config));
+}
+inline Tensor rotary_embedding(const Tensor& x, const RopeConfig& config = {}) {
+  return call(op::rotary_embedding, {x}, rope_args(config));
+}
 
 // ---- reductions -------------------------------------------------------------------------------
 // Over all elements, giving a 0-d tensor; or over `dims` (each once, negative allowed), keeping
@@ -677,6 +749,11 @@ inline Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, double be
   return call(op::addmm, {c, a, b}, {{}, {beta, alpha}});
 }
 // Batched: a [B,n,k] @ b [B,k,m] -> [B,n,m].
+// The rows of x [N, K] in consecutive groups of sizes[g] rows (I64 [G], adding up to N), group g
+// times w[g] (w [G, K, M]): a mixture-of-experts layer's experts in one call.
+inline Tensor grouped_mm(const Tensor& x, const Tensor& w, const Tensor& sizes) {
+  return call(op::grouped_mm, {x, w, sizes});
+}
 inline Tensor bmm(const Tensor& a, const Tensor& b) {
   return call(op::bmm, {a, b});
 }
@@ -745,6 +822,12 @@ inline Tensor view(const Tensor& t, const Shape& shape) {
 }
 inline Tensor flatten(const Tensor& t, int64_t start = 0, int64_t end = -1) {
   return call(op::reshape, {t}, {flattened_shape(t.shape(), start, end), {}});
+}
+// torch.repeat_interleave with an integer repeats: each slice along d `repeats` times in a row
+// (repeats >= 0); the gradient sums each group of copies. For grouped-query attention, k and v
+// [B, S, Hkv, D] repeated along the heads give [B, S, Hkv * repeats, D].
+inline Tensor repeat_interleave(const Tensor& t, int64_t repeats, int64_t d) {
+  return call(op::repeat_interleave, {t}, {{repeats, d}, {}});
 }
 // Pieces along d of the given sizes (split) or of torch.chunk's sizes (chunk): narrow views.
 std::vector<Tensor> split(const Tensor& t, const std::vector<int64_t>& sizes, int64_t d = 0);

@@ -1,5 +1,5 @@
 // spmd/ops/shape.cpp: the entries of transpose, reshape, cat, stack, pad, narrow, select, permute,
-// unsqueeze, squeeze, expand, clone, contiguous, triu, tril and to, and unpad.
+// unsqueeze, squeeze, expand, repeat_interleave, clone, contiguous, triu, tril and to, and unpad.
 //
 // Sharding: transpose moves shards with their dims (Partial passes); reshape keeps a shard only
 // when the reshape maps every rank's piece onto the piece the output placement gives it (first
@@ -811,6 +811,125 @@ const OpDef op::expand{
     },
     .backward = expand_backward,
     .partial_use = PartialUse::Unary,
+};
+
+// ---- repeat_interleave --------------------------------------------------------------------------
+// torch.repeat_interleave(x, repeats, dim) for an integer repeats: out[..., j, ...] = x[..., j / r,
+// ...] along dim. args.ints = [repeats, dim]; its backward entry (grad) sums each group of r rows,
+// args.ints = [repeats, dim, size] (size: x's dim, so repeats 0 knows it). Sharding: other dims
+// pass, every Partial passes (each element is a copy), and dim sharded passes when x's size along
+// it divides evenly over the mesh dims that shard it: every block then starts at a multiple of
+// the block size, so block c of the output holds exactly the copies of block c of x.
+
+namespace {
+
+constexpr std::string_view kRepeat = "repeat_interleave";
+
+OpMeta repeat_interleave_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const Shape& x = *in[0].shape;
+  const int64_t r = args.ints.at(0);
+  if (r < 0) {
+    throw_error<ShapeError>("{}: repeats must be >= 0, got {} (shape {})", kRepeat, r,
+                            shape_str(x));
+  }
+  if (x.empty()) throw_error<ShapeError>("{}: expects at least one dim, got shape []", kRepeat);
+  const int64_t d = normalize_dim(args.ints.at(1), static_cast<int64_t>(x.size()), kRepeat, x);
+  Shape out = x;
+  out[static_cast<size_t>(d)] *= r;
+  checked_numel(out, kRepeat);
+  return OpMeta{std::move(out), in[0].dtype};
+}
+
+OpMeta repeat_interleave_backward_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const Shape& g = *in[0].shape;
+  const int64_t d = normalize_dim(args.ints.at(1), static_cast<int64_t>(g.size()), kRepeat, g);
+  Shape out = g;
+  out[static_cast<size_t>(d)] = args.ints.at(2);
+  return OpMeta{std::move(out), in[0].dtype};
+}
+
+Tensor repeat_interleave_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+  const Tensor& x = in[0];
+  const int64_t d = normalize_dim(args.ints[1], x.dim(), kRepeat, x.shape());
+  Shape expanded = x.shape();
+  expanded.insert(expanded.begin() + d + 1, args.ints[0]);
+  Shape out = x.shape();
+  out[static_cast<size_t>(d)] *= args.ints[0];
+  return x.unsqueeze(d + 1).expand(expanded).contiguous().reshape(out);
+}
+
+// The sum of each group of r rows of the gradient, into `out` (x's shape, or its piece's).
+Tensor repeat_interleave_backward_run(const Tensor& g, const OpArgs& args, const Shape& out) {
+  const int64_t r = args.ints[0];
+  const int64_t d = normalize_dim(args.ints[1], g.dim(), kRepeat, g.shape());
+  if (r == 0) return zeros(out, g.dtype(), g.device());
+  Shape groups = out;
+  groups.insert(groups.begin() + d + 1, r);
+  return sum(g.contiguous().reshape(groups), {d + 1});
+}
+
+// Whether x's size along d divides evenly over the mesh dims whose placement shards d.
+bool even_along(const ShardingSpec& spec, int64_t d, int64_t size) {
+  int64_t parts = 1;
+  for (size_t i = 0; i < spec.placements().size(); ++i) {
+    if (is_shard(spec.placements()[i], static_cast<int>(d))) parts *= spec.mesh_shape()[i];
+  }
+  return size % parts == 0;
+}
+
+template <bool backward>
+std::vector<OpStrategy> repeat_interleave_strategies(ShardingInputs in, const OpArgs& args,
+                                                     const OpMeta&) {
+  const ShardingSpec& spec = *in[0];
+  const int64_t d = normalize_dim(args.ints.at(1), spec.ndim(), kRepeat, spec.shape());
+  const int64_t size = backward ? args.ints.at(2) : spec.shape()[static_cast<size_t>(d)];
+  const bool even = even_along(spec, d, size);
+  return derived_strategies(in, [&](const Placement& p) -> std::optional<Placement> {
+    if (is_shard(p, static_cast<int>(d)) && !even) return std::nullopt;
+    if (const Partial* q = std::get_if<Partial>(&p);
+        backward && q != nullptr && !is_linear(q->op)) {
+      return std::nullopt;
+    }
+    return p;
+  });
+}
+
+void repeat_interleave_grad(BackwardContext& c) {
+  if (!c.needs_grad(0)) return;
+  const Shape& x = var_shape(c.input(0));
+  const int64_t d = normalize_dim(c.args().ints.at(1), static_cast<int64_t>(x.size()), kRepeat, x);
+  c.set_grad(0, apply(op::repeat_interleave_backward, {c.grad()},
+                      {{c.args().ints.at(0), d, x[static_cast<size_t>(d)]}, {}}));
+}
+
+}  // namespace
+
+const OpDef op::repeat_interleave{
+    .name = "repeat_interleave",
+    .meta = repeat_interleave_meta,
+    .compute = repeat_interleave_compute,
+    .strategies = repeat_interleave_strategies<false>,
+    .backward = repeat_interleave_grad,
+    .partial_use = PartialUse::Unary,
+};
+
+const OpDef op::repeat_interleave_backward{
+    .name = "repeat_interleave_backward",
+    .meta = repeat_interleave_backward_meta,
+    .compute =
+        [](std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+          return repeat_interleave_backward_run(in[0], args, out.shape);
+        },
+    .strategies = repeat_interleave_strategies<true>,
+    .piece =
+        [](std::span<const Tensor> pieces, const OpArgs& args, const PieceContext& where) {
+          return repeat_interleave_backward_run(pieces[0], args, where.local_shape);
+        },
+    .partial_use = PartialUse::Unary,
+    .flops =
+        [](std::span<const InputMeta> in, const OpMeta&) {
+          return static_cast<double>(checked_numel(*in[0].shape, kRepeat));
+        },
 };
 
 const OpDef op::clone{

@@ -460,6 +460,24 @@ LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor
       attention_args(common_size(q, -1, "scaled_dot_product_attention"), causal, scale), loc);
 }
 
+LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor& k,
+                                         const LocalTensor& v, const AttentionOptions& options,
+                                         SourceLocation loc) {
+  const UserCallSite site(loc);
+  return local_call(
+      op::scaled_dot_product_attention, {q, k, v},
+      attention_args(common_size(q, -1, "scaled_dot_product_attention"), options, false), loc);
+}
+
+LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor& k,
+                                         const LocalTensor& v, const LocalTensor& attn_mask,
+                                         const AttentionOptions& options, SourceLocation loc) {
+  const UserCallSite site(loc);
+  return local_call(
+      op::scaled_dot_product_attention, {q, k, v, attn_mask},
+      attention_args(common_size(q, -1, "scaled_dot_product_attention"), options, true), loc);
+}
+
 LocalTensor flatten(const LocalTensor& t, int64_t start, int64_t end, SourceLocation loc) {
   const UserCallSite site(loc);
   return local_call(op::reshape, {t}, {flattened_shape(common_shape(t, "flatten"), start, end), {}},

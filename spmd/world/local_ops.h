@@ -139,6 +139,16 @@ inline LocalTensor bmm(const Tensor& a, const LocalTensor& b,
   return local_call(op::bmm, {a, b}, {}, loc);
 }
 
+// Each rank's rows in groups of its own sizes (Note [Grouped matmul] in ops/grouped.cpp).
+inline LocalTensor grouped_mm(const LocalTensor& x, const LocalTensor& w, const LocalTensor& sizes,
+                              SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::grouped_mm, {x, w, sizes}, {}, loc);
+}
+inline LocalTensor grouped_mm(const LocalTensor& x, const LocalTensor& w, const Tensor& sizes,
+                              SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::grouped_mm, {x, w, sizes}, {}, loc);
+}
+
 inline LocalTensor pow(const LocalTensor& a, const LocalTensor& b,
                        SourceLocation loc = SourceLocation::current()) {
   return local_call(op::pow, {a, b}, {}, loc);
@@ -432,6 +442,27 @@ LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor
                                          const LocalTensor& v, bool causal = false,
                                          std::optional<double> scale = std::nullopt,
                                          SourceLocation loc = SourceLocation::current());
+LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor& k,
+                                         const LocalTensor& v, const AttentionOptions& options,
+                                         SourceLocation loc = SourceLocation::current());
+LocalTensor scaled_dot_product_attention(const LocalTensor& q, const LocalTensor& k,
+                                         const LocalTensor& v, const LocalTensor& attn_mask,
+                                         const AttentionOptions& options = {},
+                                         SourceLocation loc = SourceLocation::current());
+inline LocalTensor repeat_interleave(const LocalTensor& t, int64_t repeats, int64_t d,
+                                     SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::repeat_interleave, {t}, {{repeats, d}, {}}, loc);
+}
+// Without positions each shard's rows are at 0, 1, ... (local code: pass the global positions).
+inline LocalTensor rotary_embedding(const LocalTensor& x, const LocalTensor& positions,
+                                    const RopeConfig& config = {},
+                                    SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::rotary_embedding, {x, positions}, rope_args(config), loc);
+}
+inline LocalTensor rotary_embedding(const LocalTensor& x, const RopeConfig& config = {},
+                                    SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::rotary_embedding, {x}, rope_args(config), loc);
+}
 
 inline LocalTensor sum(const LocalTensor& t, SourceLocation loc = SourceLocation::current()) {
   return local_call(op::sum, {t}, reduction_args({}, false), loc);

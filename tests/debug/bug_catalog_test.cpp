@@ -175,6 +175,20 @@ const Bug kBugs[] = {
      "stage 1 receives microbatch 1 where microbatch 0 was due",
      ""},
     {"pp_dropped_backward", {"sim", "threads", "mpi"}, "B(stage 1, mb 3)", ""},
+    // Llama and MoE in local code (issue 27).
+    {"ep_expert_grad_replicate",
+     {"sim", "threads", "mpi"},
+     "to_local at ep_expert_grad_replicate.cpp:21 claims this value's gradient arrives identical "
+     "on every rank of 'dp'",
+     ""},
+    {"moe_router_tp_unreduced",
+     {"sim", "threads", "mpi"},
+     "TypeError: sub: along mesh axis 'tp'",
+     ""},
+    {"gqa_kv_not_repeated",
+     {"sim", "threads", "mpi"},
+     "ShapeError: scaled_dot_product_attention",
+     ""},
 };
 
 INSTANTIATE_TEST_SUITE_P(Planted, BugCatalog, ::testing::ValuesIn(kBugs),

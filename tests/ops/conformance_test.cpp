@@ -376,6 +376,53 @@ Table op_table() {
   t.add(row("sdpa", {{2, 3, 4}, {2, 5, 4}, {2, 5, 3}}, [](const auto& x) {
      return scaled_dot_product_attention(x[0], x[1], x[2], false, 0.7);
    })).floating_only = true;
+  // Grouped-query attention (H 4 over Hkv 2; H 6 over Hkv 2, causal), and masks: a Bool mask
+  // (an index-like input; its first key always attended, so no row is empty) and a floating one
+  // (data, with a gradient) broadcast over the heads.
+  t.add(row("sdpa gqa", {{2, 4, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 3}}, [](const auto& x) {
+     return scaled_dot_product_attention(x[0], x[1], x[2], AttentionOptions{.enable_gqa = true});
+   })).floating_only = true;
+  t.add(row("sdpa gqa causal", {{1, 6, 4, 2}, {1, 2, 4, 2}, {1, 2, 4, 2}}, [](const auto& x) {
+     return scaled_dot_product_attention(x[0], x[1], x[2],
+                                         AttentionOptions{.causal = true, .enable_gqa = true});
+   })).floating_only = true;
+  for (bool gqa : {false, true}) {
+    OpRow& r = t.add(row(gqa ? "sdpa gqa bool mask" : "sdpa bool mask",
+                         {{2, 4, 4, 3}, {2, gqa ? 2 : 4, 5, 3}, {2, gqa ? 2 : 4, 5, 3}, {4, 5}},
+                         [gqa](const auto& x) {
+                           const auto first = narrow(x[3], 1, 0, 1);
+                           const auto mask = cat({eq(first, first), narrow(x[3], 1, 1, 4)}, 1);
+                           return scaled_dot_product_attention(x[0], x[1], x[2], mask,
+                                                               AttentionOptions{.enable_gqa = gqa});
+                         }));
+    r.masks = {3};
+    r.floating_only = true;
+  }
+  t.add(row("sdpa float mask", {{2, 2, 4, 3}, {2, 2, 5, 3}, {2, 2, 5, 3}, {2, 1, 4, 5}},
+            [](const auto& x) {
+              return scaled_dot_product_attention(x[0], x[1], x[2], x[3],
+                                                  AttentionOptions{.scale = 0.5});
+            }))
+      .floating_only = true;
+  // Rotary embeddings: positions [S] or [B, S] (an index input), or the rows' global indices.
+  {
+    const RopeConfig scaled{.theta = 500000.0, .scaling = RopeScaling{}};
+    const RopeConfig half{.theta = 10000.0, .interleaved = false};
+    OpRow& a = t.add(row("rotary_embedding", {{2, 6, 3, 8}, {6}},
+                         [](const auto& x) { return rotary_embedding(x[0], x[1]); }));
+    a.indices = {{1, 9000}};
+    a.floating_only = true;
+    OpRow& b = t.add(row("rotary_embedding [B, S] scaled", {{2, 5, 2, 8}, {2, 5}},
+                         [scaled](const auto& x) { return rotary_embedding(x[0], x[1], scaled); }));
+    b.indices = {{1, 20000}};
+    b.floating_only = true;
+    t.add(row("rotary_embedding rows half", {{6, 2, 4}}, [half](const auto& x) {
+       return rotary_embedding(x[0], half);
+     })).floating_only = true;
+    t.add(row("rotary_embedding rows scaled", {{2, 7, 2, 8}}, [scaled](const auto& x) {
+       return rotary_embedding(x[0], scaled);
+     })).floating_only = true;
+  }
 
   // ---- linear algebra ----
   for (const auto& shapes : std::vector<std::vector<Shape>>{{{5, 6}, {6, 3}},
@@ -388,6 +435,10 @@ Table op_table() {
     t.add(row("matmul", shapes, [](const auto& x) { return matmul(x[0], x[1]); }));
   }
   t.add(row("bmm", {{3, 4, 5}, {3, 5, 2}}, [](const auto& x) { return bmm(x[0], x[1]); }));
+  // Groups of 2, 0 (an expert no token chose) and 5 rows.
+  t.add(row("grouped_mm", {{7, 4}, {3, 4, 5}}, [](const auto& x) {
+     return grouped_mm(x[0], x[1], from_vector<int64_t>({2, 0, 5}, {3}));
+   })).floating_only = true;
   for (const Shape& c : std::vector<Shape>{{5, 3}, {3}, {5, 1}}) {
     t.add(row("addmm", {c, {5, 6}, {6, 3}}, [](const auto& x) {
        return addmm(x[0], x[1], x[2], 0.5, 2.0);
@@ -475,6 +526,12 @@ Table op_table() {
     const auto pieces = chunk(x[0], 3, 1);
     return cat({pieces[2], pieces[0], pieces[1]}, 1);
   }));
+  t.add(row("repeat_interleave", {{4, 3}},
+            [](const auto& x) { return repeat_interleave(x[0], 3, 0); }));
+  t.add(row("repeat_interleave", {{2, 4, 3}},
+            [](const auto& x) { return repeat_interleave(x[0], 2, -2); }));
+  t.add(row("repeat_interleave", {{5, 2}},
+            [](const auto& x) { return repeat_interleave(x[0], 2, 0); }));
   t.add(row("pad", {{5, 4}}, [](const auto& x) { return pad(x[0], 1, 2, 1, 0.0); }));
   t.add(row("pad", {{5, 4}}, [](const auto& x) { return pad(x[0], 0, 1, 0, 3.0); }));
   return t;
@@ -802,6 +859,70 @@ TEST(OpTable, ClampGradientPassesInsideTheBoundsIncludingThem) {
   expect_throws<Unsupported>([&] { clamp(ones({3}, DType::I32), 1e10); }, {"clamp", "i32"});
 }
 
+// grouped_mm against a brute-force triple loop, its gradients against the per-group matmuls'
+// (a group of no rows gets a zero weight gradient), and its errors.
+TEST(OpTable, GroupedMatmulMultipliesEachGroupByItsWeight) {
+  const std::vector<int64_t> sizes{3, 0, 1, 4};
+  const Tensor x = randn({8, 5}, 7, DType::F64);
+  const Tensor w = randn({4, 5, 3}, 8, DType::F64);
+  const Tensor y = grouped_mm(x, w, from_vector(sizes, {4}));
+  ASSERT_EQ(y.shape(), (Shape{8, 3}));
+  const std::vector<double> xv = testing::values(x), wv = testing::values(w);
+  std::vector<double> expected;
+  int64_t group = 0, left = sizes[0];
+  for (int64_t i = 0; i < 8; ++i) {
+    while (left == 0) left = sizes[static_cast<size_t>(++group)];
+    --left;
+    for (int64_t j = 0; j < 3; ++j) {
+      double v = 0.0;
+      for (int64_t k = 0; k < 5; ++k) {
+        v += xv[static_cast<size_t>(i * 5 + k)] * wv[static_cast<size_t>((group * 5 + k) * 3 + j)];
+      }
+      expected.push_back(v);
+    }
+  }
+  expect_values(y, expected, 1e-12, 1e-12, "grouped_mm");
+
+  Tensor xg = x.clone().requires_grad_();
+  Tensor wg = w.clone().requires_grad_();
+  const Tensor g = randn({8, 3}, 9, DType::F64);
+  backward(grouped_mm(xg, wg, from_vector(sizes, {4})), g);
+  Tensor xr = x.clone().requires_grad_();
+  Tensor wr = w.clone().requires_grad_();
+  std::vector<Tensor> parts;
+  int64_t start = 0;
+  for (int64_t e = 0; e < 4; ++e) {
+    const int64_t n = sizes[static_cast<size_t>(e)];
+    if (n > 0) parts.push_back(matmul(xr.narrow(0, start, n), wr.select(0, e)));
+    start += n;
+  }
+  backward(cat(parts, 0), g);
+  EXPECT_LE(max_abs_diff(xg.grad(), xr.grad()), 1e-12);
+  EXPECT_LE(max_abs_diff(wg.grad().narrow(0, 0, 1), wr.grad().narrow(0, 0, 1)), 1e-12);
+  EXPECT_TRUE(equal(wg.grad().select(0, 1), zeros({5, 3}, DType::F64)));
+  EXPECT_LE(max_abs_diff(wg.grad().narrow(0, 2, 2), wr.grad().narrow(0, 2, 2)), 1e-12);
+
+  expect_throws<ShapeError>(
+      [&] {
+        grouped_mm(x, w, from_vector<int64_t>({3, 0, 1, 3}, {4}));
+      },
+      {"grouped_mm", "add up to 7", "8 rows"});
+  expect_throws<ShapeError>(
+      [&] {
+        grouped_mm(x, w, from_vector<int64_t>({9, -1, 0, 0}, {4}));
+      },
+      {"grouped_mm", "negative size -1"});
+  expect_throws<ShapeError>([&] { grouped_mm(x, w, from_vector<int64_t>({8}, {1})); },
+                            {"grouped_mm", "one count per group (4)", "[1]"});
+  expect_throws<ShapeError>(
+      [&] {
+        grouped_mm(x, randn({4, 6, 3}, 1), from_vector(sizes, {4}));
+      },
+      {"grouped_mm", "[8, 5]", "[4, 6, 3]"});
+  expect_throws<Unsupported>([&] { grouped_mm(x, w, ones({4}, DType::F32)); },
+                             {"grouped_mm", "integer"});
+}
+
 // clamp and expm1 are non-decreasing: P(max) and P(min) pass with no communication; reciprocal
 // (as every other nonlinear op) takes a Partial input reduced first.
 TEST(OpTable, NonDecreasingOpsKeepPartialMaxAndMin) {
@@ -821,6 +942,409 @@ TEST(OpTable, NonDecreasingOpsKeepPartialMaxAndMin) {
   const DTensor r = reciprocal(s);
   EXPECT_EQ(r.placements(), Placements{Replicate{}});
   EXPECT_TRUE(testing::pieces_match(r, reciprocal(abs(g) + 1.0), 1e-12));
+}
+
+// ---- attention with GQA and masks ----
+
+// torch's math: query head h uses kv head h / (H / Hkv); a Bool mask hides false keys, a floating
+// one is added; element by element in double. q [B, H, Sq, D], k/v [B, Hkv, Sk, D|Dv], mask
+// [Sq, Sk] (mask(i, j) or null).
+std::vector<double> reference_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        double scale, bool causal,
+                                        const std::function<double(int64_t, int64_t)>& mask) {
+  const Shape& qs = q.shape();
+  const Shape& ks = k.shape();
+  const int64_t heads = qs[1], group = qs[1] / ks[1], sq = qs[2], sk = ks[2], dh = qs[3];
+  const int64_t dv = v.shape()[3];
+  const std::vector<double> qv = testing::values(q), kv = testing::values(k),
+                            vv = testing::values(v);
+  std::vector<double> out;
+  for (int64_t b = 0; b < qs[0]; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t hk = h / group;
+      for (int64_t i = 0; i < sq; ++i) {
+        std::vector<double> w(static_cast<size_t>(sk));
+        double top = -INFINITY;
+        for (int64_t j = 0; j < sk; ++j) {
+          double s = 0;
+          for (int64_t d = 0; d < dh; ++d) {
+            s += qv[static_cast<size_t>(((b * heads + h) * sq + i) * dh + d)] *
+                 kv[static_cast<size_t>(((b * ks[1] + hk) * sk + j) * dh + d)];
+          }
+          s *= scale;
+          if (causal && j > i) s = -INFINITY;
+          if (mask) s += mask(i, j);
+          w[static_cast<size_t>(j)] = s;
+          top = std::max(top, s);
+        }
+        double total = 0;
+        for (double& x : w) total += (x = std::exp(x - top));
+        for (int64_t e = 0; e < dv; ++e) {
+          double o = 0;
+          for (int64_t j = 0; j < sk; ++j) {
+            o += w[static_cast<size_t>(j)] / total *
+                 vv[static_cast<size_t>(((b * ks[1] + hk) * sk + j) * dv + e)];
+          }
+          out.push_back(o);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST(OpTable, AttentionWithGqaAndMasksMatchesAnElementwiseReference) {
+  const Tensor q = randn({2, 6, 4, 3}, 21, DType::F64);
+  const Tensor k = randn({2, 2, 5, 3}, 22, DType::F64);
+  const Tensor v = randn({2, 2, 5, 2}, 23, DType::F64);
+  const double scale = 1 / std::sqrt(3.0);
+  const AttentionOptions gqa{.enable_gqa = true};
+  expect_values(scaled_dot_product_attention(q, k, v, gqa),
+                reference_attention(q, k, v, scale, false, nullptr), 1e-12, 1e-12, "gqa");
+  expect_values(scaled_dot_product_attention(q, k, v, {.causal = true, .enable_gqa = true}),
+                reference_attention(q, k, v, scale, true, nullptr), 1e-12, 1e-12, "gqa causal");
+  // A Bool mask: true attends (key 0 always, so no row is empty).
+  std::vector<bool> keep(20);
+  for (size_t i = 0; i < keep.size(); ++i) keep[i] = i % 5 == 0 || (i * 7) % 3 == 1;
+  const Tensor bool_mask = from_vector(keep, {4, 5});
+  expect_values(scaled_dot_product_attention(q, k, v, bool_mask, gqa),
+                reference_attention(q, k, v, scale, false,
+                                    [&](int64_t i, int64_t j) {
+                                      return keep[static_cast<size_t>(i * 5 + j)] ? 0.0 : -INFINITY;
+                                    }),
+                1e-12, 1e-12, "gqa bool mask");
+  const Tensor float_mask = randn({4, 5}, 24, DType::F64);
+  const std::vector<double> fm = testing::values(float_mask);
+  expect_values(
+      scaled_dot_product_attention(q, k, v, float_mask, {.scale = 0.3, .enable_gqa = true}),
+      reference_attention(q, k, v, 0.3, false,
+                          [&](int64_t i, int64_t j) { return fm[static_cast<size_t>(i * 5 + j)]; }),
+      1e-12, 1e-12, "gqa float mask");
+  // Without GQA the old overload and the options agree.
+  const Tensor k6 = randn({2, 6, 5, 3}, 25, DType::F64);
+  const Tensor v6 = randn({2, 6, 5, 2}, 26, DType::F64);
+  EXPECT_TRUE(equal(scaled_dot_product_attention(q, k6, v6, true, 0.4),
+                    scaled_dot_product_attention(q, k6, v6, {.causal = true, .scale = 0.4})));
+  // The gradients against the same attention on k and v repeated per query head (autograd through
+  // repeat_interleave and the plain attention), the float mask's included.
+  Tensor lq = q.clone(), lk = k.clone(), lv = v.clone(), lm = float_mask.clone();
+  Tensor rq = q.clone(), rk = k.clone(), rv = v.clone(), rm = float_mask.clone();
+  for (Tensor* t : {&lq, &lk, &lv, &lm, &rq, &rk, &rv, &rm}) t->requires_grad_();
+  const Tensor w = randn({2, 6, 4, 2}, 27, DType::F64);
+  backward(sum(scaled_dot_product_attention(lq, lk, lv, lm, gqa) * w));
+  backward(sum(scaled_dot_product_attention(rq, repeat_interleave(rk, 3, 1),
+                                            repeat_interleave(rv, 3, 1), rm) *
+               w));
+  for (auto [got, want] : {std::pair{&lq, &rq}, {&lk, &rk}, {&lv, &rv}, {&lm, &rm}}) {
+    EXPECT_TRUE(allclose(got->grad(), want->grad(), 1e-12, 1e-12))
+        << got->grad() << " vs " << want->grad();
+  }
+  // Errors name the op and the shapes.
+  expect_throws<ShapeError>([&] { scaled_dot_product_attention(q, k, v, AttentionOptions{}); },
+                            {"scaled_dot_product_attention", "[2, 6, 4, 3]", "[2, 2, 5, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        scaled_dot_product_attention(q, randn({2, 4, 5, 3}, 1, DType::F64),
+                                     randn({2, 4, 5, 2}, 1, DType::F64), gqa);
+      },
+      {"scaled_dot_product_attention", "enable_gqa", "[2, 4, 5, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        scaled_dot_product_attention(q, k, v, ones({3, 5}, DType::Bool), gqa);
+      },
+      {"scaled_dot_product_attention", "mask [3, 5]", "[2, 6, 4, 5]"});
+  expect_throws<Unsupported>(
+      [&] {
+        scaled_dot_product_attention(q, k, v, ones({4, 5}, DType::I64), gqa);
+      },
+      {"scaled_dot_product_attention", "Bool or floating", "i64"});
+  expect_throws<ConfigError>(
+      [&] {
+        scaled_dot_product_attention(q, k, v, bool_mask, {.causal = true, .enable_gqa = true});
+      },
+      {"scaled_dot_product_attention", "causal"});
+}
+
+// GQA under tensor parallelism: 8 query heads over 4 ranks with 2 kv heads (fewer than the ranks)
+// run with q's heads sharded and k, v whole, each piece picking the kv heads of its global query
+// heads; with 4 kv heads all three shard alike. The query rows shard with a mask sharded alike
+// (context parallelism). Forward and gradients against the Tensor op.
+TEST(OpTable, AttentionWithGqaShardsQueryHeadsAndRows) {
+  World world = World::sim(4);
+  const DeviceMesh mesh = *testing::try_mesh(world, {4});
+  std::vector<bool> keep(48);
+  for (size_t i = 0; i < keep.size(); ++i) keep[i] = i % 8 == 0 || (i * 5) % 3 != 0;
+  const Tensor mask = from_vector(keep, {6, 8});
+  for (int64_t kv_heads : {2, 4}) {
+    const Tensor q = randn({2, 8, 6, 4}, 31, DType::F64);
+    const Tensor k = randn({2, kv_heads, 8, 4}, 32, DType::F64);
+    const Tensor v = randn({2, kv_heads, 8, 3}, 33, DType::F64);
+    const Tensor w = randn({2, 8, 6, 3}, 34, DType::F64);
+    for (bool rows : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} kv heads, {}", kv_heads, rows ? "rows" : "heads"));
+      const Placements qp{Shard{rows ? 2 : 1}};
+      const Placements kvp{rows ? Placement{Replicate{}} : Placement{Shard{1}}};
+      DTensor dq = testing::make_dtensor(q, mesh, qp, 1);
+      DTensor dk = testing::make_dtensor(k, mesh, kvp, 2);
+      DTensor dv = testing::make_dtensor(v, mesh, kvp, 3);
+      const DTensor dm = testing::make_dtensor(
+          mask, mesh, {rows ? Placement{Shard{0}} : Placement{Replicate{}}}, 4);
+      for (DTensor* t : {&dq, &dk, &dv}) t->requires_grad_();
+      const AttentionOptions gqa{.enable_gqa = true};
+      const DTensor out = scaled_dot_product_attention(dq, dk, dv, dm, gqa);
+      EXPECT_EQ(out.placements(), qp);
+      Tensor lq = q.clone(), lk = k.clone(), lv = v.clone();
+      for (Tensor* t : {&lq, &lk, &lv}) t->requires_grad_();
+      const Tensor want = scaled_dot_product_attention(lq, lk, lv, mask, gqa);
+      EXPECT_TRUE(testing::pieces_match(out, want, 1e-12));
+      backward(out, testing::make_dtensor(w, mesh, qp, 5));
+      backward(sum(want * w));
+      EXPECT_TRUE(allclose(dq.grad().full_tensor(), lq.grad(), 1e-12, 1e-12));
+      EXPECT_TRUE(allclose(dk.grad().full_tensor(), lk.grad(), 1e-12, 1e-12));
+      EXPECT_TRUE(allclose(dv.grad().full_tensor(), lv.grad(), 1e-12, 1e-12));
+      if (!rows && kv_heads == 4) EXPECT_EQ(dk.grad().placements(), kvp);
+    }
+  }
+}
+
+// ---- rotary embeddings ----
+
+// Meta's Llama 3 frequencies (apply_scaling), written out again: theta^(-2i/D), and with the
+// scaling, wavelengths above original / low_freq_factor divided by the factor, those between
+// original / high_freq_factor and that blended.
+std::vector<double> reference_rope_frequencies(int64_t dim, const RopeConfig& c) {
+  std::vector<double> out;
+  for (int64_t i = 0; i < dim; i += 2) {
+    const double freq = 1.0 / std::pow(c.theta, static_cast<double>(i) / static_cast<double>(dim));
+    if (!c.scaling) {
+      out.push_back(freq);
+      continue;
+    }
+    const RopeScaling& s = *c.scaling;
+    const double low_freq_wavelen = s.original_max_position / s.low_freq_factor;
+    const double high_freq_wavelen = s.original_max_position / s.high_freq_factor;
+    const double wavelen = 2 * M_PI / freq;
+    if (wavelen < high_freq_wavelen) {
+      out.push_back(freq);
+    } else if (wavelen > low_freq_wavelen) {
+      out.push_back(freq / s.factor);
+    } else {
+      const double smooth = (s.original_max_position / wavelen - s.low_freq_factor) /
+                            (s.high_freq_factor - s.low_freq_factor);
+      out.push_back((1 - smooth) * freq / s.factor + smooth * freq);
+    }
+  }
+  return out;
+}
+
+// Element by element: x [B, S, H, D], positions [B, S] (pos(b, s)).
+std::vector<double> reference_rope(const Tensor& x,
+                                   const std::function<int64_t(int64_t, int64_t)>& pos,
+                                   const RopeConfig& c, double sign = 1.0) {
+  const Shape& shape = x.shape();
+  const int64_t dim = shape[3];
+  const std::vector<double> f = reference_rope_frequencies(dim, c);
+  const std::vector<double> v = testing::values(x);
+  std::vector<double> out(v.size());
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const auto index = testing::unravel(i, shape);
+    const int64_t d = index[3];
+    // The pair (a, b) that d belongs to, the frequency's index and whether d is a or b.
+    const int64_t pair = c.interleaved ? d / 2 : d % (dim / 2);
+    const bool first = c.interleaved ? d % 2 == 0 : d < dim / 2;
+    const int64_t da = c.interleaved ? 2 * pair : pair;
+    const int64_t db = c.interleaved ? 2 * pair + 1 : pair + dim / 2;
+    const int64_t base = i - d;
+    const double xa = v[static_cast<size_t>(base + da)];
+    const double xb = v[static_cast<size_t>(base + db)];
+    const double angle =
+        sign * static_cast<double>(pos(index[0], index[1])) * f[static_cast<size_t>(pair)];
+    out[static_cast<size_t>(i)] = first ? xa * std::cos(angle) - xb * std::sin(angle)
+                                        : xa * std::sin(angle) + xb * std::cos(angle);
+  }
+  return out;
+}
+
+TEST(OpTable, RotaryEmbeddingMatchesAnElementwiseReference) {
+  const Tensor x = randn({2, 5, 3, 8}, 3, DType::F64);
+  const Tensor pos_s = from_vector<int64_t>({0, 7, 3, 9000, 123456}, {5});
+  const Tensor pos_bs =
+      from_vector<int64_t>({4, 5, 6, 7, 8, 100, 2000, 30000, 65535, 131071}, {2, 5});
+  for (bool interleaved : {true, false}) {
+    for (bool scaled : {false, true}) {
+      RopeConfig c{.theta = 500000.0, .interleaved = interleaved};
+      if (scaled) c.scaling = RopeScaling{};
+      SCOPED_TRACE(fmt::format("interleaved {} scaled {}", interleaved, scaled));
+      const std::vector<double> ps = testing::values(pos_s);
+      const std::vector<double> pbs = testing::values(pos_bs);
+      const auto at_s = [&](int64_t, int64_t s) {
+        return static_cast<int64_t>(ps[static_cast<size_t>(s)]);
+      };
+      const auto at_bs = [&](int64_t b, int64_t s) {
+        return static_cast<int64_t>(pbs[static_cast<size_t>(b * 5 + s)]);
+      };
+      expect_values(rotary_embedding(x, pos_s, c), reference_rope(x, at_s, c), 1e-12, 1e-12,
+                    "positions [S]");
+      expect_values(rotary_embedding(x, pos_bs, c), reference_rope(x, at_bs, c), 1e-12, 1e-12,
+                    "positions [B, S]");
+      expect_values(rotary_embedding(x, c),
+                    reference_rope(
+                        x, [](int64_t, int64_t s) { return s; }, c),
+                    1e-12, 1e-12, "row indices");
+      // The gradient of sum(y * w) is w turned back.
+      Tensor leaf = x.clone();
+      leaf.requires_grad_();
+      const Tensor w = randn(x.shape(), 4, DType::F64);
+      backward(sum(rotary_embedding(leaf, pos_bs, c) * w));
+      expect_values(leaf.grad(), reference_rope(w, at_bs, c, -1.0), 1e-12, 1e-12, "gradient");
+    }
+  }
+  // The scaled frequencies cover the three bands at D = 8 (wavelengths 6.3, 167, 4443, 118000).
+  const std::vector<double> f = rope_frequencies(8, RopeConfig{.scaling = RopeScaling{}});
+  const std::vector<double> plain = rope_frequencies(8, RopeConfig{});
+  EXPECT_EQ(f[0], plain[0]);
+  EXPECT_EQ(f[1], plain[1]);
+  EXPECT_LT(f[2], plain[2]);
+  EXPECT_GT(f[2], plain[2] / 8);
+  EXPECT_NEAR(f[3], plain[3] / 8, 1e-18);
+  // F32 rounds the double result once.
+  expect_values(
+      rotary_embedding(x.to(DType::F32), pos_s),
+      reference_rope(x.to(DType::F32).to(DType::F64),
+                     [](int64_t, int64_t s) {
+                       return std::vector<int64_t>{0, 7, 3, 9000, 123456}[static_cast<size_t>(s)];
+                     },
+                     {}),
+      1e-5, 1e-5, "f32");
+  expect_throws<ShapeError>(
+      [&] {
+        rotary_embedding(randn({2, 5, 3, 7}, 1), pos_s);
+      },
+      {"rotary_embedding", "even head dim", "[2, 5, 3, 7]"});
+  expect_throws<ShapeError>(
+      [&] {
+        rotary_embedding(randn({5, 8}, 1));
+      },
+      {"rotary_embedding", "[5, 8]"});
+  expect_throws<ShapeError>(
+      [&] {
+        rotary_embedding(x, from_vector<int64_t>({1, 2}, {2}));
+      },
+      {"rotary_embedding", "positions [2]", "[2, 5, 3, 8]"});
+  expect_throws<Unsupported>([&] { rotary_embedding(x, pos_s.to(DType::F32)); },
+                             {"rotary_embedding", "I64 or I32"});
+  expect_throws<Unsupported>(
+      [&] {
+        rotary_embedding(ones({2, 5, 3, 8}, DType::I64));
+      },
+      {"rotary_embedding", "floating"});
+  expect_throws<ConfigError>([&] { rotary_embedding(x, RopeConfig{.theta = 0.0}); },
+                             {"rotary_embedding", "theta"});
+  expect_throws<ConfigError>(
+      [&] {
+        rotary_embedding(
+            x, RopeConfig{.scaling = RopeScaling{.low_freq_factor = 4, .high_freq_factor = 4}});
+      },
+      {"rotary_embedding", "low_freq_factor < high_freq_factor"});
+}
+
+// Context parallelism: a sequence-sharded x rotates its rows by their global positions, with or
+// without a positions input (sharded alike: no communication), and so does its gradient. A piece
+// that used its local row indices would differ on every rank but the first: checked too.
+TEST(OpTable, RotaryEmbeddingOnSequenceShardsUsesGlobalPositions) {
+  World world = World::sim(4);
+  const DeviceMesh mesh = *testing::try_mesh(world, {4});
+  const RopeConfig c{.scaling = RopeScaling{}};
+  const Tensor x = randn({2, 8, 2, 8}, 5, DType::F64);
+  const Tensor positions = arange(8, DType::I64);
+  const Tensor want = rotary_embedding(x, positions, c);
+  expect_values(want,
+                reference_rope(
+                    x, [](int64_t, int64_t s) { return s; }, c),
+                1e-12, 1e-12, "global");
+  DTensor dx = testing::make_dtensor(x, mesh, {Shard{1}}, 1);
+  dx.requires_grad_();
+  const DTensor dpos = testing::make_dtensor(positions, mesh, {Shard{0}}, 2);
+  for (const DTensor& y : {rotary_embedding(dx, c), rotary_embedding(dx, dpos, c)}) {
+    EXPECT_EQ(y.placements(), Placements{Shard{1}});
+    EXPECT_TRUE(testing::pieces_match(y, want, 1e-12));
+    // The planted bug: local positions 0, 1 on rank 1 (rows 2, 3) give other values.
+    const Tensor local = rotary_embedding(dx.local().shard(1), c);
+    EXPECT_FALSE(allclose(y.local().shard(1), local, 1e-6, 1e-6));
+  }
+  const Tensor w = randn(x.shape(), 6, DType::F64);
+  backward(rotary_embedding(dx, c), testing::make_dtensor(w, mesh, {Shard{1}}, 3));
+  EXPECT_EQ(dx.grad().placements(), Placements{Shard{1}});
+  expect_values(dx.grad().full_tensor(),
+                reference_rope(
+                    w, [](int64_t, int64_t s) { return s; }, c, -1.0),
+                1e-12, 1e-12, "gradient");
+}
+
+// ---- repeat_interleave ----
+
+// out[..., j, ...] = x[..., j / r, ...] along d, element by element; the gradient of sum(out * w)
+// sums w over each group of r copies.
+TEST(OpTable, RepeatInterleaveMatchesAnElementwiseReference) {
+  const Tensor x = randn({3, 4, 2}, 11, DType::F64);
+  const std::vector<double> xv = testing::values(x);
+  for (int64_t d = 0; d < 3; ++d) {
+    for (int64_t r : {0, 1, 3}) {
+      SCOPED_TRACE(fmt::format("dim {} repeats {}", d, r));
+      Tensor leaf = x.clone();
+      leaf.requires_grad_();
+      const Tensor y = repeat_interleave(leaf, r, d - 3);
+      Shape want_shape = x.shape();
+      want_shape[static_cast<size_t>(d)] *= r;
+      ASSERT_EQ(y.shape(), want_shape);
+      std::vector<double> want;
+      std::vector<double> want_grad(xv.size(), 0.0);
+      const Tensor w = randn(want_shape, 12, DType::F64);
+      const std::vector<double> wv = testing::values(w);
+      for (int64_t i = 0; i < y.numel(); ++i) {
+        auto index = testing::unravel(i, want_shape);
+        index[static_cast<size_t>(d)] /= r;
+        int64_t flat = 0;
+        for (size_t k = 0; k < index.size(); ++k) flat = flat * x.shape()[k] + index[k];
+        want.push_back(xv[static_cast<size_t>(flat)]);
+        want_grad[static_cast<size_t>(flat)] += wv[static_cast<size_t>(i)];
+      }
+      expect_values(y, want, 0, 0, "repeat_interleave");
+      backward(sum(y * w));
+      expect_values(leaf.grad(), want_grad, 1e-12, 1e-12, "gradient");
+    }
+  }
+  expect_throws<ShapeError>([&] { repeat_interleave(x, -1, 0); },
+                            {"repeat_interleave", "repeats must be >= 0", "[3, 4, 2]"});
+  expect_throws<ShapeError>([&] { repeat_interleave(x, 2, 3); }, {"repeat_interleave"});
+}
+
+// The repeated dim stays sharded when its size divides evenly over the mesh dims sharding it
+// (block c of the output is then the copies of block c of x), forward and backward; an uneven
+// split (6 rows over 4 ranks: 2, 2, 2, 0, but 18 rows split 5, 5, 5, 3) is redistributed and
+// still correct.
+TEST(OpTable, RepeatInterleaveKeepsEvenShardsOfItsDim) {
+  World world = World::sim(4);
+  for (const std::vector<int64_t>& mesh_shape : std::vector<std::vector<int64_t>>{{4}, {2, 2}}) {
+    const DeviceMesh mesh = *testing::try_mesh(world, mesh_shape);
+    const Placements sharded(mesh_shape.size(), Shard{0});
+    for (int64_t rows : {8, 6}) {
+      SCOPED_TRACE(fmt::format("{} rows on {}", rows, mesh.to_string()));
+      const Tensor x = randn({rows, 3}, 13, DType::F64);
+      DTensor dx = testing::make_dtensor(x, mesh, sharded, 1);
+      dx.requires_grad_();
+      const DTensor y = repeat_interleave(dx, 3, 0);
+      EXPECT_TRUE(testing::pieces_match(y, repeat_interleave(x, 3, 0)));
+      if (rows % 4 == 0) EXPECT_EQ(y.placements(), sharded);
+      const Tensor w = randn({rows * 3, 3}, 14, DType::F64);
+      backward(y, testing::make_dtensor(w, mesh, sharded, 2));
+      Tensor leaf = x.clone();
+      leaf.requires_grad_();
+      backward(sum(repeat_interleave(leaf, 3, 0) * w));
+      EXPECT_TRUE(allclose(dx.grad().full_tensor(), leaf.grad(), 1e-12, 1e-12));
+      if (rows % 4 == 0) EXPECT_EQ(dx.grad().placements(), sharded);
+    }
+  }
 }
 
 // ---- ordering, scanning and counting against brute-force references (issue 27) -----------------

@@ -135,6 +135,22 @@ TEST_F(Typed, LinearOpsKeepPartial) {
   EXPECT_TRUE(allclose(sum_of(scanned), cumsum(meaning_p, 1), 1e-4, 1e-5));
 }
 
+// The Llama ops of issue 27 are linear in their data: rotary_embedding (positions R) and
+// repeat_interleave keep P.
+TEST_F(Typed, LlamaOpsKeepPartial) {
+  const LocalTensor p = partial({2, 4, 2, 6});
+  const Tensor meaning = sum_of(p);
+  const LocalTensor positions = LocalTensor::replicate(world, arange(4, DType::I64) * 3);
+  const RopeConfig config{.scaling = RopeScaling{}};
+  const LocalTensor rotated = rotary_embedding(p, positions, config);
+  EXPECT_EQ(type_of(rotated, "tp"), SpmdType::P);
+  EXPECT_TRUE(allclose(sum_of(rotated),
+                       rotary_embedding(meaning, arange(4, DType::I64) * 3, config), 1e-4, 1e-5));
+  const LocalTensor repeated = repeat_interleave(p, 2, 2);
+  EXPECT_EQ(type_of(repeated, "tp"), SpmdType::P);
+  EXPECT_TRUE(allclose(sum_of(repeated), repeat_interleave(meaning, 2, 2), 1e-4, 1e-5));
+}
+
 TEST_F(Typed, NonlinearOpOnPartialIsAnError) {
   const LocalTensor p = partial({6});
   // Why: relu of the parts does not sum to relu of the sum.

@@ -288,6 +288,21 @@ TEST(CudaOps, TransformerOpsMatchTheCpu) {
   expect_matches(scaled_dot_product_attention(q, q * 0.5, q + 1.0, true),
                  scaled_dot_product_attention(gpu(q), gpu(q) * 0.5, gpu(q) + 1.0, true), 1e-12,
                  "scaled_dot_product_attention");
+  // Issue 27's Llama ops: GQA with a Bool mask, rotary embeddings (scaled, with and without
+  // positions) and repeat_interleave.
+  const Tensor kv = random_tensor({2, 1, 5, 4}, DType::F64, 46);
+  const Tensor keep = gt(random_tensor({5, 5}, DType::F64, 47), full({}, -0.5, DType::F64));
+  expect_matches(
+      scaled_dot_product_attention(q, kv, kv * 2.0, keep, {.enable_gqa = true}),
+      scaled_dot_product_attention(gpu(q), gpu(kv), gpu(kv) * 2.0, gpu(keep), {.enable_gqa = true}),
+      1e-12, "scaled_dot_product_attention gqa mask");
+  const RopeConfig rope{.scaling = RopeScaling{}};
+  const Tensor positions = from_vector<int64_t>({3, 9000, 65535}, {3});  // q as [B, S, H, D]
+  expect_matches(rotary_embedding(q, positions, rope),
+                 rotary_embedding(gpu(q), gpu(positions), rope), 1e-12, "rotary_embedding");
+  expect_matches(rotary_embedding(q), rotary_embedding(gpu(q)), 1e-12, "rotary_embedding rows");
+  expect_matches(repeat_interleave(q, 3, 1), repeat_interleave(gpu(q), 3, 1), 0.0,
+                 "repeat_interleave");
   const Tensor logits = random_tensor({6, 7}, DType::F64, 45);
   const Tensor target = from_vector<int64_t>({0, 6, 3, 3, 1, 2}, {6});
   expect_matches(cross_entropy(logits, target), cross_entropy(gpu(logits), gpu(target)), 1e-12,

@@ -1,0 +1,383 @@
+// examples/llama_model.h: the Llama 3 of examples/llama.cpp, written once as a template over the
+// tensor type (Tensor: one device; DTensor: a mesh of dp, ep, cp and tp dims), as gpt_model.h is.
+//
+// Llama 3's block (Meta's reference model): x + attention(rms_norm(x)), then h + ffn(rms_norm(h));
+// attention with rotary position embeddings (theta 500000, Llama 3.1's frequency scaling) on q and
+// k, grouped-query attention (kv_heads key/value heads shared by heads / kv_heads query heads
+// each), causal; the FFN a SwiGLU (w2 (silu(x w1) * x w3)) or a mixture of experts (nn/moe.h) with
+// an optional shared expert; no biases, no dropout; tied nothing. The parallel run adds:
+//   dp, ep   the batch split over both (ep also splits the experts, Note [Expert parallelism])
+//   cp       context parallelism: the sequence split over cp everywhere, in zigzag (head-tail)
+//            order by default (tokens, targets and rotary tables alike, so every rank rotates by
+//            its tokens' global positions); attention by ring (keys and values passed around the
+//            cp ring), all-gather, or sdpa's own row-sharded strategy (contiguous order only;
+//            nn/context_parallel.h)
+//   tp       Megatron tensor parallelism with sequence parallelism (nn/parallel.h): q, k, v, w1,
+//            w3 column-wise, wo, w2 row-wise, the embedding vocabulary-parallel, the output layer
+//            column-wise into the vocabulary-parallel cross-entropy; key/value heads fewer than tp
+//            (or not a multiple of it) are computed replicated and each rank keeps the repeated
+//            heads its query heads use
+//   fsdp     (--fsdp) dense parameters also split over dp, gathered before use
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <spmd/spmd.h>
+
+namespace llama_model {
+
+using namespace spmd;
+
+struct Config {
+  int64_t layers = 2;
+  int64_t d_model = 64;
+  int64_t heads = 8;
+  int64_t kv_heads = 2;
+  int64_t ffn = 128;  // the SwiGLU's (and each expert's) hidden size
+  int64_t seq = 32;
+  int64_t vocab = 256;
+  int64_t batch = 8;
+  int64_t steps = 6;
+  double lr = 3e-3;
+  double clip = 1.0;
+  double norm_eps = 1e-5;
+  double rope_theta = 500000.0;
+  bool rope_scaling = true;  // Llama 3.1: factor 8, low 1, high 4, original context 8192
+  // Mixture of experts (0: the dense SwiGLU).
+  int64_t experts = 0;
+  int64_t top_k = 2;
+  double capacity_factor = 0.0;
+  double aux_coef = 0.01;
+  bool shared_expert = false;
+  // The mesh.
+  int64_t dp = 2, ep = 1, cp = 1, tp = 4;
+  // Context parallelism's attention (nn/context_parallel.h): ring (keys and values passed around
+  // the cp ring), allgather, or sdpa (scaled_dot_product_attention's own row-sharded strategy, its
+  // keys and values gathered by DTensor); zigzag: the sequence in head-tail order over cp (ring
+  // and allgather only).
+  std::string cp_method = "ring";
+  bool zigzag = true;
+  bool fsdp = false;
+  DType dtype = DType::F64;
+  bool check = true;
+  std::string data;
+  uint64_t seed = 2024;
+  std::string model = "toy";  // or 8b, 70b, 405b (shapes for a dry run)
+
+  int64_t head_dim() const { return d_model / heads; }
+};
+
+// ---- rotary embeddings ----------------------------------------------------------------------
+
+// Llama 3.1's scaled inverse frequencies (apply_scaling in Meta's reference): wavelengths
+// shorter than original/high_freq_factor keep theirs, those longer than original/low_freq_factor
+// are divided by the factor, those between blend smoothly.
+inline std::vector<double> rope_frequencies(const Config& c) {
+  const int64_t half = c.head_dim() / 2;
+  const double factor = 8.0, low = 1.0, high = 4.0, original = 8192.0;
+  std::vector<double> out;
+  for (int64_t i = 0; i < half; ++i) {
+    const double freq =
+        1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(2 * half));
+    if (!c.rope_scaling) {
+      out.push_back(freq);
+      continue;
+    }
+    const double wavelen = 2.0 * std::numbers::pi / freq;
+    if (wavelen < original / high) {
+      out.push_back(freq);
+    } else if (wavelen > original / low) {
+      out.push_back(freq / factor);
+    } else {
+      const double smooth = (original / wavelen - low) / (high - low);
+      out.push_back((1.0 - smooth) * freq / factor + smooth * freq);
+    }
+  }
+  return out;
+}
+
+// cos and sin of position p times frequency i, laid out [1, S, 1, D] for q, k [B, S, H, D] in
+// the half-split convention (element i pairs with i + D/2): both halves repeat the D/2 angles.
+inline std::pair<Tensor, Tensor> rope_tables(const Config& c) {
+  const int64_t D = c.head_dim();
+  if (meta_tensors()) return {zeros({1, c.seq, 1, D}, c.dtype), zeros({1, c.seq, 1, D}, c.dtype)};
+  const std::vector<double> freq = rope_frequencies(c);
+  std::vector<double> cs, sn;
+  for (int64_t p = 0; p < c.seq; ++p) {
+    for (int64_t i = 0; i < D; ++i) {
+      const double angle = static_cast<double>(p) * freq[static_cast<size_t>(i % (D / 2))];
+      cs.push_back(std::cos(angle));
+      sn.push_back(std::sin(angle));
+    }
+  }
+  return {from_vector(cs, {1, c.seq, 1, D}).to(c.dtype),
+          from_vector(sn, {1, c.seq, 1, D}).to(c.dtype)};
+}
+
+// x cos + rotate_half(x) sin, rotate_half(x) = [-x2, x1] for x = [x1, x2] along the head dim.
+template <class T>
+T apply_rope(const T& x, const T& cos_t, const T& sin_t, int64_t D) {
+  const T x1 = narrow(x, -1, 0, D / 2);
+  const T x2 = narrow(x, -1, D / 2, D / 2);
+  return x * cos_t + cat({-x2, x1}, -1) * sin_t;
+}
+
+// ---- parameters -----------------------------------------------------------------------------
+
+template <class T>
+struct Block {
+  T attn_norm, wq, wk, wv, wo, ffn_norm;
+  T w1, w3, w2;       // the dense SwiGLU, or the shared expert with experts
+  MoEWeights<T> moe;  // with experts
+  std::vector<T*> params() {
+    std::vector<T*> out = {&attn_norm, &wq, &wk, &wv, &wo, &ffn_norm};
+    for (T* p : {&w1, &w3, &w2, &moe.router, &moe.w1, &moe.w3, &moe.w2}) {
+      if (p->defined()) out.push_back(p);
+    }
+    return out;
+  }
+};
+
+template <class T>
+struct Model {
+  T tok_embeddings, norm, output;
+  std::vector<Block<T>> blocks;
+  std::vector<T*> params() {
+    std::vector<T*> out = {&tok_embeddings};
+    for (Block<T>& b : blocks) {
+      for (T* p : b.params()) out.push_back(p);
+    }
+    out.push_back(&norm);
+    out.push_back(&output);
+    return out;
+  }
+};
+
+// What a parameter is, for its placements.
+enum class Role { Vocab, Replicated, Colwise, Rowwise, KeyValue, Expert };
+
+// Where the parallel run puts things.
+struct ModelLayout {
+  DeviceMesh mesh;
+  bool fsdp = false;
+  bool kv_replicated = false;  // key/value heads computed on every tp rank (kv_heads % tp != 0)
+
+  bool has(const std::string& dim) const {
+    for (int d = 0; d < mesh.ndim(); ++d) {
+      if (mesh.dim_name(d) == dim) return true;
+    }
+    return false;
+  }
+  Placements placements(Role role, const Shape& shape) const {
+    Placements p = replicate_placements(mesh);
+    const bool tp = has("tp");
+    switch (role) {
+      case Role::Vocab:
+      case Role::Rowwise:
+        if (tp) p = rowwise_placements(mesh, "tp");
+        break;
+      case Role::Colwise:
+        if (tp) p = colwise_placements(mesh, "tp");
+        break;
+      case Role::KeyValue:
+        if (tp && !kv_replicated) p = colwise_placements(mesh, "tp");
+        break;
+      case Role::Expert:
+        return placed_on(mesh, "ep", Shard{0});
+      case Role::Replicated:
+        break;
+    }
+    return fsdp ? fsdp_placements(p, shape, mesh, "dp") : p;
+  }
+  // The activations [B, S, ...]: the batch over dp and ep, the sequence over cp and tp.
+  Placements activations() const {
+    Placements p = replicate_placements(mesh);
+    for (int d = 0; d < mesh.ndim(); ++d) {
+      const std::string name = mesh.dim_name(d);
+      p[static_cast<size_t>(d)] =
+          name == "dp" || name == "ep" ? Placement{Shard{0}} : Placement{Shard{1}};
+    }
+    return p;
+  }
+  // The tokens [B, S + 1]: the batch split, whole along the sequence.
+  Placements tokens() const {
+    Placements p = replicate_placements(mesh);
+    for (int d = 0; d < mesh.ndim(); ++d) {
+      const std::string name = mesh.dim_name(d);
+      if (name == "dp" || name == "ep") p[static_cast<size_t>(d)] = Shard{0};
+    }
+    return p;
+  }
+};
+
+template <class T>
+T make_param(const ModelLayout* layout, Role role, const Shape& shape, uint64_t seed, double std,
+             DType dtype) {
+  if constexpr (std::is_same_v<T, Tensor>) {
+    if (std == 0.0) return ones(shape, dtype);
+    return (randn(shape, seed, DType::F64) * std).to(dtype);
+  } else {
+    const Placements placements = layout->placements(role, shape);
+    if (std != 0.0)
+      return to(randn(shape, layout->mesh, placements, seed, DType::F64) * std, dtype);
+    auto spec = std::make_shared<const DTensorSpec>(layout->mesh, placements, shape, dtype);
+    return dtensor_from_blocks("make_param", spec,
+                               [&](const Shape&, const Shape& size) { return ones(size, dtype); });
+  }
+}
+
+template <class T>
+Model<T> init_model(const Config& c, const ModelLayout* layout) {
+  const int64_t d = c.d_model, D = c.head_dim();
+  const double std = 0.02, out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
+  uint64_t seed = c.seed;
+  auto param = [&](Role role, const Shape& shape, double s) {
+    return make_param<T>(layout, role, shape, ++seed, s, c.dtype);
+  };
+  Model<T> m;
+  m.tok_embeddings = param(Role::Vocab, {c.vocab, d}, std);
+  for (int64_t l = 0; l < c.layers; ++l) {
+    Block<T> b;
+    b.attn_norm = param(Role::Replicated, {d}, 0.0);
+    b.wq = param(Role::Colwise, {d, c.heads * D}, std);
+    b.wk = param(Role::KeyValue, {d, c.kv_heads * D}, std);
+    b.wv = param(Role::KeyValue, {d, c.kv_heads * D}, std);
+    b.wo = param(Role::Rowwise, {c.heads * D, d}, out_std);
+    b.ffn_norm = param(Role::Replicated, {d}, 0.0);
+    if (c.experts == 0 || c.shared_expert) {
+      b.w1 = param(Role::Colwise, {d, c.ffn}, std);
+      b.w3 = param(Role::Colwise, {d, c.ffn}, std);
+      b.w2 = param(Role::Rowwise, {c.ffn, d}, out_std);
+    }
+    if (c.experts > 0) {
+      // The router and the experts stay whole over dp (no FSDP): the router is replicated, the
+      // experts split by expert over ep.
+      if constexpr (std::is_same_v<T, Tensor>) {
+        b.moe.router = param(Role::Replicated, {d, c.experts}, std);
+      } else {
+        const ModelLayout whole{layout->mesh, false, layout->kv_replicated};
+        b.moe.router =
+            make_param<T>(&whole, Role::Replicated, {d, c.experts}, ++seed, std, c.dtype);
+      }
+      b.moe.w1 = param(Role::Expert, {c.experts, d, c.ffn}, std);
+      b.moe.w3 = param(Role::Expert, {c.experts, d, c.ffn}, std);
+      b.moe.w2 = param(Role::Expert, {c.experts, c.ffn, d}, out_std);
+    }
+    m.blocks.push_back(std::move(b));
+  }
+  m.norm = param(Role::Replicated, {d}, 0.0);
+  m.output = param(Role::Colwise, {d, c.vocab}, std);
+  for (T* p : m.params()) p->requires_grad_();
+  return m;
+}
+
+// ---- the redistributions of the parallel run; none on one device ------------------------------
+
+struct Single {
+  Tensor cos_t, sin_t;
+  Tensor use(const Tensor& p) const { return p; }
+  Tensor into_tp(const Tensor& x) const { return x; }
+  Tensor out_of_tp(const Tensor& partial) const { return partial; }
+  Tensor into_sp(const Tensor& x) const { return x; }
+  Tensor heads_for_tp(const Tensor& kv) const { return kv; }
+  Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v) const {
+    return scaled_dot_product_attention(q, k, v, true);
+  }
+};
+
+struct Parallel {
+  const ModelLayout* layout = nullptr;
+  DTensor cos_t, sin_t;  // [1, S, 1, D], split over cp like the sequence (in its order)
+  std::string cp_method = "sdpa";
+  std::vector<int64_t> positions;  // of each sequence index (empty: in order)
+  // Causal attention of q, k, v [B, H, S, D]: over cp by the chosen method.
+  DTensor attend(const DTensor& q, const DTensor& k, const DTensor& v) const {
+    if (!layout->has("cp") || cp_method == "sdpa")
+      return scaled_dot_product_attention(q, k, v, true);
+    return context_attention(
+        q, k, v,
+        {.cp = "cp",
+         .positions = positions,
+         .method = cp_method == "ring" ? ContextMethod::Ring : ContextMethod::AllGather});
+  }
+  DTensor use(const DTensor& p) const { return layout->fsdp ? fsdp_unshard(p, "dp") : p; }
+  // Into a tensor-parallel region: the sequence gathered over tp (it stays split over cp).
+  DTensor into_tp(const DTensor& x) const {
+    if (!layout->has("tp")) return x;
+    return x.redistribute(with_placement(x.placements(), x.mesh(), "tp", Replicate{}));
+  }
+  // Out of it: the row-wise partial sums reduce-scattered over the sequence.
+  DTensor out_of_tp(const DTensor& partial) const { return into_sp(partial); }
+  // The activation layout.
+  DTensor into_sp(const DTensor& x) const { return x.redistribute(layout->activations()); }
+  // Repeated key/value heads [B, S, H, D] computed on every tp rank: each keeps its query heads'.
+  DTensor heads_for_tp(const DTensor& kv) const {
+    if (!layout->has("tp") || !layout->kv_replicated) return kv;
+    return kv.redistribute(with_placement(kv.placements(), kv.mesh(), "tp", Shard{2}));
+  }
+};
+
+// ---- the model ------------------------------------------------------------------------------
+
+template <class T, class P>
+T attention(const Config& c, const P& par, const Block<T>& b, const T& x) {
+  const int64_t B = c.batch, S = c.seq, H = c.heads, Hkv = c.kv_heads, D = c.head_dim();
+  const T h = par.into_tp(x);
+  const T q = apply_rope(reshape(matmul(h, par.use(b.wq)), {B, S, H, D}), par.cos_t, par.sin_t, D);
+  const T k =
+      apply_rope(reshape(matmul(h, par.use(b.wk)), {B, S, Hkv, D}), par.cos_t, par.sin_t, D);
+  const T v = reshape(matmul(h, par.use(b.wv)), {B, S, Hkv, D});
+  // Grouped-query attention: kv head j serves query heads j * H/Hkv .. (j + 1) * H/Hkv - 1.
+  auto repeat = [&](const T& t) {
+    const T r = reshape(expand(unsqueeze(t, 3), {B, S, Hkv, H / Hkv, D}), {B, S, H, D});
+    return par.heads_for_tp(r);
+  };
+  auto heads_first = [](const T& t) { return permute(t, {0, 2, 1, 3}); };
+  const T o = par.attend(heads_first(q), heads_first(repeat(k)), heads_first(repeat(v)));
+  const T merged = reshape(permute(o, {0, 2, 1, 3}), {B, S, H * D});
+  return par.out_of_tp(matmul(merged, par.use(b.wo)));
+}
+
+template <class T, class P>
+T swiglu(const P& par, const T& w1, const T& w3, const T& w2, const T& x) {
+  const T h = par.into_tp(x);
+  return par.out_of_tp(matmul(silu(matmul(h, par.use(w1))) * matmul(h, par.use(w3)), par.use(w2)));
+}
+
+// The FFN's output and, with experts, the layer's load-balancing loss (undefined otherwise).
+template <class T, class P>
+std::pair<T, T> ffn(const Config& c, const P& par, const Block<T>& b, const T& x) {
+  if (c.experts == 0) return {swiglu(par, b.w1, b.w3, b.w2, x), T{}};
+  const MoEOutput<T> r =
+      moe(x, b.moe, MoEOptions{.top_k = c.top_k, .capacity_factor = c.capacity_factor, .ep = "ep"});
+  T out = r.out;
+  if (c.shared_expert) out = out + swiglu(par, b.w1, b.w3, b.w2, x);
+  return {out, r.aux_loss};
+}
+
+// The loss of one batch: input tokens and their next tokens [B, S] (in the run's sequence order):
+// the mean next-token cross-entropy plus aux_coef times the layers' load-balancing losses.
+template <class T, class P>
+T forward(const Config& c, const P& par, const Model<T>& m, const T& ids, const T& next) {
+  const int64_t B = c.batch, S = c.seq;
+  T x = par.into_sp(embedding(ids, par.use(m.tok_embeddings)));
+  T aux;
+  for (const Block<T>& b : m.blocks) {
+    const T h = x + attention(c, par, b, rms_norm(x, par.use(b.attn_norm), c.norm_eps));
+    auto [out, layer_aux] = ffn(c, par, b, rms_norm(h, par.use(b.ffn_norm), c.norm_eps));
+    x = h + out;
+    if (layer_aux.defined()) aux = aux.defined() ? aux + layer_aux : layer_aux;
+  }
+  const T logits = matmul(par.into_tp(rms_norm(x, par.use(m.norm), c.norm_eps)), par.use(m.output));
+  const T targets = reshape(next, {B * S});
+  const T loss = cross_entropy(reshape(logits, {B * S, c.vocab}), targets);
+  return aux.defined() ? loss + aux * c.aux_coef : loss;
+}
+
+}  // namespace llama_model
