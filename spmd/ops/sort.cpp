@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <type_traits>
 
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
@@ -170,7 +171,12 @@ void scan_lanes(T* x, Lanes l, bool reverse) {
       T acc = 0;
       for (int64_t j = 0; j < l.n; ++j) {
         const int64_t at = (reverse ? l.n - 1 - j : j) * l.inner;
-        acc += lane[at];
+        if constexpr (std::is_integral_v<T>) {
+          // Integers wrap around, as torch's (and without signed overflow).
+          acc = static_cast<T>(static_cast<uint64_t>(acc) + static_cast<uint64_t>(lane[at]));
+        } else {
+          acc += lane[at];
+        }
         lane[at] = acc;
       }
     }

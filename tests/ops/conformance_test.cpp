@@ -1522,6 +1522,10 @@ TEST(OpTable, CumsumMatchesABruteForceReferenceAndItsGradientSumsFromTheEnd) {
       expect_values(got, want, 0, 0, "cumsum");
     }
   }
+  // I64 sums wrap around (two's complement), as torch's.
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  const Tensor wrapped = cumsum(from_vector<int64_t>({big, 1, 1}, {3}), 0);
+  EXPECT_EQ(wrapped.data<int64_t>()[2], std::numeric_limits<int64_t>::min() + 1);
   // d/dx_j sum_i w_i cumsum(x)_i = sum_{i >= j} w_i.
   Tensor x = randn({3, 5}, 7, DType::F64).requires_grad_();
   const Tensor w = randn({3, 5}, 8, DType::F64);
