@@ -348,6 +348,103 @@ inline DTensor gather(const DTensor& t, int64_t d, const DTensor& index,
                       SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::gather, {t, index}, {{d}, {}}, loc);
 }
+// Ordering, scanning and counting (ops/sort.cpp): the dim d is gathered first when it is sharded,
+// other shards pass; the values are gathered with the indices, so the gradient follows gather's
+// strategies. cumsum also keeps P(sum) and P(avg). bincount of a sharded input gives P(sum) (each
+// rank counts its piece); its length (as one_hot's num_classes = -1) comes from the global
+// largest value, an all-reduce of one value.
+inline ValuesIndices<DTensor> topk(const DTensor& t, int64_t k, int64_t d = -1, bool largest = true,
+                                   bool sorted = true,
+                                   SourceLocation loc = SourceLocation::current()) {
+  const DTensor i =
+      dispatch(op::topk_indices, {t}, {{d, k, largest ? 1 : 0, sorted ? 1 : 0}, {}}, loc);
+  return {dispatch(op::gather, {t, i}, {{d}, {}}, loc), i};
+}
+inline ValuesIndices<DTensor> sort(const DTensor& t, int64_t d = -1, bool descending = false,
+                                   SourceLocation loc = SourceLocation::current()) {
+  const DTensor i = dispatch(op::sort_indices, {t}, {{d, descending ? 1 : 0}, {}}, loc);
+  return {dispatch(op::gather, {t, i}, {{d}, {}}, loc), i};
+}
+inline DTensor argsort(const DTensor& t, int64_t d = -1, bool descending = false,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::sort_indices, {t}, {{d, descending ? 1 : 0}, {}}, loc);
+}
+inline DTensor argmin(const DTensor& t, int64_t d, bool keepdim = false,
+                      SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::argmin, {t}, {{d, keepdim ? 1 : 0}, {}}, loc);
+}
+namespace detail {
+inline ValuesIndices<DTensor> max_min_of(const OpDef& arg, const DTensor& t, int64_t d,
+                                         bool keepdim, SourceLocation loc) {
+  const DTensor i = dispatch(arg, {t}, {{d, 1}, {}}, loc);
+  const DTensor v = dispatch(op::gather, {t, i}, {{d}, {}}, loc);
+  if (keepdim) return {v, i};
+  return {dispatch(op::squeeze, {v}, {{d}, {}}, loc), dispatch(op::squeeze, {i}, {{d}, {}}, loc)};
+}
+// The global smallest and largest value of x, as a [2] Tensor on every rank.
+inline Tensor value_range(const DTensor& x, SourceLocation loc) {
+  return dispatch(op::stack,
+                  {dispatch(op::amin, {x}, reduction_args({}, false), loc),
+                   dispatch(op::amax, {x}, reduction_args({}, false), loc)},
+                  {{0}, {}}, loc)
+      .full_tensor(loc);
+}
+}  // namespace detail
+inline ValuesIndices<DTensor> max(const DTensor& t, int64_t d, bool keepdim = false,
+                                  SourceLocation loc = SourceLocation::current()) {
+  return detail::max_min_of(op::argmax, t, d, keepdim, loc);
+}
+inline ValuesIndices<DTensor> min(const DTensor& t, int64_t d, bool keepdim = false,
+                                  SourceLocation loc = SourceLocation::current()) {
+  return detail::max_min_of(op::argmin, t, d, keepdim, loc);
+}
+inline DTensor cumsum(const DTensor& t, int64_t d, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::cumsum, {t}, {{d, 0}, {}}, loc);
+}
+inline DTensor one_hot(const DTensor& indices, int64_t num_classes = -1,
+                       SourceLocation loc = SourceLocation::current()) {
+  if (num_classes == -1 && indices.numel() > 0 && indices.dtype() == DType::I64) {
+    num_classes = one_hot_classes(detail::value_range(indices, loc), -1);
+  }
+  return dispatch(op::one_hot, {indices}, {{num_classes}, {}}, loc);
+}
+inline DTensor bincount(const DTensor& x, int64_t minlength = 0,
+                        SourceLocation loc = SourceLocation::current()) {
+  int64_t length = minlength;
+  if (x.numel() > 0 && is_integral(x.dtype())) {
+    length = bincount_length(detail::value_range(x, loc), minlength);
+  }
+  return dispatch(op::bincount, {x}, {{length}, {}}, loc);
+}
+// The user's scatters: shards of dims other than d pass (x, index and src sharded alike); x
+// sharded along d with the rest whole: each rank writes its block. scatter_add and index_add
+// with the index and src sharded along the source rows (tokens) and x a pending sum give P(sum):
+// each rank adds its own tokens (a Replicate x is made a pending sum for free), the combine of a
+// mixture of experts; P(sum) x and src with a whole index pass.
+inline DTensor scatter_add(const DTensor& x, int64_t d, const DTensor& index, const DTensor& src,
+                           SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::scatter_add, {x, index, src}, {{d}, {}}, loc);
+}
+inline DTensor index_add(const DTensor& x, int64_t d, const DTensor& index, const DTensor& source,
+                         double alpha = 1.0, SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::index_add, {x, index, source}, {{d}, {alpha}}, loc);
+}
+inline DTensor scatter(const DTensor& x, int64_t d, const DTensor& index, const DTensor& src,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::scatter, {x, index, src}, {{d}, {}}, loc);
+}
+inline DTensor scatter(const DTensor& x, int64_t d, const DTensor& index, double value,
+                       SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::scatter, {x, index}, {{d, 1}, {value}}, loc);
+}
+inline DTensor take_along_dim(const DTensor& t, const DTensor& indices, int64_t d,
+                              SourceLocation loc = SourceLocation::current()) {
+  const auto [xs, is] = take_along_dim_shapes(t.shape(), indices.shape(), d);
+  return dispatch(
+      op::gather,
+      {dispatch(op::expand, {t}, {xs, {}}, loc), dispatch(op::expand, {indices}, {is, {}}, loc)},
+      {{d}, {}}, loc);
+}
 // Vocabulary-parallel with the table's rows sharded (Shard(0)) and the ids whole: P(sum), whose
 // reduction (all_reduce, or reduce_scatter into sequence parallelism) is the caller's next
 // redistribute; the table's gradient stays sharded like the table.

@@ -111,6 +111,7 @@ extern const OpDef amin;
 
 // args.ints = [dim, keepdim] (ops/reduction.cpp).
 extern const OpDef argmax;
+extern const OpDef argmin;
 // Reductions with args.ints = [keepdim, dims...] (ops/reduction.cpp); var and std: args.reals =
 // [correction], norm: [p] (reduction_args(dims, keepdim, real)).
 extern const OpDef logsumexp;
@@ -132,6 +133,21 @@ extern const OpDef gather;
 extern const OpDef gather_backward;
 extern const OpDef embedding;
 extern const OpDef embedding_backward;
+
+// Ordering, scanning and counting (ops/sort.cpp, Note [Ordering ties]). topk_indices: args.ints =
+// [dim, k, largest, sorted]; sort_indices: [dim, descending]; their values are gathered with
+// them. cumsum: [dim, reverse]. one_hot: [num_classes]. bincount: [length].
+extern const OpDef topk_indices;
+extern const OpDef sort_indices;
+extern const OpDef cumsum;
+extern const OpDef one_hot;
+extern const OpDef bincount;
+// The user's scatters (ops/index.cpp). scatter_add and scatter: args.ints = [dim], inputs (x,
+// index, src); scatter's value form: [dim, 1], args.reals = [value], inputs (x, index).
+// index_add: args.ints = [dim], args.reals = [alpha], inputs (x, index, source).
+extern const OpDef scatter_add;
+extern const OpDef index_add;
+extern const OpDef scatter;
 
 // Transformer layers (ops/nn.cpp). layer_norm (x, weight, bias) and rms_norm (x, weight):
 // args.reals = [eps]; their backward entries (grad, x, weight), args.ints = [0: the input's
@@ -245,6 +261,7 @@ inline std::span<const OpDef* const> all_ops() {
       &op::amax,
       &op::amin,
       &op::argmax,
+      &op::argmin,
       &op::logsumexp,
       &op::var,
       &op::std,
@@ -259,6 +276,15 @@ inline std::span<const OpDef* const> all_ops() {
       &op::gather_backward,
       &op::embedding,
       &op::embedding_backward,
+      // Ordering, scanning and counting.
+      &op::topk_indices,
+      &op::sort_indices,
+      &op::cumsum,
+      &op::one_hot,
+      &op::bincount,
+      &op::scatter_add,
+      &op::index_add,
+      &op::scatter,
       // Transformer layers.
       &op::layer_norm,
       &op::layer_norm_backward,
@@ -569,6 +595,102 @@ inline Tensor gather(const Tensor& t, int64_t d, const Tensor& index) {
 // The rows of `weight` [V, D] at `ids` (integer, any shape): [ids..., D].
 inline Tensor embedding(const Tensor& ids, const Tensor& weight) {
   return call(op::embedding, {ids, weight});
+}
+
+// ---- ordering, scanning and counting (ops/sort.cpp) ---------------------------------------------
+
+// What topk, sort and max/min along a dim return (torch.return_types): the values and their I64
+// indices along the dim; `auto [values, indices] = topk(x, 2);`.
+template <class T>
+struct ValuesIndices {
+  T values;
+  T indices;
+};
+
+// The k largest (or smallest) elements along d, largest first (smallest first), and their
+// indices; ties go to the lower index (Note [Ordering ties]); NaN counts as the largest. `sorted`
+// = false gives the same order. k outside [0, size of d] is a ShapeError; Bool is Unsupported.
+// The values are gather(t, d, indices): the gradient flows to the picked elements.
+inline ValuesIndices<Tensor> topk(const Tensor& t, int64_t k, int64_t d = -1, bool largest = true,
+                                  bool sorted = true) {
+  const Tensor indices = call(op::topk_indices, {t}, {{d, k, largest ? 1 : 0, sorted ? 1 : 0}, {}});
+  return {gather(t, d, indices), indices};
+}
+// t sorted along d, ascending (or descending), stably: equal values keep their order; NaN last
+// (first when descending). Gradient through gather.
+inline ValuesIndices<Tensor> sort(const Tensor& t, int64_t d = -1, bool descending = false) {
+  const Tensor indices = call(op::sort_indices, {t}, {{d, descending ? 1 : 0}, {}});
+  return {gather(t, d, indices), indices};
+}
+inline Tensor argsort(const Tensor& t, int64_t d = -1, bool descending = false) {
+  return call(op::sort_indices, {t}, {{d, descending ? 1 : 0}, {}});
+}
+// The index of the smallest value along d (the first of ties; NaN counts as smallest), I64.
+inline Tensor argmin(const Tensor& t, int64_t d, bool keepdim = false) {
+  return call(op::argmin, {t}, {{d, keepdim ? 1 : 0}, {}});
+}
+// torch.max(t, d, keepdim) / torch.min: the largest (smallest) value along d and its index, the
+// first of ties, NaN propagating; the gradient goes to that one element (gather).
+inline ValuesIndices<Tensor> max(const Tensor& t, int64_t d, bool keepdim = false) {
+  const Tensor i = argmax(t, d, true);
+  const Tensor v = gather(t, d, i);
+  return keepdim ? ValuesIndices<Tensor>{v, i} : ValuesIndices<Tensor>{v.squeeze(d), i.squeeze(d)};
+}
+inline ValuesIndices<Tensor> min(const Tensor& t, int64_t d, bool keepdim = false) {
+  const Tensor i = argmin(t, d, true);
+  const Tensor v = gather(t, d, i);
+  return keepdim ? ValuesIndices<Tensor>{v, i} : ValuesIndices<Tensor>{v.squeeze(d), i.squeeze(d)};
+}
+// The sums of t along d up to each position: integer and Bool inputs give I64; floating dtypes
+// are summed in double and rounded once per element. The gradient is the gradient summed from the
+// other end.
+inline Tensor cumsum(const Tensor& t, int64_t d) {
+  return call(op::cumsum, {t}, {{d, 0}, {}});
+}
+// num_classes, or (-1) the largest class + 1: ConfigError on an empty tensor.
+int64_t one_hot_classes(const Tensor& indices, int64_t num_classes);
+// torch.nn.functional.one_hot: indices (I64, any shape) -> [..., num_classes] I64 with 1 at each
+// class. A class outside [0, num_classes) is a ShapeError.
+inline Tensor one_hot(const Tensor& indices, int64_t num_classes = -1) {
+  return call(op::one_hot, {indices}, {{one_hot_classes(indices, num_classes)}, {}});
+}
+// torch.bincount's length: max(minlength, largest value + 1) (minlength in a shape-only run).
+// ConfigError on a negative minlength or value.
+int64_t bincount_length(const Tensor& x, int64_t minlength);
+// How many times each value in [0, length) appears in x (1-D, integer, non-negative: ConfigError
+// otherwise), I64.
+inline Tensor bincount(const Tensor& x, int64_t minlength = 0) {
+  return call(op::bincount, {x}, {{bincount_length(x, minlength)}, {}});
+}
+
+// x plus src added at the index along d: out[..., index[p], ...] += src[p] (index integer, of
+// src's shape and x's sizes on every dim but d; src of x's dtype; Bool Unsupported). Duplicates
+// add up. The gradient passes to x; src's is gather(grad, d, index).
+inline Tensor scatter_add(const Tensor& x, int64_t d, const Tensor& index, const Tensor& src) {
+  return call(op::scatter_add, {x, index, src}, {{d}, {}});
+}
+// x plus alpha * source's slices added at the 1-D index along d (source: x's shape but the
+// index's length along d; of x's dtype; an integer x needs an integral alpha). The gradient
+// passes to x; source's is alpha * index_select(grad, d, index).
+inline Tensor index_add(const Tensor& x, int64_t d, const Tensor& index, const Tensor& source,
+                        double alpha = 1.0) {
+  return call(op::index_add, {x, index, source}, {{d}, {alpha}});
+}
+// x with src written at the index along d (shapes as scatter_add's), or the value; of duplicate
+// indices the last in row-major order wins. The gradient: x's where nothing was written, src's
+// gather(grad, d, index).
+inline Tensor scatter(const Tensor& x, int64_t d, const Tensor& index, const Tensor& src) {
+  return call(op::scatter, {x, index, src}, {{d}, {}});
+}
+inline Tensor scatter(const Tensor& x, int64_t d, const Tensor& index, double value) {
+  return call(op::scatter, {x, index}, {{d, 1}, {value}});
+}
+// The shapes x and the indices of take_along_dim broadcast to (every dim but d).
+std::pair<Shape, Shape> take_along_dim_shapes(const Shape& x, const Shape& indices, int64_t d);
+// torch.take_along_dim(x, indices, d): gather along d after broadcasting the other dims.
+inline Tensor take_along_dim(const Tensor& t, const Tensor& indices, int64_t d) {
+  const auto [xs, is] = take_along_dim_shapes(t.shape(), indices.shape(), d);
+  return gather(call(op::expand, {t}, {xs, {}}), d, call(op::expand, {indices}, {is, {}}));
 }
 
 // ---- transformer layers -------------------------------------------------------------------------

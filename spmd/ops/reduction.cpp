@@ -1,5 +1,5 @@
-// spmd/ops/reduction.cpp: the entries of sum, mean, amax and amin, argmax, and logsumexp, var,
-// std, norm and prod.
+// spmd/ops/reduction.cpp: the entries of sum, mean, amax and amin, argmax and argmin, and
+// logsumexp, var, std, norm and prod.
 //
 // args.ints = [keepdim, dims...] (dims as the user gave them; none: every dim). Sharding: a
 // reduced sharded dim becomes P(sum)/P(avg)/P(max)/P(min); mean gives P(avg) only when every
@@ -260,32 +260,40 @@ void reduction_backward(BackwardContext& c) {
   c.set_grad(0, g);
 }
 
-// ---- argmax -------------------------------------------------------------------------------------
-// args.ints = [dim, keepdim]. The first index of the largest value along dim (NaN counts as the
-// largest, as in torch); I64, no gradient. Sharding: dim whole on every rank, other shards pass.
+// ---- argmax and argmin
+// --------------------------------------------------------------------------- args.ints = [dim,
+// keepdim]. The first index of the largest (argmax) or smallest (argmin) value along dim (NaN
+// counts as both, as in torch, where max and min propagate NaN); I64, no gradient. Sharding: dim
+// whole on every rank, other shards pass.
 
-int64_t argmax_dim(const OpArgs& args, const Shape& shape) {
+template <bool kMax>
+constexpr std::string_view arg_name = kMax ? "argmax" : "argmin";
+
+template <bool kMax>
+int64_t arg_dim(const OpArgs& args, const Shape& shape) {
   return normalize_dim(args.ints.at(0), std::max<int64_t>(static_cast<int64_t>(shape.size()), 1),
-                       "argmax", shape);
+                       arg_name<kMax>, shape);
 }
 
-OpMeta argmax_meta(std::span<const InputMeta> in, const OpArgs& args) {
+template <bool kMax>
+OpMeta arg_meta(std::span<const InputMeta> in, const OpArgs& args) {
   const Shape& shape = *in[0].shape;
-  const int64_t d = argmax_dim(args, shape);
+  const int64_t d = arg_dim<kMax>(args, shape);
   if (shape.empty()) return OpMeta{{}, DType::I64};
   if (shape[static_cast<size_t>(d)] == 0) {
-    throw_error<ShapeError>("argmax: dim {} of shape {} is empty: there is no largest element", d,
-                            shape_str(shape));
+    throw_error<ShapeError>("{}: dim {} of shape {} is empty: there is no {} element",
+                            arg_name<kMax>, d, shape_str(shape), kMax ? "largest" : "smallest");
   }
   return OpMeta{reduced_shape(shape, {d}, args.ints.at(1) != 0), DType::I64};
 }
 
-Tensor argmax_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
+template <bool kMax>
+Tensor arg_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
   const Tensor& x = in[0];
   if (x.dim() == 0) return zeros({}, DType::I64, x.device());
-  const int64_t d = argmax_dim(args, x.shape());
+  const int64_t d = arg_dim<kMax>(args, x.shape());
   const int64_t n = x.size(d);
-  const Tensor m = amax(x, {d}, true);
+  const Tensor m = kMax ? amax(x, {d}, true) : amin(x, {d}, true);
   Shape along(static_cast<size_t>(x.dim()), 1);
   along[static_cast<size_t>(d)] = n;
   const Tensor index = arange(n, DType::I64).reshape(along).to(x.device());
@@ -296,8 +304,9 @@ Tensor argmax_compute(std::span<const Tensor> in, const OpArgs& args, const OpMe
   return amin(candidates, {d}, args.ints.at(1) != 0).view(out.shape);
 }
 
-std::vector<OpStrategy> argmax_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {
-  const int d = static_cast<int>(argmax_dim(args, in[0]->shape()));
+template <bool kMax>
+std::vector<OpStrategy> arg_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {
+  const int d = static_cast<int>(arg_dim<kMax>(args, in[0]->shape()));
   const bool keep = args.ints.at(1) != 0;
   return derived_strategies(in, [d, keep](const Placement& p) -> std::optional<Placement> {
     if (is_partial(p) || is_shard(p, d)) return std::nullopt;
@@ -635,9 +644,15 @@ const OpDef op::prod{
 
 const OpDef op::argmax{
     .name = "argmax",
-    .meta = argmax_meta,
-    .compute = argmax_compute,
-    .strategies = argmax_strategies,
+    .meta = arg_meta<true>,
+    .compute = arg_compute<true>,
+    .strategies = arg_strategies<true>,
+};
+const OpDef op::argmin{
+    .name = "argmin",
+    .meta = arg_meta<false>,
+    .compute = arg_compute<false>,
+    .strategies = arg_strategies<false>,
 };
 
 const OpDef op::sum{

@@ -336,6 +336,83 @@ inline LocalTensor gather(const LocalTensor& t, int64_t d, const LocalTensor& in
                           SourceLocation loc = SourceLocation::current()) {
   return local_call(op::gather, {t, index}, {{d}, {}}, loc);
 }
+// Ordering, scanning and counting: each rank's shard as the Tensor op (ops/ops.h). one_hot needs
+// num_classes and bincount's result has exactly minlength bins (a value at or above it is a
+// ShapeError), so every rank's result has one shape.
+inline ValuesIndices<LocalTensor> topk(const LocalTensor& t, int64_t k, int64_t d = -1,
+                                       bool largest = true, bool sorted = true,
+                                       SourceLocation loc = SourceLocation::current()) {
+  const LocalTensor i =
+      local_call(op::topk_indices, {t}, {{d, k, largest ? 1 : 0, sorted ? 1 : 0}, {}}, loc);
+  return {local_call(op::gather, {t, i}, {{d}, {}}, loc), i};
+}
+inline ValuesIndices<LocalTensor> sort(const LocalTensor& t, int64_t d = -1,
+                                       bool descending = false,
+                                       SourceLocation loc = SourceLocation::current()) {
+  const LocalTensor i = local_call(op::sort_indices, {t}, {{d, descending ? 1 : 0}, {}}, loc);
+  return {local_call(op::gather, {t, i}, {{d}, {}}, loc), i};
+}
+inline LocalTensor argsort(const LocalTensor& t, int64_t d = -1, bool descending = false,
+                           SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::sort_indices, {t}, {{d, descending ? 1 : 0}, {}}, loc);
+}
+inline LocalTensor argmin(const LocalTensor& t, int64_t d, bool keepdim = false,
+                          SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::argmin, {t}, {{d, keepdim ? 1 : 0}, {}}, loc);
+}
+namespace detail {
+inline ValuesIndices<LocalTensor> max_min_of(const OpDef& arg, const LocalTensor& t, int64_t d,
+                                             bool keepdim, SourceLocation loc) {
+  const LocalTensor i = local_call(arg, {t}, {{d, 1}, {}}, loc);
+  const LocalTensor v = local_call(op::gather, {t, i}, {{d}, {}}, loc);
+  if (keepdim) return {v, i};
+  return {local_call(op::squeeze, {v}, {{d}, {}}, loc),
+          local_call(op::squeeze, {i}, {{d}, {}}, loc)};
+}
+}  // namespace detail
+inline ValuesIndices<LocalTensor> max(const LocalTensor& t, int64_t d, bool keepdim = false,
+                                      SourceLocation loc = SourceLocation::current()) {
+  return detail::max_min_of(op::argmax, t, d, keepdim, loc);
+}
+inline ValuesIndices<LocalTensor> min(const LocalTensor& t, int64_t d, bool keepdim = false,
+                                      SourceLocation loc = SourceLocation::current()) {
+  return detail::max_min_of(op::argmin, t, d, keepdim, loc);
+}
+inline LocalTensor cumsum(const LocalTensor& t, int64_t d,
+                          SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::cumsum, {t}, {{d, 0}, {}}, loc);
+}
+inline LocalTensor one_hot(const LocalTensor& indices, int64_t num_classes,
+                           SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::one_hot, {indices}, {{num_classes}, {}}, loc);
+}
+inline LocalTensor bincount(const LocalTensor& x, int64_t minlength,
+                            SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::bincount, {x}, {{minlength}, {}}, loc);
+}
+inline LocalTensor scatter_add(const LocalTensor& x, int64_t d, const LocalTensor& index,
+                               const LocalTensor& src,
+                               SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::scatter_add, {x, index, src}, {{d}, {}}, loc);
+}
+inline LocalTensor index_add(const LocalTensor& x, int64_t d, const LocalTensor& index,
+                             const LocalTensor& source, double alpha = 1.0,
+                             SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::index_add, {x, index, source}, {{d}, {alpha}}, loc);
+}
+inline LocalTensor scatter(const LocalTensor& x, int64_t d, const LocalTensor& index,
+                           const LocalTensor& src, SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::scatter, {x, index, src}, {{d}, {}}, loc);
+}
+inline LocalTensor scatter(const LocalTensor& x, int64_t d, const LocalTensor& index, double value,
+                           SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::scatter, {x, index}, {{d, 1}, {value}}, loc);
+}
+// take_along_dim without broadcasting (the shards' shapes may differ by rank): gather.
+inline LocalTensor take_along_dim(const LocalTensor& t, const LocalTensor& indices, int64_t d,
+                                  SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::gather, {t, indices}, {{d}, {}}, loc);
+}
 inline LocalTensor embedding(const LocalTensor& ids, const LocalTensor& weight,
                              SourceLocation loc = SourceLocation::current()) {
   return local_call(op::embedding, {ids, weight}, {}, loc);

@@ -22,6 +22,7 @@
 #include <spmd/dtensor/ops.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/user_op.h>
+#include <spmd/tensor/meta.h>
 #include <spmd/world/local_ops.h>
 #include "tests/dtensor/dtensor_test_support.h"
 #include "tests/support/test_support.h"
@@ -300,6 +301,52 @@ Table op_table() {
      return embedding(x[0], x[1]);
    })).indices = {{0, 9}};
 
+  // ---- ordering, scanning and counting (issue 27; integer data has ties: Note [Ordering ties])
+  // ----
+  t.add(row("topk", {{5, 6}}, [](const auto& x) { return topk(x[0], 2).values; }));
+  t.add(
+      row("topk smallest", {{5, 4}}, [](const auto& x) { return topk(x[0], 3, 0, false).values; }));
+  t.add(row("topk indices", {{3, 4, 5}}, [](const auto& x) { return topk(x[0], 4, 1).indices; }));
+  t.add(row("sort", {{5, 6}}, [](const auto& x) { return sort(x[0], 1).values; }));
+  t.add(row("sort descending", {{3, 4, 5}},
+            [](const auto& x) { return sort(x[0], 0, true).values; }));
+  t.add(row("argsort", {{5, 6}}, [](const auto& x) { return argsort(x[0], -1, true); }));
+  t.add(row("argmin", {{5, 6}}, [](const auto& x) { return argmin(x[0], 1); }));
+  t.add(row("argmin", {{3, 4, 5}}, [](const auto& x) { return argmin(x[0], 0, true); }));
+  t.add(row("max dim", {{5, 6}}, [](const auto& x) { return max(x[0], 1).values; }));
+  t.add(row("max dim indices", {{3, 4, 5}}, [](const auto& x) { return max(x[0], -1).indices; }));
+  t.add(
+      row("min dim keepdim", {{3, 4, 5}}, [](const auto& x) { return min(x[0], 0, true).values; }));
+  t.add(row("cumsum", {{5, 4}}, [](const auto& x) { return cumsum(x[0], 0); }));
+  t.add(row("cumsum", {{3, 4, 5}}, [](const auto& x) { return cumsum(x[0], -1); }));
+  t.add(row("one_hot", {{6}}, [](const auto& x) { return one_hot(x[0], 5); })).indices = {{0, 5}};
+  t.add(row("one_hot", {{3, 4}}, [](const auto& x) { return one_hot(x[0], 6); })).indices = {
+      {0, 6}};
+  t.add(row("bincount", {{9}}, [](const auto& x) { return bincount(x[0], 5); })).indices = {{0, 5}};
+
+  // Scatters (issue 27): inputs (x, index, src); scatter's indices are unique per column (a
+  // permutation's first rows), so overwritten src elements (gradient without effect) do not occur.
+  t.add(row("scatter_add", {{5, 4}, {7, 4}, {7, 4}}, [](const auto& x) {
+     return scatter_add(x[0], 0, x[1], x[2]);
+   })).indices = {{1, 5}};
+  t.add(row("scatter_add", {{3, 6}, {3, 4}, {3, 4}}, [](const auto& x) {
+     return scatter_add(x[0], -1, x[1], x[2]);
+   })).indices = {{1, 6}};
+  t.add(row("index_add", {{5, 4}, {7}, {7, 4}}, [](const auto& x) {
+     return index_add(x[0], 0, x[1], x[2]);
+   })).indices = {{1, 5}};
+  t.add(row("index_add alpha", {{3, 6}, {4}, {3, 4}}, [](const auto& x) {
+     return index_add(x[0], 1, x[1], x[2], -2.0);
+   })).indices = {{1, 6}};
+  t.add(row("scatter", {{5, 4}, {5, 4}, {3, 4}}, [](const auto& x) {
+    return scatter(x[0], 0, narrow(argsort(x[1], 0), 0, 0, 3), x[2]);
+  }));
+  t.add(row("scatter value", {{5, 4}, {5, 2}}, [](const auto& x) {
+     return scatter(x[0], 1, x[1], -3.0);
+   })).indices = {{1, 4}};
+  t.add(row("take_along_dim", {{5, 4}, {5, 3}}, [](const auto& x) {
+     return take_along_dim(x[0], x[1], 1);
+   })).indices = {{1, 4}};
   // ---- transformer layers ----
   for (const Shape& shape : std::vector<Shape>{{6, 8}, {2, 3, 8}}) {
     t.add(row("layer_norm", {shape, {8}, {8}}, [](const auto& x) {
@@ -1358,6 +1405,452 @@ TEST(OpTable, RepeatInterleaveKeepsEvenShardsOfItsDim) {
       if (rows % 4 == 0) EXPECT_EQ(dx.grad().placements(), sharded);
     }
   }
+}
+
+// ---- ordering, scanning and counting against brute-force references (issue 27) -----------------
+
+// a > b with NaN above every number (Note [Ordering ties]).
+bool nan_greater(double a, double b) {
+  if (std::isnan(a)) return !std::isnan(b);
+  if (std::isnan(b)) return false;
+  return a > b;
+}
+
+bool same_value(double a, double b) {
+  return (std::isnan(a) && std::isnan(b)) || a == b;
+}
+
+// Contiguous data of `shape` seen as lanes [outer, n, inner] along dim d.
+struct RefLanes {
+  int64_t outer = 1, n = 1, inner = 1;
+  RefLanes(const Shape& shape, int64_t d) {
+    for (int64_t k = 0; k < static_cast<int64_t>(shape.size()); ++k) {
+      const int64_t s = shape[static_cast<size_t>(k)];
+      (k < d ? outer : k == d ? n : inner) *= s;
+    }
+  }
+  size_t at(int64_t o, int64_t j, int64_t i, int64_t len) const {
+    return static_cast<size_t>((o * len + j) * inner + i);
+  }
+};
+
+// The first k positions of each lane by repeated selection: the best value not yet taken, the
+// lower position on ties. Returned in the [outer, k, inner] layout.
+std::vector<int64_t> select_ref(const std::vector<double>& v, const RefLanes& l, int64_t k,
+                                bool largest) {
+  std::vector<int64_t> out(static_cast<size_t>(l.outer * k * l.inner));
+  for (int64_t o = 0; o < l.outer; ++o) {
+    for (int64_t i = 0; i < l.inner; ++i) {
+      std::vector<bool> taken(static_cast<size_t>(l.n), false);
+      for (int64_t r = 0; r < k; ++r) {
+        int64_t best = -1;
+        for (int64_t j = 0; j < l.n; ++j) {
+          if (taken[static_cast<size_t>(j)]) continue;
+          const double a = v[l.at(o, j, i, l.n)];
+          if (best < 0) {
+            best = j;
+            continue;
+          }
+          const double b = v[l.at(o, best, i, l.n)];
+          if (largest ? nan_greater(a, b) : nan_greater(b, a)) best = j;
+        }
+        taken[static_cast<size_t>(best)] = true;
+        out[l.at(o, r, i, k)] = best;
+      }
+    }
+  }
+  return out;
+}
+
+// Small integers with many ties, and a NaN or two when floating.
+Tensor tied_values(const Shape& shape, uint64_t seed, DType dtype, bool nan = true) {
+  std::vector<double> v = testing::values(testing::int_valued(shape, seed, DType::F64));
+  for (double& x : v) x = std::floor(x / 4);
+  if (nan && is_floating(dtype)) {
+    v[3 % v.size()] = std::numeric_limits<double>::quiet_NaN();
+    v[v.size() - 2] = std::numeric_limits<double>::quiet_NaN();
+  }
+  return from_vector(v, shape).to(dtype);
+}
+
+void expect_ordered(const ValuesIndices<Tensor>& got, const std::vector<double>& x,
+                    const RefLanes& l, int64_t k, const std::vector<int64_t>& want) {
+  const std::vector<double> values = testing::values(got.values);
+  const std::vector<double> indices = testing::values(got.indices);
+  ASSERT_EQ(indices.size(), want.size());
+  EXPECT_EQ(got.indices.dtype(), DType::I64);
+  for (size_t p = 0; p < want.size(); ++p) {
+    EXPECT_EQ(indices[p], static_cast<double>(want[p])) << "position " << p;
+    const int64_t o = static_cast<int64_t>(p) / (k * l.inner);
+    const int64_t i = static_cast<int64_t>(p) % l.inner;
+    EXPECT_TRUE(same_value(values[p], x[l.at(o, want[p], i, l.n)])) << "position " << p;
+  }
+}
+
+TEST(OpTable, TopkSortArgminMaxMinMatchABruteForceReference) {
+  struct Case {
+    Shape shape;
+    int64_t d;
+  };
+  uint64_t seed = 300;
+  for (DType dtype : {DType::F64, DType::F32, DType::BF16, DType::I64, DType::I32}) {
+    for (const Case& c : std::vector<Case>{{{4, 7}, 1}, {{6, 3}, 0}, {{2, 5, 3}, -2}, {{9}, 0}}) {
+      SCOPED_TRACE(fmt::format("{} {} dim {}", dtype, shape_str(c.shape), c.d));
+      const Tensor x = tied_values(c.shape, ++seed, dtype);
+      const std::vector<double> v = testing::values(x);
+      const int64_t d = c.d < 0 ? c.d + static_cast<int64_t>(c.shape.size()) : c.d;
+      const RefLanes l(c.shape, d);
+      for (bool largest : {true, false}) {
+        for (int64_t k : {int64_t{0}, int64_t{1}, int64_t{2}, l.n}) {
+          SCOPED_TRACE(fmt::format("k {} largest {}", k, largest));
+          const auto got = topk(x, k, c.d, largest);
+          expect_ordered(got, v, l, k, select_ref(v, l, k, largest));
+          // sorted = false gives the same order.
+          EXPECT_TRUE(equal(topk(x, k, c.d, largest, false).indices, got.indices));
+        }
+        // A stable sort is the full selection; descending is largest first.
+        const auto sorted = sort(x, c.d, largest);
+        expect_ordered(sorted, v, l, l.n, select_ref(v, l, l.n, largest));
+        EXPECT_TRUE(equal(argsort(x, c.d, largest), sorted.indices));
+        // max/min along d: the first best, as topk with k = 1, except that NaN propagates
+        // through min too (torch.min): the first NaN of a lane that has one.
+        std::vector<int64_t> first = select_ref(v, l, 1, largest);
+        for (int64_t o = 0; o < l.outer; ++o) {
+          for (int64_t i = 0; i < l.inner; ++i) {
+            for (int64_t j = l.n - 1; j >= 0; --j) {
+              if (std::isnan(v[l.at(o, j, i, l.n)])) first[l.at(o, 0, i, 1)] = j;
+            }
+          }
+        }
+        for (bool keep : {false, true}) {
+          const auto m = largest ? max(x, c.d, keep) : min(x, c.d, keep);
+          Shape reduced = c.shape;
+          if (keep) {
+            reduced[static_cast<size_t>(d)] = 1;
+          } else {
+            reduced.erase(reduced.begin() + d);
+          }
+          EXPECT_EQ(m.values.shape(), reduced);
+          EXPECT_EQ(m.indices.shape(), reduced);
+          expect_ordered({m.values.reshape({-1}), m.indices.reshape({-1})}, v, l, 1, first);
+          const Tensor a = largest ? argmax(x, c.d, keep) : argmin(x, c.d, keep);
+          EXPECT_TRUE(equal(a, m.indices));
+        }
+      }
+    }
+  }
+}
+
+// topk's and max's gradient goes to the picked elements only, the tie's lower index.
+TEST(OpTable, TopkAndMaxGradientsGoToThePickedElements) {
+  Tensor x = from_vector<double>({1, 5, 3, 5, 2, 0, 0, 4}, {2, 4});
+  x.requires_grad_();
+  const auto [values, indices] = topk(x, 2);
+  expect_values(values, {5, 5, 4, 2}, 0, 0, "topk");
+  expect_values(indices, {1, 3, 3, 0}, 0, 0, "topk");
+  backward(sum(values * from_vector<double>({1, 10, 100, 1000}, {2, 2})));
+  expect_values(x.grad(), {0, 1, 0, 10, 1000, 0, 0, 100}, 0, 0, "topk grad");
+  Tensor y = from_vector<double>({1, 5, 3, 5, 2, 0, 0, 4}, {2, 4});
+  y.requires_grad_();
+  backward(sum(min(y, 1).values * from_vector<double>({1, 10}, {2})));
+  expect_values(y.grad(), {1, 0, 0, 0, 0, 10, 0, 0}, 0, 0, "min grad");
+}
+
+TEST(OpTable, CumsumMatchesABruteForceReferenceAndItsGradientSumsFromTheEnd) {
+  for (DType dtype : {DType::F64, DType::F32, DType::BF16, DType::I32, DType::I64, DType::Bool}) {
+    for (const auto& [shape, d] : std::vector<std::pair<Shape, int64_t>>{
+             {{4, 7}, 1}, {{6, 3}, 0}, {{2, 5, 3}, -2}, {{9}, 0}, {{}, 0}}) {
+      SCOPED_TRACE(fmt::format("{} {} dim {}", dtype, shape_str(shape), d));
+      const Tensor x = testing::int_valued(shape, 400 + static_cast<uint64_t>(d), DType::F64)
+                           .to(dtype == DType::Bool ? DType::F64 : dtype);
+      const Tensor in = dtype == DType::Bool ? gt(x, full({}, 0.0, DType::F64)) : x;
+      const std::vector<double> v = testing::values(in);
+      const int64_t nd = static_cast<int64_t>(shape.size());
+      const RefLanes l(shape, shape.empty() ? 0 : (d + nd) % nd);
+      std::vector<double> want(v.size());
+      for (int64_t o = 0; o < l.outer; ++o) {
+        for (int64_t i = 0; i < l.inner; ++i) {
+          double acc = 0;
+          for (int64_t j = 0; j < l.n; ++j) {
+            acc += v[l.at(o, j, i, l.n)];
+            want[l.at(o, j, i, l.n)] = acc;
+          }
+        }
+      }
+      const Tensor got = cumsum(in, d);
+      EXPECT_EQ(got.dtype(), is_floating(dtype) ? dtype : DType::I64);
+      expect_values(got, want, 0, 0, "cumsum");
+    }
+  }
+  // I64 sums wrap around (two's complement), as torch's.
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  const Tensor wrapped = cumsum(from_vector<int64_t>({big, 1, 1}, {3}), 0);
+  EXPECT_EQ(wrapped.data<int64_t>()[2], std::numeric_limits<int64_t>::min() + 1);
+  // d/dx_j sum_i w_i cumsum(x)_i = sum_{i >= j} w_i.
+  Tensor x = randn({3, 5}, 7, DType::F64).requires_grad_();
+  const Tensor w = randn({3, 5}, 8, DType::F64);
+  backward(sum(cumsum(x, 1) * w));
+  const std::vector<double> wv = testing::values(w);
+  std::vector<double> want(15);
+  for (int r = 0; r < 3; ++r) {
+    double acc = 0;
+    for (int j = 4; j >= 0; --j) want[static_cast<size_t>(r * 5 + j)] = acc += wv[r * 5 + j];
+  }
+  expect_values(x.grad(), want, 1e-12, 1e-12, "cumsum grad");
+}
+
+TEST(OpTable, OneHotAndBincountMatchABruteForceReference) {
+  const Tensor ids = from_vector<int64_t>({2, 0, 3, 3, 1, 0, 2, 2}, {2, 4});
+  std::vector<double> want;
+  for (double id : testing::values(ids)) {
+    for (int c = 0; c < 5; ++c) want.push_back(id == c ? 1 : 0);
+  }
+  const Tensor h = one_hot(ids, 5);
+  EXPECT_EQ(h.shape(), (Shape{2, 4, 5}));
+  EXPECT_EQ(h.dtype(), DType::I64);
+  expect_values(h, want, 0, 0, "one_hot");
+  EXPECT_EQ(one_hot(ids).shape(), (Shape{2, 4, 4}));  // num_classes = largest + 1
+  EXPECT_EQ(one_hot(zeros({0}, DType::I64), 3).shape(), (Shape{0, 3}));
+
+  const Tensor flat = ids.reshape({-1});
+  expect_values(bincount(flat), {2, 1, 3, 2}, 0, 0, "bincount");
+  expect_values(bincount(flat, 6), {2, 1, 3, 2, 0, 0}, 0, 0, "bincount minlength");
+  expect_values(bincount(flat.to(DType::I32), 2), {2, 1, 3, 2}, 0, 0, "bincount i32");
+  const Tensor empty_counts = bincount(zeros({0}, DType::I64), 3);
+  EXPECT_EQ(empty_counts.dtype(), DType::I64);
+  expect_values(empty_counts, {0, 0, 0}, 0, 0, "bincount empty");
+  EXPECT_EQ(bincount(zeros({0}, DType::I64)).shape(), (Shape{0}));
+}
+
+TEST(OpTable, OrderingScanningAndCountingErrorsNameTheOpAndShape) {
+  const Tensor x = randn({4, 7}, 1);
+  expect_throws<ShapeError>([&] { topk(x, 8); }, {"topk", "k = 8", "[4, 7]"});
+  expect_throws<ShapeError>([&] { topk(x, -1, 0); }, {"topk", "k = -1", "[4, 7]"});
+  expect_throws<ShapeError>([&] { topk(x, 1, 2); }, {"topk", "[4, 7]"});
+  expect_throws<Unsupported>([&] { topk(ones({3}, DType::Bool), 1); }, {"topk", "bool", "[3]"});
+  expect_throws<ShapeError>([&] { topk(full({}, 1.0), 1); }, {"topk", "[]"});
+  expect_throws<ShapeError>([&] { sort(x, -3); }, {"sort", "[4, 7]"});
+  expect_throws<ShapeError>([&] { argsort(x, 2); }, {"sort", "[4, 7]"});
+  expect_throws<ShapeError>([&] { argmin(zeros({3, 0}), 1); }, {"argmin", "[3, 0]"});
+  expect_throws<ShapeError>([&] { min(x, 5); }, {"argmin", "[4, 7]"});
+  expect_throws<ShapeError>([&] { cumsum(x, 2); }, {"cumsum", "[4, 7]"});
+  const Tensor ids = from_vector<int64_t>({1, -2, 3}, {3});
+  expect_throws<ShapeError>([&] { one_hot(ids, 4); }, {"one_hot", "-2", "[3]"});
+  expect_throws<ShapeError>([&] { one_hot(abs(ids), 3); }, {"one_hot", "3", "[0, 3)", "[3]"});
+  expect_throws<Unsupported>([&] { one_hot(ids.to(DType::F32), 4); }, {"one_hot", "[3]"});
+  expect_throws<ConfigError>([&] { one_hot(zeros({0}, DType::I64)); }, {"one_hot", "empty", "[0]"});
+  expect_throws<ConfigError>([&] { one_hot(abs(ids), -3); }, {"one_hot", "-3", "[3]"});
+  expect_throws<ConfigError>([&] { bincount(ids); }, {"bincount", "non-negative", "-2", "[3]"});
+  expect_throws<ConfigError>([&] { bincount(abs(ids), -1); }, {"bincount", "minlength", "[3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        bincount(zeros({2, 2}, DType::I64));
+      },
+      {"bincount", "1-D", "[2, 2]"});
+  expect_throws<Unsupported>([&] { bincount(x.reshape({-1})); }, {"bincount", "[28]"});
+}
+
+// The router of a mixture of experts on DTensors: tokens sharded, top-k over the experts and the
+// counts per expert without gathering the logits; the counts are a pending sum (P(sum)).
+TEST(OpTable, RouterTopkAndExpertCountsStayShardedOverTokens) {
+  World world = World::sim(4);
+  const DeviceMesh mesh = *testing::try_mesh(world, {4});
+  const Tensor logits = tied_values({8, 6}, 5, DType::F32, false);
+  const DTensor x = distribute_tensor(logits, mesh, {Shard{0}}).requires_grad_();
+  const auto [values, indices] = topk(x, 2);
+  EXPECT_EQ(indices.placements(), Placements{Shard{0}});
+  EXPECT_EQ(values.placements(), Placements{Shard{0}});
+  const auto want = topk(logits, 2);
+  EXPECT_TRUE(testing::pieces_match(indices, want.indices, 0));
+  EXPECT_TRUE(testing::pieces_match(values, want.values, 0));
+  const DTensor counts = bincount(reshape(indices, {-1}), 6);
+  EXPECT_EQ(counts.placements(), Placements{Partial{}});
+  EXPECT_TRUE(equal(counts.full_tensor(), bincount(want.indices.reshape({-1}), 6)));
+  const DTensor offsets = cumsum(counts, 0);
+  EXPECT_EQ(offsets.placements(), Placements{Partial{}});
+  EXPECT_TRUE(equal(offsets.full_tensor(), cumsum(bincount(want.indices.reshape({-1}), 6), 0)));
+  const DTensor hot = one_hot(indices, 6);
+  EXPECT_EQ(hot.placements(), Placements{Shard{0}});
+  EXPECT_TRUE(testing::pieces_match(hot, one_hot(want.indices, 6), 0));
+  backward(sum(values));
+  EXPECT_EQ(x.grad().placements(), Placements{Shard{0}});
+  Tensor xt = logits.clone().requires_grad_();
+  backward(sum(topk(xt, 2).values));
+  EXPECT_TRUE(equal(x.grad().full_tensor(), xt.grad()));
+}
+
+// A shape-only run (Note [Shape-only tensors]) gives the shapes without values; bincount has
+// minlength bins, one_hot needs num_classes.
+TEST(OpTable, OrderingScanningCountingAndScattersRunShapeOnly) {
+  MetaTensorsScope meta(true);
+  const Tensor x = randn({4, 7}, 1);
+  ASSERT_TRUE(x.is_meta());
+  const auto [values, indices] = topk(x, 3);
+  EXPECT_EQ(values.shape(), (Shape{4, 3}));
+  EXPECT_EQ(indices.dtype(), DType::I64);
+  EXPECT_EQ(sort(x, 0).values.shape(), (Shape{4, 7}));
+  EXPECT_EQ(max(x, 1).values.shape(), (Shape{4}));
+  EXPECT_EQ(cumsum(x, 1).shape(), (Shape{4, 7}));
+  const Tensor ids = zeros({5}, DType::I64);
+  EXPECT_EQ(bincount(ids, 6).shape(), (Shape{6}));
+  EXPECT_EQ(one_hot(ids, 3).shape(), (Shape{5, 3}));
+  expect_throws<ConfigError>([&] { one_hot(ids); }, {"one_hot", "shape-only", "[5]"});
+  EXPECT_EQ(index_add(zeros({3, 7}), 0, zeros({4}, DType::I64), x).shape(), (Shape{3, 7}));
+  EXPECT_EQ(scatter(x, 1, zeros({4, 2}, DType::I64), 0.0).shape(), (Shape{4, 7}));
+}
+
+// scatter_add, index_add, scatter and take_along_dim against loops over the positions, with
+// duplicate indices.
+TEST(OpTable, ScattersAndTakeAlongDimMatchABruteForceReference) {
+  for (DType dtype : {DType::F64, DType::F32, DType::I64, DType::I32}) {
+    SCOPED_TRACE(fmt::format("{}", dtype));
+    const Tensor x = testing::int_valued({4, 3}, 1, dtype);
+    const Tensor src = testing::int_valued({5, 3}, 2, dtype);
+    const Tensor index =
+        from_vector<int64_t>({1, 3, 0, 1, 1, 2, 3, 3, 1, 0, 0, 2, 2, 1, 0}, {5, 3});
+    const std::vector<double> xv = testing::values(x);
+    const std::vector<double> sv = testing::values(src);
+    const std::vector<double> iv = testing::values(index);
+    // Along dim 0: out[index[i][j]][j] (+)= src[i][j].
+    std::vector<double> added = xv;
+    std::vector<double> written = xv;
+    for (size_t i = 0; i < 5; ++i) {
+      for (size_t j = 0; j < 3; ++j) {
+        const size_t at = static_cast<size_t>(iv[i * 3 + j]) * 3 + j;
+        added[at] += sv[i * 3 + j];
+        written[at] = sv[i * 3 + j];
+      }
+    }
+    expect_values(scatter_add(x, 0, index, src), added, 0, 0, "scatter_add");
+    expect_values(scatter(x, 0, index, src), written, 0, 0, "scatter");
+    // Along dim 1 with the transposes.
+    expect_values(scatter_add(x.transpose(0, 1).contiguous(), 1, index.transpose(0, 1).contiguous(),
+                              src.transpose(0, 1).contiguous())
+                      .transpose(0, 1),
+                  added, 0, 0, "scatter_add dim 1");
+    std::vector<double> filled = xv;
+    for (size_t p = 0; p < 15; ++p) filled[static_cast<size_t>(iv[p]) * 3 + p % 3] = 7;
+    expect_values(scatter(x, 0, index, 7.0), filled, 0, 0, "scatter value");
+    // index_add along dim 0 (rows) and dim 1 (columns), alpha 3.
+    const Tensor rows = from_vector<int64_t>({2, 0, 2, 3, 2}, {5});
+    std::vector<double> by_rows = xv;
+    for (size_t i = 0; i < 5; ++i) {
+      for (size_t j = 0; j < 3; ++j) {
+        by_rows[static_cast<size_t>(testing::values(rows)[i]) * 3 + j] += 3 * sv[i * 3 + j];
+      }
+    }
+    expect_values(index_add(x, 0, rows, src, 3.0), by_rows, 0, 0, "index_add");
+    const Tensor cols = from_vector<int64_t>({1, 1, 0, 2, 1}, {5});
+    const Tensor wide = testing::int_valued({4, 5}, 3, dtype);
+    std::vector<double> by_cols = xv;
+    for (size_t i = 0; i < 4; ++i) {
+      for (size_t j = 0; j < 5; ++j) {
+        by_cols[i * 3 + static_cast<size_t>(testing::values(cols)[j])] +=
+            testing::values(wide)[i * 5 + j];
+      }
+    }
+    expect_values(index_add(x, 1, cols, wide), by_cols, 0, 0, "index_add dim 1");
+    // take_along_dim with the indices broadcast over the rows: out[i][j] = x[i][idx[0][j]].
+    const Tensor picks = from_vector<int64_t>({2, 0, 2, 1}, {1, 4});
+    std::vector<double> taken;
+    for (size_t i = 0; i < 4; ++i) {
+      for (double j : testing::values(picks)) taken.push_back(xv[i * 3 + static_cast<size_t>(j)]);
+    }
+    expect_values(take_along_dim(x, picks, 1), taken, 0, 0, "take_along_dim");
+  }
+  // Gradients: x's passes (scatter: zero where written), src's is gathered at the index.
+  Tensor x = randn({4, 3}, 4, DType::F64).requires_grad_();
+  Tensor src = randn({5, 3}, 5, DType::F64).requires_grad_();
+  const Tensor index = from_vector<int64_t>({1, 3, 0, 1, 1, 2, 3, 3, 1, 0, 0, 2, 2, 1, 0}, {5, 3});
+  const Tensor w = randn({4, 3}, 6, DType::F64);
+  backward(sum(scatter_add(x, 0, index, src) * w));
+  EXPECT_TRUE(equal(x.grad(), w));
+  EXPECT_TRUE(equal(src.grad(), gather(w, 0, index)));
+  Tensor y = randn({4, 3}, 7, DType::F64).requires_grad_();
+  backward(sum(scatter(y, 0, index, 0.5) * w));
+  std::vector<double> kept = testing::values(w);
+  for (size_t p = 0; p < 15; ++p)
+    kept[static_cast<size_t>(testing::values(index)[p]) * 3 + p % 3] = 0;
+  expect_values(y.grad(), kept, 0, 0, "scatter grad");
+  Tensor s = randn({5, 3}, 8, DType::F64).requires_grad_();
+  const Tensor rows = from_vector<int64_t>({2, 0, 2, 3, 2}, {5});
+  backward(sum(index_add(x.detach(), 0, rows, s, -0.5) * w));
+  EXPECT_TRUE(allclose(s.grad(), index_select(w, 0, rows) * -0.5, 1e-15, 0));
+}
+
+TEST(OpTable, ScatterErrorsNameTheOpAndShapes) {
+  const Tensor x = zeros({4, 3});
+  const Tensor index = zeros({5, 3}, DType::I64);
+  const Tensor src = ones({5, 3});
+  expect_throws<ShapeError>([&] { scatter_add(x, 2, index, src); }, {"scatter_add", "[4, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        scatter_add(x, 0, zeros({5, 2}, DType::I64), ones({5, 2}));
+      },
+      {"scatter_add", "[5, 2]", "[4, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        scatter_add(x, 0, index, ones({6, 3}));
+      },
+      {"scatter_add", "[6, 3]", "[5, 3]"});
+  expect_throws<Unsupported>([&] { scatter_add(x, 0, index, src.to(DType::F64)); },
+                             {"scatter_add", "f64", "[4, 3]"});
+  expect_throws<Unsupported>([&] { scatter_add(x, 0, index.to(DType::F32), src); },
+                             {"scatter_add", "index", "[5, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        scatter_add(x, 0, full({5, 3}, 4.0, DType::I64), src);
+      },
+      {"scatter_add", "index 4", "[0, 4)", "[4, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        scatter(x, 0, full({5, 3}, -1.0, DType::I64), src);
+      },
+      {"scatter", "index -1", "[0, 4)", "[4, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        index_add(x, 0, zeros({5}, DType::I64), ones({5, 2}));
+      },
+      {"index_add", "[5, 2]", "[4, 3]"});
+  expect_throws<ShapeError>([&] { index_add(x, 0, full({5}, 9.0, DType::I64), src); },
+                            {"index_add", "index 9", "[0, 4)"});
+  expect_throws<ConfigError>(
+      [&] {
+        index_add(x.to(DType::I64), 0, index.narrow(1, 0, 1).reshape({5}), src.to(DType::I64), 0.5);
+      },
+      {"index_add", "alpha", "[4, 3]"});
+  expect_throws<ShapeError>(
+      [&] {
+        take_along_dim(x, zeros({2, 3}, DType::I64), 1);
+      },
+      {"take_along_dim", "[2, 3]", "[4, 3]"});
+  expect_throws<ShapeError>([&] { take_along_dim(x, zeros({3}, DType::I64), 0); },
+                            {"take_along_dim", "[3]", "[4, 3]"});
+}
+
+// The dispatch of a mixture of experts on DTensors: tokens sharded (S(0)), each rank adds its
+// tokens' vectors into the expert rows: P(sum), no communication; the tokens' gradient stays S(0).
+TEST(OpTable, IndexAddOfShardedTokensIsAPendingSum) {
+  World world = World::sim(4);
+  const DeviceMesh mesh = *testing::try_mesh(world, {4});
+  const Tensor tokens = randn({8, 5}, 11, DType::F64);
+  const Tensor experts = from_vector<int64_t>({2, 0, 2, 1, 3, 2, 0, 2}, {8});
+  const DTensor t = distribute_tensor(tokens, mesh, {Shard{0}}).requires_grad_();
+  const DTensor e = distribute_tensor(experts, mesh, {Shard{0}});
+  const DTensor zero = distribute_tensor(zeros({4, 5}, DType::F64), mesh, {Replicate{}});
+  const DTensor sums = index_add(zero, 0, e, t);
+  EXPECT_EQ(sums.placements(), Placements{Partial{}});
+  EXPECT_TRUE(allclose(sums.full_tensor(), index_add(zeros({4, 5}, DType::F64), 0, experts, tokens),
+                       1e-12, 1e-12));
+  const DTensor expanded =
+      distribute_tensor(experts.reshape({8, 1}).expand({8, 5}).contiguous(), mesh, {Shard{0}});
+  const DTensor also = scatter_add(zero, 0, expanded, t);
+  EXPECT_EQ(also.placements(), Placements{Partial{}});
+  EXPECT_TRUE(allclose(also.full_tensor(), sums.full_tensor(), 1e-12, 1e-12));
+  const Tensor w = randn({4, 5}, 12, DType::F64);
+  backward(sums, distribute_tensor(w, mesh, {Replicate{}}));
+  EXPECT_EQ(t.grad().placements(), Placements{Shard{0}});
+  EXPECT_TRUE(equal(t.grad().full_tensor(), index_select(w, 0, experts)));
 }
 
 // The Tensor methods that make new tensors are recorded too (their free-function rows above check

@@ -129,6 +129,10 @@ TEST_F(Typed, LinearOpsKeepPartial) {
   const LocalTensor reduced = sum(transpose(p, 0, 1), {0});
   EXPECT_EQ(type_of(reduced, "tp"), SpmdType::P);
   EXPECT_TRUE(allclose(sum_of(reduced), sum(transpose(meaning_p, 0, 1), {0}), 1e-4, 1e-5));
+  // cumsum (issue 27) is a sum too.
+  const LocalTensor scanned = cumsum(p, 1);
+  EXPECT_EQ(type_of(scanned, "tp"), SpmdType::P);
+  EXPECT_TRUE(allclose(sum_of(scanned), cumsum(meaning_p, 1), 1e-4, 1e-5));
 }
 
 // The Llama ops of issue 27 are linear in their data: rotary_embedding (positions R) and
@@ -155,6 +159,8 @@ TEST_F(Typed, NonlinearOpOnPartialIsAnError) {
       [&] { (void)relu(p); },
       {"relu: along mesh axis 'tp' input 1 is P (reinterpret at spmd_types_test.cpp:",
        "is not linear", "(at spmd_types_test.cpp:"});
+  const LocalTensor rows =
+      LocalTensor::replicate(world, from_vector<int64_t>({5, 0, 1, 1, 2, 3}, {6}));
   // The elementwise ops of issue 27: none is linear (clamp keeps P(max) and P(min) on DTensors,
   // but a pending sum does not pass).
   for (const auto& [name, run] : std::vector<std::pair<std::string, std::function<void()>>>{
@@ -163,7 +169,15 @@ TEST_F(Typed, NonlinearOpOnPartialIsAnError) {
            {"log1p", [&] { (void)log1p(p); }},
            {"expm1", [&] { (void)expm1(p); }},
            {"reciprocal", [&] { (void)reciprocal(p); }},
-           {"clamp", [&] { (void)clamp(p, -1.0, 1.0); }}}) {
+           {"clamp", [&] { (void)clamp(p, -1.0, 1.0); }},
+           // Ordering ops of issue 27: the order of the parts is not the order of the sum.
+           {"topk_indices", [&] { (void)topk(p, 2); }},
+           {"sort_indices", [&] { (void)sort(p); }},
+           {"argmin", [&] { (void)argmin(p, 0); }},
+           // The scatters keep no pending sum: x and src would both have to be P, the index not
+           // (a DTensor P(sum) x with tokens sharded does pass: dtensor/ops.h).
+           {"index_add", [&] { (void)index_add(p, 0, rows, p); }},
+           {"scatter_add", [&] { (void)scatter_add(p, 0, rows, p); }}}) {
     expect_throws<TypeError>(run, {name + ": along mesh axis 'tp' input 1 is P", "is not linear"});
   }
   expect_throws<TypeError>([&] { (void)(p * p); }, {"product of two pending sums"});

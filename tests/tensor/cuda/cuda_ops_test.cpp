@@ -204,6 +204,38 @@ TEST(CudaOps, WhereMatchesTheCpu) {
   }
 }
 
+// The ordering, scanning and counting ops and the scatters (issue 27) on GPU tensors: their
+// results come back to the GPU and equal the CPU's (sort, topk, cumsum and scatter compute on the
+// host; the others through the GPU's scatter_add, gather and comparison kernels).
+TEST(CudaOps, OrderingScanningCountingAndScattersMatchTheCpu) {
+  const Tensor x = random_tensor({6, 5}, DType::F32, 41);
+  const Tensor gx = x.to(kGpu);
+  const auto top = topk(x, 2);
+  const auto gtop = topk(gx, 2);
+  expect_matches(top.values, gtop.values, 0.0, "topk values");
+  expect_matches(top.indices, gtop.indices, 0.0, "topk indices");
+  expect_matches(sort(x, 0, true).values, sort(gx, 0, true).values, 0.0, "sort");
+  expect_matches(argsort(x, 1), argsort(gx, 1), 0.0, "argsort");
+  expect_matches(max(x, 1).values, max(gx, 1).values, 0.0, "max");
+  expect_matches(argmin(x, 0), argmin(gx, 0), 0.0, "argmin");
+  expect_matches(cumsum(x, 1), cumsum(gx, 1), 0.0, "cumsum");
+  const Tensor ids = from_vector<int64_t>({0, 4, 3, 3, 1, 0, 2, 3}, {8});
+  expect_matches(one_hot(ids, 5), one_hot(ids.to(kGpu), 5), 0.0, "one_hot");
+  expect_matches(bincount(ids, 6), bincount(ids.to(kGpu), 6), 0.0, "bincount");
+  const Tensor src = random_tensor({8, 5}, DType::F64, 42);
+  const Tensor base = random_tensor({6, 5}, DType::F64, 43);
+  expect_matches(index_add(base, 0, ids, src, 0.5),
+                 index_add(base.to(kGpu), 0, ids.to(kGpu), src.to(kGpu), 0.5), 1e-12, "index_add");
+  const Tensor index = ids.reshape({8, 1}).expand({8, 5}).contiguous();
+  expect_matches(scatter_add(base, 0, index, src),
+                 scatter_add(base.to(kGpu), 0, index.to(kGpu), src.to(kGpu)), 1e-12, "scatter_add");
+  expect_matches(scatter(base, 0, index, src),
+                 scatter(base.to(kGpu), 0, index.to(kGpu), src.to(kGpu)), 0.0, "scatter");
+  const Tensor picks = from_vector<int64_t>({4, 0, 2}, {1, 3});
+  expect_matches(take_along_dim(x, picks, 1), take_along_dim(gx, picks.to(kGpu), 1), 0.0,
+                 "take_along_dim");
+}
+
 // The gather and scatter-add kernels, with a block offset (the masked lookup of a vocabulary
 // shard) and without, and the index ops built on them.
 TEST(CudaOps, GatherAndScatterAddMatchTheCpu) {
