@@ -41,6 +41,7 @@
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/mesh/layout.h>
 #include <spmd/nn/context_parallel.h>
+#include <spmd/nn/loss.h>
 #include <spmd/nn/moe.h>
 #include <spmd/nn/optim.h>
 #include <spmd/nn/parallel.h>
