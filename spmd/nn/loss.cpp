@@ -7,9 +7,9 @@
 #include <vector>
 
 #include <spmd/core/error.h>
-#include <spmd/tensor/shape.h>
 #include <spmd/dtensor/ops.h>
 #include <spmd/ops/autograd.h>
+#include <spmd/tensor/shape.h>
 #include <spmd/world/local_ops.h>
 
 namespace spmd {
@@ -105,7 +105,7 @@ T chunked(const T& h, const T& w, const T& targets, const ChunkedLossOptions& o)
   auto saved = std::make_shared<const Saved<T>>(Saved<T>{dh.detach(), dw.detach()});
   const std::vector<Var> inputs{to_var(h), to_var(w)};
   return record("chunked_cross_entropy", nullptr, inputs, {}, to_var(loss.detach()),
-                     chunked_backward<T>, saved)
+                chunked_backward<T>, saved)
       .template value<T>();
 }
 

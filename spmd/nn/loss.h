@@ -28,7 +28,7 @@ namespace spmd {
 
 struct ChunkedLossOptions {
   int64_t chunks = 4;
-  int64_t dim = 0;  // of h [..., d]; not its last
+  int64_t dim = 0;                                // of h [..., d]; not its last
   LossReduction reduction = LossReduction::Mean;  // Mean or Sum
   int64_t ignore_index = -100;
   double label_smoothing = 0.0;

@@ -21,8 +21,7 @@ struct Case {
 Case make_case() {
   std::vector<int64_t> t;
   for (int64_t i = 0; i < 24; ++i) t.push_back(i % 5 == 3 ? -100 : (i * 7) % 16);
-  return {randn({4, 6, 8}, 1, DType::F64), randn({8, 16}, 2, DType::F64),
-          from_vector(t, {4, 6})};
+  return {randn({4, 6, 8}, 1, DType::F64), randn({8, 16}, 2, DType::F64), from_vector(t, {4, 6})};
 }
 
 struct Reference {
