@@ -1,6 +1,8 @@
 // spmd/core/call_site.cpp: the current user call site of each thread (Note [User call sites]).
 #include <spmd/core/call_site.h>
 
+#include <cstring>
+
 #include <fmt/format.h>
 
 namespace spmd {
@@ -12,6 +14,12 @@ thread_local std::string_view t_op;
 
 const SourceLocation* current_call_site() {
   return t_site;
+}
+
+bool nested_call(const SourceLocation& loc) {
+  if (t_site == nullptr || !t_phase.empty()) return t_site != nullptr;
+  return t_site->line() != loc.line() || t_site->column() != loc.column() ||
+         std::strcmp(t_site->file_name(), loc.file_name()) != 0;
 }
 
 UserCallSite::UserCallSite(const SourceLocation& loc, std::string_view phase, std::string_view op)

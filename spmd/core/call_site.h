@@ -66,6 +66,11 @@ class CallSiteReset {
   std::string_view saved_op_;
 };
 
+// Whether a call at `loc` runs inside another public call: a user call site is current and is
+// not `loc` (an op inside nn::moe, a derivative in backward). Debug tools that compare what the
+// user's lines produce (Note [Parity run]) skip such calls.
+bool nested_call(const SourceLocation& loc);
+
 // The current user call site if there is one, else `loc`.
 inline const SourceLocation& user_site_or(const SourceLocation& loc) {
   const SourceLocation* site = current_call_site();

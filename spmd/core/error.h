@@ -62,6 +62,14 @@ class DivergenceError : public Error {
   using Error::Error;
   std::string_view type_name() const noexcept override { return "DivergenceError"; }
 };
+// A DTensor's values differ from the same program's on one rank (--spmd-debug=parity, or two
+// value dumps compared by `spmd parity`); the message names the line, the op, the worst index and
+// the last line that still agreed.
+class ParityError : public Error {
+ public:
+  using Error::Error;
+  std::string_view type_name() const noexcept override { return "ParityError"; }
+};
 // An op or collective produced NaN or Inf (--spmd-debug=nan); the message names the op, the
 // rank and the index.
 class NonFiniteError : public Error {

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <tuple>
 
 #include <spmd/collectives/backend.h>
 #include <spmd/collectives/fingerprint.h>
@@ -16,6 +17,7 @@
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
 #include <spmd/core/format.h>
+#include <spmd/debug/value_dump.h>
 #include <spmd/dtensor/hooks.h>
 #include <spmd/mesh/layout.h>
 #include <spmd/ops/ops.h>
@@ -578,6 +580,8 @@ bool sees_every_piece(const World& world) {
 }
 
 void on_op(const OpEvent& e) {
+  // notify_value's events name values other events already checked.
+  if (e.def == &value_event_def()) return;
   const DebugOptions& debug = e.output.mesh().world().debug();
   if (debug.nan) check_nonfinite(e, debug.allow_inf);
   // to_local's grad_placements, checked against the gradient that arrived: under replicate and
@@ -705,6 +709,12 @@ void set_debug(World& world, const DebugOptions& debug) {
         "ranks issue is already reported (a DeadlockError under threads, the watchdog under mpi)",
         state.backend_name);
   }
+  if (debug.parity && !(world.backend().is_lockstep() && holds_all)) {
+    throw_error<ConfigError>(
+        "--spmd-debug=parity: the run on one rank is the sim backend's check (one process holds "
+        "every rank and both runs); under {} run the program with --spmd-backend=sim for it",
+        state.backend_name);
+  }
   if (debug.all) {
     throw_error<ConfigError>(
         "set_debug: `all` must be resolved to the backend's checks first (launch() does: "
@@ -717,11 +727,13 @@ void set_debug(World& world, const DebugOptions& debug) {
   // (Note [Types against the data] in world/spmd_types.cpp).
   std::shared_ptr<const TypesScope> types;
   if (debug.types) types = std::make_shared<const TypesScope>(holds_all && state.size > 1);
-  world.store_debug(
-      debug,
-      std::make_shared<
-          const std::pair<std::shared_ptr<const HookToken>, std::shared_ptr<const TypesScope>>>(
-          std::move(checks), std::move(types)));
+  // Note [Value dumps] (debug/value_dump.h): this world's DTensors written while it lives.
+  std::shared_ptr<const void> dump;
+  if (!debug.dump_values.empty()) dump = start_value_dump(world, debug.dump_values);
+  world.store_debug(debug, std::make_shared<const std::tuple<std::shared_ptr<const HookToken>,
+                                                             std::shared_ptr<const TypesScope>,
+                                                             std::shared_ptr<const void>>>(
+                               std::move(checks), std::move(types), std::move(dump)));
 }
 
 void shadow_run_record() {

@@ -214,7 +214,9 @@ DryRun::DryRun(const World& world, DeviceSpec device) : world_(world), device_(s
   if (world.size() > kParticipantListLimit) t.set_keep_participants(false);
   reset_meta_peak_bytes();
   observer_ = add_op_observer([device = device_, mutex = mutex_, ops = ops_](const OpEvent& e) {
-    if (e.def == nullptr || e.op == "from_local" || e.op == "redistribute") return;
+    if (e.def == nullptr || e.def == &value_event_def() || e.op == "from_local" ||
+        e.op == "redistribute")
+      return;
     ComputeOp op;
     op.op = std::string(e.op);
     const Tensor& out = largest_piece(e.output);

@@ -352,7 +352,8 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
     out = record(op.name, &op, vars, args, dtensor_var(out)).value<DTensor>();
   }
   if (has_op_observers() && !outside) {
-    notify_op_observers(OpEvent{op.name, &op, args, inputs, out, user_site_or(loc)});
+    notify_op_observers(
+        OpEvent{op.name, &op, args, inputs, out, user_site_or(loc), nested_call(loc)});
   }
   return out;
 }

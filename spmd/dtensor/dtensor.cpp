@@ -226,6 +226,7 @@ Tensor DTensor::full_tensor(SourceLocation loc) const {
   check_defined("full_tensor");
   // Note [Ranks outside the mesh]: an empty tensor, as in PyTorch.
   if (!participates()) return empty({0}, dtype(), local_.shard_at(0).device());
+  notify_value("full_tensor", *this, loc);
   Tensor full = local_.shard_at(0);
   if (!spec_->is_replicated()) {
     NoGradGuard no_grad;
@@ -269,7 +270,7 @@ DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner 
     static const OpArgs kNoArgs;
     notify_op_observers(OpEvent{kRedistributeOp.name, &kRedistributeOp, kNoArgs,
                                 std::span<const DTensor* const>(&input, 1), out,
-                                user_site_or(loc)});
+                                user_site_or(loc), nested_call(loc)});
   }
   return out;
 }
@@ -680,7 +681,8 @@ DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements place
   if (has_op_observers() && out.participates()) {
     static const OpArgs kNoArgs;
     notify_op_observers(
-        OpEvent{kFromLocalOp.name, &kFromLocalOp, kNoArgs, {}, out, user_site_or(loc)});
+        OpEvent{kFromLocalOp.name, &kFromLocalOp, kNoArgs, {}, out, user_site_or(loc),
+                nested_call(loc)});
   }
   return out;
 }

@@ -68,4 +68,17 @@ void notify_op_observers(const OpEvent& event) {
   for (const auto& entry : *snapshot) entry.second(event);
 }
 
+const OpDef& value_event_def() {
+  static const OpDef def{
+      .name = "value", .meta = nullptr, .compute = nullptr, .strategies = nullptr};
+  return def;
+}
+
+void notify_value(std::string_view what, const DTensor& value, const SourceLocation& loc) {
+  if (!has_op_observers() || !value.defined() || !value.participates()) return;
+  static const OpArgs kNoArgs;
+  notify_op_observers(OpEvent{what, &value_event_def(), kNoArgs, {}, value, user_site_or(loc),
+                              nested_call(loc)});
+}
+
 }  // namespace spmd

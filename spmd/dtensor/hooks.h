@@ -43,6 +43,10 @@ struct OpEvent {
   const DTensor& output;
   // The user's call site of the op (Note [User call sites]).
   const SourceLocation& location;
+  // The op runs inside another public call (nested_call in core/call_site.h): a redistribution
+  // inside an op, an op inside nn::moe or a derivative. The user's line made the outer call's
+  // result, not this one.
+  bool nested = false;
   // The op on full tensors (in inputs order): the single-device result.
   Tensor reference(std::span<const Tensor> full_inputs) const {
     return spmd::reference(*def, full_inputs, args);
@@ -59,5 +63,14 @@ void remove_op_observer(int id);
 bool has_op_observers();
 // Calls every observer with `event` (dispatch and redistribute do this).
 void notify_op_observers(const OpEvent& event);
+
+// A DTensor a public call hands the user or takes from them that no op event names, at the user's
+// line `loc`: full_tensor's input ("full_tensor"), an optimizer step's gradient ("grad") and new
+// value ("step") of each parameter. Observers see it as an event of op `what` whose def is
+// value_event_def(), with `value` as output and no inputs; the value checks of --spmd-debug
+// (check, replicate) skip it, parity compares it (Note [Parity run] in debug/parity.h).
+void notify_value(std::string_view what, const DTensor& value, const SourceLocation& loc);
+// The OpDef of notify_value's events (no meta, compute or reference).
+const OpDef& value_event_def();
 
 }  // namespace spmd

@@ -216,9 +216,16 @@ DeviceMesh DeviceMesh::from_ranks(const World& world, const std::vector<int64_t>
     throw_error<MeshError>("{}: shape {} needs {} ranks, got {}", op, shape_text(shape), numel,
                            ranks.size());
   }
+  // The one-rank world of a parity run: the same dim names, every dim of size 1 (Note [Parity
+  // run] in debug/parity.h).
+  std::vector<int64_t> sizes = shape;
+  if (world.state().parity_reference) {
+    std::fill(sizes.begin(), sizes.end(), 1);
+    ranks = {0};
+  }
   auto rank_map = RankMap::make(std::move(ranks), world.size(), op);
   auto universe = std::make_shared<MeshUniverse>(world, world.device_type(), std::move(rank_map),
-                                                 shape, dim_names);
+                                                 sizes, dim_names);
   DeviceMesh mesh;
   mesh.dims_ = universe->root_dims();
   mesh.names_ = std::move(dim_names);
@@ -256,7 +263,7 @@ DeviceMesh init_device_mesh(const World& world, std::vector<int64_t> shape,
           op, shape_text(shape), world.size());
     }
   }
-  if (numel > world.size()) {
+  if (numel > world.size() && !world.state().parity_reference) {
     throw_error<MeshError>("{}: mesh shape {} has {} ranks but the world has only {}", op,
                            shape_text(shape), numel, world.size());
   }

@@ -11,6 +11,7 @@
 
 #include <spmd/collectives/functional.h>
 #include <spmd/core/error.h>
+#include <spmd/nn/parallel.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/ops/ops.h>
 #include <spmd/world/local_ops.h>
@@ -78,7 +79,6 @@ Tensor transposed(const Tensor& t) {
 // one (all sends first: under sim a recv must follow its send in the program).
 std::vector<LocalTensor> shift(const Ring& r, const std::vector<LocalTensor>& send) {
   if (r.cp == 1) return send;
-  const World& world = r.mesh.world();
   std::map<int64_t, std::vector<int>> groups;
   for (int rank : r.held) groups[r.coordinate.at(rank)].push_back(rank);
   std::vector<std::vector<Async<LocalTensor>>> sends;
@@ -107,8 +107,9 @@ std::vector<LocalTensor> shift(const Ring& r, const std::vector<LocalTensor>& se
   }
   std::vector<LocalTensor> out;
   for (size_t t = 0; t < send.size(); ++t) {
-    out.push_back(LocalTensor::from_fn(
-        world, [&](int rank) { return received.at(r.coordinate.at(rank))[t].shard(rank); }));
+    out.push_back(mesh_from_fn(r.mesh, r.held, [&](int rank) {
+      return received.at(r.coordinate.at(rank))[t].shard(rank);
+    }));
   }
   return out;
 }
@@ -126,8 +127,7 @@ struct Saved {
 // Per held rank: fn(rank, coordinate).
 template <class F>
 LocalTensor per_rank(const Ring& r, F&& fn) {
-  return LocalTensor::from_fn(r.mesh.world(),
-                              [&](int rank) { return fn(rank, r.coordinate.at(rank)); });
+  return mesh_from_fn(r.mesh, r.held, [&](int rank) { return fn(rank, r.coordinate.at(rank)); });
 }
 
 // The forward ring: online softmax over the blocks as they come by. Returns {out, lse}.
@@ -234,7 +234,7 @@ LocalTensor all_gather_attention(const Ring& r, const LocalTensor& q, const Loca
   LocalTensor scores = matmul(q, transpose(kg, -1, -2)) * r.scale;
   if (r.causal) {
     const int64_t total = r.block * r.cp;
-    const LocalTensor hidden = LocalTensor::from_fn(r.mesh.world(), [&](int rank) {
+    const LocalTensor hidden = mesh_from_fn(r.mesh, r.held, [&](int rank) {
       const int64_t c = r.coordinate.at(rank);
       std::vector<bool> h(static_cast<size_t>(r.block * total));
       for (int64_t i = 0; i < r.block; ++i) {
@@ -252,10 +252,20 @@ LocalTensor all_gather_attention(const Ring& r, const LocalTensor& q, const Loca
 
 }  // namespace
 
-DTensor context_attention(const DTensor& q, const DTensor& k, const DTensor& v,
+DTensor context_attention(const DTensor& q_in, const DTensor& k_in, const DTensor& v_in,
                           const ContextAttentionOptions& options, SourceLocation loc) {
   const UserCallSite site(loc);
-  const DeviceMesh& mesh = q.mesh();
+  const DeviceMesh& mesh = q_in.mesh();
+  // Along mesh dims of one rank any placement is the layout wanted: the sequence split over cp,
+  // the rest replicated (a cp of 1, the one-rank run of --spmd-debug=parity).
+  Placements wanted = replicate_placements(mesh);
+  const int64_t seq_dim = static_cast<int64_t>(q_in.shape().size()) - 2;
+  if (seq_dim >= 0) {
+    wanted[static_cast<size_t>(mesh.resolve(options.cp))] = Shard{static_cast<int>(seq_dim)};
+  }
+  const DTensor q = with_size_one_dims(q_in, wanted);
+  const DTensor k = k_in.mesh() == mesh ? with_size_one_dims(k_in, wanted) : k_in;
+  const DTensor v = v_in.mesh() == mesh ? with_size_one_dims(v_in, wanted) : v_in;
   const Shape& qs = q.shape();
   const int64_t nd = static_cast<int64_t>(qs.size());
   Shape ks = k.shape();
@@ -309,9 +319,9 @@ DTensor context_attention(const DTensor& q, const DTensor& k, const DTensor& v,
     throw_error<ConfigError>("context_attention: {} positions for a sequence of {}",
                              r.positions.size(), seq);
   }
-  const World& world = mesh.world();
-  r.held = world.held_ranks();
+  // The held ranks the mesh holds (a pipeline stage's mesh holds only some of the world's).
   const PerRank<int64_t> coordinate = mesh.local_rank(r.cp_dim);
+  r.held = coordinate.ranks();
   for (int rank : r.held) r.coordinate[rank] = coordinate.at(rank);
 
   const LocalTensor ql = q.to_local();

@@ -184,14 +184,30 @@ MoEOutput<Tensor> moe(const Tensor& x, const MoEWeights<Tensor>& w, const MoEOpt
   return result;
 }
 
-MoEOutput<DTensor> moe(const DTensor& x, const MoEWeights<DTensor>& w, const MoEOptions& o,
+MoEOutput<DTensor> moe(const DTensor& x_in, const MoEWeights<DTensor>& w_in, const MoEOptions& o,
                        SourceLocation loc) {
   const UserCallSite site(loc);
-  const Dims dims =
-      check_moe(x.shape(), w.router.shape(), w.w1.shape(), w.w3.shape(), w.w2.shape(), o);
+  const Dims dims = check_moe(x_in.shape(), w_in.router.shape(), w_in.w1.shape(),
+                              w_in.w3.shape(), w_in.w2.shape(), o);
   const int64_t k = o.top_k;
-  const DeviceMesh& mesh = x.mesh();
+  const DeviceMesh& mesh = x_in.mesh();
   const int ep = mesh.resolve(o.ep);
+  // Along mesh dims of one rank any placement is the layout wanted (an ep of 1, the one-rank run
+  // of --spmd-debug=parity): the tokens split over ep, the router replicated, the experts split
+  // by expert over ep.
+  Placements x_wanted = x_in.placements();
+  for (int m = 0; m < mesh.ndim(); ++m) {
+    Placement& p = x_wanted[static_cast<size_t>(m)];
+    if (is_partial(p)) p = Replicate{};
+    if (m == ep && is_replicate(p)) p = Shard{0};
+  }
+  const DTensor x = with_size_one_dims(x_in, x_wanted);
+  MoEWeights<DTensor> w = w_in;
+  for (DTensor* t : {&w.router, &w.w1, &w.w3, &w.w2}) {
+    if (!(t->mesh() == mesh)) continue;  // reported below
+    *t = with_size_one_dims(
+        *t, t == &w.router ? replicate_placements(mesh) : placed_on(mesh, ep, Shard{0}));
+  }
   const int64_t ep_size = mesh.size(ep);
   const std::string ep_name = mesh.dim_name(ep);
   for (const DTensor* t : {&w.router, &w.w1, &w.w3, &w.w2}) {
@@ -239,10 +255,10 @@ MoEOutput<DTensor> moe(const DTensor& x, const MoEWeights<DTensor>& w, const MoE
     }
   }
 
-  const World& world = mesh.world();
-  const std::vector<int>& held = world.held_ranks();
   const int64_t local_experts = dims.experts / ep_size;
+  // The held ranks the mesh holds (a pipeline stage's mesh holds only some of the world's).
   const PerRank<int64_t> ep_rank = mesh.local_rank(ep);
+  const std::vector<int>& held = ep_rank.ranks();
 
   const LocalTensor xl = x.to_local();
   const LocalTensor x2 = reshape(xl, {-1, dims.d});
@@ -258,7 +274,7 @@ MoEOutput<DTensor> moe(const DTensor& x, const MoEWeights<DTensor>& w, const MoE
     const Tensor& p = probs.shard(r);
     routing[r] = route(values_of(p), p.size(0), dims.experts, o);
   }
-  auto per_rank = [&](auto&& fn) { return LocalTensor::from_fn(world, fn); };
+  auto per_rank = [&](auto&& fn) { return mesh_from_fn(mesh, held, fn); };
   const LocalTensor choice = per_rank([&](int r) {
     return from_vector(routing.at(r).choice, {routing.at(r).tokens, k});
   });

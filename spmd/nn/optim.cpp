@@ -6,6 +6,7 @@
 #include <limits>
 
 #include <spmd/core/error.h>
+#include <spmd/dtensor/hooks.h>
 #include <spmd/dtensor/ops.h>
 #include <spmd/ops/ops.h>
 #include <spmd/world/local_ops.h>
@@ -63,6 +64,14 @@ void drop_grads(const std::vector<P*>& params) {
   }
 }
 
+// A DTensor parameter's gradient and new value, for the debug tools (notify_value in
+// dtensor/hooks.h: parity compares both at the step's line).
+void notify_step(const Tensor&, const Tensor&, const SourceLocation&) {}
+void notify_step(const DTensor& grad, const DTensor& value, const SourceLocation& loc) {
+  notify_value("grad", grad, loc);
+  notify_value("step", value, loc);
+}
+
 // The gradient of a leaf, replaced (clip_grad_norm).
 void set_grad(Tensor* p, const Tensor& g) {
   p->autograd()->grad = g;
@@ -109,8 +118,9 @@ void SGD<P>::step(SourceLocation loc) {
   NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     P* p = params_[i];
-    P g = p->grad();
-    if (!g.defined()) continue;
+    const P raw = p->grad();
+    if (!raw.defined()) continue;
+    P g = raw;
     if (options_.weight_decay != 0.0) g = g + *p * options_.weight_decay;
     if (options_.momentum != 0.0) {
       P& b = momentum_[i];
@@ -118,6 +128,7 @@ void SGD<P>::step(SourceLocation loc) {
       g = b;
     }
     assign_leaf(p, *p - g * options_.lr);
+    notify_step(raw, *p, loc);
   }
 }
 
@@ -163,6 +174,7 @@ void AdamW<P>::step(SourceLocation loc) {
     const P denom = sqrt(v_[i]) * (1.0 / sqrt_correction) + o.eps;
     P value = o.weight_decay != 0.0 ? *p * (1.0 - o.lr * o.weight_decay) : *p;
     assign_leaf(p, value - m_[i] / denom * step_size);
+    notify_step(g, *p, loc);
   }
 }
 

@@ -17,6 +17,26 @@ Placements with_placement(const Placements& placements, const DeviceMesh& mesh, 
   return out;
 }
 
+LocalTensor mesh_from_fn(const DeviceMesh& mesh, const std::vector<int>& held,
+                         const std::function<Tensor(int rank)>& fn, SourceLocation loc) {
+  const World& world = mesh.world();
+  if (held.size() == world.held_ranks().size()) return LocalTensor::from_fn(world, fn, loc);
+  return LocalTensor::from_fn(held, fn);
+}
+
+DTensor with_size_one_dims(const DTensor& t, const Placements& wanted, SourceLocation loc) {
+  const UserCallSite site(loc);
+  Placements out = t.placements();
+  bool changed = false;
+  for (size_t m = 0; m < out.size() && m < wanted.size(); ++m) {
+    if (t.mesh().size(static_cast<int>(m)) == 1 && !(out[m] == wanted[m])) {
+      out[m] = wanted[m];
+      changed = true;
+    }
+  }
+  return changed ? t.redistribute(out) : t;
+}
+
 Placements colwise_placements(const DeviceMesh& mesh, MeshDim tp) {
   return placed_on(mesh, std::move(tp), Shard{1});
 }

@@ -22,6 +22,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include <spmd/core/call_site.h>
 #include <spmd/dtensor/dtensor.h>
@@ -35,6 +37,21 @@ Placements placed_on(const DeviceMesh& mesh, MeshDim dim, Placement p);
 // `placements` with mesh dim `dim` of `mesh` replaced by `p`.
 Placements with_placement(const Placements& placements, const DeviceMesh& mesh, MeshDim dim,
                           Placement p);
+
+// `t` with `wanted`'s placement on each mesh dim of size 1 where t's differs: along a dim of one
+// rank every placement holds the same piece, so this moves no data (a local redistribute; the
+// gradient flows through). Layers that require a placement on a dim (context_attention's cp,
+// moe's ep) call it first, so they also run with that dim of size 1: a mesh without it, the
+// one-rank run of --spmd-debug=parity. Other dims are left as they are.
+DTensor with_size_one_dims(const DTensor& t, const Placements& wanted,
+                           SourceLocation loc = SourceLocation::current());
+
+// LocalTensor::from_fn over the held ranks `mesh` holds (`held`, mesh.local_rank(d).ranks()): the
+// world's form (typed: V on every axis) when they are all of the world's held ranks, else the rank
+// list's (untyped): a layer in local code on a pipeline stage's mesh.
+LocalTensor mesh_from_fn(const DeviceMesh& mesh, const std::vector<int>& held,
+                         const std::function<Tensor(int rank)>& fn,
+                         SourceLocation loc = SourceLocation::current());
 
 // ---- where parameters live ----------------------------------------------------------------------
 

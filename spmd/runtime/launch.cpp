@@ -27,6 +27,7 @@
 #include <spmd/core/error.h>
 #include <spmd/core/format.h>
 #include <spmd/debug/checks.h>
+#include <spmd/debug/parity.h>
 #include <spmd/runtime/signal_report.h>
 #include <spmd/tensor/meta.h>
 #include <spmd/world/backend_driver.h>
@@ -67,9 +68,10 @@ DebugOptions resolved_debug(const LaunchOptions& options) {
   debug.nan |= all.nan;
   debug.divergence |= all.divergence;
   debug.types |= all.types;
+  debug.parity |= all.parity;
   debug.all = false;
   // A dry run has no values to compare: `all` keeps the checks that need none.
-  if (options.meta_tensors) debug.check = debug.replicate = debug.nan = false;
+  if (options.meta_tensors) debug.check = debug.replicate = debug.nan = debug.parity = false;
   return debug;
 }
 
@@ -299,11 +301,75 @@ class QuietStdout {
   int saved_ = -1;
 };
 
-// The program on `world`; with --spmd-debug=divergence first as a rank that is not the
-// coordinator (Note [Shadow run] in debug/checks.h).
-int run_program(const World& world, const Program& program) {
+// The parity run's reference (Note [Parity run] in debug/parity.h): `program` on a world that
+// holds rank 0 alone and whose meshes have every dim of size 1, quiet and untraced, every DTensor
+// it makes recorded. Returns whether the record is complete. When the program fails there: a
+// ConfigError when parity was asked for by name (`required`), else (under `all`) a note on stderr
+// and no parity run.
+bool run_parity_reference(const LaunchOptions& options, const Program& program, bool required) {
+  LaunchOptions one = options;
+  one.debug = DebugOptions{};
+  one.trace_path.clear();
+  World started = make_world(one);
+  auto state = std::make_shared<WorldState>(started.state());
+  state->parity_reference = true;
+  state->held_ranks = {0};
+  World reference(std::move(state));
+  started = World();
+  std::exception_ptr error;
+  parity_record(reference);
+  {
+    const QuietStdout quiet;
+    const bool tracing = trace().enabled();
+    trace().set_enabled(false);
+    try {
+      program(reference);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    trace().set_enabled(tracing);
+  }
+  reference = World();
+  if (!error) return true;
+  const std::string last = parity_last_recorded();
+  parity_end();
+  const std::string why = fmt::format(
+      "--spmd-debug=parity: the program cannot run on one rank (every mesh dim of size 1), so it "
+      "has no one-rank run to compare with: {} ({}). Meshes from init_device_mesh and from_ranks "
+      "collapse; code that indexes a mesh's ranks or coordinates beyond 0 (a pipeline's stage "
+      "meshes) or needs a dim larger than 1 does not run there",
+      error_text(error),
+      last.empty() ? std::string("before its first DTensor op")
+                   : "after its DTensor op " + last);
+  if (required) throw_error<ConfigError>("{}", why);
+  print_report(fmt::format("spmd: {}; the other checks of --spmd-debug=all go on\n", why));
+  return false;
+}
+
+// The program on `world`; with --spmd-debug=parity first on one rank (Note [Parity run] in
+// debug/parity.h), with --spmd-debug=divergence first as a rank that is not the coordinator (Note
+// [Shadow run] in debug/checks.h).
+int run_program(const World& world, const Program& program, const LaunchOptions& options) {
   World real = world;
-  if (!world.debug().divergence) return program(real);
+  const bool parity =
+      world.debug().parity && run_parity_reference(options, program, options.debug.parity);
+  struct ParityEnd {
+    bool on;
+    ~ParityEnd() {
+      if (on) parity_end();
+    }
+  } parity_end_guard{parity};
+  auto run_real = [&] {
+    if (parity) parity_compare(real);
+    const int code = program(real);
+    if (parity && options.debug.parity) {
+      parity_end();
+      parity_end_guard.on = false;
+      print_report(fmt::format("spmd: {}\n", parity_summary()));
+    }
+    return code;
+  };
+  if (!world.debug().divergence) return run_real();
   auto state = std::make_shared<WorldState>(world.state());
   state->coordinator = false;
   state->trace_path.clear();
@@ -325,7 +391,7 @@ int run_program(const World& world, const Program& program) {
   shadow_run_compare(shadow_error == nullptr);
   int code = 0;
   try {
-    code = program(real);
+    code = run_real();
     shadow_run_finish();
   } catch (...) {
     shadow_run_end();
@@ -561,11 +627,17 @@ int launch_program(int& argc, char** argv, const std::function<int(World&)>& pro
           options.backend);
     }
     if (options.meta_tensors && !options.debug.all &&
-        (options.debug.check || options.debug.replicate || options.debug.nan)) {
+        (options.debug.check || options.debug.replicate || options.debug.nan ||
+         options.debug.parity)) {
       throw_error<ConfigError>(
           "--spmd-debug={} compares values, and a dry run (--spmd-tensors=meta) has none; drop "
-          "check, replicate and nan (divergence works on shapes)",
+          "check, replicate, nan and parity (divergence works on shapes)",
           options.debug.to_string());
+    }
+    if (options.meta_tensors && !options.debug.dump_values.empty()) {
+      throw_error<ConfigError>(
+          "--spmd-dump-values={}: a dry run (--spmd-tensors=meta) has no values to write",
+          options.debug.dump_values);
     }
     // Process-wide (rank threads see it too) for the program's run, then as it was.
     struct MetaSetting {
@@ -580,7 +652,7 @@ int launch_program(int& argc, char** argv, const std::function<int(World&)>& pro
     {
       // Note [Signal reports]; also while MPI_Finalize waits for the other ranks.
       SignalReport report([world](int signal) { report_signal(world, signal); });
-      code = run_program(world, program);
+      code = run_program(world, program, options);
       finish_world(world);
     }
     return code;

@@ -26,7 +26,8 @@ constexpr FlagSpec kFlags[] = {
     {"--spmd-trace", "SPMD_TRACE"},       {"--spmd-debug", "SPMD_DEBUG"},
     {"--spmd-topology", "SPMD_TOPOLOGY"}, {"--spmd-nccl-timeout", "SPMD_NCCL_TIMEOUT", true},
     {"--spmd-timeout", "SPMD_TIMEOUT"},   {"--spmd-gpus-per-process", "SPMD_GPUS_PER_PROCESS"},
-    {"--spmd-tensors", "SPMD_TENSORS"},
+    {"--spmd-tensors", "SPMD_TENSORS"},   {"--spmd-parity-tol", "SPMD_PARITY_TOL"},
+    {"--spmd-dump-values", "SPMD_DUMP_VALUES"},
 };
 
 std::string valid_flags() {
@@ -69,7 +70,25 @@ void apply(LaunchOptions& o, std::string_view flag, const std::string& value,
   } else if (flag == "--spmd-trace") {
     o.trace_path = value;
   } else if (flag == "--spmd-debug") {
-    o.debug = parse_debug_options(value, source);
+    DebugOptions parsed = parse_debug_options(value, source);
+    parsed.parity_tol = o.debug.parity_tol;
+    parsed.dump_values = o.debug.dump_values;
+    o.debug = std::move(parsed);
+  } else if (flag == "--spmd-parity-tol") {
+    char* end = nullptr;
+    const double tol = std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != '\0' || !(tol > 0) || !std::isfinite(tol)) {
+      throw_error<ConfigError>(
+          "{}: the parity tolerance is a positive relative difference (1e-4: the values may differ "
+          "by 1e-4 of the tensor's largest), got '{}'",
+          source, value);
+    }
+    o.debug.parity_tol = tol;
+  } else if (flag == "--spmd-dump-values") {
+    if (value.empty()) {
+      throw_error<ConfigError>("{}: give the folder the values are written to", source);
+    }
+    o.debug.dump_values = value;
   } else if (flag == "--spmd-topology") {
     o.topology_path = value;
   } else if (flag == "--spmd-timeout" || flag == "--spmd-nccl-timeout") {
@@ -135,12 +154,14 @@ DebugOptions parse_debug_options(std::string_view list, std::string_view source)
       debug.divergence = true;
     } else if (item == "types") {
       debug.types = true;
+    } else if (item == "parity") {
+      debug.parity = true;
     } else if (item == "all") {
       debug.all = true;
     } else if (!item.empty()) {
       throw_error<ConfigError>(
           "{}: unknown debug check '{}'; valid checks: all, check, replicate, fingerprint, nan, "
-          "nan:allow-inf, divergence, types",
+          "nan:allow-inf, divergence, types, parity",
           source, item);
     }
     start = end + 1;

@@ -6,7 +6,13 @@
 //   --spmd-world-size=N                   SPMD_WORLD_SIZE  (sim/threads: default 8; under a
 //                                                           launcher it must match its size)
 //   --spmd-trace=path                     SPMD_TRACE       (Chrome trace JSON written at exit)
-//   --spmd-debug=all or a list of check,replicate,fingerprint,nan[:allow-inf],divergence SPMD_DEBUG
+//   --spmd-debug=all or a list of check,replicate,fingerprint,nan[:allow-inf],divergence,types,
+//                 parity                  SPMD_DEBUG
+//   --spmd-parity-tol=X                   SPMD_PARITY_TOL  (parity's largest relative difference;
+//                                                           Note [Parity run] in debug/parity.h)
+//   --spmd-dump-values=DIR                SPMD_DUMP_VALUES (every DTensor's values per call site,
+//                                                           for `spmd parity`; Note [Value dumps]
+//                                                           in debug/value_dump.h)
 //   --spmd-topology=file.json             SPMD_TOPOLOGY    (the cost model's topology)
 //   --spmd-timeout=S                      SPMD_TIMEOUT     (seconds a rank may wait for its peers
 //                                                           before the run is reported and ended,

@@ -118,6 +118,7 @@ std::string DebugOptions::to_string() const {
   add(nan, allow_inf ? "nan:allow-inf" : "nan");
   add(divergence, "divergence");
   add(types, "types");
+  add(parity, "parity");
   return out.empty() ? "none" : out;
 }
 

@@ -38,10 +38,19 @@ struct DebugOptions {
   // world/spmd_types.h) are also checked against the data (sim), and to_local's grad_placements
   // against the gradient that arrives
   bool types = false;
+  // sim: the program also runs on one rank (every mesh dim of size 1) and every DTensor it makes
+  // is compared with the one made at the same line there (Note [Parity run] in debug/parity.h)
+  bool parity = false;
+  // The largest relative difference parity accepts (--spmd-parity-tol); 0: the dtype's default.
+  double parity_tol = 0.0;
+  // Where every DTensor's values are written, per call site (--spmd-dump-values; Note [Value
+  // dumps] in debug/parity.h); empty: nowhere.
+  std::string dump_values;
   bool all = false;  // every check the backend supports (resolved by launch())
 
   bool any() const {
-    return check || replicate || fingerprint || nan || divergence || types || all;
+    return check || replicate || fingerprint || nan || divergence || types || parity ||
+           !dump_values.empty() || all;
   }
   // "check,replicate,nan:allow-inf" (the --spmd-debug spelling), "none" when off.
   std::string to_string() const;
@@ -70,6 +79,9 @@ struct WorldState {
   std::vector<int> held_ranks;  // ascending
   std::vector<Device> devices;  // the device of each held rank, in held_ranks order; empty: CPU
   bool coordinator = false;     // true in exactly one process / rank thread
+  // The one-rank world of a parity run (Note [Parity run] in debug/parity.h): every mesh made on
+  // it has every dim of size 1.
+  bool parity_reference = false;
   std::string backend_name;
   std::string device_type = "cpu";  // where the ranks' tensors live: "cpu" or "cuda"
   std::shared_ptr<Backend> backend;

@@ -81,8 +81,10 @@ TEST_P(BugCatalog, ReportedAtTheUsersLine) {
 // Without their checks, the bugs that only a check sees run to the end (that is the point of the
 // catalog: each needs its check). The SPMD types need no flag: the last rows above (debug "").
 TEST(BugCatalogSilent, SilentUnderSimWithoutChecks) {
-  for (const char* name : {"coordinator_collective", "held_ranks_branch", "diverged_replica",
-                           "to_local_claim_untyped"}) {
+  for (const char* name :
+       {"coordinator_collective", "held_ranks_branch", "diverged_replica", "to_local_claim_untyped",
+        "parity_rope_positions", "parity_dropout_per_rank", "parity_local_batch_mean",
+        "parity_sp_norm_gain_avg", "parity_grad_accum_count"}) {
     CommandResult r =
         run_command(fmt::format("{}/bug_{} --spmd-world-size=8", SPMD_BUGS_DIR, name));
     EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
@@ -190,6 +192,17 @@ const Bug kBugs[] = {
      "k has 2 heads for q's 8: repeat the key/value heads (repeat_interleave(k, 4, -3)) or pass "
      "enable_gqa",
      ""},
+    // Values that depart from one device (issue 24, Note [Parity run] in debug/parity.h): only
+    // the parity run sees them, at the line whose DTensor first differs; `all` includes it.
+    {"parity_rope_positions",
+     {"sim"},
+     "ParityError: --spmd-debug=parity: 'from_local' at parity_rope_positions.cpp:18 "
+     "(occurrence 1) departs from the same program on one rank"},
+    {"parity_rope_positions", {"sim"}, "'from_local' at parity_rope_positions.cpp:18", "parity"},
+    {"parity_dropout_per_rank", {"sim"}, "'from_local' at parity_dropout_per_rank.cpp:", "parity"},
+    {"parity_local_batch_mean", {"sim"}, "'from_local' at parity_local_batch_mean.cpp:", "parity"},
+    {"parity_sp_norm_gain_avg", {"sim"}, "'from_local' at parity_sp_norm_gain_avg.cpp:", "parity"},
+    {"parity_grad_accum_count", {"sim"}, "'mul' at parity_grad_accum_count.cpp:", "parity"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Planted, BugCatalog, ::testing::ValuesIn(kBugs),

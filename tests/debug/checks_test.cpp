@@ -3,14 +3,17 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <spmd/collectives/functional.h>
 #include <spmd/collectives/trace.h>
 #include <spmd/debug/checks.h>
+#include <spmd/debug/value_dump.h>
 #include <spmd/dtensor/hooks.h>
 #include <spmd/dtensor/ops.h>
+#include <spmd/tensor/random.h>
 #include <spmd/dtensor/redistribute.h>
 #include <spmd/ops/ops.h>
 #include <spmd/runtime/launch.h>
@@ -614,7 +617,7 @@ TEST(DebugAll, ResolvesToTheChecksOfTheBackend) {
   Launched r =
       launch_with({"--spmd-world-size=2", "--spmd-debug=all"}, [&](World& w) { seen = w.debug(); });
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(seen.to_string(), "check,replicate,nan:allow-inf,divergence,types");
+  EXPECT_EQ(seen.to_string(), "check,replicate,nan:allow-inf,divergence,types,parity");
   r = launch_with({"--spmd-world-size=2", "--spmd-debug=all,nan", "--spmd-backend=threads"},
                   [&](World& w) {
                     if (w.is_coordinator()) seen = w.debug();
@@ -623,8 +626,160 @@ TEST(DebugAll, ResolvesToTheChecksOfTheBackend) {
   EXPECT_EQ(seen.to_string(), "check,replicate,nan,types");
   EXPECT_EQ(parse_debug_options("nan:allow-inf").to_string(), "nan:allow-inf");
   EXPECT_EQ(parse_debug_options("types").to_string(), "types");
+  EXPECT_EQ(parse_debug_options("parity,nan").to_string(), "nan,parity");
   expect_throws<ConfigError>([] { parse_debug_options("nan:allow-nan"); },
                              {"unknown debug check 'nan:allow-nan'", "all,"});
+}
+
+// ---- parity (Note [Parity run] in debug/parity.h) -----------------------------------------------
+
+// A data-parallel step whose loss is a Partial of per-rank sums over the global row count: right on
+// every mesh. With `bug`, each rank's piece is its local mean (dp times too large).
+void dp_loss(World& world, bool bug, std::vector<bool>* reference_seen = nullptr) {
+  if (reference_seen != nullptr) reference_seen->push_back(world.state().parity_reference);
+  const DeviceMesh mesh = init_device_mesh(world, {world.size()}, {"dp"});
+  const DTensor x = distribute_tensor(randn({8, 4}, 1, DType::F64), mesh, {Shard{0}});
+  const DTensor y = x * 3.0;
+  const LocalTensor sq = y.to_local() * y.to_local();
+  const LocalTensor piece = bug ? mean(sq) : sum(sq) * (1.0 / 32.0);
+  const DTensor loss = DTensor::from_local(piece, mesh, {Partial{}});
+  fmt::print("loss {}\n", loss.full_tensor().item<double>());
+}
+
+TEST(DebugParity, RunsTheProgramOnOneRankFirstAndAgrees) {
+  std::vector<bool> seen;
+  Launched r = launch_with({"--spmd-world-size=4", "--spmd-debug=parity"},
+                           [&](World& w) { dp_loss(w, false, &seen); });
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(seen, (std::vector<bool>{true, false}));
+  // Only the real run prints; the summary names what was compared.
+  EXPECT_EQ(r.out.find("loss"), r.out.rfind("loss")) << r.out;
+  EXPECT_NE(r.err.find("spmd: parity: 3 DTensors compared with the one-rank run at 3 call sites"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST(DebugParity, NamesTheLineWhereTheValuesDepart) {
+  Launched r = launch_with({"--spmd-world-size=4", "--spmd-debug=parity"},
+                           [&](World& w) { dp_loss(w, true); });
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("ParityError: --spmd-debug=parity: 'from_local' at checks_test.cpp:"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("differ by 3 of the tensor's largest"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("The last site that still agreed: 'mul' at checks_test.cpp:"),
+            std::string::npos)
+      << r.err;
+  // A looser tolerance accepts it (4 x the mean against the mean: a difference of 3).
+  r = launch_with({"--spmd-world-size=4", "--spmd-debug=parity", "--spmd-parity-tol=3.5"},
+                  [&](World& w) { dp_loss(w, true); });
+  EXPECT_EQ(r.code, 0) << r.err;
+  expect_throws<ConfigError>(
+      [] {
+        int argc = 2;
+        char name[] = "p";
+        char flag[] = "--spmd-parity-tol=-1";
+        char* argv[] = {name, flag, nullptr};
+        (void)parse_launch_options(argc, argv);
+      },
+      {"--spmd-parity-tol=-1", "positive relative difference"});
+}
+
+// A program that cannot run on one rank: an error when parity is asked for, a note under `all`.
+TEST(DebugParity, ProgramsThatNeedMoreThanOneRank) {
+  auto stages = [](World& w) {
+    const DeviceMesh mesh = init_device_mesh(w, {2, w.size() / 2}, {"pp", "dp"});
+    const DTensor x = distribute_tensor(ones({4}), mesh, {Replicate{}, Shard{0}});
+    (void)(x * 2.0);
+    const Tensor second = mesh.rank_table().select(0, 1);  // a pipeline's second stage
+    (void)second;
+  };
+  Launched r = launch_with({"--spmd-world-size=4", "--spmd-debug=parity"}, stages);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("ConfigError: --spmd-debug=parity: the program cannot run on one rank"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("select: index 1 is out of range for dim 0 of size 1 (shape [1, 1]) (after "
+                       "its DTensor op 'mul' at checks_test.cpp:"),
+            std::string::npos)
+      << r.err;
+  r = launch_with({"--spmd-world-size=4", "--spmd-debug=all"}, stages);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("the other checks of --spmd-debug=all go on"), std::string::npos) << r.err;
+}
+
+TEST(DebugParity, SimOnlyAndNotInADryRun) {
+  Launched r = launch_with({"--spmd-world-size=2", "--spmd-debug=parity", "--spmd-backend=threads"},
+                           [](World&) {});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("parity: the run on one rank is the sim backend's check"),
+            std::string::npos)
+      << r.err;
+  r = launch_with({"--spmd-world-size=2", "--spmd-debug=parity", "--spmd-tensors=meta"},
+                  [](World&) {});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("compares values, and a dry run"), std::string::npos) << r.err;
+}
+
+// ---- value dumps (Note [Value dumps] in debug/value_dump.h) ------------------------------------
+
+std::string fresh_dir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "spmd_values_" + name;
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+// The same program dumped under sim on 4 ranks, under threads on 4 ranks and on 1 rank: the
+// assembled values agree (Partial pieces summed, replicas written once); a planted bug departs at
+// its line.
+TEST(ValueDump, RunsOnEveryBackendAgreeAndABugDeparts) {
+  const std::string sim = fresh_dir("sim");
+  const std::string threads = fresh_dir("threads");
+  const std::string one = fresh_dir("one");
+  const std::string bad = fresh_dir("bad");
+  auto program = [](bool bug) {
+    return [bug](World& w) {
+      const DeviceMesh mesh = init_device_mesh(w, {2, w.size() / 2}, {"dp", "tp"});
+      const DTensor x = distribute_tensor(randn({8, 6}, 1, DType::F64), mesh, {Shard{0}, Shard{1}});
+      const DTensor r = x.redistribute({Replicate{}, Shard{1}});
+      const DTensor s = sum(r * 2.0, {1});  // Partial over tp
+      DTensor::from_local(bug ? s.to_local() * 1.5 : s.to_local(), mesh, s.placements());
+    };
+  };
+  ASSERT_EQ(launch_with({"--spmd-world-size=4", "--spmd-dump-values=" + sim}, program(false)).code,
+            0);
+  ASSERT_EQ(launch_with({"--spmd-world-size=4", "--spmd-backend=threads",
+                         "--spmd-dump-values=" + threads},
+                        program(false))
+                .code,
+            0);
+  ASSERT_EQ(launch_with({"--spmd-world-size=2", "--spmd-dump-values=" + one}, [&](World& w) {
+              const DeviceMesh mesh = init_device_mesh(w, {1, 1}, {"dp", "tp"});
+              (void)mesh;
+            }).code,
+            0);
+  ASSERT_EQ(launch_with({"--spmd-world-size=4", "--spmd-dump-values=" + bad}, program(true)).code,
+            0);
+  const std::vector<DumpedValue> a = read_value_dump(sim);
+  const std::vector<DumpedValue> b = read_value_dump(threads);
+  ASSERT_EQ(a.size(), 4u);  // redistribute, mul, sum, from_local
+  EXPECT_EQ(a[0].op, "redistribute");
+  EXPECT_EQ(a[2].op, "sum");
+  EXPECT_EQ(a[2].value.placements, "R,P(sum)");
+  // sum over the columns of 2x: the assembled Partial is the full row sum.
+  const Tensor rows = sum(randn({8, 6}, 1, DType::F64) * 2.0, {1});
+  EXPECT_TRUE(allclose(from_vector(a[2].value.values, {8}).to(DType::F64), rows, 1e-12, 1e-12));
+  DumpComparison c = compare_value_dumps(b, a);
+  EXPECT_TRUE(c.departure.empty()) << c.departure;
+  EXPECT_EQ(c.compared, 4u);
+  c = compare_value_dumps(read_value_dump(bad), a);
+  EXPECT_NE(c.departure.find("'from_local' at checks_test.cpp:"), std::string::npos)
+      << c.departure;
+  EXPECT_NE(c.departure.find("The last site that still agreed: 'sum' at checks_test.cpp:"),
+            std::string::npos)
+      << c.departure;
+  expect_throws<ConfigError>([&] { (void)read_value_dump(one); }, {"holds no values.rank"});
+  expect_throws<ConfigError>([&] { (void)read_value_dump(one + "/missing"); }, {"not a folder"});
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 //   spmd layout coalesce '(3,2):(2,1)'                             the layout algebra
 //   spmd redistribute --mesh 2,4 --names dp,tp --shape 7,9 --from 'S(0),R' --to 'R,S(1)'
 //   spmd trace summary trace.json                                  a --spmd-trace file
+//   spmd parity run_dump ref_dump                 where --spmd-dump-values of two runs depart
 //   spmd version
 //
 // Every subcommand takes --help, and --json for machine-readable output on stdout. Exit codes are
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
   std::vector<Command> commands;
   try {
     commands = {add_mesh_command(app), add_layout_command(app), add_redistribute_command(app),
-                add_trace_command(app), add_version_command(app)};
+                add_trace_command(app), add_parity_command(app), add_version_command(app)};
     if (const std::string unknown = unknown_subcommand(app, argc, argv); !unknown.empty()) {
       fmt::print(stderr, "{}\nRun with --help for more information.\n", unknown);
       return 2;

@@ -41,7 +41,12 @@ BackendDriver sim_driver() {
   BackendDriver d;
   d.name = "sim";
   d.debug_all = DebugOptions{
-      .check = true, .replicate = true, .nan = true, .divergence = true, .types = true};
+      .check = true,
+      .replicate = true,
+      .nan = true,
+      .divergence = true,
+      .types = true,
+      .parity = true};
   d.start = start_sim;
   return d;
 }

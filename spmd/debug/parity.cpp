@@ -1,0 +1,241 @@
+// spmd/debug/parity.cpp: the parity run's record and comparison (Note [Parity run]).
+#include <spmd/debug/parity.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include <spmd/core/call_site.h>
+#include <spmd/core/error.h>
+#include <spmd/debug/checks.h>
+#include <spmd/dtensor/hooks.h>
+#include <spmd/tensor/shape.h>
+
+namespace spmd {
+namespace {
+
+// One call site as parity tells sites apart: the user's line and the op made there.
+struct SiteKey {
+  std::string file;
+  uint32_t line = 0;
+  std::string op;
+
+  bool operator<(const SiteKey& other) const {
+    return std::tie(line, op, file) < std::tie(other.line, other.op, other.file);
+  }
+  std::string text() const { return fmt::format("'{}' at {}", op, site_text(file, line)); }
+};
+
+struct Parity {
+  std::mutex mutex;
+  enum class Phase { Off, Record, Compare } phase = Phase::Off;
+  uint64_t world = 0;  // the id of the world whose DTensors count
+  int observer = 0;
+  std::map<SiteKey, std::vector<ParityValue>> record;
+  std::map<SiteKey, size_t> seen;  // the compare phase's occurrences so far
+  std::string last_agreed;         // "'add' at gpt.cpp:42 (occurrence 3)"
+  std::string last_recorded;       // the record phase's last DTensor, the same way
+  size_t compared = 0;
+  size_t other_shape = 0;  // the global shape or dtype differs from the reference's
+  size_t unmatched = 0;    // an occurrence the reference never reached
+  size_t nested = 0;       // inside another public call
+  std::string summary;
+};
+
+Parity& parity() {
+  static Parity* state = new Parity();  // never destroyed: worlds may outlive statics
+  return *state;
+}
+
+// "[0, 5, 1]": the multi-index of flat element `flat` of `shape`.
+std::string index_text(int64_t flat, const Shape& shape) {
+  std::vector<int64_t> index(shape.size(), 0);
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] == 0) break;
+    index[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+  return shape_str(index);
+}
+
+std::string placements_text(const DTensor& t) {
+  return fmt::format("({}) on {}", to_string(t.placements()), t.mesh().to_string());
+}
+
+std::string summary_text(const Parity& p) {
+  return fmt::format(
+      "parity: {} DTensors compared with the one-rank run at {} call sites; not compared: {} made "
+      "inside another call, {} of another shape, {} the one-rank run never made",
+      p.compared, p.seen.size(), p.nested, p.other_shape, p.unmatched);
+}
+
+[[noreturn]] void report(Parity& p, const SiteKey& key, size_t occurrence, const ParityValue& got,
+                         const ParityValue& expected, const ParityDeparture& d, double tol,
+                         const DTensor& output) {
+  p.phase = Parity::Phase::Off;
+  const std::string last =
+      p.last_agreed.empty() ? std::string("none (this is the first DTensor compared)")
+                            : p.last_agreed;
+  const std::string sampled =
+      got.stride > 1 ? fmt::format(" (every {}th element compared)", got.stride) : "";
+  throw_error<ParityError>(
+      "--spmd-debug=parity: {} (occurrence {}) departs from the same program on one rank: the "
+      "values differ by {:.3g} of the tensor's largest (tolerance {:g} for {}){} and most at index "
+      "{}: {:.9g} here, {:.9g} on one rank. Here it is shape {} {}. The last site that still "
+      "agreed: {}. What differs was computed at this line or in the local code that made its "
+      "inputs (from_local, to_local, per-rank math)",
+      key.text(), occurrence + 1, d.relative, tol, dtype_name(got.dtype), sampled,
+      index_text(d.flat * got.stride, got.shape), d.got, d.expected, shape_str(output.shape()),
+      placements_text(output), last);
+}
+
+void on_op(const OpEvent& e) {
+  Parity& p = parity();
+  std::unique_lock lock(p.mutex);
+  if (p.phase == Parity::Phase::Off) return;
+  const DTensor& out = e.output;
+  if (out.mesh().world().state().id != p.world || !out.participates()) return;
+  if (e.nested) {
+    ++p.nested;
+    return;
+  }
+  SiteKey key{e.location.file_name(), e.location.line(), std::string(e.op)};
+  ParityValue value = parity_value(assemble_full_tensor(out), placements_text(out));
+  if (p.phase == Parity::Phase::Record) {
+    std::vector<ParityValue>& values = p.record[key];
+    values.push_back(std::move(value));
+    p.last_recorded = fmt::format("{} (occurrence {})", key.text(), values.size());
+    return;
+  }
+  const size_t occurrence = p.seen[key]++;
+  const auto it = p.record.find(key);
+  if (it == p.record.end() || occurrence >= it->second.size()) {
+    ++p.unmatched;
+    return;
+  }
+  const ParityValue& expected = it->second[occurrence];
+  if (expected.shape != value.shape || expected.dtype != value.dtype ||
+      expected.stride != value.stride) {
+    ++p.other_shape;
+    return;
+  }
+  const double tol = parity_tolerance(value.dtype, out.mesh().world().debug().parity_tol);
+  if (auto d = parity_departure(value, expected, tol)) {
+    report(p, key, occurrence, value, expected, *d, tol, out);
+  }
+  ++p.compared;
+  p.last_agreed = fmt::format("{} (occurrence {})", key.text(), occurrence + 1);
+}
+
+void start(Parity::Phase phase, const World& world) {
+  Parity& p = parity();
+  std::lock_guard lock(p.mutex);
+  if (p.observer == 0) p.observer = add_op_observer(on_op);
+  p.phase = phase;
+  p.world = world.state().id;
+  p.seen.clear();
+  p.last_agreed.clear();
+  p.compared = p.other_shape = p.unmatched = p.nested = 0;
+}
+
+}  // namespace
+
+double parity_tolerance(DType dtype, double override) {
+  switch (dtype) {
+    case DType::F64:
+      return override > 0.0 ? override : 1e-9;
+    case DType::F32:
+      return override > 0.0 ? override : 1e-4;
+    case DType::BF16:
+    case DType::F16:
+      return override > 0.0 ? override : 3e-2;
+    default:
+      return 0.0;
+  }
+}
+
+ParityValue parity_value(const Tensor& tensor, std::string placements) {
+  ParityValue v;
+  v.shape = tensor.shape();
+  v.dtype = tensor.dtype();
+  v.placements = std::move(placements);
+  const int64_t n = tensor.numel();
+  v.stride = n > kParitySampleLimit ? (n + kParitySampleLimit - 1) / kParitySampleLimit : 1;
+  const Tensor flat = tensor.detach().to(Device{}).contiguous().reshape({n}).to(DType::F64);
+  const std::vector<double> all = flat.to_vector<double>();
+  if (v.stride == 1) {
+    v.values = all;
+  } else {
+    for (int64_t i = 0; i < n; i += v.stride) v.values.push_back(all[static_cast<size_t>(i)]);
+  }
+  return v;
+}
+
+std::optional<ParityDeparture> parity_departure(const ParityValue& got,
+                                                const ParityValue& expected, double tol) {
+  if (got.values.size() != expected.values.size()) {
+    throw_error<InternalError>("parity: comparing {} values with {}", got.values.size(),
+                               expected.values.size());
+  }
+  double scale = 0.0;
+  for (double x : expected.values) {
+    if (std::isfinite(x)) scale = std::max(scale, std::abs(x));
+  }
+  std::optional<ParityDeparture> worst;
+  for (size_t i = 0; i < got.values.size(); ++i) {
+    const double a = got.values[i];
+    const double b = expected.values[i];
+    double relative = 0.0;
+    if (std::isnan(a) || std::isnan(b) || std::isinf(a) || std::isinf(b)) {
+      // Non-finite values agree only when they are the same (NaN with NaN, +inf with +inf).
+      const bool same = (std::isnan(a) && std::isnan(b)) || a == b;
+      relative = same ? 0.0 : INFINITY;
+    } else {
+      const double diff = std::abs(a - b);
+      relative = diff == 0.0 ? 0.0 : scale > 0.0 ? diff / scale : INFINITY;
+    }
+    if (relative > tol && (!worst || relative > worst->relative)) {
+      worst = ParityDeparture{static_cast<int64_t>(i), a, b, relative};
+    }
+  }
+  return worst;
+}
+
+void parity_record(const World& reference) {
+  start(Parity::Phase::Record, reference);
+  std::lock_guard lock(parity().mutex);
+  parity().record.clear();
+  parity().last_recorded.clear();
+}
+
+std::string parity_last_recorded() {
+  std::lock_guard lock(parity().mutex);
+  return parity().last_recorded;
+}
+
+void parity_compare(const World& world) {
+  start(Parity::Phase::Compare, world);
+}
+
+void parity_end() {
+  Parity& p = parity();
+  std::lock_guard lock(p.mutex);
+  if (p.phase == Parity::Phase::Compare || !p.seen.empty()) p.summary = summary_text(p);
+  p.phase = Parity::Phase::Off;
+  if (p.observer != 0) remove_op_observer(p.observer);
+  p.observer = 0;
+  p.record.clear();
+  p.seen.clear();
+}
+
+std::string parity_summary() {
+  std::lock_guard lock(parity().mutex);
+  return parity().summary;
+}
+
+}  // namespace spmd
