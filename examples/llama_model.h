@@ -18,6 +18,9 @@
 //            (or not a multiple of it) are computed replicated and each rank keeps the repeated
 //            heads its query heads use
 //   fsdp     (--fsdp) dense parameters also split over dp, gathered before use
+//   pp       (--pp) pipeline parallelism: a stage runs the pieces of forward() it holds (embed,
+//            block, logits_of, next_token_loss) on its own mesh (examples/llama.cpp, Note [Llama
+//            pipeline])
 #pragma once
 
 #include <cmath>
@@ -55,8 +58,13 @@ struct Config {
   double capacity_factor = 0.0;
   double aux_coef = 0.01;
   bool shared_expert = false;
-  // The mesh.
-  int64_t dp = 2, ep = 1, cp = 1, tp = 4;
+  // The mesh; tp 0: what the world leaves (4 on 8 ranks without other dims).
+  int64_t pp = 1, dp = 2, ep = 1, cp = 1, tp = 0;
+  // Pipeline parallelism (pp above 1): pipeline/schedule.h's schedule, the microbatches per step,
+  // the stages per pp rank (0: 2 for interleaved, else 1).
+  std::string schedule = "1f1b";
+  int64_t microbatches = 4;
+  int64_t virtual_stages = 0;
   // Context parallelism's attention (nn/context_parallel.h): ring (keys and values passed around
   // the cp ring), allgather, or sdpa (scaled_dot_product_attention's own row-sharded strategy, its
   // keys and values gathered by DTensor); zigzag: the sequence in head-tail order over cp (ring
