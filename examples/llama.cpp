@@ -1,26 +1,46 @@
 // examples/llama.cpp: a small Llama 3 (RMSNorm, rotary embeddings with Llama 3.1 scaling,
 // grouped-query attention, SwiGLU or a mixture of experts) trained on 8 simulated ranks over a
-// mesh of dp, ep, cp and tp dims; every step's loss is checked against the same model trained on
-// one device.
+// mesh of pp, dp, ep, cp and tp dims; every step's loss is checked against the same model trained
+// on one device.
 //
 //   ./llama                                     # sim, mesh (dp=2, tp=4)
 //   ./llama --cp 2 --tp 4 --dp 1                # context parallel: the sequence split over cp
 //   ./llama --experts 8 --ep 4 --dp 2 --tp 1    # mixture of experts, experts split over ep
+//   ./llama --pp 2 --schedule 1f1b              # pipeline parallel: mesh (pp=2, dp=2, tp=2)
+//   ./llama --pp 4 --dp 1 --tp 2 --schedule interleaved   # 8 stages of one block
 //   ./llama --spmd-backend=threads              # one thread per rank, the same digest
 //   mpirun -n 8 ./llama --spmd-backend=mpi      # one process per rank, the same digest
 //   ./llama --model 8b --spmd-tensors=meta      # a dry run at Llama 3.1 8B's shapes
 //
 // The model and its parallel layout are examples/llama_model.h's. Tokens are the bytes of
-// examples/data/gpt_corpus.txt (vocabulary 256); AdamW with gradient clipping.
+// examples/data/gpt_corpus.txt (vocabulary 256); AdamW with gradient clipping. Without --tp, tp
+// is what the world leaves after the other dims.
+//
+// Pipeline parallelism (--pp N --schedule gpipe|1f1b|interleaved|zb --microbatches M
+// --virtual-stages V, V = 2 by default for interleaved), as examples/gpt.cpp has it: the model is
+// cut into N x V stages, the embeddings in the first, the final norm, the output layer and the
+// loss in the last, the blocks split evenly (--layers defaults to one per stage); each stage runs
+// the model's own code on its mesh of the other dims, run_pipeline (pipeline/runner.h) moves the
+// activations between stages, and the gradient reduction, the clipping and AdamW follow once per
+// step. With experts, each stage's load-balancing losses travel with its activation to the loss.
+// The single-device check runs the same microbatches (Note [Llama pipeline]). Experts and ring or
+// all-gather context parallelism run in stages only where a process holds one stage's ranks
+// (threads, mpi): under sim they are a ConfigError (make_pipeline says why).
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
+#include <spmd/pipeline/runner.h>
 #include <spmd/spmd.h>
 
 #include "llama_model.h"
@@ -32,7 +52,9 @@ namespace {
 
 constexpr const char* kUsage =
     "llama [--dp N] [--ep N] [--cp N] [--tp N] [--fsdp] [--layers N] [--d-model N] [--heads N]\n"
-    "      [--kv-heads N] [--ffn N] [--seq N] [--vocab N] [--batch N] [--steps N] [--lr X]\n"
+    "      [--pp N] [--schedule gpipe|1f1b|interleaved|zb] [--microbatches N]\n"
+    "      [--virtual-stages N] [--kv-heads N] [--ffn N] [--seq N] [--vocab N] [--batch N] "
+    "[--steps N] [--lr X]\n"
     "      [--experts N] [--top-k N] [--capacity-factor X] [--aux-coef X] [--shared-expert]\n"
     "      [--cp-method ring|allgather|sdpa] [--no-zigzag] [--no-rope-scaling]\n"
     "      [--dtype f32|f64|bf16] [--model toy|8b|70b|405b] [--no-check]\n"
@@ -91,6 +113,7 @@ Config parse_flags(int argc, char** argv) {
   Config c;
   c.data = SPMD_LLAMA_DATA;
   std::vector<std::pair<std::string, std::string>> later;
+  bool layers_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--no-check") {
@@ -119,14 +142,24 @@ Config parse_flags(int argc, char** argv) {
   for (const auto& [flag, value] : later) {
     if (flag == "--dp") {
       c.dp = parse_int(flag, value);
+    } else if (flag == "--pp") {
+      c.pp = parse_int(flag, value);
+    } else if (flag == "--schedule") {
+      c.schedule = value;
+    } else if (flag == "--microbatches") {
+      c.microbatches = parse_int(flag, value);
+    } else if (flag == "--virtual-stages") {
+      c.virtual_stages = parse_int(flag, value);
     } else if (flag == "--ep") {
       c.ep = parse_int(flag, value);
     } else if (flag == "--cp") {
       c.cp = parse_int(flag, value);
     } else if (flag == "--tp") {
       c.tp = parse_int(flag, value);
+      if (c.tp == 0) throw_error<ConfigError>("llama: --tp must be at least 1");
     } else if (flag == "--layers") {
       c.layers = parse_int(flag, value);
+      layers_given = true;
     } else if (flag == "--d-model") {
       c.d_model = parse_int(flag, value);
     } else if (flag == "--heads") {
@@ -177,10 +210,11 @@ Config parse_flags(int argc, char** argv) {
       throw_error<ConfigError>("llama: unknown flag '{}'\n{}", flag, kUsage);
     }
   }
-  for (const auto& [name, v] : {std::pair<const char*, int64_t>{"--dp", c.dp},
+  for (const auto& [name, v] : {std::pair<const char*, int64_t>{"--pp", c.pp},
+                                {"--dp", c.dp},
                                 {"--ep", c.ep},
                                 {"--cp", c.cp},
-                                {"--tp", c.tp},
+                                {"--microbatches", c.microbatches},
                                 {"--layers", c.layers},
                                 {"--heads", c.heads},
                                 {"--kv-heads", c.kv_heads},
@@ -208,6 +242,20 @@ Config parse_flags(int argc, char** argv) {
         "llama: --experts {} must split over --ep {}, and --top-k {} must be in 1..{}", c.experts,
         c.ep, c.top_k, c.experts);
   }
+  if (c.batch % (c.dp * c.ep) != 0) {
+    throw_error<ConfigError>("llama: --batch {} must split over --dp {} x --ep {}", c.batch, c.dp,
+                             c.ep);
+  }
+  if (c.virtual_stages == 0) c.virtual_stages = c.schedule == "interleaved" ? 2 : 1;
+  // Without --layers (or a --model's), a pipeline gets one block per stage (at least 2).
+  if (!layers_given && c.model == "toy" && c.pp > 1) {
+    c.layers = std::max(c.layers, c.pp * c.virtual_stages);
+  }
+  return c;
+}
+
+// The checks that need tp, once the world has set it.
+void check_tp(const Config& c) {
   if (c.heads % c.tp != 0 || c.ffn % c.tp != 0 || c.vocab % c.tp != 0) {
     throw_error<ConfigError>(
         "llama: --tp {} must divide --heads {}, --ffn {} and --vocab {} (tensor parallelism)", c.tp,
@@ -224,11 +272,6 @@ Config parse_flags(int argc, char** argv) {
         "order; or --no-zigzag)",
         c.seq, c.cp, c.tp);
   }
-  if (c.batch % (c.dp * c.ep) != 0) {
-    throw_error<ConfigError>("llama: --batch {} must split over --dp {} x --ep {}", c.batch, c.dp,
-                             c.ep);
-  }
-  return c;
 }
 
 std::string read_text(const std::string& path) {
@@ -255,8 +298,27 @@ Tensor batch_tokens(const Config& c, const std::string& text, int64_t step) {
   return from_vector(tokens, {c.batch, span});
 }
 
+// Step `step`'s input tokens and their next tokens [B, S], in the sequence order `order` (empty: in
+// order).
+std::pair<Tensor, Tensor> step_tokens(const Config& c, const std::string& text, int64_t step,
+                                      const std::vector<int64_t>& order) {
+  const Tensor batch = batch_tokens(c, text, step);
+  Tensor ids = batch.narrow(1, 0, c.seq).contiguous();
+  Tensor next = batch.narrow(1, 1, c.seq).contiguous();
+  if (!order.empty()) {
+    const Tensor in_order = from_vector(order, {c.seq});
+    ids = index_select(ids, 1, in_order);
+    next = index_select(next, 1, in_order);
+  }
+  return {ids, next};
+}
+
 double value_of(const Tensor& t) {
   return t.is_meta() ? std::nan("") : t.to(DType::F64).item<double>();
+}
+
+AdamWOptions adamw_options(const Config& c) {
+  return AdamWOptions{.lr = c.lr, .weight_decay = 0.1};
 }
 
 // Trains c.steps steps; returns each step's loss.
@@ -264,28 +326,19 @@ template <class T, class P>
 std::vector<double> train(const Config& c, const std::string& text, const P& par, Model<T>& model,
                           const ModelLayout* layout, DryRun* dry = nullptr) {
   std::vector<T*> params = model.params();
-  AdamW<T> opt(params, AdamWOptions{.lr = c.lr, .weight_decay = 0.1});
+  AdamW<T> opt(params, adamw_options(c));
   std::vector<double> losses;
   for (int64_t step = 0; step < c.steps; ++step) {
-    const Tensor batch = batch_tokens(c, text, step);
-    Tensor ids = batch.narrow(1, 0, c.seq).contiguous();
-    Tensor next = batch.narrow(1, 1, c.seq).contiguous();
     T loss;
     if constexpr (std::is_same_v<T, Tensor>) {
+      const auto [ids, next] = step_tokens(c, text, step, {});
       loss = forward(c, par, model, ids, next);
-    } else {
-      if (!par.order.empty()) {
-        // The sequence in the run's (zigzag) order.
-        const Tensor order = from_vector(par.order, {c.seq});
-        ids = index_select(ids, 1, order);
-        next = index_select(next, 1, order);
-      }
-      loss = forward(c, par, model, distribute_tensor(ids, layout->mesh, layout->tokens()),
-                     distribute_tensor(next, layout->mesh, layout->tokens()));
-    }
-    if constexpr (std::is_same_v<T, Tensor>) {
       losses.push_back(value_of(loss));
     } else {
+      // The sequence in the run's (zigzag) order.
+      const auto [ids, next] = step_tokens(c, text, step, par.order);
+      loss = forward(c, par, model, distribute_tensor(ids, layout->mesh, layout->tokens()),
+                     distribute_tensor(next, layout->mesh, layout->tokens()));
       losses.push_back(value_of(loss.full_tensor()));
     }
     backward(loss);
@@ -313,29 +366,390 @@ std::vector<double> train(const Config& c, const std::string& text, const P& par
   return losses;
 }
 
+// ---- pipeline parallelism -----------------------------------------------------------------------
+
+// The configuration of one microbatch: c.batch / c.microbatches rows.
+Config microbatch_config(const Config& c) {
+  Config mc = c;
+  mc.batch = c.batch / c.microbatches;
+  return mc;
+}
+
+// Microbatch m's rows of a step's [B, S] tokens.
+Tensor microbatch_rows(const Config& c, const Tensor& tokens, int64_t m) {
+  const int64_t rows = c.batch / c.microbatches;
+  return tokens.narrow(0, m * rows, rows).contiguous();
+}
+
+// train() as the pipeline runs it, on one device: each step's batch split into c.microbatches
+// microbatches, each one's loss divided by their count and its gradients accumulated, then one
+// clipping and one AdamW step. Returns each step's loss (the sum of the scaled losses).
+std::vector<double> train_microbatched(const Config& c, const std::string& text,
+                                       Model<Tensor>& model, const Single& one) {
+  const Config mc = microbatch_config(c);
+  std::vector<Tensor*> params = model.params();
+  AdamW<Tensor> opt(params, adamw_options(c));
+  std::vector<double> losses;
+  for (int64_t step = 0; step < c.steps; ++step) {
+    const auto [ids, next] = step_tokens(c, text, step, {});
+    Tensor total;
+    for (int64_t m = 0; m < c.microbatches; ++m) {
+      const Tensor loss =
+          forward(mc, one, model, microbatch_rows(c, ids, m), microbatch_rows(c, next, m)) *
+          (1.0 / static_cast<double>(c.microbatches));
+      backward(loss);
+      const Tensor value = loss.detach();
+      total = total.defined() ? total + value : value;
+    }
+    losses.push_back(value_of(total));
+    clip_grad_norm(params, c.clip);
+    opt.step();
+  }
+  return losses;
+}
+
+// The parallel run's view of the layout: its rotary positions (each sequence index's position,
+// zigzag over cp), split over cp like the sequence.
+Parallel make_parallel(const Config& c, const ModelLayout& layout,
+                       const std::vector<int64_t>& order) {
+  std::vector<int64_t> positions = order;
+  if (positions.empty()) {
+    for (int64_t i = 0; i < c.seq; ++i) positions.push_back(i);
+  }
+  Placements seq_placements = replicate_placements(layout.mesh);
+  if (layout.has("cp")) seq_placements = placed_on(layout.mesh, "cp", Shard{0});
+  return Parallel{&layout,
+                  distribute_tensor(from_vector(positions, {c.seq}), layout.mesh, seq_placements),
+                  c.cp_method, order};
+}
+
+// Note [Llama pipeline]
+// With --pp above 1 the mesh is (pp, dp, ...) and the model is cut as the GPT is (examples/gpt.cpp,
+// Note [GPT pipeline]): pp x virtual stages, stage 0 holding the embeddings, the last one the
+// final norm, the output layer and the loss, the blocks split evenly in order. Stage s runs on pp
+// rank s % pp, whose ranks form the stage mesh: every dim but pp, a root mesh of its own, with
+// its own layout and rotary positions. A stage's forward takes the runner's LocalTensor into a
+// DTensor (the tokens, or the activation in its layout), runs the model's own pieces (embed,
+// block, logits_of; the last stage also next_token_loss, the microbatch's targets named by the
+// runner) and hands the result back. It sees its parameters through LocalTensor leaves, one per
+// parameter and step, made DTensors whose gradient is Partial on every mesh dim where the
+// parameter is replicated: the microbatches' gradients add up locally and one redistribution per
+// parameter reduces them after the pipeline. The leaves are typed (to_local: R where replicated,
+// Note [SPMD types]), so from_local lays each gradient out exactly as claimed: one that arrives
+// replicated (the embedding's over cp, computed whole on every cp rank from replicated tokens) is
+// split into shares of the sum, where untyped pieces would keep it whole on every rank and the
+// reduction would count it cp times. The gradient norm adds every stage's squares (an all_reduce
+// over pp), and one AdamW step follows, as on one device, whose reference run splits each batch
+// into the same microbatches (train_microbatched).
+// With experts every block adds its load-balancing loss, and the loss on the last stage needs all
+// of them. A stage's output is its activation's local shard with the load-balancing losses so far
+// appended as one element (their sum, replicated over the stage mesh: stage_output); the next
+// stage takes them apart (stage_input) and adds its own blocks'. The sum rides in the activation,
+// so its gradient (aux_coef over the microbatch count) comes back with the activation's and reaches
+// every stage's routers by the ordinary backward, under every schedule (zero bubble's I and W
+// included), and the sum is taken in the order one device takes it.
+
+// The local shape of a tensor of global shape `shape` placed by `placements` on `mesh` (even
+// splits, which the flags' checks ensure).
+Shape local_shape(const DeviceMesh& mesh, const Placements& placements, Shape shape) {
+  for (int d = 0; d < mesh.ndim(); ++d) {
+    if (const auto* s = std::get_if<Shard>(&placements[static_cast<size_t>(d)])) {
+      shape[static_cast<size_t>(s->dim)] /= mesh.size(d);
+    }
+  }
+  return shape;
+}
+
+// A stage's output as the runner sends it: x's local shard, and with `aux` (the load-balancing
+// losses so far) their sum replicated over the stage mesh, appended as one element.
+LocalTensor stage_output(const DTensor& x, const DTensor& aux) {
+  if (!aux.defined()) return x.to_local();
+  // The sum is the same on every rank (SPMD type I: its gradient arrives the same too); in one
+  // tensor with x's shards it varies as they do, and its gradient stays each rank's own, which
+  // the next stage makes the same on every rank (from_local's Replicate).
+  std::map<std::string, SpmdType> varying;
+  for (int d = 0; d < aux.mesh().ndim(); ++d) varying[aux.mesh().dim_name(d)] = SpmdType::V;
+  const LocalTensor sum =
+      reinterpret(aux.redistribute(replicate_placements(aux.mesh())).to_local(), varying);
+  return cat({flatten(x.to_local()), reshape(sum, {1})});
+}
+
+// What stage_output sent, taken apart: x (global shape `shape`, `placements` on `mesh`) and, with
+// experts, the load-balancing losses so far (undefined without).
+std::pair<DTensor, DTensor> stage_input(const LocalTensor& input, const DeviceMesh& mesh,
+                                        const Placements& placements, const Shape& shape,
+                                        bool with_aux) {
+  if (!with_aux) return {DTensor::from_local(input, mesh, placements, shape), DTensor()};
+  const Shape local = local_shape(mesh, placements, shape);
+  const int64_t n = shape_numel(local);
+  return {DTensor::from_local(reshape(narrow(input, 0, 0, n), local), mesh, placements, shape),
+          DTensor::from_local(reshape(narrow(input, 0, n, 1), {}), mesh, replicate_placements(mesh),
+                              Shape{})};
+}
+
+struct PipelineSetup {
+  pipeline::Schedule schedule;
+  int64_t blocks_per_stage = 0;
+  // Per pp rank: the stage mesh, its layout and the parallel run's view of it (which points to
+  // the layout: each has its own place).
+  std::vector<DeviceMesh> meshes;
+  std::vector<std::unique_ptr<ModelLayout>> layouts;
+  std::vector<Parallel> pars;
+
+  int stages() const { return schedule.stages(); }
+  // The stage holding layer `layer` (-1: the embeddings; the layer count: the head).
+  int stage_of(int64_t layer) const {
+    if (layer < 0) return 0;
+    return static_cast<int>(std::min<int64_t>(layer / blocks_per_stage, stages() - 1));
+  }
+  size_t rank_of(int stage) const { return static_cast<size_t>(schedule.rank_of_stage(stage)); }
+};
+
+PipelineSetup make_pipeline(const Config& c, const DeviceMesh& mesh,
+                            const std::vector<int64_t>& order) {
+  PipelineSetup setup;
+  setup.schedule =
+      pipeline::make_schedule(c.schedule, static_cast<int>(c.pp), static_cast<int>(c.microbatches),
+                              static_cast<int>(c.virtual_stages));
+  const int64_t stages = setup.stages();
+  if (c.layers % stages != 0) {
+    throw_error<ConfigError>(
+        "llama: --layers {} does not split into {} pipeline stages (--pp {} x {} virtual stages): "
+        "every stage needs the same number of blocks; try --layers {}",
+        c.layers, stages, c.pp, c.virtual_stages, stages * std::max<int64_t>(1, c.layers / stages));
+  }
+  setup.blocks_per_stage = c.layers / stages;
+  if (c.batch % c.microbatches != 0 || (c.batch / c.microbatches) % (c.dp * c.ep) != 0) {
+    throw_error<ConfigError>(
+        "llama: --batch {} must split into --microbatches {} of a multiple of --dp {} x --ep {} = "
+        "{} rows each",
+        c.batch, c.microbatches, c.dp, c.ep, c.dp * c.ep);
+  }
+  // spmd::moe and context_attention's ring and all-gather compute on every rank the process holds
+  // (world.held_ranks() in nn/moe.cpp and nn/context_parallel.cpp), not on the stage mesh's: a
+  // process holding several stages' ranks (sim) cannot run them in one stage.
+  if (mesh.world().held_ranks().size() > 1) {
+    if (c.experts > 0) {
+      throw_error<ConfigError>(
+          "llama: --pp {} with --experts {} does not run where one process holds several pipeline "
+          "stages' ranks (--spmd-backend=sim) yet: spmd::moe computes on every rank the process "
+          "holds, not the stage's; run it under --spmd-backend=threads or mpi",
+          c.pp, c.experts);
+    }
+    if (c.cp > 1 && c.cp_method != "sdpa") {
+      throw_error<ConfigError>(
+          "llama: --pp {} with --cp {} --cp-method {} does not run where one process holds "
+          "several pipeline stages' ranks (--spmd-backend=sim) yet: context_attention computes on "
+          "every rank the process holds, not the stage's; use --cp-method sdpa, or run it under "
+          "--spmd-backend=threads or mpi",
+          c.pp, c.cp, c.cp_method);
+    }
+  }
+  std::vector<std::string> names;
+  for (int d = 1; d < mesh.ndim(); ++d) names.push_back(mesh.dim_name(d));
+  {
+    // Rank ids are values, also in a dry run (--spmd-tensors=meta).
+    const MetaTensorsScope real(false);
+    const Tensor table = mesh.rank_table();
+    for (int64_t p = 0; p < c.pp; ++p) {
+      setup.meshes.push_back(
+          DeviceMesh::from_ranks(mesh.world(), table.select(0, p).contiguous(), names));
+    }
+  }
+  // Under mpi creating a communicator is collective over every process: all of them create every
+  // stage mesh's, in the same order, before any stage communicates; the debug checks' too.
+  for (const DeviceMesh& m : setup.meshes) {
+    for (int d = 0; d < m.ndim(); ++d) (void)communicator(m, d);
+    create_debug_communicators(m);
+    setup.layouts.push_back(
+        std::make_unique<ModelLayout>(ModelLayout{m, c.fsdp, c.kv_heads % c.tp != 0}));
+    setup.pars.push_back(make_parallel(c, *setup.layouts.back(), order));
+  }
+  return setup;
+}
+
+// A stage's view of parameter p: the gradient Partial wherever p is replicated (Note [Llama
+// pipeline]).
+Placements grad_placements(const DTensor& p) {
+  Placements out = p.placements();
+  for (int d = 0; d < p.mesh().ndim(); ++d) {
+    Placement& q = out[static_cast<size_t>(d)];
+    if (std::holds_alternative<Replicate>(q)) q = Partial{};
+  }
+  return out;
+}
+
+// Trains c.steps steps by the pipeline; returns each step's loss (on every process).
+std::vector<double> train_pipeline(World& world, const Config& c, const std::string& text,
+                                   const DeviceMesh& mesh, const PipelineSetup& setup,
+                                   const std::vector<int64_t>& order, Model<DTensor>& model,
+                                   pipeline::PipelineStep* last_step = nullptr) {
+  const Config mc = microbatch_config(c);
+  const pipeline::Schedule& schedule = setup.schedule;
+  const int last = setup.stages() - 1;
+  const bool with_aux = c.experts > 0;
+  const std::vector<int64_t> layer_of = param_layers(model);
+  std::vector<DTensor*> params = model.params();
+  std::vector<std::vector<size_t>> own(static_cast<size_t>(setup.stages()));
+  for (size_t i = 0; i < params.size(); ++i) {
+    own[static_cast<size_t>(setup.stage_of(layer_of[i]))].push_back(i);
+  }
+  const Shape activation_shape{mc.batch, c.seq, c.d_model};
+  AdamW<DTensor> opt(params, adamw_options(c));
+  std::vector<double> losses;
+  for (int64_t step = 0; step < c.steps; ++step) {
+    const auto [ids, next] = step_tokens(c, text, step, order);
+    std::vector<LocalTensor> leaves(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i]->participates()) continue;
+      leaves[i] = params[i]->detach().to_local();
+      leaves[i].requires_grad_();
+    }
+    pipeline::PipelineModel pm;
+    for (int s = 0; s <= last; ++s) {
+      const size_t p = setup.rank_of(s);
+      const ModelLayout& layout = *setup.layouts[p];
+      pipeline::PipelineStage stage;
+      for (size_t i : own[static_cast<size_t>(s)]) {
+        if (leaves[i].defined()) stage.parameters.push_back(&leaves[i]);
+      }
+      const Shape local = local_shape(layout.mesh, layout.activations(), activation_shape);
+      stage.input_shape = with_aux ? Shape{shape_numel(local) + 1} : local;
+      stage.input_dtype = c.dtype;
+      stage.forward = [&, s, p](const LocalTensor& input) {
+        const ModelLayout& on = *setup.layouts[p];
+        const Parallel& par = setup.pars[p];
+        Model<DTensor> m = model;
+        const std::vector<DTensor*> views = m.params();
+        for (size_t i : own[static_cast<size_t>(s)]) {
+          const DTensor& w = *params[i];
+          *views[i] = DTensor::from_local(leaves[i], w.mesh(), w.placements(), w.shape(),
+                                          grad_placements(w));
+        }
+        DTensor x, aux;
+        if (s == 0) {
+          x = embed(par, m,
+                    DTensor::from_local(input, on.mesh, on.tokens(), Shape{mc.batch, c.seq}));
+        } else {
+          std::tie(x, aux) =
+              stage_input(input, on.mesh, on.activations(), activation_shape, with_aux);
+        }
+        const int64_t first = s * setup.blocks_per_stage;
+        for (int64_t l = first; l < first + setup.blocks_per_stage; ++l) {
+          x = block(mc, par, m.blocks[static_cast<size_t>(l)], x, aux);
+        }
+        if (s != last) return stage_output(x.redistribute(on.activations()), aux);
+        // The runner names the microbatch it runs (Note [Pipeline context]): its targets.
+        const int mb = pipeline_context().microbatch;
+        const DTensor targets =
+            distribute_tensor(microbatch_rows(c, next, mb), on.mesh, on.tokens());
+        const DTensor loss = next_token_loss(mc, logits_of(mc, par, m, x), targets, aux);
+        return loss.redistribute(replicate_placements(on.mesh)).to_local();
+      };
+      pm.stages.push_back(std::move(stage));
+    }
+    pm.input = [&](int mb, const std::vector<int>&) {
+      const ModelLayout& first = *setup.layouts.front();
+      return distribute_tensor(microbatch_rows(c, ids, mb), first.mesh, first.tokens()).local();
+    };
+    // The last stage's forward ends in the loss (with experts, the load-balancing losses of every
+    // stage join it there).
+    pm.loss = [](const LocalTensor& loss, int) { return loss; };
+    const pipeline::PipelineStep ran = pipeline::run_pipeline(pm, schedule, mesh, "pp");
+    if (last_step != nullptr) *last_step = ran;
+    // A dry run (--spmd-tensors=meta) issues every op and collective below on shapes; the norm
+    // and the loss have no values.
+    const bool shapes_only = meta_tensors();
+
+    // Every gradient reduced, then the norm over every stage's squares.
+    std::vector<DTensor> grads(params.size());
+    std::vector<DTensor> squares(setup.meshes.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!leaves[i].defined() || !leaves[i].grad().defined()) continue;
+      const DTensor& p = *params[i];
+      grads[i] = DTensor::from_local(leaves[i].grad(), p.mesh(), grad_placements(p), p.shape())
+                     .redistribute(p.placements());
+      const DTensor g64 = to(grads[i], DType::F64);
+      const DTensor sq = sum(g64 * g64);
+      const DTensor partial = sq.redistribute(Placements(sq.placements().size(), Partial{}));
+      DTensor& acc = squares[setup.rank_of(setup.stage_of(layer_of[i]))];
+      acc = acc.defined() ? acc + partial : partial;
+    }
+    std::vector<LocalTensor> per_mesh;
+    for (const DTensor& sq : squares) {
+      per_mesh.push_back(sq.defined() ? sq.redistribute(replicate_placements(sq.mesh())).to_local()
+                                      : LocalTensor());
+    }
+    const LocalTensor mine = LocalTensor::from_fn(world, [&](int r) {
+      for (size_t q = 0; q < per_mesh.size(); ++q) {
+        if (per_mesh[q].defined() && setup.meshes[q].contains(r)) return per_mesh[q].shard(r);
+      }
+      return scalar_tensor(0.0, DType::F64);
+    });
+    const int held = world.held_ranks().front();
+    const Tensor norm_squared = all_reduce(mine, mesh, "pp").shard(held);
+    const double norm = shapes_only ? 0.0 : std::sqrt(norm_squared.item<double>());
+    const double coefficient = shapes_only ? 0.5 : c.clip / (norm + 1e-6);
+    // clip_grad_norm's scaling; backward of a leaf stores the gradient it is given, for AdamW.
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      backward(*params[i], coefficient < 1.0 ? grads[i] * coefficient : grads[i]);
+    }
+    opt.step();
+
+    // The loss, on the last stage's ranks, to every process.
+    const LocalTensor loss = LocalTensor::from_fn(world, [&](int r) {
+      return ran.loss.defined() && ran.loss.holds(r) ? ran.loss.shard(r).to(DType::F64)
+                                                     : scalar_tensor(0.0, DType::F64);
+    });
+    const Tensor total = all_reduce(loss, mesh, "pp").shard(held);
+    losses.push_back(shapes_only ? std::nan("") : total.item<double>());
+  }
+  return losses;
+}
+
+// ---- the program --------------------------------------------------------------------------------
+
 void section(const World& world, const std::string& title) {
   if (world.is_coordinator()) fmt::print("\n== {}\n", title);
 }
 
 int llama(World& world, Config c) {
-  const int64_t ranks = c.dp * c.ep * c.cp * c.tp;
+  const int64_t others = c.pp * c.dp * c.ep * c.cp;
+  if (c.tp == 0) {
+    if (world.size() % others != 0) {
+      throw_error<ConfigError>(
+          "llama: --pp {} x --dp {} x --ep {} x --cp {} = {} does not divide the world's {} ranks "
+          "(tp takes what they leave; or give --tp)",
+          c.pp, c.dp, c.ep, c.cp, others, world.size());
+    }
+    c.tp = world.size() / others;
+  }
+  const int64_t ranks = others * c.tp;
   if (ranks != world.size()) {
     throw_error<ConfigError>(
-        "llama: the mesh --dp {} x --ep {} x --cp {} x --tp {} has {} ranks, but the world has {}",
-        c.dp, c.ep, c.cp, c.tp, ranks, world.size());
+        "llama: the mesh --pp {} x --dp {} x --ep {} x --cp {} x --tp {} has {} ranks, but the "
+        "world has {}",
+        c.pp, c.dp, c.ep, c.cp, c.tp, ranks, world.size());
   }
+  check_tp(c);
   // Mesh dims of size 1 are left out, except dp (the batch) and ep with experts (the MoE layer's
-  // dim); tp innermost (the most traffic), as torchtitan orders them.
+  // dim); tp innermost (the most traffic), pp outermost (the least: one activation per
+  // microbatch and stage), as torchtitan orders them.
   std::vector<int64_t> sizes;
   std::vector<std::string> names;
-  for (const auto& [name, size] :
-       {std::pair<std::string, int64_t>{"dp", c.dp}, {"ep", c.ep}, {"cp", c.cp}, {"tp", c.tp}}) {
+  for (const auto& [name, size] : {std::pair<std::string, int64_t>{"pp", c.pp},
+                                   {"dp", c.dp},
+                                   {"ep", c.ep},
+                                   {"cp", c.cp},
+                                   {"tp", c.tp}}) {
     if (size > 1 || name == "dp" || (name == "ep" && c.experts > 0)) {
       sizes.push_back(size);
       names.push_back(name);
     }
   }
   const DeviceMesh mesh = init_device_mesh(world, sizes, names);
+  const bool pipelined = c.pp > 1;
   const bool dry_run = meta_tensors();
   if (dry_run) c.check = false;
   // Capacity drops choices per rank (Note [Expert parallelism]): one device, seeing every token
@@ -348,6 +762,8 @@ int llama(World& world, Config c) {
   // The sequence's order over cp: zigzag (head-tail) for ring and all-gather attention.
   std::vector<int64_t> order;
   if (c.cp > 1 && c.zigzag && c.cp_method != "sdpa") order = zigzag_order(c.seq, c.cp);
+  std::optional<PipelineSetup> setup;
+  if (pipelined) setup = make_pipeline(c, mesh, order);
   if (coordinator) {
     fmt::print(
         "llama: {} layers, d_model {}, {} heads ({} key/value heads), ffn {}, sequence {}, "
@@ -366,29 +782,48 @@ int llama(World& world, Config c) {
     }
     fmt::print("       key/value heads {} over tp\n",
                layout.kv_replicated ? "replicated (fewer than tp)" : "split");
+    if (pipelined) {
+      fmt::print(
+          "       pipeline: schedule {}, {} microbatches of {} rows, {} stages ({} pp ranks x {} "
+          "virtual), blocks per stage: {}\n",
+          c.schedule, c.microbatches, c.batch / c.microbatches, setup->stages(), c.pp,
+          c.virtual_stages, setup->blocks_per_stage);
+    }
     fmt::print("\n== mesh {}{}\n{}", mesh.layout(), c.fsdp ? ", FSDP over dp" : "",
                world.size() <= 64 ? mesh.to_grid() : std::string("(grid not drawn)\n"));
   }
 
-  Model<DTensor> model = init_model<DTensor>(c, &layout);
-  // Each sequence index's position (zigzag over cp), split over cp like the sequence.
-  std::vector<int64_t> positions = order;
-  if (positions.empty()) {
-    for (int64_t i = 0; i < c.seq; ++i) positions.push_back(i);
-  }
-  Placements seq_placements = replicate_placements(mesh);
-  if (layout.has("cp")) seq_placements = placed_on(mesh, "cp", Shard{0});
-  const Parallel par{&layout,
-                     distribute_tensor(from_vector(positions, {c.seq}), mesh, seq_placements),
-                     c.cp_method, order};
+  Model<DTensor> model =
+      pipelined ? init_model<DTensor>(
+                      c,
+                      [&](int64_t layer) {
+                        return setup->layouts[setup->rank_of(setup->stage_of(layer))].get();
+                      })
+                : init_model<DTensor>(c, &layout);
+  std::optional<Parallel> par;
+  if (!pipelined) par = make_parallel(c, layout, order);
   trace().clear();
   std::vector<double> losses;
-  if (dry_run) {
+  if (pipelined && dry_run) {
+    // The last step's in-flight activations per pp rank and its pipelined time join the report
+    // (Note [Dry-run estimates]).
     const char* device_file = std::getenv("SPMD_DEVICE");
     DryRun dry(world, device_file != nullptr ? DeviceSpec::load(device_file) : DeviceSpec{});
-    losses = train(c, text, par, model, &layout, &dry);
+    pipeline::PipelineStep step;
+    losses = train_pipeline(world, c, text, mesh, *setup, order, model, &step);
+    MemoryParts parts;
+    for (DTensor* p : model.params()) parts.parameters.push_back(p);
+    parts.pipeline = &step;
+    const DryRunReport report = dry.report(parts);
+    if (coordinator) fmt::print("\n== dry-run report\n{}", report.table());
+  } else if (pipelined) {
+    losses = train_pipeline(world, c, text, mesh, *setup, order, model);
+  } else if (dry_run) {
+    const char* device_file = std::getenv("SPMD_DEVICE");
+    DryRun dry(world, device_file != nullptr ? DeviceSpec::load(device_file) : DeviceSpec{});
+    losses = train(c, text, *par, model, &layout, &dry);
   } else {
-    losses = train(c, text, par, model, &layout);
+    losses = train(c, text, *par, model, &layout);
   }
   section(world, "collectives of the training steps (this process's trace)");
   if (coordinator) fmt::print("{}", trace().summary_table());
@@ -398,7 +833,9 @@ int llama(World& world, Config c) {
     Model<Tensor> one = init_model<Tensor>(c, nullptr);
     std::vector<int64_t> in_order(static_cast<size_t>(c.seq));
     for (int64_t i = 0; i < c.seq; ++i) in_order[static_cast<size_t>(i)] = i;
-    single = train(c, text, Single{from_vector(in_order, {c.seq})}, one, nullptr);
+    const Single plain{from_vector(in_order, {c.seq})};
+    single =
+        pipelined ? train_microbatched(c, text, one, plain) : train(c, text, plain, one, nullptr);
   }
   const double tolerance = c.dtype == DType::F64 ? 1e-9 : c.dtype == DType::F32 ? 1e-4 : 5e-2;
   section(world, "loss per step");

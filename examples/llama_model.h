@@ -18,10 +18,14 @@
 //            (or not a multiple of it) are computed replicated and each rank keeps the repeated
 //            heads its query heads use
 //   fsdp     (--fsdp) dense parameters also split over dp, gathered before use
+//   pp       (--pp) pipeline parallelism: a stage runs the pieces of forward() it holds (embed,
+//            block, logits_of, next_token_loss) on its own mesh (examples/llama.cpp, Note [Llama
+//            pipeline])
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -54,8 +58,13 @@ struct Config {
   double capacity_factor = 0.0;
   double aux_coef = 0.01;
   bool shared_expert = false;
-  // The mesh.
-  int64_t dp = 2, ep = 1, cp = 1, tp = 4;
+  // The mesh; tp 0: what the world leaves (4 on 8 ranks without other dims).
+  int64_t pp = 1, dp = 2, ep = 1, cp = 1, tp = 0;
+  // Pipeline parallelism (pp above 1): pipeline/schedule.h's schedule, the microbatches per step,
+  // the stages per pp rank (0: 2 for interleaved, else 1).
+  std::string schedule = "1f1b";
+  int64_t microbatches = 4;
+  int64_t virtual_stages = 0;
   // Context parallelism's attention (nn/context_parallel.h): ring (keys and values passed around
   // the cp ring), allgather, or sdpa (scaled_dot_product_attention's own row-sharded strategy, its
   // keys and values gathered by DTensor); zigzag: the sequence in head-tail order over cp (ring
@@ -187,17 +196,23 @@ T make_param(const ModelLayout* layout, Role role, const Shape& shape, uint64_t 
   }
 }
 
+// The layout of layer `layer`'s parameters: -1 for the embeddings, c.layers for the final norm
+// and the output layer (one layout for all without pipeline parallelism; the stage's with it).
+using LayoutOf = std::function<const ModelLayout*(int64_t layer)>;
+
 template <class T>
-Model<T> init_model(const Config& c, const ModelLayout* layout) {
+Model<T> init_model(const Config& c, const LayoutOf& layout_of) {
   const int64_t d = c.d_model, D = c.head_dim();
   const double std = 0.02, out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
   uint64_t seed = c.seed;
+  const ModelLayout* layout = layout_of(-1);
   auto param = [&](Role role, const Shape& shape, double s) {
     return make_param<T>(layout, role, shape, ++seed, s, c.dtype);
   };
   Model<T> m;
   m.tok_embeddings = param(Role::Vocab, {c.vocab, d}, std);
   for (int64_t l = 0; l < c.layers; ++l) {
+    layout = layout_of(l);
     Block<T> b;
     b.attn_norm = param(Role::Replicated, {d}, 0.0);
     b.wq = param(Role::Colwise, {d, c.heads * D}, std);
@@ -226,10 +241,28 @@ Model<T> init_model(const Config& c, const ModelLayout* layout) {
     }
     m.blocks.push_back(std::move(b));
   }
+  layout = layout_of(c.layers);
   m.norm = param(Role::Replicated, {d}, 0.0);
   m.output = param(Role::Colwise, {d, c.vocab}, std);
   for (T* p : m.params()) p->requires_grad_();
   return m;
+}
+
+template <class T>
+Model<T> init_model(const Config& c, const ModelLayout* layout) {
+  return init_model<T>(c, [layout](int64_t) { return layout; });
+}
+
+// The layer of each parameter, in params() order (-1: the embeddings, the layer count: the final
+// norm and the output layer).
+template <class T>
+std::vector<int64_t> param_layers(Model<T>& m) {
+  std::vector<int64_t> out = {-1};
+  for (size_t l = 0; l < m.blocks.size(); ++l) {
+    out.insert(out.end(), m.blocks[l].params().size(), static_cast<int64_t>(l));
+  }
+  out.insert(out.end(), 2, static_cast<int64_t>(m.blocks.size()));
+  return out;
 }
 
 // ---- the redistributions of the parallel run; none on one device ------------------------------
@@ -315,23 +348,46 @@ std::pair<T, T> ffn(const Config& c, const P& par, const Block<T>& b, const T& x
   return {out, r.aux_loss};
 }
 
-// The loss of one batch: input tokens and their next tokens [B, S] (in the run's sequence order):
-// the mean next-token cross-entropy plus aux_coef times the layers' load-balancing losses.
+// The pieces of forward() a pipeline stage runs apart: the embeddings of input tokens [B, S] ...
 template <class T, class P>
-T forward(const Config& c, const P& par, const Model<T>& m, const T& ids, const T& next) {
+T embed(const P& par, const Model<T>& m, const T& ids) {
+  return par.into_sp(embedding(ids, par.use(m.tok_embeddings)));
+}
+
+// ... one block of the residual stream [B, S, d], adding its load-balancing loss (with experts)
+// to `aux` ...
+template <class T, class P>
+T block(const Config& c, const P& par, const Block<T>& b, const T& x, T& aux) {
+  const T h = x + attention(c, par, b, rms_norm(x, par.use(b.attn_norm), c.norm_eps));
+  auto [out, layer_aux] = ffn(c, par, b, rms_norm(h, par.use(b.ffn_norm), c.norm_eps));
+  const T y = h + out;
+  if (layer_aux.defined()) aux = aux.defined() ? aux + layer_aux : layer_aux;
+  return y;
+}
+
+// ... the final norm and the output layer: logits [B, S, V] ...
+template <class T, class P>
+T logits_of(const Config& c, const P& par, const Model<T>& m, const T& x) {
+  return matmul(par.into_tp(rms_norm(x, par.use(m.norm), c.norm_eps)), par.use(m.output));
+}
+
+// ... and the loss: the mean next-token cross-entropy of the targets `next` [B, S], plus aux_coef
+// times the layers' load-balancing losses `aux` (undefined: none).
+template <class T>
+T next_token_loss(const Config& c, const T& logits, const T& next, const T& aux) {
   const int64_t B = c.batch, S = c.seq;
-  T x = par.into_sp(embedding(ids, par.use(m.tok_embeddings)));
-  T aux;
-  for (const Block<T>& b : m.blocks) {
-    const T h = x + attention(c, par, b, rms_norm(x, par.use(b.attn_norm), c.norm_eps));
-    auto [out, layer_aux] = ffn(c, par, b, rms_norm(h, par.use(b.ffn_norm), c.norm_eps));
-    x = h + out;
-    if (layer_aux.defined()) aux = aux.defined() ? aux + layer_aux : layer_aux;
-  }
-  const T logits = matmul(par.into_tp(rms_norm(x, par.use(m.norm), c.norm_eps)), par.use(m.output));
   const T targets = reshape(next, {B * S});
   const T loss = cross_entropy(reshape(logits, {B * S, c.vocab}), targets);
   return aux.defined() ? loss + aux * c.aux_coef : loss;
+}
+
+// The loss of one batch: input tokens and their next tokens [B, S] (in the run's sequence order).
+template <class T, class P>
+T forward(const Config& c, const P& par, const Model<T>& m, const T& ids, const T& next) {
+  T x = embed(par, m, ids);
+  T aux;
+  for (const Block<T>& b : m.blocks) x = block(c, par, b, x, aux);
+  return next_token_loss(c, logits_of(c, par, m, x), next, aux);
 }
 
 }  // namespace llama_model
