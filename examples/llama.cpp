@@ -23,9 +23,7 @@
 // the model's own code on its mesh of the other dims, run_pipeline (pipeline/runner.h) moves the
 // activations between stages, and the gradient reduction, the clipping and AdamW follow once per
 // step. With experts, each stage's load-balancing losses travel with its activation to the loss.
-// The single-device check runs the same microbatches (Note [Llama pipeline]). Experts and ring or
-// all-gather context parallelism run in stages only where a process holds one stage's ranks
-// (threads, mpi): under sim they are a ConfigError (make_pipeline says why).
+// The single-device check runs the same microbatches (Note [Llama pipeline]).
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -524,26 +522,6 @@ PipelineSetup make_pipeline(const Config& c, const DeviceMesh& mesh,
         "llama: --batch {} must split into --microbatches {} of a multiple of --dp {} x --ep {} = "
         "{} rows each",
         c.batch, c.microbatches, c.dp, c.ep, c.dp * c.ep);
-  }
-  // spmd::moe and context_attention's ring and all-gather compute on every rank the process holds
-  // (world.held_ranks() in nn/moe.cpp and nn/context_parallel.cpp), not on the stage mesh's: a
-  // process holding several stages' ranks (sim) cannot run them in one stage.
-  if (mesh.world().held_ranks().size() > 1) {
-    if (c.experts > 0) {
-      throw_error<ConfigError>(
-          "llama: --pp {} with --experts {} does not run where one process holds several pipeline "
-          "stages' ranks (--spmd-backend=sim) yet: spmd::moe computes on every rank the process "
-          "holds, not the stage's; run it under --spmd-backend=threads or mpi",
-          c.pp, c.experts);
-    }
-    if (c.cp > 1 && c.cp_method != "sdpa") {
-      throw_error<ConfigError>(
-          "llama: --pp {} with --cp {} --cp-method {} does not run where one process holds "
-          "several pipeline stages' ranks (--spmd-backend=sim) yet: context_attention computes on "
-          "every rank the process holds, not the stage's; use --cp-method sdpa, or run it under "
-          "--spmd-backend=threads or mpi",
-          c.pp, c.cp, c.cp_method);
-    }
   }
   std::vector<std::string> names;
   for (int d = 1; d < mesh.ndim(); ++d) names.push_back(mesh.dim_name(d));

@@ -730,10 +730,11 @@ void set_debug(World& world, const DebugOptions& debug) {
   // Note [Value dumps] (debug/value_dump.h): this world's DTensors written while it lives.
   std::shared_ptr<const void> dump;
   if (!debug.dump_values.empty()) dump = start_value_dump(world, debug.dump_values);
-  world.store_debug(debug, std::make_shared<const std::tuple<std::shared_ptr<const HookToken>,
-                                                             std::shared_ptr<const TypesScope>,
-                                                             std::shared_ptr<const void>>>(
-                               std::move(checks), std::move(types), std::move(dump)));
+  world.store_debug(
+      debug, std::make_shared<
+                 const std::tuple<std::shared_ptr<const HookToken>,
+                                  std::shared_ptr<const TypesScope>, std::shared_ptr<const void>>>(
+                 std::move(checks), std::move(types), std::move(dump)));
 }
 
 void shadow_run_record() {

@@ -47,6 +47,11 @@ struct Parity {
   std::string summary;
 };
 
+// An optimizer's new parameter values are compared at this multiple of the tolerance: Adam divides
+// each gradient element by its root mean square plus eps, so an element near 0 turns the last bits
+// of a sum's order into a visible part of its update (Note [Parity run]).
+constexpr double kStepToleranceFactor = 100.0;
+
 Parity& parity() {
   static Parity* state = new Parity();  // never destroyed: worlds may outlive statics
   return *state;
@@ -78,9 +83,9 @@ std::string summary_text(const Parity& p) {
                          const ParityValue& expected, const ParityDeparture& d, double tol,
                          const DTensor& output) {
   p.phase = Parity::Phase::Off;
-  const std::string last =
-      p.last_agreed.empty() ? std::string("none (this is the first DTensor compared)")
-                            : p.last_agreed;
+  const std::string last = p.last_agreed.empty()
+                               ? std::string("none (this is the first DTensor compared)")
+                               : p.last_agreed;
   const std::string sampled =
       got.stride > 1 ? fmt::format(" (every {}th element compared)", got.stride) : "";
   throw_error<ParityError>(
@@ -88,10 +93,16 @@ std::string summary_text(const Parity& p) {
       "values differ by {:.3g} of the tensor's largest (tolerance {:g} for {}){} and most at index "
       "{}: {:.9g} here, {:.9g} on one rank. Here it is shape {} {}. The last site that still "
       "agreed: {}. What differs was computed at this line or in the local code that made its "
-      "inputs (from_local, to_local, per-rank math)",
+      "inputs (from_local, to_local, per-rank math){}",
       key.text(), occurrence + 1, d.relative, tol, dtype_name(got.dtype), sampled,
       index_text(d.flat * got.stride, got.shape), d.got, d.expected, shape_str(output.shape()),
-      placements_text(output), last);
+      placements_text(output), last,
+      d.relative < 100 * tol && !p.last_agreed.empty()
+          ? fmt::format(". A difference this small where earlier values agreed can also be "
+                        "rounding carried through training steps (sums in another order, in {}); "
+                        "if so, a larger --spmd-parity-tol accepts it",
+                        dtype_name(got.dtype))
+          : std::string());
 }
 
 void on_op(const OpEvent& e) {
@@ -124,7 +135,8 @@ void on_op(const OpEvent& e) {
     ++p.other_shape;
     return;
   }
-  const double tol = parity_tolerance(value.dtype, out.mesh().world().debug().parity_tol);
+  double tol = parity_tolerance(value.dtype, out.mesh().world().debug().parity_tol);
+  if (e.op == "step") tol *= kStepToleranceFactor;
   if (auto d = parity_departure(value, expected, tol)) {
     report(p, key, occurrence, value, expected, *d, tol, out);
   }
@@ -150,10 +162,10 @@ double parity_tolerance(DType dtype, double override) {
     case DType::F64:
       return override > 0.0 ? override : 1e-9;
     case DType::F32:
-      return override > 0.0 ? override : 1e-4;
+      return override > 0.0 ? override : 1e-3;
     case DType::BF16:
     case DType::F16:
-      return override > 0.0 ? override : 3e-2;
+      return override > 0.0 ? override : 5e-2;
     default:
       return 0.0;
   }
@@ -167,17 +179,17 @@ ParityValue parity_value(const Tensor& tensor, std::string placements) {
   const int64_t n = tensor.numel();
   v.stride = n > kParitySampleLimit ? (n + kParitySampleLimit - 1) / kParitySampleLimit : 1;
   const Tensor flat = tensor.detach().to(Device{}).contiguous().reshape({n}).to(DType::F64);
-  const std::vector<double> all = flat.to_vector<double>();
+  std::vector<double> all = flat.to_vector<double>();
   if (v.stride == 1) {
-    v.values = all;
+    v.values = std::move(all);
   } else {
     for (int64_t i = 0; i < n; i += v.stride) v.values.push_back(all[static_cast<size_t>(i)]);
   }
   return v;
 }
 
-std::optional<ParityDeparture> parity_departure(const ParityValue& got,
-                                                const ParityValue& expected, double tol) {
+std::optional<ParityDeparture> parity_departure(const ParityValue& got, const ParityValue& expected,
+                                                double tol) {
   if (got.values.size() != expected.values.size()) {
     throw_error<InternalError>("parity: comparing {} values with {}", got.values.size(),
                                expected.values.size());

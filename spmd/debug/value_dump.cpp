@@ -210,6 +210,13 @@ std::shared_ptr<const void> start_value_dump(const World& world, const std::stri
   }
   auto writer = std::make_shared<Writer>();
   writer->dir = dir;
+  // Every held rank's file, also when the program makes no DTensor (an empty dump).
+  for (int rank : world.held_ranks()) {
+    const std::string path = fmt::format("{}/values.rank{}.jsonl", dir, rank);
+    std::ofstream file(path, std::ios::trunc);
+    if (!file) throw_error<ConfigError>("--spmd-dump-values={}: cannot write {}", dir, path);
+    writer->files.emplace(rank, std::move(file));
+  }
   return std::make_shared<const DumpToken>(world.state().id, std::move(writer));
 }
 
@@ -254,8 +261,8 @@ std::vector<DumpedValue> read_value_dump(const std::string& dir) {
         }
         for (size_t d = 0; d < shape.size(); ++d) {
           if (offset[d] < 0 || size[d] < 0 || offset[d] + size[d] > shape[d]) {
-            throw_error<ConfigError>("the piece [{}, +{}) lies outside shape {}",
-                                     shape_str(offset), shape_str(size), shape_str(shape));
+            throw_error<ConfigError>("the piece [{}, +{}) lies outside shape {}", shape_str(offset),
+                                     shape_str(size), shape_str(shape));
           }
         }
         Assembly& a = by_site[{file, line, op, occurrence}];
@@ -339,8 +346,8 @@ DumpComparison compare_value_dumps(const std::vector<DumpedValue>& a,
       continue;
     }
     const double t = parity_tolerance(v.value.dtype, tol);
-    const std::string site =
-        fmt::format("'{}' at {} (occurrence {})", v.op, site_text(v.file, v.line), v.occurrence + 1);
+    const std::string site = fmt::format("'{}' at {} (occurrence {})", v.op,
+                                         site_text(v.file, v.line), v.occurrence + 1);
     if (auto d = parity_departure(v.value, expected, t)) {
       std::vector<int64_t> index(v.value.shape.size(), 0);
       int64_t flat = d->flat * v.value.stride;

@@ -269,8 +269,8 @@ DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner 
     const DTensor* input = this;
     static const OpArgs kNoArgs;
     notify_op_observers(OpEvent{kRedistributeOp.name, &kRedistributeOp, kNoArgs,
-                                std::span<const DTensor* const>(&input, 1), out,
-                                user_site_or(loc), nested_call(loc)});
+                                std::span<const DTensor* const>(&input, 1), out, user_site_or(loc),
+                                nested_call(loc)});
   }
   return out;
 }
@@ -680,9 +680,8 @@ DTensor DTensor::from_local(LocalTensor local, DeviceMesh mesh, Placements place
   // The debug checks see the claim (placements over pieces the user made): OpEvent with no inputs.
   if (has_op_observers() && out.participates()) {
     static const OpArgs kNoArgs;
-    notify_op_observers(
-        OpEvent{kFromLocalOp.name, &kFromLocalOp, kNoArgs, {}, out, user_site_or(loc),
-                nested_call(loc)});
+    notify_op_observers(OpEvent{
+        kFromLocalOp.name, &kFromLocalOp, kNoArgs, {}, out, user_site_or(loc), nested_call(loc)});
   }
   return out;
 }

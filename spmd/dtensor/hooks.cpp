@@ -69,16 +69,16 @@ void notify_op_observers(const OpEvent& event) {
 }
 
 const OpDef& value_event_def() {
-  static const OpDef def{
+  static const OpDef kValueEventOp{
       .name = "value", .meta = nullptr, .compute = nullptr, .strategies = nullptr};
-  return def;
+  return kValueEventOp;
 }
 
 void notify_value(std::string_view what, const DTensor& value, const SourceLocation& loc) {
   if (!has_op_observers() || !value.defined() || !value.participates()) return;
   static const OpArgs kNoArgs;
-  notify_op_observers(OpEvent{what, &value_event_def(), kNoArgs, {}, value, user_site_or(loc),
-                              nested_call(loc)});
+  notify_op_observers(
+      OpEvent{what, &value_event_def(), kNoArgs, {}, value, user_site_or(loc), nested_call(loc)});
 }
 
 }  // namespace spmd

@@ -541,10 +541,17 @@ DeviceMesh DeviceMesh::flatten(const std::string& name) const {
   return mesh;
 }
 
-DeviceMesh DeviceMesh::unflatten(MeshDim dim, const std::vector<int64_t>& sizes,
+DeviceMesh DeviceMesh::unflatten(MeshDim dim, const std::vector<int64_t>& requested,
                                  std::vector<std::string> names) const {
   checked("unflatten");
   int d = resolve(dim);
+  // The one-rank world of a parity run: the new dims have size 1 as every other (Note [Parity
+  // run] in debug/parity.h); the sizes asked for are still checked.
+  std::vector<int64_t> sizes = requested;
+  if (world().state().parity_reference && spmd::size(dims_[d]) == 1 &&
+      std::all_of(requested.begin(), requested.end(), [](int64_t s) { return s >= 1; })) {
+    std::fill(sizes.begin(), sizes.end(), 1);
+  }
   auto source = [&] { return fmt::format("unflatten: {}: dim '{}'", to_string(), dim_name(d)); };
   if (sizes.empty()) throw_error<MeshError>("{}: give at least one size", source());
   int64_t product = 1;

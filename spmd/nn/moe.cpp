@@ -187,8 +187,8 @@ MoEOutput<Tensor> moe(const Tensor& x, const MoEWeights<Tensor>& w, const MoEOpt
 MoEOutput<DTensor> moe(const DTensor& x_in, const MoEWeights<DTensor>& w_in, const MoEOptions& o,
                        SourceLocation loc) {
   const UserCallSite site(loc);
-  const Dims dims = check_moe(x_in.shape(), w_in.router.shape(), w_in.w1.shape(),
-                              w_in.w3.shape(), w_in.w2.shape(), o);
+  const Dims dims = check_moe(x_in.shape(), w_in.router.shape(), w_in.w1.shape(), w_in.w3.shape(),
+                              w_in.w2.shape(), o);
   const int64_t k = o.top_k;
   const DeviceMesh& mesh = x_in.mesh();
   const int ep = mesh.resolve(o.ep);

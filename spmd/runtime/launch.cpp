@@ -339,8 +339,7 @@ bool run_parity_reference(const LaunchOptions& options, const Program& program, 
       "collapse; code that indexes a mesh's ranks or coordinates beyond 0 (a pipeline's stage "
       "meshes) or needs a dim larger than 1 does not run there",
       error_text(error),
-      last.empty() ? std::string("before its first DTensor op")
-                   : "after its DTensor op " + last);
+      last.empty() ? std::string("before its first DTensor op") : "after its DTensor op " + last);
   if (required) throw_error<ConfigError>("{}", why);
   print_report(fmt::format("spmd: {}; the other checks of --spmd-debug=all go on\n", why));
   return false;

@@ -22,11 +22,16 @@ struct FlagSpec {
 // The environment is read in this order, so a variable later in the list wins over an alias
 // before it (SPMD_TIMEOUT over SPMD_NCCL_TIMEOUT).
 constexpr FlagSpec kFlags[] = {
-    {"--spmd-backend", "SPMD_BACKEND"},   {"--spmd-world-size", "SPMD_WORLD_SIZE"},
-    {"--spmd-trace", "SPMD_TRACE"},       {"--spmd-debug", "SPMD_DEBUG"},
-    {"--spmd-topology", "SPMD_TOPOLOGY"}, {"--spmd-nccl-timeout", "SPMD_NCCL_TIMEOUT", true},
-    {"--spmd-timeout", "SPMD_TIMEOUT"},   {"--spmd-gpus-per-process", "SPMD_GPUS_PER_PROCESS"},
-    {"--spmd-tensors", "SPMD_TENSORS"},   {"--spmd-parity-tol", "SPMD_PARITY_TOL"},
+    {"--spmd-backend", "SPMD_BACKEND"},
+    {"--spmd-world-size", "SPMD_WORLD_SIZE"},
+    {"--spmd-trace", "SPMD_TRACE"},
+    {"--spmd-debug", "SPMD_DEBUG"},
+    {"--spmd-topology", "SPMD_TOPOLOGY"},
+    {"--spmd-nccl-timeout", "SPMD_NCCL_TIMEOUT", true},
+    {"--spmd-timeout", "SPMD_TIMEOUT"},
+    {"--spmd-gpus-per-process", "SPMD_GPUS_PER_PROCESS"},
+    {"--spmd-tensors", "SPMD_TENSORS"},
+    {"--spmd-parity-tol", "SPMD_PARITY_TOL"},
     {"--spmd-dump-values", "SPMD_DUMP_VALUES"},
 };
 

@@ -45,7 +45,7 @@ struct DebugOptions {
   double parity_tol = 0.0;
   // Where every DTensor's values are written, per call site (--spmd-dump-values; Note [Value
   // dumps] in debug/parity.h); empty: nowhere.
-  std::string dump_values;
+  std::string dump_values{};
   bool all = false;  // every check the backend supports (resolved by launch())
 
   bool any() const {

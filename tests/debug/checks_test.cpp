@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -13,10 +14,10 @@
 #include <spmd/debug/value_dump.h>
 #include <spmd/dtensor/hooks.h>
 #include <spmd/dtensor/ops.h>
-#include <spmd/tensor/random.h>
 #include <spmd/dtensor/redistribute.h>
 #include <spmd/ops/ops.h>
 #include <spmd/runtime/launch.h>
+#include <spmd/tensor/random.h>
 #include <spmd/world/local_ops.h>
 #include <spmd/world/spmd_types.h>
 #include "tests/support/test_support.h"
@@ -712,8 +713,7 @@ TEST(DebugParity, SimOnlyAndNotInADryRun) {
   Launched r = launch_with({"--spmd-world-size=2", "--spmd-debug=parity", "--spmd-backend=threads"},
                            [](World&) {});
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.err.find("parity: the run on one rank is the sim backend's check"),
-            std::string::npos)
+  EXPECT_NE(r.err.find("parity: the run on one rank is the sim backend's check"), std::string::npos)
       << r.err;
   r = launch_with({"--spmd-world-size=2", "--spmd-debug=parity", "--spmd-tensors=meta"},
                   [](World&) {});
@@ -748,15 +748,17 @@ TEST(ValueDump, RunsOnEveryBackendAgreeAndABugDeparts) {
   };
   ASSERT_EQ(launch_with({"--spmd-world-size=4", "--spmd-dump-values=" + sim}, program(false)).code,
             0);
-  ASSERT_EQ(launch_with({"--spmd-world-size=4", "--spmd-backend=threads",
-                         "--spmd-dump-values=" + threads},
-                        program(false))
+  ASSERT_EQ(launch_with(
+                {"--spmd-world-size=4", "--spmd-backend=threads", "--spmd-dump-values=" + threads},
+                program(false))
                 .code,
             0);
-  ASSERT_EQ(launch_with({"--spmd-world-size=2", "--spmd-dump-values=" + one}, [&](World& w) {
-              const DeviceMesh mesh = init_device_mesh(w, {1, 1}, {"dp", "tp"});
-              (void)mesh;
-            }).code,
+  ASSERT_EQ(launch_with({"--spmd-world-size=2", "--spmd-dump-values=" + one},
+                        [&](World& w) {
+                          const DeviceMesh mesh = init_device_mesh(w, {1, 1}, {"dp", "tp"});
+                          (void)mesh;
+                        })
+                .code,
             0);
   ASSERT_EQ(launch_with({"--spmd-world-size=4", "--spmd-dump-values=" + bad}, program(true)).code,
             0);
@@ -773,13 +775,23 @@ TEST(ValueDump, RunsOnEveryBackendAgreeAndABugDeparts) {
   EXPECT_TRUE(c.departure.empty()) << c.departure;
   EXPECT_EQ(c.compared, 4u);
   c = compare_value_dumps(read_value_dump(bad), a);
-  EXPECT_NE(c.departure.find("'from_local' at checks_test.cpp:"), std::string::npos)
-      << c.departure;
+  EXPECT_NE(c.departure.find("'from_local' at checks_test.cpp:"), std::string::npos) << c.departure;
   EXPECT_NE(c.departure.find("The last site that still agreed: 'sum' at checks_test.cpp:"),
             std::string::npos)
       << c.departure;
-  expect_throws<ConfigError>([&] { (void)read_value_dump(one); }, {"holds no values.rank"});
+  // A program without DTensors writes an empty dump (a file per rank).
+  EXPECT_TRUE(read_value_dump(one).empty());
+  EXPECT_TRUE(std::filesystem::exists(one + "/values.rank1.jsonl"));
   expect_throws<ConfigError>([&] { (void)read_value_dump(one + "/missing"); }, {"not a folder"});
+  std::filesystem::create_directories(one + "/empty");
+  expect_throws<ConfigError>([&] { (void)read_value_dump(one + "/empty"); },
+                             {"holds no values.rank"});
+  {
+    std::ofstream broken(bad + "/values.rank9.jsonl");
+    broken << "{\"seq\": 1}\n";
+  }
+  expect_throws<ConfigError>([&] { (void)read_value_dump(bad); },
+                             {"values.rank9.jsonl:1: not a value record"});
 }
 
 }  // namespace

@@ -17,6 +17,7 @@ NOT_IN_THE_TABLE = {
     "kRedistributeOp": "what op observers see for DTensor::redistribute (dtensor/dtensor.cpp)",
     "kFromLocalOp": "what op observers see for DTensor::from_local (dtensor/dtensor.cpp)",
     "kToLocalGradOp": "what op observers see for to_local's gradient (dtensor/dtensor.cpp)",
+    "kValueEventOp": "what op observers see for notify_value's events (dtensor/hooks.cpp)",
 }
 
 

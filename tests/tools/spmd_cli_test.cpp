@@ -8,10 +8,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <spmd/config.h>
@@ -450,6 +452,65 @@ TEST(SpmdTrace, DiffFindsTheFirstDifferingRecordOfEachRank) {
   EXPECT_TRUE(contains(text.output, "rank 3")) << text.output;
   std::remove(a.c_str());
   std::remove(b.c_str());
+}
+
+// ---- spmd parity (Note [Value dumps] in spmd/debug/value_dump.h) --------------------------------
+
+// A dump folder written by hand in the documented format: `records` per rank file.
+std::string value_dump(const std::string& name,
+                       const std::vector<std::vector<std::string>>& ranks) {
+  const std::string dir = temp_path(name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    std::ofstream out(dir + "/values.rank" + std::to_string(r) + ".jsonl");
+    for (const std::string& line : ranks[r]) out << line << "\n";
+  }
+  return dir;
+}
+
+// One piece of a [2, 2] f32 value made at train.cpp:`line`.
+std::string piece(int line, int rank, const std::string& offset, const std::string& size,
+                  const std::string& values, const std::string& placements = "S(0)") {
+  return fmt::format(
+      R"({{"seq": {}, "file": "/src/train.cpp", "line": {}, "op": "add", "occurrence": 0, )"
+      R"("shape": [2, 2], "dtype": "f32", "placements": "{}", "rank": {}, "offset": {}, )"
+      R"("size": {}, "stride": 1, "reduce": "sum", "values": {}}})",
+      line, line, placements, rank, offset, size, values);
+}
+
+TEST(SpmdParity, AssemblesPiecesAndNamesTheFirstDepartingSite) {
+  // The run: two ranks, rows split at line 10; Partial pieces that sum at line 11; line 12 off.
+  const std::string run =
+      value_dump("run", {{piece(10, 0, "[0, 0]", "[1, 2]", "[1, 2]"),
+                          piece(11, 0, "[0, 0]", "[2, 2]", "[0.5, 1, 1, 2]", "P(sum)"),
+                          piece(12, 0, "[0, 0]", "[1, 2]", "[1, 2]")},
+                         {piece(10, 1, "[1, 0]", "[1, 2]", "[3, 4]"),
+                          piece(11, 1, "[0, 0]", "[2, 2]", "[0.5, 1, 2, 2]", "P(sum)"),
+                          piece(12, 1, "[1, 0]", "[1, 2]", R"([3, "nan"])")}});
+  // The reference: one rank, whole values.
+  const std::string ref =
+      value_dump("ref", {{piece(10, 0, "[0, 0]", "[2, 2]", "[1, 2, 3, 4]", "R"),
+                          piece(11, 0, "[0, 0]", "[2, 2]", "[1, 2, 3, 4]", "R"),
+                          piece(12, 0, "[0, 0]", "[2, 2]", "[1, 2, 3, 4]", "R")}});
+  const CommandResult r = spmd_cli("parity " + run + " " + ref);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "ParityError: 'add' at train.cpp:12 (occurrence 1) departs"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "at index [1, 1]: nan here, 4 in the reference")) << r.output;
+  EXPECT_TRUE(contains(r.output, "The last site that still agreed: 'add' at train.cpp:11"))
+      << r.output;
+  const CommandResult j = spmd_cli("parity " + run + " " + ref + " --json");
+  EXPECT_EQ(j.exit_code, 1) << j.output;
+  EXPECT_EQ(json::parse(j.output)["compared"], 2) << j.output;
+  const CommandResult same = spmd_cli("parity " + ref + " " + ref);
+  EXPECT_EQ(same.exit_code, 0) << same.output;
+  EXPECT_TRUE(contains(same.output, "parity: 3 values agree")) << same.output;
+  // A piece outside its tensor, and a folder without a dump, are input errors naming the file.
+  const std::string broken =
+      value_dump("broken", {{piece(10, 0, "[1, 0]", "[2, 2]", "[1, 2, 3, 4]")}});
+  expect_input_error("parity " + broken + " " + ref, {"values.rank0.jsonl:1", "outside shape"});
+  expect_input_error("parity /nonexistent " + ref, {"/nonexistent is not a folder"});
 }
 
 TEST(SpmdTrace, ConvertMergesTheRanksOfAnMpiRunIntoTheSimTrace) {

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<Command> commands;
   try {
-    commands = {add_mesh_command(app), add_layout_command(app), add_redistribute_command(app),
+    commands = {add_mesh_command(app),  add_layout_command(app), add_redistribute_command(app),
                 add_trace_command(app), add_parity_command(app), add_version_command(app)};
     if (const std::string unknown = unknown_subcommand(app, argc, argv); !unknown.empty()) {
       fmt::print(stderr, "{}\nRun with --help for more information.\n", unknown);

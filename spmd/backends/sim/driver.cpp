@@ -40,13 +40,12 @@ std::vector<World> start_sim(const WorldRequest& request) {
 BackendDriver sim_driver() {
   BackendDriver d;
   d.name = "sim";
-  d.debug_all = DebugOptions{
-      .check = true,
-      .replicate = true,
-      .nan = true,
-      .divergence = true,
-      .types = true,
-      .parity = true};
+  d.debug_all = DebugOptions{.check = true,
+                             .replicate = true,
+                             .nan = true,
+                             .divergence = true,
+                             .types = true,
+                             .parity = true};
   d.start = start_sim;
   return d;
 }

@@ -14,8 +14,8 @@ int main(int argc, char** argv) {
     DTensor w = distribute_tensor(randn({16, 4}, 1), mesh, {Replicate{}});
     w.requires_grad_();
     for (int64_t mb = 0; mb < microbatches; ++mb) {
-      DTensor x = distribute_tensor(randn({32, 16}, 10 + static_cast<uint64_t>(mb)), mesh,
-                                    {Shard{0}});
+      DTensor x =
+          distribute_tensor(randn({32, 16}, 10 + static_cast<uint64_t>(mb)), mesh, {Shard{0}});
       DTensor y = matmul(x, w);
       backward(mean(y * y));
     }
