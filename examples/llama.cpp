@@ -11,6 +11,8 @@
 //   ./llama --spmd-backend=threads              # one thread per rank, the same digest
 //   mpirun -n 8 ./llama --spmd-backend=mpi      # one process per rank, the same digest
 //   ./llama --model 8b --spmd-tensors=meta      # a dry run at Llama 3.1 8B's shapes
+//   ./llama --steps 2 --save ckpt && ./llama --steps 2 --load ckpt --dp 4 --tp 2
+//                                               # two steps, then two more on another mesh
 //
 // The model and its parallel layout are examples/llama_model.h's. Tokens are the bytes of
 // examples/data/gpt_corpus.txt (vocabulary 256); AdamW with gradient clipping. Without --tp, tp
@@ -56,7 +58,8 @@ constexpr const char* kUsage =
     "      [--experts N] [--top-k N] [--capacity-factor X] [--aux-coef X] [--shared-expert]\n"
     "      [--cp-method ring|allgather|sdpa] [--no-zigzag] [--no-rope-scaling]\n"
     "      [--dtype f32|f64|bf16] [--model toy|8b|70b|405b] [--no-check]\n"
-    "      [--data FILE] [--seed N]   (and the --spmd-* flags of launch())";
+    "      [--data FILE] [--seed N] [--save DIR] [--load DIR]   (and the --spmd-* flags of "
+    "launch())";
 
 int64_t parse_int(const std::string& flag, const std::string& value) {
   int64_t v = 0;
@@ -188,6 +191,10 @@ Config parse_flags(int argc, char** argv) {
       c.aux_coef = parse_real(flag, value);
     } else if (flag == "--data") {
       c.data = value;
+    } else if (flag == "--save") {
+      c.save = value;
+    } else if (flag == "--load") {
+      c.load = value;
     } else if (flag == "--cp-method") {
       if (value != "ring" && value != "allgather" && value != "sdpa") {
         throw_error<ConfigError>("llama: --cp-method takes ring, allgather or sdpa, got '{}'",
@@ -319,14 +326,29 @@ AdamWOptions adamw_options(const Config& c) {
   return AdamWOptions{.lr = c.lr, .weight_decay = 0.1};
 }
 
-// Trains c.steps steps; returns each step's loss.
+// The model and AdamW's state as checkpoint entries (spmd/nn/checkpoint.h): --save and --load.
+template <class T>
+checkpoint::StateDict training_state(Model<T>& model, AdamW<T>& opt) {
+  checkpoint::StateDict state = opt.state_dict("optim.");
+  const std::vector<T*> params = model.params();
+  for (size_t i = 0; i < params.size(); ++i) state[fmt::format("param.{}", i)] = params[i];
+  return state;
+}
+
+// Trains c.steps steps; returns each step's loss. With --load the model and AdamW's state come
+// from that checkpoint and the steps follow the loaded one (*first: its number); with --save the
+// mesh run writes both after the last step.
 template <class T, class P>
 std::vector<double> train(const Config& c, const std::string& text, const P& par, Model<T>& model,
-                          const ModelLayout* layout, DryRun* dry = nullptr) {
+                          const ModelLayout* layout, DryRun* dry = nullptr,
+                          int64_t* first = nullptr) {
   std::vector<T*> params = model.params();
   AdamW<T> opt(params, adamw_options(c));
   std::vector<double> losses;
-  for (int64_t step = 0; step < c.steps; ++step) {
+  if (!c.load.empty()) checkpoint::load(training_state(model, opt), c.load);
+  const int64_t start = opt.steps();
+  if (first != nullptr) *first = start;
+  for (int64_t step = start; step < start + c.steps; ++step) {
     T loss;
     if constexpr (std::is_same_v<T, Tensor>) {
       const auto [ids, next] = step_tokens(c, text, step, {});
@@ -345,7 +367,7 @@ std::vector<double> train(const Config& c, const std::string& text, const P& par
     clip_grad_norm(params, c.clip);
     opt.step();
     if constexpr (std::is_same_v<T, DTensor>) {
-      if (dry != nullptr && step + 1 == c.steps) {
+      if (dry != nullptr && step + 1 == start + c.steps) {
         // The memory of the last step: parameters, gradients, AdamW's two moments.
         MemoryParts parts;
         for (size_t i = 0; i < params.size(); ++i) {
@@ -360,6 +382,9 @@ std::vector<double> train(const Config& c, const std::string& text, const P& par
         }
       }
     }
+  }
+  if constexpr (std::is_same_v<T, DTensor>) {
+    if (!c.save.empty()) checkpoint::save(layout->mesh.world(), training_state(model, opt), c.save);
   }
   return losses;
 }
@@ -780,8 +805,14 @@ int llama(World& world, Config c) {
                 : init_model<DTensor>(c, &layout);
   std::optional<Parallel> par;
   if (!pipelined) par = make_parallel(c, layout, order);
+  if ((!c.save.empty() || !c.load.empty()) && (pipelined || dry_run)) {
+    throw_error<ConfigError>(
+        "llama: --save and --load run without --pp and outside a dry run (a pipeline's stages "
+        "hold their own parameters; a dry run has no values)");
+  }
   trace().clear();
   std::vector<double> losses;
+  int64_t first_step = 0;  // the first step's number: the loaded one with --load
   if (pipelined && dry_run) {
     // The last step's in-flight activations per pp rank and its pipelined time join the report
     // (Note [Dry-run estimates]).
@@ -801,7 +832,7 @@ int llama(World& world, Config c) {
     DryRun dry(world, device_file != nullptr ? DeviceSpec::load(device_file) : DeviceSpec{});
     losses = train(c, text, *par, model, &layout, &dry);
   } else {
-    losses = train(c, text, *par, model, &layout);
+    losses = train(c, text, *par, model, &layout, nullptr, &first_step);
   }
   section(world, "collectives of the training steps (this process's trace)");
   if (coordinator) fmt::print("{}", trace().summary_table());
@@ -824,7 +855,7 @@ int llama(World& world, Config c) {
   double worst = 0.0;
   for (int64_t s = 0; s < c.steps; ++s) {
     const double loss = losses[static_cast<size_t>(s)];
-    std::string line = fmt::format("{:>4}  {:>16.10f}", s, loss);
+    std::string line = fmt::format("{:>4}  {:>16.10f}", first_step + s, loss);
     if (c.check) {
       const double diff = std::abs(loss - single[static_cast<size_t>(s)]);
       worst = std::max(worst, diff);

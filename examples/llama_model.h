@@ -75,6 +75,8 @@ struct Config {
   DType dtype = DType::F64;
   bool check = true;
   std::string data;
+  std::string save;  // --save DIR: the model and AdamW's state after the last step
+  std::string load;  // --load DIR: both before the first step, which follows the loaded step
   uint64_t seed = 2024;
   std::string model = "toy";  // or 8b, 70b, 405b (shapes for a dry run)
 

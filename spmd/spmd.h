@@ -40,6 +40,7 @@
 #include <spmd/dtensor/spec.h>
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/mesh/layout.h>
+#include <spmd/nn/checkpoint.h>
 #include <spmd/nn/context_parallel.h>
 #include <spmd/nn/loss.h>
 #include <spmd/nn/moe.h>

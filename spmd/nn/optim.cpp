@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include <fmt/format.h>
+
 #include <spmd/core/error.h>
 #include <spmd/dtensor/hooks.h>
 #include <spmd/dtensor/ops.h>
@@ -153,10 +155,32 @@ AdamW<P>::AdamW(std::vector<P*> params, AdamWOptions options, SourceLocation loc
 }
 
 template <class P>
+int64_t AdamW<P>::steps() const {
+  return step_count_.defined() ? step_count_.to_vector<int64_t>().at(0) : steps_;
+}
+
+template <class P>
+checkpoint::StateDict AdamW<P>::state_dict(const std::string& prefix) {
+  checkpoint::StateDict out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!m_[i].defined()) {
+      m_[i] = zeros_like(*params_[i]);
+      v_[i] = zeros_like(*params_[i]);
+    }
+    out[fmt::format("{}m.{}", prefix, i)] = &m_[i];
+    out[fmt::format("{}v.{}", prefix, i)] = &v_[i];
+  }
+  step_count_ = from_vector(std::vector<int64_t>{steps()}, {1});
+  out[prefix + "step"] = &step_count_;
+  return out;
+}
+
+template <class P>
 void AdamW<P>::step(SourceLocation loc) {
   const UserCallSite site(loc);
   NoGradGuard no_grad;
-  ++steps_;
+  steps_ = steps() + 1;
+  if (step_count_.defined()) step_count_ = from_vector(std::vector<int64_t>{steps_}, {1});
   const AdamWOptions& o = options_;
   const double t = static_cast<double>(steps_);
   const double step_size = o.lr / (1.0 - std::pow(o.beta1, t));

@@ -22,10 +22,12 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <vector>
 
 #include <spmd/core/call_site.h>
 #include <spmd/dtensor/dtensor.h>
+#include <spmd/nn/checkpoint.h>
 #include <spmd/tensor/tensor.h>
 
 namespace spmd {
@@ -75,7 +77,12 @@ class AdamW {
   // The moments of parameter i (undefined before its first step), placed like the parameter.
   const P& exp_avg(size_t i) const { return m_.at(i); }
   const P& exp_avg_sq(size_t i) const { return v_.at(i); }
-  int64_t steps() const { return steps_; }
+  int64_t steps() const;
+  // The state a checkpoint keeps (nn/checkpoint.h): "<prefix>m.<i>" and "<prefix>v.<i>" per
+  // parameter (zeros placed like it where its first step has not run) and "<prefix>step", the
+  // step count (an I64 tensor of one element). The entries point into this optimizer:
+  // checkpoint::load fills them and the next step() goes on from the loaded count.
+  checkpoint::StateDict state_dict(const std::string& prefix = "optim.");
 
  private:
   std::vector<P*> params_;
@@ -83,6 +90,7 @@ class AdamW {
   std::vector<P> m_;
   std::vector<P> v_;
   int64_t steps_ = 0;
+  Tensor step_count_;  // steps_ as state_dict hands it out (defined once it was asked for)
 };
 
 template <class P>

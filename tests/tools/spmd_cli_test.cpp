@@ -18,6 +18,8 @@
 
 #include <spmd/config.h>
 #include <spmd/debug/trace_file.h>
+#include <spmd/dtensor/ops.h>
+#include <spmd/nn/checkpoint.h>
 #include "tests/support/run_command.h"
 
 namespace spmd {
@@ -511,6 +513,27 @@ TEST(SpmdParity, AssemblesPiecesAndNamesTheFirstDepartingSite) {
       value_dump("broken", {{piece(10, 0, "[1, 0]", "[2, 2]", "[1, 2, 3, 4]")}});
   expect_input_error("parity " + broken + " " + ref, {"values.rank0.jsonl:1", "outside shape"});
   expect_input_error("parity /nonexistent " + ref, {"/nonexistent is not a folder"});
+}
+
+TEST(SpmdCheckpoint, InspectListsEveryEntry) {
+  const std::string dir = temp_path("ckpt");
+  {
+    World world = World::sim(4);
+    const DeviceMesh mesh = init_device_mesh(world, {2, 2}, {"dp", "tp"});
+    DTensor w = distribute_tensor(ones({6, 4}), mesh, {Shard{0}, Replicate{}});
+    Tensor step = zeros({1}, DType::I64);
+    checkpoint::save(world, {{"w", &w}, {"step", &step}}, dir);
+  }
+  const json doc = spmd_json("checkpoint inspect " + dir + " --json");
+  EXPECT_EQ(doc["w"]["shape"], json({6, 4}));
+  EXPECT_EQ(doc["w"]["placements"], "S(0),R");
+  EXPECT_EQ(doc["w"]["chunks"], 2);
+  EXPECT_EQ(doc["w"]["bytes"], 96);
+  EXPECT_EQ(doc["step"]["dtype"], "i64");
+  const CommandResult text = spmd_cli("checkpoint inspect " + dir);
+  EXPECT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_TRUE(contains(text.output, "2 entries, 104 bytes")) << text.output;
+  expect_input_error("checkpoint inspect /nonexistent", {"/nonexistent is not a checkpoint"});
 }
 
 TEST(SpmdTrace, ConvertMergesTheRanksOfAnMpiRunIntoTheSimTrace) {

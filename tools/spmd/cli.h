@@ -32,6 +32,7 @@ Command add_layout_command(CLI::App& parent);
 Command add_redistribute_command(CLI::App& parent);
 Command add_trace_command(CLI::App& parent);
 Command add_parity_command(CLI::App& parent);
+Command add_checkpoint_command(CLI::App& parent);
 Command add_version_command(CLI::App& parent);
 
 // "2,2,2" -> {2, 2, 2}. ConfigError naming `option`, the text and the bad item for an empty list,

@@ -5,6 +5,7 @@
 //   spmd redistribute --mesh 2,4 --names dp,tp --shape 7,9 --from 'S(0),R' --to 'R,S(1)'
 //   spmd trace summary trace.json                                  a --spmd-trace file
 //   spmd parity run_dump ref_dump                 where --spmd-dump-values of two runs depart
+//   spmd checkpoint inspect ckpt/step100          what a checkpoint holds
 //   spmd version
 //
 // Every subcommand takes --help, and --json for machine-readable output on stdout. Exit codes are
@@ -56,8 +57,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<Command> commands;
   try {
-    commands = {add_mesh_command(app),  add_layout_command(app), add_redistribute_command(app),
-                add_trace_command(app), add_parity_command(app), add_version_command(app)};
+    commands = {add_mesh_command(app),   add_layout_command(app), add_redistribute_command(app),
+                add_trace_command(app),  add_parity_command(app), add_checkpoint_command(app),
+                add_version_command(app)};
     if (const std::string unknown = unknown_subcommand(app, argc, argv); !unknown.empty()) {
       fmt::print(stderr, "{}\nRun with --help for more information.\n", unknown);
       return 2;
