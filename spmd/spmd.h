@@ -42,6 +42,7 @@
 #include <spmd/mesh/layout.h>
 #include <spmd/nn/checkpoint.h>
 #include <spmd/nn/context_parallel.h>
+#include <spmd/nn/grad_scaler.h>
 #include <spmd/nn/loss.h>
 #include <spmd/nn/moe.h>
 #include <spmd/nn/optim.h>

@@ -22,6 +22,7 @@
 #include <spmd/mesh/layout.h>
 #include <spmd/ops/ops.h>
 #include <spmd/world/local_ops.h>
+#include <spmd/world/nonfinite.h>
 #include <spmd/world/spmd_types.h>
 
 namespace spmd {
@@ -442,6 +443,7 @@ std::string input_note(size_t num_inputs, int rank, bool nan_only, ShardOf&& sha
 }
 
 void check_nonfinite(const OpEvent& e, bool nan_only) {
+  if (expected_overflow()) return;  // Note [Expected overflow]
   const LocalTensor& local = e.output.local();
   const DTensorSpec::RankInfo& info = e.output.spec().rank_info();
   for (size_t r = 0; r < local.num_shards(); ++r) {
@@ -471,6 +473,7 @@ void check_nonfinite(const OpEvent& e, bool nan_only) {
 
 void on_local_op(std::string_view op, std::span<const LocalTensor* const> inputs,
                  const LocalTensor& result, const SourceLocation& location) {
+  if (expected_overflow()) return;  // Note [Expected overflow]
   const bool nan_only = g_local_nan_only.load(std::memory_order_relaxed);
   for (size_t r = 0; r < result.num_shards(); ++r) {
     const Tensor& shard = result.shard_at(r);
@@ -542,7 +545,7 @@ void on_shadow_collective(const CollectiveEvent& e) {
 void on_collective(const CollectiveEvent& e) {
   const DebugOptions& debug = e.world.debug();
   if (debug.divergence) on_shadow_collective(e);
-  if (!debug.nan) return;
+  if (!debug.nan || expected_overflow()) return;
   const bool nan_only = debug.allow_inf;
   const LocalTensor& result = e.output;
   for (size_t r = 0; r < result.num_shards(); ++r) {

@@ -226,6 +226,9 @@ void check_max_norm(double max_norm) {
 
 template <class P>
 void scale_grads(const std::vector<P*>& params, double total, double max_norm) {
+  // A non-finite norm leaves the gradients as they are (scaling by 0 would turn inf into NaN): a
+  // GradScaler then sees them and skips the step (Note [Expected overflow]).
+  if (!std::isfinite(total)) return;
   const double coefficient = max_norm / (total + 1e-6);
   if (coefficient >= 1.0) return;
   NoGradGuard no_grad;

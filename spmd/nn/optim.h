@@ -114,7 +114,8 @@ AdamW(std::initializer_list<P*>) -> AdamW<P>;
 // Scales every gradient by max_norm / (total + 1e-6) when the 2-norm of all gradients together,
 // `total`, exceeds max_norm (torch.nn.utils.clip_grad_norm_), and returns `total`. max_norm must
 // be >= 0 (+inf: no clipping); a negative one (which would flip every gradient's sign) or NaN is a
-// ConfigError naming the value. DTensor
+// ConfigError naming the value. A non-finite total (an overflow under loss scaling) is returned
+// with the gradients left as they are, for GradScaler to skip the step (nn/grad_scaler.h). DTensor
 // gradients: each one's squared norm is a partial sum over its mesh, all of one mesh reduced
 // together (an all_reduce per mesh dim), then the meshes' totals added. Parameters may live on
 // several meshes (mesh["tp"] beside mesh[{"dp", "tp"}]): each rank adds the totals of the meshes
