@@ -57,7 +57,7 @@ constexpr const char* kUsage =
     "[--steps N] [--lr X]\n"
     "      [--experts N] [--top-k N] [--capacity-factor X] [--aux-coef X] [--shared-expert]\n"
     "      [--cp-method ring|allgather|sdpa] [--no-zigzag] [--no-rope-scaling]\n"
-    "      [--dtype f32|f64|bf16] [--model toy|8b|70b|405b] [--no-check]\n"
+    "      [--dtype f32|f64|bf16] [--model toy|8b|70b|405b] [--no-check] [--recompute]\n"
     "      [--data FILE] [--seed N] [--save DIR] [--load DIR]   (and the --spmd-* flags of "
     "launch())";
 
@@ -121,6 +121,8 @@ Config parse_flags(int argc, char** argv) {
       c.check = false;
     } else if (flag == "--fsdp") {
       c.fsdp = true;
+    } else if (flag == "--recompute") {
+      c.recompute = true;
     } else if (flag == "--shared-expert") {
       c.shared_expert = true;
     } else if (flag == "--no-rope-scaling") {
@@ -238,6 +240,11 @@ Config parse_flags(int argc, char** argv) {
     throw_error<ConfigError>(
         "llama: --kv-heads {} must divide --heads {} (grouped-query attention)", c.kv_heads,
         c.heads);
+  }
+  if (c.recompute && c.experts > 0) {
+    throw_error<ConfigError>(
+        "llama: --recompute runs with dense blocks only (an MoE block's load-balancing loss is a "
+        "second output of the block); drop --experts or --recompute");
   }
   if (c.ep > 1 && c.experts == 0) {
     throw_error<ConfigError>("llama: --ep {} needs experts to split (--experts N)", c.ep);

@@ -75,8 +75,9 @@ struct Config {
   DType dtype = DType::F64;
   bool check = true;
   std::string data;
-  std::string save;  // --save DIR: the model and AdamW's state after the last step
-  std::string load;  // --load DIR: both before the first step, which follows the loaded step
+  bool recompute = false;  // --recompute: every block's activations recomputed in backward
+  std::string save;        // --save DIR: the model and AdamW's state after the last step
+  std::string load;        // --load DIR: both before the first step, which follows the loaded step
   uint64_t seed = 2024;
   std::string model = "toy";  // or 8b, 70b, 405b (shapes for a dry run)
 
@@ -388,7 +389,19 @@ template <class T, class P>
 T forward(const Config& c, const P& par, const Model<T>& m, const T& ids, const T& next) {
   T x = embed(par, m, ids);
   T aux;
-  for (const Block<T>& b : m.blocks) x = block(c, par, b, x, aux);
+  for (const Block<T>& b : m.blocks) {
+    if (!c.recompute) {
+      x = block(c, par, b, x, aux);
+      continue;
+    }
+    // --recompute: the block's activations are recomputed in backward (Note [Recompute] in
+    // spmd/nn/recompute.h); dense blocks only (an MoE block's aux loss is a second output).
+    const std::function<T(const std::vector<T>&)> fn = [&](const std::vector<T>& in) {
+      T no_aux;
+      return block(c, par, b, in[0], no_aux);
+    };
+    x = checkpoint_activations(fn, {x});
+  }
   return next_token_loss(c, logits_of(c, par, m, x), next, aux);
 }
 

@@ -47,6 +47,7 @@
 #include <spmd/nn/moe.h>
 #include <spmd/nn/optim.h>
 #include <spmd/nn/parallel.h>
+#include <spmd/nn/recompute.h>
 #include <spmd/ops/ops.h>
 #include <spmd/ops/placement.h>
 #include <spmd/ops/strategy.h>

@@ -1,0 +1,89 @@
+// spmd/nn/recompute.cpp: activation checkpointing (Note [Recompute]).
+#include <spmd/nn/recompute.h>
+
+#include <memory>
+
+#include <spmd/core/error.h>
+#include <spmd/dtensor/ops.h>
+#include <spmd/ops/autograd.h>
+#include <spmd/world/local_ops.h>
+
+namespace spmd {
+namespace {
+
+template <class T>
+struct Saved {
+  std::function<T(const std::vector<T>&)> fn;
+  SourceLocation loc;
+};
+
+template <class T>
+void recompute_backward(BackwardContext& c) {
+  const Saved<T>& saved = c.payload<Saved<T>>();
+  std::vector<T> leaves;
+  std::vector<Var> only;
+  for (size_t i = 0; i < c.num_inputs(); ++i) {
+    T leaf = c.input(i).value<T>().detach();
+    if (c.needs_grad(i)) leaf.requires_grad_();
+    leaves.push_back(leaf);
+  }
+  T out;
+  {
+    // The forward again, recorded (backward runs with recording off).
+    const bool previous = grad_enabled();
+    set_grad_enabled(true);
+    try {
+      out = saved.fn(leaves);
+    } catch (...) {
+      set_grad_enabled(previous);
+      throw;
+    }
+    set_grad_enabled(previous);
+  }
+  if (!out.defined() || !out.requires_grad()) {
+    throw_error<Error>(
+        "checkpoint_activations: recomputed in backward, the function's output no longer takes "
+        "part in autograd (it must compute the same values, from its inputs, twice)");
+  }
+  run_backward(to_var(out), c.grad(), saved.loc);
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    if (!c.needs_grad(i)) continue;
+    const T g = leaves[i].grad();
+    if (g.defined()) c.set_grad(i, to_var(g));
+  }
+}
+
+}  // namespace
+
+template <class T>
+T checkpoint_activations(const std::function<T(const std::vector<T>&)>& fn,
+                         const std::vector<T>& inputs, SourceLocation loc) {
+  const UserCallSite site(loc);
+  if (!fn) throw_error<ConfigError>("checkpoint_activations: the function is empty");
+  std::vector<Var> vars;
+  for (const T& t : inputs) vars.push_back(to_var(t));
+  if (!grad_enabled() || !any_requires_grad(vars)) return fn(inputs);
+  std::vector<T> detached;
+  for (const T& t : inputs) detached.push_back(t.detach());
+  T out;
+  {
+    NoGradGuard no_grad;
+    out = fn(detached);
+  }
+  if (!out.defined())
+    throw_error<ConfigError>("checkpoint_activations: the function returned nothing");
+  auto saved = std::make_shared<Saved<T>>(Saved<T>{fn, loc});
+  return record("checkpoint_activations", nullptr, vars, {}, to_var(out), recompute_backward<T>,
+                saved)
+      .template value<T>();
+}
+
+template Tensor checkpoint_activations(const std::function<Tensor(const std::vector<Tensor>&)>&,
+                                       const std::vector<Tensor>&, SourceLocation);
+template LocalTensor checkpoint_activations(
+    const std::function<LocalTensor(const std::vector<LocalTensor>&)>&,
+    const std::vector<LocalTensor>&, SourceLocation);
+template DTensor checkpoint_activations(const std::function<DTensor(const std::vector<DTensor>&)>&,
+                                        const std::vector<DTensor>&, SourceLocation);
+
+}  // namespace spmd
