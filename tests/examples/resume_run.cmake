@@ -1,7 +1,7 @@
 # A run saved after two steps and resumed for two more on another mesh and backend prints the
 # losses of four uninterrupted steps (spmd/nn/checkpoint.h; the example's --save and --load): saved
 # under sim on the default mesh, resumed with RESUME_ARGS under sim, under threads, under mpirun
-# when MPIEXEC is given, and on one rank. Invoked by spmd_example_resume_test as `cmake
+# when MPIEXEC is given, and on one rank; saved under threads and mpirun, resumed under sim. Invoked by spmd_example_resume_test as `cmake
 # -DPROGRAM=... -DCKPT_DIR=... -DRESUME_ARGS=a|b [-DMPIEXEC=... -DNUMPROC_FLAG=...] -P`.
 string(REPLACE "|" ";" resume_args "${RESUME_ARGS}")
 
@@ -39,10 +39,31 @@ if(MPIEXEC)
          ${CKPT_DIR} ${resume_args} --spmd-backend=mpi)
 endif()
 list(APPEND runs "one")
+# Saved by rank threads (each writing its own files) and, with MPI, by processes; resumed under sim.
+foreach(saver IN ITEMS threads mpi)
+  if(saver STREQUAL "mpi" AND NOT MPIEXEC)
+    continue()
+  endif()
+  set(dir "${CKPT_DIR}-${saver}")
+  file(REMOVE_RECURSE "${dir}")
+  if(saver STREQUAL "mpi")
+    set(save_command ${MPIEXEC} ${NUMPROC_FLAG} 8 ${PROGRAM} --spmd-backend=mpi)
+  else()
+    set(save_command ${PROGRAM} --spmd-backend=threads)
+  endif()
+  execute_process(COMMAND ${save_command} --steps 2 --save ${dir} RESULT_VARIABLE code
+                  OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
+  if(NOT code EQUAL 0)
+    message(FATAL_ERROR "the save under ${saver} failed (exit ${code}):\n${stdout}\n${stderr}")
+  endif()
+  losses(from_${saver} "saved under ${saver}, resumed under sim" ${PROGRAM} --steps 2 --load
+         ${dir} ${resume_args})
+  list(APPEND runs "from_${saver}")
+endforeach()
 foreach(run IN LISTS runs)
   if(NOT "${${run}}" STREQUAL "${whole}")
     message(FATAL_ERROR "resumed (${run}):${${run}}\nuninterrupted:${whole}")
   endif()
 endforeach()
-message(STATUS "resumed on ${RESUME_ARGS} (sim, threads, mpi, one rank): the losses of the "
-               "uninterrupted run:${whole}")
+message(STATUS "resumed on ${RESUME_ARGS} (${runs}): the losses of the uninterrupted "
+               "run:${whole}")

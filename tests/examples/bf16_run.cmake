@@ -1,0 +1,45 @@
+# examples/gpt in bf16 stays within TOLERANCE of its f32 run at every step (docs/training.md, "The
+# GPT example"): both runs' per-step losses (the first column of the loss table) compared. Invoked
+# by the gpt.bf16_vs_f32 test as
+# `cmake -DPROGRAM=... -DTOLERANCE=0.05 -DTOLERANCE_E10=500000000 -P` (the tolerance, and the same
+# in units of 1e-10).
+function(step_losses out dtype)
+  execute_process(COMMAND ${PROGRAM} --mode sp --dtype ${dtype} RESULT_VARIABLE code
+                  OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
+  if(NOT code EQUAL 0)
+    message(FATAL_ERROR "gpt --dtype ${dtype} failed (exit ${code}):\n${stdout}\n${stderr}")
+  endif()
+  string(FIND "${stdout}" "== loss per step" at)
+  string(SUBSTRING "${stdout}" ${at} -1 table)
+  string(REGEX MATCHALL "\n +[0-9]+  +[0-9]+\\.[0-9]+" rows "${table}")
+  set(values "")
+  foreach(row IN LISTS rows)
+    string(REGEX REPLACE "\n +[0-9]+  +" "" value "${row}")
+    list(APPEND values "${value}")
+  endforeach()
+  set(${out} "${values}" PARENT_SCOPE)
+endfunction()
+
+step_losses(f32 f32)
+step_losses(bf16 bf16)
+list(LENGTH f32 n)
+list(LENGTH bf16 m)
+if(n EQUAL 0 OR NOT n EQUAL m)
+  message(FATAL_ERROR "loss tables of ${n} and ${m} steps")
+endif()
+math(EXPR last "${n} - 1")
+foreach(i RANGE ${last})
+  list(GET f32 ${i} a)
+  list(GET bf16 ${i} b)
+  # CMake's math is integer: the table prints 10 decimals, so compare in units of 1e-10.
+  string(REPLACE "." "" ai "${a}")
+  string(REPLACE "." "" bi "${b}")
+  math(EXPR diff "${ai} - ${bi}")
+  if(diff LESS 0)
+    math(EXPR diff "0 - ${diff}")
+  endif()
+  if(diff GREATER TOLERANCE_E10)
+    message(FATAL_ERROR "step ${i}: bf16 loss ${b}, f32 ${a}: beyond ${TOLERANCE}")
+  endif()
+endforeach()
+message(STATUS "bf16 within ${TOLERANCE} of f32 at every one of ${n} steps: ${bf16} / ${f32}")
