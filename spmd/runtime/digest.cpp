@@ -72,9 +72,12 @@ uint64_t digest(const World& world, const std::vector<LocalTensor>& tensors, Sou
   });
   const std::vector<int64_t> table =  // [size, k]
       all_gather(rows, mesh, 0, 0, loc).shard_at(0).to_vector<int64_t>();
+  // One row per rank of the mesh: the world's size, or 1 on the one-rank world of a parity run
+  // (Note [Parity run] in debug/parity.h), whose meshes have every dim of size 1.
+  const int64_t gathered = mesh.size(0);
   uint64_t h = kFnvOffset;
   for (int64_t i = 0; i < k; ++i) {
-    for (int r = 0; r < size; ++r) {
+    for (int64_t r = 0; r < gathered; ++r) {
       const int64_t v = table[static_cast<size_t>(r * k + i)];
       h = fnv1a(&v, sizeof v, h);
     }
