@@ -301,6 +301,22 @@ class QuietStdout {
   int saved_ = -1;
 };
 
+// `program` on `world` with its stdout discarded and nothing traced (the debug modes' extra runs:
+// the shadow run, the parity run's reference); what it threw, or null.
+std::exception_ptr run_quietly(const Program& program, World& world) {
+  const QuietStdout quiet;
+  const bool tracing = trace().enabled();
+  trace().set_enabled(false);
+  std::exception_ptr error;
+  try {
+    program(world);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  trace().set_enabled(tracing);
+  return error;
+}
+
 // The parity run's reference (Note [Parity run] in debug/parity.h): `program` on a world that
 // holds rank 0 alone and whose meshes have every dim of size 1, quiet and untraced, every DTensor
 // it makes recorded. Returns whether the record is complete. When the program fails there: a
@@ -316,19 +332,8 @@ bool run_parity_reference(const LaunchOptions& options, const Program& program, 
   state->held_ranks = {0};
   World reference(std::move(state));
   started = World();
-  std::exception_ptr error;
   parity_record(reference);
-  {
-    const QuietStdout quiet;
-    const bool tracing = trace().enabled();
-    trace().set_enabled(false);
-    try {
-      program(reference);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    trace().set_enabled(tracing);
-  }
+  const std::exception_ptr error = run_quietly(program, reference);
   reference = World();
   if (!error) return true;
   const std::string last = parity_last_recorded();
@@ -373,19 +378,8 @@ int run_program(const World& world, const Program& program, const LaunchOptions&
   state->coordinator = false;
   state->trace_path.clear();
   World shadow_world(std::move(state));
-  std::exception_ptr shadow_error;
   shadow_run_record();
-  {
-    const QuietStdout quiet;
-    const bool tracing = trace().enabled();
-    trace().set_enabled(false);
-    try {
-      program(shadow_world);
-    } catch (...) {
-      shadow_error = std::current_exception();
-    }
-    trace().set_enabled(tracing);
-  }
+  const std::exception_ptr shadow_error = run_quietly(program, shadow_world);
   shadow_world = World();
   shadow_run_compare(shadow_error == nullptr);
   int code = 0;
