@@ -2,6 +2,7 @@
 // communicator, check each held rank's input, record the trace event, run the backend.
 #include <spmd/collectives/functional.h>
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 #include <vector>
@@ -66,11 +67,31 @@ Communicator& dim_communicator(const DeviceMesh& mesh, int d) {
   return *comm;
 }
 
+// check_local, on a parity run's reference world too (Note [Parity run] in debug/parity.h): there
+// a collective whose arguments do not fit its collapsed dim (dst_of or split sizes of one entry
+// per real rank, a src beyond 0) restarts the reference run with that dim kept at its size.
+void check_local_args(const CollectiveCall& call, int rank, const Tensor& x, int64_t group_size,
+                      const CollectiveOptions& options, const World& world,
+                      const std::source_location& loc) {
+  if (!world.state().parity_reference) return check_local(call, rank, x, group_size, options);
+  try {
+    check_local(call, rank, x, group_size, options);
+  } catch (const CommError&) {
+    const std::vector<std::string>& kept = world.state().parity_kept_dims;
+    if (group_size != 1 || std::find(kept.begin(), kept.end(), call.dim_name) != kept.end()) {
+      throw;
+    }
+    throw ParityRestart{0, call.dim_name, fmt::format("{} at {}", call.kind, site_text(loc))};
+  }
+}
+
 // Everything before the backend call: checks each participating held rank's input and records
 // the trace event (each participant with its group and that group's next sequence number).
 Prepared prepare(const LocalTensor& x, Communicator& comm, const World& world, std::string dim_name,
                  const CollectiveOptions& options, const std::source_location& loc,
                  bool traced = true, const std::function<void()>& after_checks = nullptr) {
+  // Note [User call sites]: a bad argument is reported at the user's line.
+  const UserCallSite site(loc);
   const CollectiveKind kind = kind_of(options);
   if (!x.defined()) throw_error<CommError>("{}: the input LocalTensor is undefined", kind);
   check_input_ranks(kind, dim_name, x.ranks(), world);
@@ -136,7 +157,7 @@ Prepared prepare(const LocalTensor& x, Communicator& comm, const World& world, s
     const Tensor& shard = x.shard_at(i);
     if (classes == nullptr || !class_checked[(*classes)[i]]) {
       CollectiveCall call{kind, p.site.dim_name, &groups[static_cast<size_t>(g)]};
-      check_local(call, rank, shard, group_size, options);
+      check_local_args(call, rank, shard, group_size, options, world, loc);
       if (classes != nullptr) class_checked[(*classes)[i]] = true;
     }
     if (sequence_of[static_cast<size_t>(g)] < 0) {
@@ -464,6 +485,7 @@ int64_t tag_of(const CollectiveOptions& options) {
 // only two ranks of a group make them.
 Issued issue_p2p(const LocalTensor& x, const DeviceMesh& mesh, int d,
                  const CollectiveOptions& options, const SourceLocation& loc, TypesPtr& types) {
+  const UserCallSite user_site(loc);  // Note [User call sites]: a bad argument at the user's line
   const CollectiveKind kind = kind_of(options);
   const std::string dim_name = mesh.dim_name(d);
   if (!x.defined()) throw_error<CommError>("{}: the input LocalTensor is undefined", kind);
@@ -483,7 +505,7 @@ Issued issue_p2p(const LocalTensor& x, const DeviceMesh& mesh, int d,
                              rank, mesh.to_string());
     }
     const CollectiveCall call{kind, dim_name, &groups[static_cast<size_t>(where->group)]};
-    check_local(call, rank, x.shard_at(i), family.group_size(), options);
+    check_local_args(call, rank, x.shard_at(i), family.group_size(), options, world, loc);
     if (tracing) {
       ++event.participant_count;
       if (t.keeps_participants()) {
@@ -492,7 +514,6 @@ Issued issue_p2p(const LocalTensor& x, const DeviceMesh& mesh, int d,
     }
   }
   if (x.spmd_types() != nullptr && types_active()) {
-    const UserCallSite site(loc);
     types = collective_types(x.spmd_types(), options, mesh, d, loc);
   }
   uint64_t trace_id = UINT64_MAX;

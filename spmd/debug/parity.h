@@ -6,17 +6,26 @@
 // alone: every mesh made on it (init_device_mesh, DeviceMesh::from_ranks) has the same dim names
 // with every dim of size 1, so every collective is an identity and every DTensor is its full
 // tensor on one rank. World::size() stays the requested size, so a program that derives its mesh
-// shape from it, or checks it, runs unchanged. Its stdout is discarded and nothing is traced.
-// Then on the requested world, as usual. Randomness is mesh-invariant (a random DTensor is a
-// function of its seed and global shape, dtensor/random.h), so init, dropout masks and data are the
-// same in both runs. At every user call site that makes a DTensor (a table op, redistribute,
-// from_local, full_tensor, the gradient arriving at a to_local, and in an optimizer step each
-// parameter's gradient and new value) the reference run records its full value; the real run
-// compares its own full value with the one recorded at the same line for the same op, occurrence by
-// occurrence. The first that differs by more than the tolerance is a ParityError at that line,
-// naming the op, the worst index with both values, the placements and the last site that still
-// agreed. Local code is covered through the DTensors it feeds (from_local, the gradient at
-// to_local).
+// shape from it, or checks it, runs unchanged.
+//   Kept dims. A dim named "pp" keeps its size there: a pipeline's stages hold different layers,
+// not pieces of one tensor, and its schedule runs the same on both worlds; its coordinates become
+// ranks 0..pp-1 of the reference, each stage computing on one rank (a stage mesh made from the
+// reference's rank table is the stage's rank; one from hard-coded ranks it does not hold is rank
+// 0). A dim over which local code issues a collective whose arguments need its real size (a
+// permute's dst_of or all_to_all's splits with one entry per real rank, a broadcast from rank 1)
+// is kept too: the collective throws ParityRestart (world/world.h) there and the reference starts
+// again keeping that dim (the summary names it and the collective's line). A kept dim is the
+// same in both runs, so a bug along it is not found; the other dims still are. Its stdout is
+// discarded and nothing is traced. Then on the requested world, as usual. Randomness is
+// mesh-invariant (a random DTensor is a function of its seed and global shape, dtensor/random.h),
+// so init, dropout masks and data are the same in both runs. At every user call site that makes a
+// DTensor (a table op, redistribute, from_local, full_tensor, the gradient arriving at a to_local,
+// and in an optimizer step each parameter's gradient and new value) the reference run records its
+// full value; the real run compares its own full value with the one recorded at the same line for
+// the same op, occurrence by occurrence. The first that differs by more than the tolerance is a
+// ParityError at that line, naming the op, the worst index with both values, the placements and the
+// last site that still agreed. Local code is covered through the DTensors it feeds (from_local, the
+// gradient at to_local).
 //   The difference is norm-wise relative: max |got - ref| / max |ref| over the tensor (an element
 // near zero weighs no more than the largest). Tolerance by dtype: F64 1e-9, F32 1e-3, BF16 and F16
 // 5e-2 (sums in another order, carried through a few training steps: F32 AdamW on the GPT departs
@@ -30,9 +39,9 @@
 // nn::moe, a redistribution inside an op, a derivative; their sequence may depend on the mesh, a
 // ring has cp steps), sites whose global shapes differ between the runs, and occurrences only
 // one run reaches (a loop over a mesh size). The report counts them.
-//   A program that cannot run on one rank (it indexes a mesh's ranks beyond the first, as a
-// pipeline's stage meshes do, or needs a dim larger than 1) fails the parity run: a ConfigError
-// naming the error and its line. A program that sizes its data by World::size() rather than by
+//   A program that still cannot run there (it indexes a mesh's ranks beyond the first on a
+// collapsed dim, or needs such a dim larger than 1) fails the parity run: a ConfigError naming
+// the error and its line. A program that sizes its data by World::size() rather than by
 // its mesh makes DTensors of other global shapes there: those are not compared. Under
 // `all` the parity run is then skipped with a note on stderr and the other checks go on.
 //   Tensors above kParitySampleLimit elements keep every k-th element only. Cost: a second run of

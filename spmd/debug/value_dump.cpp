@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <set>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -30,7 +31,7 @@ using nlohmann::json;
 struct Writer {
   std::string dir;
   std::map<int, std::ofstream> files;  // per held rank
-  std::map<std::tuple<std::string, uint32_t, std::string>, uint64_t> occurrences;
+  std::map<std::tuple<std::string, uint32_t, std::string, int64_t>, uint64_t> occurrences;
   uint64_t seq = 0;
 };
 
@@ -107,7 +108,11 @@ void write_event(Writer& w, const OpEvent& e) {
   const std::string file = e.location.file_name();
   const uint32_t line = e.location.line();
   const std::string op(e.op);
-  const uint64_t occurrence = w.occurrences[{file, line, op}]++;
+  // The mesh by its smallest rank: under sim one process counts the occurrences of a line that
+  // runs on several meshes (a pipeline's stages) together, elsewhere each process its own.
+  const std::vector<int64_t> table = out.mesh().rank_table_values().values;
+  const int64_t mesh = table.empty() ? 0 : *std::min_element(table.begin(), table.end());
+  const uint64_t occurrence = w.occurrences[{file, line, op, mesh}]++;
   const uint64_t seq = w.seq++;
   const Shape& shape = spec.shape();
   const int64_t stride = sample_stride(shape_numel(shape));
@@ -132,6 +137,7 @@ void write_event(Writer& w, const OpEvent& e) {
                    {"line", line},
                    {"op", op},
                    {"occurrence", occurrence},
+                   {"mesh", mesh},
                    {"shape", shape},
                    {"dtype", std::string(dtype_name(spec.dtype()))},
                    {"placements", to_string(placements)},
@@ -237,7 +243,7 @@ std::vector<DumpedValue> read_value_dump(const std::string& dir) {
     throw_error<ConfigError>("spmd parity: {} holds no values.rank*.jsonl files", dir);
   }
   std::sort(files.begin(), files.end());
-  std::map<std::tuple<std::string, uint32_t, std::string, uint64_t>, Assembly> by_site;
+  std::map<std::tuple<std::string, uint32_t, std::string, int64_t, uint64_t>, Assembly> by_site;
   for (const fs::path& path : files) {
     std::ifstream in(path);
     std::string text;
@@ -249,6 +255,7 @@ std::vector<DumpedValue> read_value_dump(const std::string& dir) {
         const auto line = r.at("line").get<uint32_t>();
         const std::string op = r.at("op").get<std::string>();
         const auto occurrence = r.at("occurrence").get<uint64_t>();
+        const auto mesh = r.value("mesh", int64_t{0});
         const Shape shape = r.at("shape").get<Shape>();
         const auto dtype = parse_dtype(r.at("dtype").get<std::string>());
         if (!dtype) throw_error<ConfigError>("unknown dtype {}", r.at("dtype").dump());
@@ -265,13 +272,14 @@ std::vector<DumpedValue> read_value_dump(const std::string& dir) {
                                      shape_str(size), shape_str(shape));
           }
         }
-        Assembly& a = by_site[{file, line, op, occurrence}];
+        Assembly& a = by_site[{file, line, op, mesh, occurrence}];
         const int64_t kept = (shape_numel(shape) + stride - 1) / stride;
         if (a.filled.empty() && a.value.value.values.empty()) {
           a.value.file = file;
           a.value.line = line;
           a.value.op = op;
           a.value.occurrence = occurrence;
+          a.value.mesh = mesh;
           a.value.seq = r.at("seq").get<uint64_t>();
           a.value.value.shape = shape;
           a.value.value.dtype = *dtype;
@@ -327,14 +335,38 @@ std::vector<DumpedValue> read_value_dump(const std::string& dir) {
   return out;
 }
 
+namespace {
+
+using CompareKey = std::tuple<std::string, uint32_t, std::string, size_t, uint64_t>;
+
+// Each value's key across dumps: its site, the index of its mesh among the meshes that site ran on
+// (by smallest rank: a pipeline's stage 0 first), its occurrence there.
+std::vector<CompareKey> compare_keys(const std::vector<DumpedValue>& values) {
+  std::map<std::tuple<std::string, uint32_t, std::string>, std::set<int64_t>> meshes;
+  for (const DumpedValue& v : values) meshes[{v.file, v.line, v.op}].insert(v.mesh);
+  std::vector<CompareKey> keys;
+  keys.reserve(values.size());
+  for (const DumpedValue& v : values) {
+    const std::set<int64_t>& at = meshes[{v.file, v.line, v.op}];
+    const auto m = static_cast<size_t>(std::distance(at.begin(), at.find(v.mesh)));
+    keys.emplace_back(v.file, v.line, v.op, m, v.occurrence);
+  }
+  return keys;
+}
+
+}  // namespace
+
 DumpComparison compare_value_dumps(const std::vector<DumpedValue>& a,
                                    const std::vector<DumpedValue>& b, double tol) {
-  std::map<std::tuple<std::string, uint32_t, std::string, uint64_t>, const DumpedValue*> ref;
-  for (const DumpedValue& v : b) ref[{v.file, v.line, v.op, v.occurrence}] = &v;
+  std::map<CompareKey, const DumpedValue*> ref;
+  const std::vector<CompareKey> b_keys = compare_keys(b);
+  for (size_t i = 0; i < b.size(); ++i) ref[b_keys[i]] = &b[i];
+  const std::vector<CompareKey> a_keys = compare_keys(a);
   DumpComparison c;
   std::string last;
-  for (const DumpedValue& v : a) {
-    auto it = ref.find({v.file, v.line, v.op, v.occurrence});
+  for (size_t i = 0; i < a.size(); ++i) {
+    const DumpedValue& v = a[i];
+    auto it = ref.find(a_keys[i]);
     if (it == ref.end()) {
       ++c.only_one;
       continue;

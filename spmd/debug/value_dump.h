@@ -8,19 +8,22 @@
 // calls nested in another public call), each held rank's piece of the DTensor made there, one JSON
 // object per line in DIR/values.rank<R>.jsonl:
 //   {"seq": 17, "file": "/src/train.cpp", "line": 42, "op": "matmul", "occurrence": 3,
-//    "shape": [8, 16], "dtype": "f32", "placements": "S(0),P", "rank": 5,
+//    "mesh": 0, "shape": [8, 16], "dtype": "f32", "placements": "S(0),P", "rank": 5,
 //    "offset": [4, 0], "size": [4, 16], "stride": 1, "reduce": "sum", "values": [...]}
-// `occurrence` counts the (file, line, op) per process from 0; `seq` counts the process's records
-// (program order). `offset` and `size` place the piece in the global tensor; pieces of replicas
-// (a coordinate other than 0 along a Replicate mesh dim) are not written. Along Partial mesh dims
-// the pieces combine by `reduce` (sum; an avg piece is written divided by its group size, so it
-// sums too; max, min). `values` holds the piece's elements whose global row-major index is a
-// multiple of `stride` (1 unless the global tensor has more than kParitySampleLimit elements),
-// in the piece's row-major order; "nan", "inf" and "-inf" are strings. Under sim one process
-// writes every rank's file.
-// read_value_dump() assembles each (file, line, op, occurrence) into its global value;
-// compare_value_dumps() reports the first that departs, as the parity run does, so a run on a
-// cluster can be held against a run on one GPU (or a sim run) of the same program.
+// `mesh` is the smallest rank of the DTensor's mesh and `occurrence` counts the (file, line, op)
+// on that mesh per process from 0 (a line that runs on each pipeline stage's mesh counts each
+// stage's calls apart, so a sim run's dump and one process's per stage agree); `seq` counts the
+// process's records (program order). Two dumps are matched by site, the mesh's index among the
+// meshes the site ran on (by smallest rank) and occurrence. `offset` and `size` place the piece in
+// the global tensor; pieces of replicas (a coordinate other than 0 along a Replicate mesh dim) are
+// not written. Along Partial mesh dims the pieces combine by `reduce` (sum; an avg piece is written
+// divided by its group size, so it sums too; max, min). `values` holds the piece's elements whose
+// global row-major index is a multiple of `stride` (1 unless the global tensor has more than
+// kParitySampleLimit elements), in the piece's row-major order; "nan", "inf" and "-inf" are
+// strings. Under sim one process writes every rank's file. read_value_dump() assembles each (file,
+// line, op, occurrence) into its global value; compare_value_dumps() reports the first that
+// departs, as the parity run does, so a run on a cluster can be held against a run on one GPU (or a
+// sim run) of the same program.
 #pragma once
 
 #include <cstdint>
@@ -44,8 +47,9 @@ struct DumpedValue {
   std::string file;
   uint32_t line = 0;
   std::string op;
-  uint64_t occurrence = 0;
-  uint64_t seq = 0;  // the smallest of its records'
+  uint64_t occurrence = 0;  // of (file, line, op) on this mesh
+  int64_t mesh = 0;         // the mesh's smallest rank
+  uint64_t seq = 0;         // the smallest of its records'
   ParityValue value;
 };
 

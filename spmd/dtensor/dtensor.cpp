@@ -246,9 +246,22 @@ DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner 
                               SourceLocation loc) const {
   const UserCallSite site(loc);
   check_defined("redistribute");
-  if (placements == spec_->placements()) return *this;
+  // Observers see every call, one that moves nothing too: whether a redistribution moves data
+  // can depend on the mesh (a dim of size 1), and a parity run matches calls by their count at
+  // each line (Note [Parity run] in debug/parity.h).
+  auto observed = [&](const DTensor& out) {
+    if (has_op_observers() && out.participates()) {
+      const DTensor* input = this;
+      static const OpArgs kNoArgs;
+      notify_op_observers(OpEvent{kRedistributeOp.name, &kRedistributeOp, kNoArgs,
+                                  std::span<const DTensor* const>(&input, 1), out,
+                                  user_site_or(loc), nested_call(loc)});
+    }
+    return out;
+  };
+  if (placements == spec_->placements()) return observed(*this);
   DTensorSpec target = spec_->with_placements(placements, "DTensor::redistribute");
-  if (target == *spec_) return *this;
+  if (target == *spec_) return observed(*this);
   DTensor out;
   if (!participates()) {
     create_plan_communicators(*cached_redistribute_plan(*spec_, target, planner));
@@ -265,14 +278,7 @@ DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner 
     out = record("redistribute", nullptr, {&in, 1}, {}, dtensor_var(out), redistribute_backward)
               .value<DTensor>();
   }
-  if (has_op_observers() && out.participates()) {
-    const DTensor* input = this;
-    static const OpArgs kNoArgs;
-    notify_op_observers(OpEvent{kRedistributeOp.name, &kRedistributeOp, kNoArgs,
-                                std::span<const DTensor* const>(&input, 1), out, user_site_or(loc),
-                                nested_call(loc)});
-  }
-  return out;
+  return observed(out);
 }
 
 namespace {

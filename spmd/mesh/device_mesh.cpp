@@ -216,12 +216,30 @@ DeviceMesh DeviceMesh::from_ranks(const World& world, const std::vector<int64_t>
     throw_error<MeshError>("{}: shape {} needs {} ranks, got {}", op, shape_text(shape), numel,
                            ranks.size());
   }
-  // The one-rank world of a parity run: the same dim names, every dim of size 1 (Note [Parity
-  // run] in debug/parity.h).
+  // The reference world of a parity run: the same dim names, every dim of size 1 but the kept
+  // ones (pp, and those local code needs), whose coordinates are ranks 0, 1, ... (Note [Parity
+  // run] in debug/parity.h). A mesh without kept dims is its first rank when the reference holds
+  // it (a stage mesh made from a pp mesh's rank table there), else rank 0.
   std::vector<int64_t> sizes = shape;
   if (world.state().parity_reference) {
-    std::fill(sizes.begin(), sizes.end(), 1);
-    ranks = {0};
+    const std::vector<std::string>& keep = world.state().parity_kept_dims;
+    int64_t kept = 1;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      if (std::find(keep.begin(), keep.end(), dim_names[d]) != keep.end()) {
+        kept *= sizes[d];
+      } else {
+        sizes[d] = 1;
+      }
+    }
+    const auto& held = world.held_ranks();
+    if (kept > static_cast<int64_t>(held.size())) throw ParityRestart{kept, {}, {}};
+    const int64_t first = ranks.empty() ? 0 : ranks.front();
+    if (kept == 1) {
+      ranks = {std::find(held.begin(), held.end(), first) != held.end() ? first : 0};
+    } else {
+      ranks.resize(static_cast<size_t>(kept));
+      std::iota(ranks.begin(), ranks.end(), 0);
+    }
   }
   auto rank_map = RankMap::make(std::move(ranks), world.size(), op);
   auto universe = std::make_shared<MeshUniverse>(world, world.device_type(), std::move(rank_map),

@@ -15,6 +15,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <thread>
 #include <typeinfo>
 
@@ -318,32 +319,66 @@ std::exception_ptr run_quietly(const Program& program, World& world) {
 }
 
 // The parity run's reference (Note [Parity run] in debug/parity.h): `program` on a world that
-// holds rank 0 alone and whose meshes have every dim of size 1, quiet and untraced, every DTensor
-// it makes recorded. Returns whether the record is complete. When the program fails there: a
+// holds rank 0 alone and whose meshes have every dim of size 1 but the kept ones (pp, and those
+// the program's local collectives need: the run starts again with each, on as many ranks as the
+// kept dims have), quiet and untraced, every DTensor it makes recorded. Returns whether the record
+// is complete; `kept` says which dims beyond pp were kept and why. When the program fails there: a
 // ConfigError when parity was asked for by name (`required`), else (under `all`) a note on stderr
 // and no parity run.
-bool run_parity_reference(const LaunchOptions& options, const Program& program, bool required) {
+bool run_parity_reference(const LaunchOptions& options, const Program& program, bool required,
+                          std::string& kept) {
   LaunchOptions one = options;
   one.debug = DebugOptions{};
   one.trace_path.clear();
-  World started = make_world(one);
-  auto state = std::make_shared<WorldState>(started.state());
-  state->parity_reference = true;
-  state->held_ranks = {0};
-  World reference(std::move(state));
-  started = World();
-  parity_record(reference);
-  const std::exception_ptr error = run_quietly(program, reference);
-  reference = World();
+  int held = 1;
+  std::vector<std::string> keep = {std::string(kParityKeptDim)};
+  std::exception_ptr error;
+  for (;;) {
+    World started = make_world(one);
+    const int size = started.size();
+    auto state = std::make_shared<WorldState>(started.state());
+    state->parity_reference = true;
+    state->parity_kept_dims = keep;
+    state->held_ranks.resize(static_cast<size_t>(held));
+    std::iota(state->held_ranks.begin(), state->held_ranks.end(), 0);
+    World reference(std::move(state));
+    started = World();
+    parity_record(reference);
+    error = run_quietly(program, reference);
+    reference = World();
+    std::optional<ParityRestart> restart;
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (const ParityRestart& r) {
+      restart = r;
+    } catch (...) {
+    }
+    if (!restart) break;
+    if (restart->ranks > size) {
+      try {
+        throw_error<MeshError>("the kept dims {} of a mesh have {} ranks but the world has {}",
+                               keep, restart->ranks, size);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      break;
+    }
+    if (restart->ranks > held) held = static_cast<int>(restart->ranks);
+    if (!restart->keep_dim.empty()) {
+      keep.push_back(restart->keep_dim);
+      kept += fmt::format("{}'{}' ({} needs its ranks)", kept.empty() ? "" : ", ",
+                          restart->keep_dim, restart->where);
+    }
+  }
   if (!error) return true;
   const std::string last = parity_last_recorded();
   parity_end();
   const std::string why = fmt::format(
-      "--spmd-debug=parity: the program cannot run on one rank (every mesh dim of size 1), so it "
-      "has no one-rank run to compare with: {} ({}). Meshes from init_device_mesh and from_ranks "
-      "collapse; code that indexes a mesh's ranks or coordinates beyond 0 (a pipeline's stage "
-      "meshes) or needs a dim larger than 1 does not run there",
-      error_text(error),
+      "--spmd-debug=parity: the program cannot run on one rank (every mesh dim but {} of size 1), "
+      "so it has no one-rank run to compare with: {} ({}). Meshes from init_device_mesh and "
+      "from_ranks collapse; code that indexes a mesh's ranks or coordinates beyond 0 on another "
+      "dim, or needs such a dim larger than 1, does not run there",
+      keep, error_text(error),
       last.empty() ? std::string("before its first DTensor op") : "after its DTensor op " + last);
   if (required) throw_error<ConfigError>("{}", why);
   print_report(fmt::format("spmd: {}; the other checks of --spmd-debug=all go on\n", why));
@@ -355,8 +390,9 @@ bool run_parity_reference(const LaunchOptions& options, const Program& program, 
 // [Shadow run] in debug/checks.h).
 int run_program(const World& world, const Program& program, const LaunchOptions& options) {
   World real = world;
+  std::string kept;
   const bool parity =
-      world.debug().parity && run_parity_reference(options, program, options.debug.parity);
+      world.debug().parity && run_parity_reference(options, program, options.debug.parity, kept);
   struct ParityEnd {
     bool on;
     ~ParityEnd() {
@@ -369,7 +405,10 @@ int run_program(const World& world, const Program& program, const LaunchOptions&
     if (parity && options.debug.parity) {
       parity_end();
       parity_end_guard.on = false;
-      print_report(fmt::format("spmd: {}\n", parity_summary()));
+      print_report(fmt::format(
+          "spmd: {}{}\n", parity_summary(),
+          kept.empty() ? std::string()
+                       : fmt::format("; kept at their size in the one-rank run: {}", kept)));
     }
     return code;
   };

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <spmd/tensor/storage.h>
@@ -79,9 +80,11 @@ struct WorldState {
   std::vector<int> held_ranks;  // ascending
   std::vector<Device> devices;  // the device of each held rank, in held_ranks order; empty: CPU
   bool coordinator = false;     // true in exactly one process / rank thread
-  // The one-rank world of a parity run (Note [Parity run] in debug/parity.h): every mesh made on
-  // it has every dim of size 1.
+  // The reference world of a parity run (Note [Parity run] in debug/parity.h): every mesh made on
+  // it has every dim of size 1 but those named in parity_kept_dims, whose coordinates become ranks
+  // 0, 1, ... of held_ranks (rank 0 alone when there are none).
   bool parity_reference = false;
+  std::vector<std::string> parity_kept_dims;
   std::string backend_name;
   std::string device_type = "cpu";  // where the ranks' tensors live: "cpu" or "cuda"
   std::shared_ptr<Backend> backend;
@@ -119,6 +122,20 @@ void drop_cache_entries(Cache& cache) {
     dropped.swap(cache.map);
   }
 }
+
+// The mesh dim a parity run's reference world always keeps at its size: a pipeline's stages hold
+// different layers rather than pieces of one tensor (Note [Parity run] in debug/parity.h).
+inline constexpr std::string_view kParityKeptDim = "pp";
+
+// Thrown on a parity reference world (never seen by user code: not an spmd::Error) when the run
+// must start again on another reference: one holding `ranks` ranks, which a mesh's kept dims
+// need, or one that also keeps `keep_dim`, over which the program's local code issued a
+// collective whose arguments need the dim's real size (Note [Parity run]).
+struct ParityRestart {
+  int64_t ranks = 0;
+  std::string keep_dim;
+  std::string where;  // the collective and its line, for the report
+};
 
 class World {
  public:

@@ -689,10 +689,10 @@ TEST(DebugParity, NamesTheLineWhereTheValuesDepart) {
 // A program that cannot run on one rank: an error when parity is asked for, a note under `all`.
 TEST(DebugParity, ProgramsThatNeedMoreThanOneRank) {
   auto stages = [](World& w) {
-    const DeviceMesh mesh = init_device_mesh(w, {2, w.size() / 2}, {"pp", "dp"});
+    const DeviceMesh mesh = init_device_mesh(w, {2, w.size() / 2}, {"dp", "tp"});
     const DTensor x = distribute_tensor(ones({4}), mesh, {Replicate{}, Shard{0}});
     (void)(x * 2.0);
-    const Tensor second = mesh.rank_table().select(0, 1);  // a pipeline's second stage
+    const Tensor second = mesh.rank_table().select(0, 1);  // the ranks of the second dp replica
     (void)second;
   };
   Launched r = launch_with({"--spmd-world-size=4", "--spmd-debug=parity"}, stages);
@@ -707,6 +707,71 @@ TEST(DebugParity, ProgramsThatNeedMoreThanOneRank) {
   r = launch_with({"--spmd-world-size=4", "--spmd-debug=all"}, stages);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("the other checks of --spmd-debug=all go on"), std::string::npos) << r.err;
+}
+
+// A pipeline's stages: pp keeps its size in the one-rank run, one rank per stage (stage meshes made
+// from the pp mesh's rank table), so every stage's DTensors are compared. The bug is stage 1's.
+void two_stages(World& world, bool bug, std::vector<size_t>* held = nullptr) {
+  if (held != nullptr) held->push_back(world.held_ranks().size());
+  const DeviceMesh mesh = init_device_mesh(world, {2, world.size() / 2}, {"pp", "dp"});
+  const Tensor table = mesh.rank_table();
+  for (int64_t p = 0; p < 2; ++p) {
+    const DeviceMesh stage = DeviceMesh::from_ranks(world, table.select(0, p).contiguous(), {"dp"});
+    const DTensor x = distribute_tensor(randn({8, 4}, 1 + static_cast<uint64_t>(p), DType::F64),
+                                        stage, {Shard{0}});
+    const LocalTensor sq = x.to_local() * x.to_local();
+    const LocalTensor piece = bug && p == 1 ? mean(sq) : sum(sq) * (1.0 / 32.0);
+    const DTensor loss = DTensor::from_local(piece, stage, {Partial{}});  // STAGE LOSS
+    (void)loss.full_tensor();
+  }
+}
+
+TEST(DebugParity, PipelineStagesKeepPpAndAreCompared) {
+  std::vector<size_t> held;
+  Launched r = launch_with({"--spmd-world-size=4", "--spmd-debug=parity"},
+                           [&](World& w) { two_stages(w, false, &held); });
+  ASSERT_EQ(r.code, 0) << r.err;
+  // The reference starts on rank 0, learns that pp has 2 ranks and starts again on two.
+  EXPECT_EQ(held, (std::vector<size_t>{1, 2, 4}));
+  EXPECT_NE(r.err.find("spmd: parity: 4 DTensors compared with the one-rank run at 2 call sites"),
+            std::string::npos)
+      << r.err;
+  r = launch_with({"--spmd-world-size=4", "--spmd-debug=parity"},
+                  [&](World& w) { two_stages(w, true); });
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("ParityError: --spmd-debug=parity: 'from_local' at checks_test.cpp:"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("(occurrence 2)"), std::string::npos) << r.err;  // stage 1's
+  EXPECT_NE(r.err.find("on DeviceMesh((dp=2)"), std::string::npos) << r.err;
+}
+
+// Local code whose collective needs its dim's real size (a permute with one entry per ep rank):
+// the one-rank run keeps ep, and a bug along dp is still found.
+void local_permute(World& world, bool bug) {
+  const DeviceMesh mesh = init_device_mesh(world, {2, world.size() / 2}, {"dp", "ep"});
+  const DTensor x = distribute_tensor(randn({8, 4}, 1, DType::F64), mesh, {Shard{0}, Replicate{}});
+  std::vector<int> swap(static_cast<size_t>(world.size() / 2));  // ep's size as local code knows it
+  for (size_t i = 0; i < swap.size(); ++i) swap[i] = static_cast<int>(swap.size() - 1 - i);
+  const LocalTensor swapped = permute(x.local(), mesh, "ep", swap);  // replicas over ep
+  const LocalTensor sq = swapped * swapped;
+  const LocalTensor piece = bug ? mean(sq) : sum(sq) * (1.0 / 32.0);
+  (void)DTensor::from_local(piece, mesh, {Partial{}, Replicate{}}).full_tensor();
+}
+
+TEST(DebugParity, LocalCollectivesKeepTheirDim) {
+  Launched r = launch_with({"--spmd-world-size=4", "--spmd-debug=parity"},
+                           [&](World& w) { local_permute(w, false); });
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("kept at their size in the one-rank run: 'ep' (permute at checks_test.cpp:"),
+            std::string::npos)
+      << r.err;
+  r = launch_with({"--spmd-world-size=4", "--spmd-debug=parity"},
+                  [&](World& w) { local_permute(w, true); });
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("ParityError: --spmd-debug=parity: 'from_local' at checks_test.cpp:"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST(DebugParity, SimOnlyAndNotInADryRun) {

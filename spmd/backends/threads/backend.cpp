@@ -774,8 +774,8 @@ WorkPtr ThreadsBackend::issue(Communicator& comm, const LocalTensor& x,
         kind, site.dim_name, rank_, x.ranks());
   }
   const Tensor& input = x.shards()[0];
-  Call call{rank_,         kind,          site.dim_name, input,
-            input.shape(), input.dtype(), options,       site.location};
+  Call call{rank_,         kind,    site.dim_name, input,       input.shape(),
+            input.dtype(), options, site.location, std::nullopt};
   if (is_point_to_point(kind)) {
     // Note [Point-to-point]: a rendezvous of the sender and the receiver.
     const bool sending = kind == CollectiveKind::Send;
