@@ -4,7 +4,9 @@
 
 #include <cmath>
 
+#include <spmd/core/parallel.h>
 #include <spmd/ops/ops.h>
+#include <spmd/tensor/compare.h>
 #include <spmd/tensor/random.h>
 #include "tests/support/test_support.h"
 #include "tests/tensor/reference.h"
@@ -127,6 +129,59 @@ TEST(Matmul, LargerOperandsThroughEigenBlocking) {
       }
     }
   }
+}
+
+// Note [Parallel matmul] (tensor/kernels/matmul.cpp): a product split over threads (row blocks of
+// one matrix, or batch items) equals the product on one thread bit for bit, for every layout,
+// row counts that leave a few rows after the last block, depths beyond Eigen's k-blocking, and
+// addmm's accumulation; and it matches the reference.
+TEST(Matmul, SplitOverThreadsIsBitwiseTheSame) {
+  struct Case {
+    int64_t batch, n, k, m;
+  };
+  const std::vector<Case> cases = {{1, 300, 70, 200}, {1, 97, 100, 129}, {1, 145, 1100, 40},
+                                   {1, 1000, 64, 17}, {3, 130, 90, 64},  {5, 64, 257, 96},
+                                   {1, 481, 33, 300}};
+  const int saved = num_threads();
+  int split = 0;
+  for (DType d : {DType::F32, DType::F64, DType::BF16}) {
+    for (const Case& c : cases) {
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {
+          const Tensor a0 = randn(ta ? Shape{c.batch, c.k, c.n} : Shape{c.batch, c.n, c.k}, 3, d);
+          const Tensor b0 = randn(tb ? Shape{c.batch, c.m, c.k} : Shape{c.batch, c.k, c.m}, 4, d);
+          const Tensor a = ta ? a0.transpose(1, 2) : a0;
+          const Tensor b = tb ? b0.transpose(1, 2) : b0;
+          const Tensor bias = randn({c.batch, c.n, c.m}, 5, d);
+          const std::string context = fmt::format(
+              "{} [{}, {}, {}] x [{}, {}], a transposed {}, "
+              "b transposed {}",
+              d, c.batch, c.n, c.k, c.k, c.m, ta, tb);
+          set_num_threads(1);
+          const Tensor one = matmul(a, b);
+          const Tensor one_addmm =
+              c.batch == 1 ? addmm(bias.select(0, 0), a.select(0, 0), b.select(0, 0), 2.0, 0.5)
+                           : Tensor();
+          set_num_threads(4);
+          const Tensor many = matmul(a, b);
+          const Tensor many_addmm =
+              c.batch == 1 ? addmm(bias.select(0, 0), a.select(0, 0), b.select(0, 0), 2.0, 0.5)
+                           : Tensor();
+          set_num_threads(saved);
+          EXPECT_TRUE(equal(one, many)) << context;
+          if (c.batch == 1) EXPECT_TRUE(equal(one_addmm, many_addmm)) << context;
+          if (ta && tb && d == DType::F64) {
+            const Tensor a2 = a.select(0, 0);
+            const Tensor b2 = b.select(0, 0);
+            const Product p = reference_matmul(a2, b2);
+            expect_values(many.select(0, 0), p.values, 1e-11, 1e-11, context);
+          }
+          ++split;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(split, 3 * 7 * 4);
 }
 
 TEST(Matmul, Addmm) {

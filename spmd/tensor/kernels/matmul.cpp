@@ -4,12 +4,26 @@
 // (Eigen::Map with the view's strides, row- or column-major as the strides say, so transposed
 // operands are not copied) and run Eigen's GEMM. BF16/F16 convert to F32, multiply, and round
 // once. Integers use a plain loop with wrapping 64-bit accumulation.
+//
+// Note [Parallel matmul]
+// A large product runs on parallel_for's threads (core/parallel.h): its batch items, or, with one
+// item, blocks of output rows. It runs inline where parallel_for does: inside another parallel_for
+// (the sim backend's per-rank math, which already spreads ranks over the cores) or while a rank
+// thread holds the pool (threads). The split never changes a bit of the result, so digests do not
+// depend on the thread count or on timing: each output element is the same dot product, summed
+// over k in Eigen's k-blocks (their size depends on k and the cache sizes only) along the same
+// micro-kernel path. Eigen picks that path by the row's position modulo its register block (at
+// most 3 packets of 16 floats: 48 rows), so row blocks start at multiples of kRowAlign, and a
+// product goes through GEMM both whole and split (at least kMinSplitCols columns: a matrix-vector
+// product takes Eigen's GEMV, whose row peeling follows the pointer's alignment).
+// tests/tensor/linalg_test.cpp (Matmul.SplitOverThreadsIsBitwiseTheSame) checks it bit for bit.
 #include <Eigen/Core>
 #include <algorithm>
 #include <optional>
 #include <type_traits>
 
 #include <spmd/core/check.h>
+#include <spmd/core/parallel.h>
 #include <spmd/tensor/factory.h>
 #include <spmd/tensor/kernels/cpu_kernels.h>
 #include <spmd/tensor/kernels/loops.h>
@@ -35,6 +49,13 @@ std::optional<MatrixLayout> mappable(const Tensor& t) {
   if ((rs == 1 || rows == 1) && cs >= std::max<int64_t>(rows, 1)) return MatrixLayout{false, cs};
   return std::nullopt;
 }
+
+// Note [Parallel matmul]: row blocks start at multiples of this (Eigen's largest register block,
+// 3 AVX-512 packets of floats, divides it); products narrower than kMinSplitCols columns or with
+// fewer than kMinSplitWork multiply-adds per chunk are not split.
+constexpr int64_t kRowAlign = 48;
+constexpr int64_t kMinSplitCols = 16;
+constexpr int64_t kMinSplitWork = int64_t{1} << 19;
 
 template <class T>
 using RowMajor = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -77,26 +98,51 @@ void matmul_eigen(const Tensor& out, Tensor a, Tensor b, double alpha, double be
   const int64_t k = a.size(2);
   const T ta = static_cast<T>(alpha);
   const T tb = static_cast<T>(beta);
-  for (int64_t i = 0; i < batch; ++i) {
-    T* c = at<T>(out, i * n * m);
+  // Rows [r0, r1) of batch item i.
+  auto product = [&](int64_t i, int64_t r0, int64_t r1) {
+    T* c = at<T>(out, i * n * m + r0 * m);
     const T* pa = at<T>(a, i * a.stride(0));
     const T* pb = at<T>(b, i * b.stride(0));
+    const int64_t rows = r1 - r0;
     // Four layout combinations, each its own GEMM instantiation.
     auto with_b = [&](const auto& ma) {
       if (lb->row_major) {
-        gemm(c, n, m, ma, ConstMap<RowMajor<T>>(pb, k, m, Eigen::OuterStride<>(lb->outer_stride)),
-             ta, tb);
+        gemm(c, rows, m, ma,
+             ConstMap<RowMajor<T>>(pb, k, m, Eigen::OuterStride<>(lb->outer_stride)), ta, tb);
       } else {
-        gemm(c, n, m, ma, ConstMap<ColMajor<T>>(pb, k, m, Eigen::OuterStride<>(lb->outer_stride)),
-             ta, tb);
+        gemm(c, rows, m, ma,
+             ConstMap<ColMajor<T>>(pb, k, m, Eigen::OuterStride<>(lb->outer_stride)), ta, tb);
       }
     };
     if (la->row_major) {
-      with_b(ConstMap<RowMajor<T>>(pa, n, k, Eigen::OuterStride<>(la->outer_stride)));
+      with_b(ConstMap<RowMajor<T>>(pa + r0 * la->outer_stride, rows, k,
+                                   Eigen::OuterStride<>(la->outer_stride)));
     } else {
-      with_b(ConstMap<ColMajor<T>>(pa, n, k, Eigen::OuterStride<>(la->outer_stride)));
+      with_b(ConstMap<ColMajor<T>>(pa + r0, rows, k, Eigen::OuterStride<>(la->outer_stride)));
     }
+  };
+  // Note [Parallel matmul]: batch items, else row blocks of kRowAlign rows, each chunk at least
+  // kMinSplitWork multiply-adds.
+  const int64_t item = n * m * k;
+  if (batch > 1 && item >= kMinSplitWork / 4) {
+    const int64_t grain = std::max<int64_t>(1, kMinSplitWork / std::max<int64_t>(item, 1));
+    parallel_for(batch, grain, [&](int64_t first, int64_t last) {
+      for (int64_t i = first; i < last; ++i) product(i, 0, n);
+    });
+    return;
   }
+  // The last block takes the rows after the last multiple of kRowAlign: a block of a few rows
+  // would take Eigen's GEMV or coefficient-wise path.
+  const int64_t blocks = n / kRowAlign;
+  if (batch == 1 && m >= kMinSplitCols && blocks >= 2 && item >= 2 * kMinSplitWork) {
+    const int64_t per_block = kRowAlign * m * k;
+    const int64_t grain = std::max<int64_t>(1, kMinSplitWork / per_block);
+    parallel_for(blocks, grain, [&](int64_t first, int64_t last) {
+      product(0, first * kRowAlign, last == blocks ? n : last * kRowAlign);
+    });
+    return;
+  }
+  for (int64_t i = 0; i < batch; ++i) product(i, 0, n);
 }
 
 template <class T>
