@@ -3,6 +3,7 @@
 
 #include <spmd/core/error.h>
 #include <spmd/dtensor/ops.h>
+#include <spmd/ops/autograd.h>
 
 namespace spmd {
 
@@ -92,6 +93,110 @@ DTensor sequence_parallel(const DTensor& x, MeshDim tp, int seq_dim, SourceLocat
 DTensor fsdp_unshard(const DTensor& param, MeshDim dp, SourceLocation loc) {
   const UserCallSite site(loc);
   return param.redistribute(with_placement(param.placements(), param.mesh(), dp, Replicate{}));
+}
+
+// ---- mixed precision (Note [Mixed precision])
+// -----------------------------------------------------
+
+namespace {
+
+struct CastRedistribute {
+  Placements input_placements;
+  DType input_dtype;
+  std::optional<DType> reduce_dtype;
+};
+
+void cast_redistribute_backward(BackwardContext& c) {
+  const auto& how = c.payload<CastRedistribute>();
+  const NoGradGuard no_grad;
+  DTensor g = c.grad().as<DTensor>();
+  if (how.reduce_dtype && g.dtype() != *how.reduce_dtype) g = to(g, *how.reduce_dtype);
+  // A Partial gradient is reduced to the input's placement; a Partial input takes it pending.
+  Placements target = how.input_placements;
+  for (size_t i = 0; i < target.size(); ++i) {
+    if (is_partial(target[i]) && !is_partial(g.placements()[i])) target[i] = Replicate{};
+  }
+  g = g.redistribute(target);
+  if (g.dtype() != how.input_dtype) g = to(g, how.input_dtype);
+  c.set_grad(0, dtensor_var(g));
+}
+
+// `w` in the policy's param_dtype (a weight already in it, or no param_dtype: as it is).
+DTensor in_param_dtype(const DTensor& w, const MixedPrecisionPolicy& policy) {
+  if (!w.defined() || !policy.param_dtype || w.dtype() == *policy.param_dtype) return w;
+  return to(w, *policy.param_dtype);
+}
+
+DTensor in_output_dtype(const DTensor& y, const MixedPrecisionPolicy& policy) {
+  if (!policy.output_dtype || y.dtype() == *policy.output_dtype) return y;
+  return to(y, *policy.output_dtype);
+}
+
+void check_float(std::optional<DType> dtype, const char* field, std::string_view op) {
+  if (dtype && !is_floating(*dtype)) {
+    throw_error<Unsupported>("{}: MixedPrecisionPolicy.{} must be a float dtype, got {}", op, field,
+                             dtype_name(*dtype));
+  }
+}
+
+void check_policy(const MixedPrecisionPolicy& policy, std::string_view op) {
+  check_float(policy.param_dtype, "param_dtype", op);
+  check_float(policy.reduce_dtype, "reduce_dtype", op);
+  check_float(policy.output_dtype, "output_dtype", op);
+}
+
+}  // namespace
+
+DTensor cast_redistribute(const DTensor& x, std::optional<DType> dtype,
+                          const Placements& placements, std::optional<DType> reduce_dtype,
+                          SourceLocation loc) {
+  const UserCallSite site(loc);
+  if (!x.defined()) throw_error<PlacementError>("cast_redistribute: the DTensor is undefined");
+  check_float(dtype, "param_dtype", "cast_redistribute");
+  check_float(reduce_dtype, "reduce_dtype", "cast_redistribute");
+  DTensor out;
+  {
+    const NoGradGuard no_grad;
+    out = dtype && *dtype != x.dtype() ? to(x, *dtype) : x.detach();
+    out = out.redistribute(placements);
+  }
+  const Var in = dtensor_var(x);
+  if (!grad_enabled() || !any_requires_grad({&in, 1}) || !is_floating(x.dtype())) return out;
+  auto how = std::make_shared<const CastRedistribute>(
+      CastRedistribute{x.placements(), x.dtype(), reduce_dtype});
+  return record("cast_redistribute", nullptr, {&in, 1}, {}, dtensor_var(out),
+                cast_redistribute_backward, std::move(how))
+      .value<DTensor>();
+}
+
+DTensor fsdp_unshard(const DTensor& param, MeshDim dp, const MixedPrecisionPolicy& policy,
+                     SourceLocation loc) {
+  const UserCallSite site(loc);
+  check_policy(policy, "fsdp_unshard");
+  return cast_redistribute(param, policy.param_dtype,
+                           with_placement(param.placements(), param.mesh(), dp, Replicate{}),
+                           policy.reduce_dtype, loc);
+}
+
+DTensor colwise_linear(const DTensor& x, const DTensor& w, const DTensor& bias, MeshDim tp,
+                       const MixedPrecisionPolicy& policy, SourceLocation loc) {
+  const UserCallSite site(loc);
+  check_policy(policy, "colwise_linear");
+  const DTensor input =
+      cast_redistribute(x, std::nullopt, with_placement(x.placements(), x.mesh(), tp, Replicate{}),
+                        policy.reduce_dtype, loc);
+  const DTensor y = matmul(input, in_param_dtype(w, policy));
+  return in_output_dtype(bias.defined() ? y + in_param_dtype(bias, policy) : y, policy);
+}
+
+DTensor rowwise_linear(const DTensor& x, const DTensor& w, const DTensor& bias, MeshDim tp,
+                       Placement output, const MixedPrecisionPolicy& policy, SourceLocation loc) {
+  const UserCallSite site(loc);
+  check_policy(policy, "rowwise_linear");
+  const DTensor partial = matmul(x, in_param_dtype(w, policy));
+  const DTensor y =
+      partial.redistribute(with_placement(partial.placements(), partial.mesh(), tp, output));
+  return in_output_dtype(bias.defined() ? y + in_param_dtype(bias, policy) : y, policy);
 }
 
 }  // namespace spmd

@@ -23,12 +23,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include <spmd/core/call_site.h>
 #include <spmd/dtensor/dtensor.h>
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/placement.h>
+#include <spmd/tensor/dtype.h>
 
 namespace spmd {
 
@@ -89,5 +91,48 @@ DTensor sequence_parallel(const DTensor& x, MeshDim tp, int seq_dim,
 // is reduce-scattered back to the FSDP shard.
 DTensor fsdp_unshard(const DTensor& param, MeshDim dp,
                      SourceLocation loc = SourceLocation::current());
+
+// ---- mixed precision
+// ------------------------------------------------------------------------------
+
+// Note [Mixed precision]
+// What PyTorch's FSDP2 MixedPrecisionPolicy says, for the styles above. Parameters are stored in
+// their own dtype (the master weights: F32, so the optimizer steps in F32) and:
+//   param_dtype: the dtype they are used in. fsdp_unshard casts the shard before its all_gather
+//     (the gather moves param_dtype bytes); the linears cast a weight that is not in it yet.
+//   reduce_dtype: the dtype gradients are reduced in: the gradient arriving in param_dtype is cast
+//     to reduce_dtype before the reduction, and the reduced gradient to the stored dtype after.
+//     Under FSDP that is the reduce_scatter of fsdp_unshard's backward (the sharded gradient is
+//     never rounded to param_dtype); under tp the reduction of the input gradient of
+//     colwise_linear (all_reduce, or reduce_scatter under sequence parallelism), which PyTorch's
+//     policy leaves in the compute dtype (PyTorch #190626). The collectives' dtype in the trace is
+//     reduce_dtype. A replicated parameter's dp reduction runs where its gradient accumulates, in
+//     the stored dtype.
+//   output_dtype: the dtype the linears' outputs are cast to (nullopt: as computed).
+// Unset fields change nothing: a default policy computes exactly as the overloads without one.
+struct MixedPrecisionPolicy {
+  std::optional<DType> param_dtype;
+  std::optional<DType> reduce_dtype;
+  std::optional<DType> output_dtype;
+};
+
+// x cast to `dtype` (nullopt: its own) and redistributed to `placements`, recorded by autograd as
+// one step whose backward casts the gradient to `reduce_dtype` (nullopt: as it arrives),
+// redistributes it to x's placements (a Partial gradient is reduced there, in reduce_dtype) and
+// casts it to x's dtype. Recorded also when the forward moves nothing, so the reduction of the
+// gradient happens here.
+DTensor cast_redistribute(const DTensor& x, std::optional<DType> dtype,
+                          const Placements& placements, std::optional<DType> reduce_dtype,
+                          SourceLocation loc = SourceLocation::current());
+
+// The styles under a policy (Note [Mixed precision]).
+DTensor fsdp_unshard(const DTensor& param, MeshDim dp, const MixedPrecisionPolicy& policy,
+                     SourceLocation loc = SourceLocation::current());
+DTensor colwise_linear(const DTensor& x, const DTensor& w, const DTensor& bias, MeshDim tp,
+                       const MixedPrecisionPolicy& policy,
+                       SourceLocation loc = SourceLocation::current());
+DTensor rowwise_linear(const DTensor& x, const DTensor& w, const DTensor& bias, MeshDim tp,
+                       Placement output, const MixedPrecisionPolicy& policy,
+                       SourceLocation loc = SourceLocation::current());
 
 }  // namespace spmd
