@@ -194,28 +194,46 @@ std::optional<ParityDeparture> parity_departure(const ParityValue& got, const Pa
     throw_error<InternalError>("parity: comparing {} values with {}", got.values.size(),
                                expected.values.size());
   }
+  const size_t n = got.values.size();
+  const double* a = got.values.data();
+  const double* b = expected.values.data();
   double scale = 0.0;
-  for (double x : expected.values) {
-    if (std::isfinite(x)) scale = std::max(scale, std::abs(x));
+  for (size_t i = 0; i < n; ++i) {
+    if (std::isfinite(b[i])) scale = std::max(scale, std::abs(b[i]));
   }
-  std::optional<ParityDeparture> worst;
-  for (size_t i = 0; i < got.values.size(); ++i) {
-    const double a = got.values[i];
-    const double b = expected.values[i];
-    double relative = 0.0;
-    if (std::isnan(a) || std::isnan(b) || std::isinf(a) || std::isinf(b)) {
-      // Non-finite values agree only when they are the same (NaN with NaN, +inf with +inf).
-      const bool same = (std::isnan(a) && std::isnan(b)) || a == b;
-      relative = same ? 0.0 : INFINITY;
-    } else {
-      const double diff = std::abs(a - b);
-      relative = diff == 0.0 ? 0.0 : scale > 0.0 ? diff / scale : INFINITY;
+  // One pass, no division: the largest finite |difference| (its first index), the first pair of
+  // non-finite values that are not the same (NaN with NaN, +inf with +inf agree), the first
+  // nonzero difference (what counts when the scale is 0). The worst relative difference is
+  // diff / scale, so the largest difference is the worst element.
+  double worst = 0.0;
+  size_t worst_at = n;
+  size_t first_nonzero = n;
+  size_t first_nonfinite = n;
+  for (size_t i = 0; i < n; ++i) {
+    const double diff = std::abs(a[i] - b[i]);
+    if (diff > worst) {  // false for NaN
+      worst = diff;
+      worst_at = i;
     }
-    if (relative > tol && (!worst || relative > worst->relative)) {
-      worst = ParityDeparture{static_cast<int64_t>(i), a, b, relative};
+    if (!std::isfinite(diff) && first_nonfinite == n) {
+      const bool same = (std::isnan(a[i]) && std::isnan(b[i])) || a[i] == b[i];
+      if (!same) first_nonfinite = i;
     }
   }
-  return worst;
+  auto at = [&](size_t i, double relative) {
+    return ParityDeparture{static_cast<int64_t>(i), a[i], b[i], relative};
+  };
+  if (first_nonfinite != n) return at(first_nonfinite, INFINITY);
+  if (worst_at == n) return std::nullopt;  // every pair equal (or the same non-finite value)
+  if (scale == 0.0) {
+    for (size_t i = 0; i < n && first_nonzero == n; ++i) {
+      if (std::abs(a[i] - b[i]) > 0.0) first_nonzero = i;
+    }
+    return at(first_nonzero, INFINITY);
+  }
+  const double relative = worst / scale;
+  if (relative > tol) return at(worst_at, relative);
+  return std::nullopt;
 }
 
 void parity_record(const World& reference) {
