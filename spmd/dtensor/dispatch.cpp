@@ -12,6 +12,7 @@
 #include <spmd/core/hash.h>
 #include <spmd/dtensor/dtensor.h>
 #include <spmd/dtensor/hooks.h>
+#include <spmd/ops/selective.h>
 #include <spmd/tensor/factory.h>
 
 namespace spmd {
@@ -318,6 +319,21 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
   }
   std::shared_ptr<const OutputSharding> decision =
       lookup(op, SpecList(specs.data(), n), args, inputs);
+  // Note [Selective recompute] (ops/selective.h): a kept output, taken instead of computed (and
+  // the inputs not redistributed), or saved after.
+  SelectiveScope* kept = selective_scope("DTensor", op.name);
+  if (kept != nullptr && kept->mode() == SelectiveScope::Mode::Replay) [[unlikely]] {
+    DTensor out = kept->take(op.name).value<DTensor>();
+    if (grad_enabled() && is_floating(out.dtype()) &&
+        std::any_of(inputs.begin(), inputs.end(),
+                    [](const DTensor* t) { return t->requires_grad(); })) {
+      std::vector<Var> vars;
+      vars.reserve(n);
+      for (size_t i = 0; i < n; ++i) vars.push_back(dtensor_var(*inputs[i]));
+      out = record(op.name, &op, vars, args, dtensor_var(out)).value<DTensor>();
+    }
+    return out;
+  }
   // Note [Ranks outside the mesh] (dtensor/dtensor.h): nothing to compute or communicate here.
   const bool outside = !inputs[0]->participates();
   if (outside) {
@@ -342,6 +358,8 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
   DTensor out(outside ? outside_mesh_local(*decision->output)
                       : run_pieces(op, locals.data(), laid_out.data(), n, args, *decision->output),
               decision->output);
+  if (kept != nullptr) [[unlikely]]
+    kept->save(op.name, dtensor_var(out));
   if (grad_enabled() && is_floating(out.dtype()) &&
       std::any_of(inputs.begin(), inputs.end(),
                   [](const DTensor* t) { return t->requires_grad(); })) {

@@ -2,6 +2,8 @@
 #include <spmd/nn/recompute.h>
 
 #include <memory>
+#include <string_view>
+#include <type_traits>
 
 #include <spmd/core/error.h>
 #include <spmd/dtensor/ops.h>
@@ -15,7 +17,15 @@ template <class T>
 struct Saved {
   std::function<T(const std::vector<T>&)> fn;
   SourceLocation loc;
+  // A selective recompute's policy and kept outputs (Note [Selective recompute]); null: none.
+  std::shared_ptr<const RecomputePolicy> policy;
+  std::shared_ptr<SelectiveCache> kept;
 };
+
+template <class T>
+constexpr std::string_view kind_name() {
+  return std::is_same_v<T, DTensor> ? "DTensor" : "Tensor";
+}
 
 template <class T>
 void recompute_backward(BackwardContext& c) {
@@ -33,7 +43,14 @@ void recompute_backward(BackwardContext& c) {
     const bool previous = grad_enabled();
     set_grad_enabled(true);
     try {
-      out = saved.fn(leaves);
+      if (saved.kept) {
+        SelectiveScope replay(SelectiveScope::Mode::Replay, kind_name<T>(), *saved.policy,
+                              saved.kept);
+        out = saved.fn(leaves);
+        replay.check_consumed();
+      } else {
+        out = saved.fn(leaves);
+      }
     } catch (...) {
       set_grad_enabled(previous);
       throw;
@@ -53,11 +70,10 @@ void recompute_backward(BackwardContext& c) {
   }
 }
 
-}  // namespace
-
+// checkpoint_activations with `policy` (null: recompute everything).
 template <class T>
-T checkpoint_activations(const std::function<T(const std::vector<T>&)>& fn,
-                         const std::vector<T>& inputs, SourceLocation loc) {
+T checkpointed(const std::function<T(const std::vector<T>&)>& fn, const std::vector<T>& inputs,
+               const RecomputePolicy* policy, SourceLocation loc) {
   const UserCallSite site(loc);
   if (!fn) throw_error<ConfigError>("checkpoint_activations: the function is empty");
   std::vector<Var> vars;
@@ -65,17 +81,48 @@ T checkpoint_activations(const std::function<T(const std::vector<T>&)>& fn,
   if (!grad_enabled() || !any_requires_grad(vars)) return fn(inputs);
   std::vector<T> detached;
   for (const T& t : inputs) detached.push_back(t.detach());
+  auto saved = std::make_shared<Saved<T>>(Saved<T>{fn, loc, nullptr, nullptr});
   T out;
   {
     NoGradGuard no_grad;
-    out = fn(detached);
+    if (policy != nullptr && !policy->save_ops.empty()) {
+      saved->policy = std::make_shared<const RecomputePolicy>(*policy);
+      saved->kept = std::make_shared<SelectiveCache>();
+      const SelectiveScope save(SelectiveScope::Mode::Save, kind_name<T>(), *saved->policy,
+                                saved->kept);
+      out = fn(detached);
+    } else {
+      out = fn(detached);
+    }
   }
   if (!out.defined())
     throw_error<ConfigError>("checkpoint_activations: the function returned nothing");
-  auto saved = std::make_shared<Saved<T>>(Saved<T>{fn, loc});
   return record("checkpoint_activations", nullptr, vars, {}, to_var(out), recompute_backward<T>,
                 saved)
       .template value<T>();
+}
+
+}  // namespace
+
+template <class T>
+T checkpoint_activations(const std::function<T(const std::vector<T>&)>& fn,
+                         const std::vector<T>& inputs, SourceLocation loc) {
+  return checkpointed(fn, inputs, nullptr, loc);
+}
+
+template <class T>
+T checkpoint_activations(const std::function<T(const std::vector<T>&)>& fn,
+                         const std::vector<T>& inputs, const RecomputePolicy& policy,
+                         SourceLocation loc) {
+  if constexpr (std::is_same_v<T, LocalTensor>) {
+    if (!policy.save_ops.empty()) {
+      throw_error<Unsupported>(
+          "checkpoint_activations: a selective policy keeps the outputs of Tensor and DTensor "
+          "ops; a LocalTensor function's ops run per rank (recompute it whole, or write it with "
+          "DTensors)");
+    }
+  }
+  return checkpointed(fn, inputs, &policy, loc);
 }
 
 template Tensor checkpoint_activations(const std::function<Tensor(const std::vector<Tensor>&)>&,
@@ -85,5 +132,14 @@ template LocalTensor checkpoint_activations(
     const std::vector<LocalTensor>&, SourceLocation);
 template DTensor checkpoint_activations(const std::function<DTensor(const std::vector<DTensor>&)>&,
                                         const std::vector<DTensor>&, SourceLocation);
+template Tensor checkpoint_activations(const std::function<Tensor(const std::vector<Tensor>&)>&,
+                                       const std::vector<Tensor>&, const RecomputePolicy&,
+                                       SourceLocation);
+template LocalTensor checkpoint_activations(
+    const std::function<LocalTensor(const std::vector<LocalTensor>&)>&,
+    const std::vector<LocalTensor>&, const RecomputePolicy&, SourceLocation);
+template DTensor checkpoint_activations(const std::function<DTensor(const std::vector<DTensor>&)>&,
+                                        const std::vector<DTensor>&, const RecomputePolicy&,
+                                        SourceLocation);
 
 }  // namespace spmd

@@ -23,6 +23,7 @@
 
 #include <spmd/core/call_site.h>
 #include <spmd/dtensor/dtensor.h>
+#include <spmd/ops/selective.h>
 #include <spmd/tensor/tensor.h>
 #include <spmd/world/local_tensor.h>
 
@@ -32,6 +33,13 @@ namespace spmd {
 template <class T>
 T checkpoint_activations(const std::function<T(const std::vector<T>&)>& fn,
                          const std::vector<T>& inputs,
+                         SourceLocation loc = SourceLocation::current());
+// The same, keeping the outputs of the ops `policy` names from the first forward (Note [Selective
+// recompute] in ops/selective.h; save_matmuls(): the matmuls and attention). T: Tensor or DTensor
+// (Unsupported for LocalTensor).
+template <class T>
+T checkpoint_activations(const std::function<T(const std::vector<T>&)>& fn,
+                         const std::vector<T>& inputs, const RecomputePolicy& policy,
                          SourceLocation loc = SourceLocation::current());
 
 }  // namespace spmd

@@ -6,6 +6,7 @@
 #include <spmd/core/error.h>
 #include <spmd/core/hash.h>
 #include <spmd/ops/autograd.h>
+#include <spmd/ops/selective.h>
 #include <spmd/tensor/factory.h>
 
 namespace spmd {
@@ -67,6 +68,22 @@ Tensor compute(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& ar
 Tensor call(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args) {
   const AllocationScope allocating(op.name);  // Note [Out of memory] in tensor/factory.h
   const OpMeta meta = op_meta(op, inputs, args);
+  // Note [Selective recompute]: a kept output, saved or taken.
+  if (SelectiveScope* kept = selective_scope("Tensor", op.name)) [[unlikely]] {
+    if (kept->mode() == SelectiveScope::Mode::Save) {
+      const Tensor out = compute(op, inputs, args, meta);
+      kept->save(op.name, out);
+      return out;
+    }
+    const Tensor out = kept->take(op.name).tensor();
+    if (!grad_enabled() || !is_floating(meta.dtype) ||
+        std::none_of(inputs.begin(), inputs.end(),
+                     [](const Tensor& t) { return t.requires_grad(); })) {
+      return out;
+    }
+    const std::vector<Var> vars(inputs.begin(), inputs.end());
+    return record(op.name, &op, vars, args, out).value<Tensor>();
+  }
   if (!grad_enabled() || !is_floating(meta.dtype) ||
       std::none_of(inputs.begin(), inputs.end(),
                    [](const Tensor& t) { return t.requires_grad(); })) {
