@@ -91,7 +91,7 @@ DTensor sequence_parallel(const DTensor& x, MeshDim tp, int seq_dim, SourceLocat
 
 DTensor fsdp_unshard(const DTensor& param, MeshDim dp, SourceLocation loc) {
   const UserCallSite site(loc);
-  return param.redistribute(with_placement(param.placements(), param.mesh(), dp, Replicate{}));
+  return gather_param(param, with_placement(param.placements(), param.mesh(), dp, Replicate{}));
 }
 
 }  // namespace spmd

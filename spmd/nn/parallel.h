@@ -18,7 +18,9 @@
 //     out.
 //   FSDP over `dp` (PyTorch's fully_shard): every parameter is stored sharded over dp as well
 //     (fsdp_placements), gathered just before use (fsdp_unshard: all_gather), and its gradient,
-//     arriving P(sum) over dp, is reduce-scattered back to the shard by the gather's backward.
+//     arriving P(sum) over dp, is reduce-scattered back to the shard where it is accumulated.
+//   gradient accumulation (no_sync in dtensor/dtensor.h, Note [No sync]): the dp reductions of
+//     every parameter's gradient (all_reduce, FSDP's reduce_scatter) run once per step.
 #pragma once
 
 #include <cstdint>
@@ -85,8 +87,9 @@ DTensor rowwise_linear(const DTensor& x, const DTensor& w, const DTensor& bias, 
 // chunk; from P(sum): reduce_scatter).
 DTensor sequence_parallel(const DTensor& x, MeshDim tp, int seq_dim,
                           SourceLocation loc = SourceLocation::current());
-// The parameter gathered over dp for its use (all_gather); recorded by autograd, so its gradient
-// is reduce-scattered back to the FSDP shard.
+// The parameter gathered over dp for its use (all_gather, gather_param); recorded by autograd, so
+// its gradient is reduce-scattered back to the FSDP shard: where the parameter's gradient is
+// accumulated, once per backward, or once per step under no_sync (Note [No sync]).
 DTensor fsdp_unshard(const DTensor& param, MeshDim dp,
                      SourceLocation loc = SourceLocation::current());
 
