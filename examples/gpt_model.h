@@ -298,7 +298,9 @@ T forward(const Config& c, const P& par, const Model<T>& m, const T& tokens, int
     }
     // --recompute: the block's activations are recomputed in backward (Note [Recompute] in
     // spmd/nn/recompute.h); its dropout masks come from explicit seeds, so both forwards agree.
-    const std::function<T(const std::vector<T>&)> fn = [&](const std::vector<T>& in) {
+    // The function runs again after forward returns: the layer and step are copied.
+    const std::function<T(const std::vector<T>&)> fn = [&c, &par, &b, layer,
+                                                        step](const std::vector<T>& in) {
       return block(c, par, b, layer, in[0], step);
     };
     x = checkpoint_activations(fn, {x});
