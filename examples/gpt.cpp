@@ -44,10 +44,10 @@
 // after its last step (spmd::checkpoint, nn/checkpoint.h); --load DIR starts every run, and the
 // single-device check, from such a checkpoint, saved on any mesh, and numbers the steps from the
 // saved one. --recompute recomputes every block's activations in backward (checkpoint_activations,
-// Note [Recompute]). --accumulate N splits each step's batch into N microbatches, each with its
-// own dropout masks (as the pipeline's), and accumulates their gradients under no_sync, so every
-// gradient is reduced once per step (Note [No sync]); the single-device check runs the same
-// microbatches. Without dropout (--dropout 0) the losses equal those without --accumulate.
+// Note [Recompute]). --accumulate N splits each step's batch into N microbatches, each dropping
+// its rows of what the whole batch drops (DropoutRows), and accumulates their gradients under
+// no_sync, so every gradient is reduced once per step (Note [No sync]): the losses are those
+// without --accumulate, to rounding.
 // --save, --load and --accumulate run without --pp (a pipeline microbatches already).
 //
 // The weights come from mesh-invariant random DTensors and dropout draws mesh-invariant masks,

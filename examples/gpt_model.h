@@ -44,6 +44,7 @@ struct Config {
   std::string data;  // the training text
   uint64_t seed = 1234;
   int64_t accumulate = 1;  // --accumulate N: microbatches a step, all but the last under no_sync
+  DropoutRows rows;        // an --accumulate microbatch: its rows of the step's batch (dropout)
   bool recompute = false;  // --recompute: every block's activations recomputed in backward
   std::string save, load;  // --save DIR, --load DIR: the model and AdamW's state (nn/checkpoint.h)
 };
@@ -250,7 +251,7 @@ template <class T, class P>
 T embed(const Config& c, const P& par, const Model<T>& m, const T& tokens, int64_t step) {
   const T ids = narrow(tokens, 1, 0, c.seq);
   const T x = par.into_sp(embedding(ids, par.use(m.wte)));
-  return dropout(x + par.use(m.wpe), c.dropout, dropout_seed(c, step, 0));
+  return dropout(x + par.use(m.wpe), c.dropout, dropout_seed(c, step, 0), c.rows);
 }
 
 // ... block `layer` of the residual stream [B, S, d] ...
@@ -258,7 +259,7 @@ template <class T, class P>
 T block(const Config& c, const P& par, const Block<T>& b, int64_t layer, const T& x, int64_t step) {
   const int64_t site = 1 + 2 * layer;
   auto drop = [&](const T& y, int64_t at) {
-    return dropout(y, c.dropout, dropout_seed(c, step, at));
+    return dropout(y, c.dropout, dropout_seed(c, step, at), c.rows);
   };
   const T h =
       x + drop(attention(c, par, b, layer_norm(x, par.use(b.ln1_w), par.use(b.ln1_b))), site);
@@ -283,7 +284,9 @@ T next_token_loss(const Config& c, const T& logits, const T& tokens) {
 // Note [Dropout sites]
 // Every dropout of a forward has a site: 0 after the embeddings, 1 + 2 l and 2 + 2 l after block
 // l's attention and MLP. Its mask's seed is dropout_seed(step, site), so a pipeline stage holding
-// blocks 4..7 draws the masks the whole model on one device draws there.
+// blocks 4..7 draws the masks the whole model on one device draws there. A pipeline microbatch
+// draws its own (its step is microbatch_step); an --accumulate microbatch keeps the step's seeds
+// and drops its rows of the whole batch's masks (Config::rows, DropoutRows).
 
 // The loss of one batch ([B, S + 1] tokens).
 template <class T, class P>
@@ -345,11 +348,12 @@ inline int64_t microbatch_step(const Config& c, int64_t step, int64_t m) {
 }
 
 // One training step on `batch` ([B, S + 1] tokens): forward, backward, gradient clipping, AdamW.
-// With c.accumulate above 1 the batch is split into that many microbatches (their own dropout
-// masks, as the pipeline's), each one's loss divided by their count; the backwards of all but the
-// last run under no_sync, so each gradient is reduced once per step (Note [No sync] in
-// spmd/dtensor/dtensor.h). Returns the loss before the update (the sum of the scaled losses); with
-// `grads`, the gradients AdamW stepped with (the dry run's memory report).
+// With c.accumulate above 1 the batch is split into that many microbatches, each one's loss
+// divided by their count and its dropout masks its rows of the batch's (DropoutRows): the step
+// computes what it computes without accumulation. The backwards of all but the last run under
+// no_sync, so each gradient is reduced once per step (Note [No sync] in spmd/dtensor/dtensor.h).
+// Returns the loss before the update (the sum of the scaled losses); with `grads`, the gradients
+// AdamW stepped with (the dry run's memory report).
 template <class T, class P>
 double train_step(const Config& c, const P& par, Model<T>& model, AdamW<T>& opt,
                   const std::vector<T*>& params, const Tensor& batch, const ModelLayout* layout,
@@ -362,11 +366,12 @@ double train_step(const Config& c, const P& par, Model<T>& model, AdamW<T>& opt,
   } else {
     Config ac = c;
     ac.microbatches = c.accumulate;
-    const Config mc = microbatch_config(ac);
+    Config mc = microbatch_config(ac);
     const double scale = 1.0 / static_cast<double>(c.accumulate);
     for (int64_t m = 0; m < c.accumulate; ++m) {
       const T tokens = place_tokens<T>(microbatch_tokens(ac, batch, m), layout);
-      const T loss = forward(mc, par, model, tokens, microbatch_step(ac, step, m)) * scale;
+      mc.rows = DropoutRows{m * mc.batch, c.batch};
+      const T loss = forward(mc, par, model, tokens, step) * scale;
       value += scalar(loss);
       if (m + 1 < c.accumulate) {
         const auto guard = no_sync();  // DTensor leaves: the sums wait; Tensor leaves just add
