@@ -65,14 +65,14 @@ void gpt_step(benchmark::State& state, bool toy) {
   AdamW<DTensor> sim_opt(sim_params, gpt_model::adamw_options(c));
   AdamW<Tensor> single_opt(single_params, gpt_model::adamw_options(c));
   const Tensor tokens = gpt_model::batch_tokens(c, text, 0);
-  const DTensor sim_tokens = gpt_model::place_tokens<DTensor>(tokens, &layout);
   int64_t step = 0;
   auto sim_step = [&] {
-    gpt_model::train_step(c, gpt_model::Parallel{}, sim, sim_opt, sim_params, sim_tokens, step++);
+    gpt_model::train_step(c, gpt_model::Parallel{}, sim, sim_opt, sim_params, tokens, &layout,
+                          step++);
   };
   auto single_step = [&] {
     gpt_model::train_step(c, gpt_model::Single{}, single, single_opt, single_params, tokens,
-                          step++);
+                          nullptr, step++);
   };
   sim_step();
   single_step();

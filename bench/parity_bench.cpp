@@ -55,9 +55,8 @@ double run_ms(bool large, const std::vector<std::string>& flags) {
     std::vector<DTensor*> params = model.params();
     AdamW<DTensor> opt(params, gpt_model::adamw_options(c));
     for (int64_t step = 0; step < 3; ++step) {
-      const DTensor tokens =
-          gpt_model::place_tokens<DTensor>(gpt_model::batch_tokens(c, text, step), &layout);
-      gpt_model::train_step(c, gpt_model::Parallel{}, model, opt, params, tokens, step);
+      gpt_model::train_step(c, gpt_model::Parallel{}, model, opt, params,
+                            gpt_model::batch_tokens(c, text, step), &layout, step);
     }
   });
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();

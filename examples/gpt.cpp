@@ -8,6 +8,9 @@
 //   ./gpt --layers 4 --d-model 128 --heads 8 --seq 64 --steps 20 --dtype f32
 //   ./gpt --pp 2 --schedule 1f1b              # mesh (pp=2, dp=2, tp=2), 4 microbatches
 //   ./gpt --pp 4 --tp 2 --schedule interleaved   # (pp=4, dp=1, tp=2), 8 stages of one block
+//   ./gpt --steps 2 --save ckpt && ./gpt --steps 2 --load ckpt --tp 2
+//                                             # two steps, then two more on (dp=4, tp=2)
+//   ./gpt --accumulate 2 --recompute          # 2 microbatches a step, blocks recomputed
 //
 // Pipeline parallelism (--pp N --schedule gpipe|1f1b|interleaved|zb --microbatches M
 // --virtual-stages V, V = 2 by default for interleaved): the model is cut into N x V stages,
@@ -36,6 +39,16 @@
 //                         cross-entropy is Megatron's vocabulary-parallel one: never gathered
 //   FSDP x TP             every parameter also split over dp (its first dim free of tp), gathered
 //                         before each use; its gradient is reduce-scattered back by autograd
+//
+// Training state (docs/training.md): --save DIR writes the first mesh run's model and AdamW state
+// after its last step (spmd::checkpoint, nn/checkpoint.h); --load DIR starts every run, and the
+// single-device check, from such a checkpoint, saved on any mesh, and numbers the steps from the
+// saved one. --recompute recomputes every block's activations in backward (checkpoint_activations,
+// Note [Recompute]). --accumulate N splits each step's batch into N microbatches, each dropping
+// its rows of what the whole batch drops (DropoutRows), and accumulates their gradients under
+// no_sync, so every gradient is reduced once per step (Note [No sync]): the losses are those
+// without --accumulate, to rounding.
+// --save, --load and --accumulate run without --pp (a pipeline microbatches already).
 //
 // The weights come from mesh-invariant random DTensors and dropout draws mesh-invariant masks,
 // so all three runs start from the same model and drop the same activations: their losses agree
@@ -70,7 +83,8 @@ constexpr const char* kUsage =
     "gpt [--layers N] [--d-model N] [--heads N] [--seq N] [--vocab N] [--batch N] [--steps N]\n"
     "    [--tp N] [--lr X] [--dropout P] [--clip X] [--dtype f32|f64|bf16] [--mode sp|fsdp|both]\n"
     "    [--pp N] [--schedule gpipe|1f1b|interleaved|zb] [--microbatches N] [--virtual-stages N]\n"
-    "    [--no-check] [--data FILE] [--seed N]   (and the --spmd-* flags of launch())";
+    "    [--no-check] [--data FILE] [--seed N] [--save DIR] [--load DIR] [--recompute]\n"
+    "    [--accumulate N]   (and the --spmd-* flags of launch())";
 
 int64_t parse_int(const std::string& flag, const std::string& value) {
   int64_t v = 0;
@@ -100,6 +114,10 @@ Config parse_flags(int argc, char** argv) {
     const std::string flag = argv[i];
     if (flag == "--no-check") {
       c.check = false;
+      continue;
+    }
+    if (flag == "--recompute") {
+      c.recompute = true;
       continue;
     }
     if (flag == "-h" || flag == "--help") throw_error<ConfigError>("{}", kUsage);
@@ -155,6 +173,12 @@ Config parse_flags(int argc, char** argv) {
       c.mode = value;
     } else if (flag == "--data") {
       c.data = value;
+    } else if (flag == "--save") {
+      c.save = value;
+    } else if (flag == "--load") {
+      c.load = value;
+    } else if (flag == "--accumulate") {
+      c.accumulate = parse_int(flag, value);
     } else {
       throw_error<ConfigError>("gpt: unknown flag '{}'\n{}", flag, kUsage);
     }
@@ -164,6 +188,15 @@ Config parse_flags(int argc, char** argv) {
                              c.heads);
   }
   if (c.dropout >= 1.0) throw_error<ConfigError>("gpt: --dropout must be below 1");
+  if (c.pp > 1 && (c.accumulate > 1 || c.recompute || !c.save.empty() || !c.load.empty())) {
+    throw_error<ConfigError>(
+        "gpt: --accumulate, --recompute, --save and --load run without --pp (a pipeline splits "
+        "each batch into --microbatches already, and its stages hold their own parameters)");
+  }
+  if (c.batch % c.accumulate != 0) {
+    throw_error<ConfigError>("gpt: --batch {} must split into --accumulate {} microbatches",
+                             c.batch, c.accumulate);
+  }
   if (c.virtual_stages == 0) c.virtual_stages = c.schedule == "interleaved" ? 2 : 1;
   // Without --layers, a pipeline gets one block per stage (at least the default 2).
   if (!layers_given && c.pp > 1) c.layers = std::max(c.layers, c.pp * c.virtual_stages);
@@ -424,6 +457,15 @@ int gpt(World& world, Config c) {
   // issues every collective of the real run.
   const bool dry_run = meta_tensors();
   if (dry_run) c.check = false;
+  if (dry_run && (!c.save.empty() || !c.load.empty())) {
+    throw_error<ConfigError>("gpt: --save and --load run outside a dry run (it has no values)");
+  }
+  if (!pipelined && (c.batch / c.accumulate) % mesh.size("dp") != 0) {
+    throw_error<ConfigError>(
+        "gpt: --batch {} must split into --accumulate {} microbatches of a multiple of dp = {} "
+        "rows each",
+        c.batch, c.accumulate, mesh.size("dp"));
+  }
   const std::string text = read_text(c.data);
   const bool coordinator = world.is_coordinator();
   if (coordinator) {
@@ -432,6 +474,14 @@ int gpt(World& world, Config c) {
     fmt::print("     {} steps of AdamW (lr {}), dropout {}, {} ranks, backend {}\n", c.steps, c.lr,
                c.dropout, world.size(), world.backend_name());
     fmt::print("     text: {} ({} bytes)\n", c.data, text.size());
+    if (c.accumulate > 1) {
+      fmt::print(
+          "     gradient accumulation: {} microbatches of {} rows a step, all but the last "
+          "backward under no_sync\n",
+          c.accumulate, c.batch / c.accumulate);
+    }
+    if (c.recompute) fmt::print("     every block's activations recomputed in backward\n");
+    if (!c.load.empty()) fmt::print("     resumed from {}\n", c.load);
     if (pipelined) {
       fmt::print(
           "     pipeline: schedule {}, {} microbatches of {} rows, {} stages ({} pp ranks x {} "
@@ -453,6 +503,7 @@ int gpt(World& world, Config c) {
   if (c.mode != "fsdp") runs.push_back({"TP + SP", false, {}, {}});
   if (c.mode != "sp") runs.push_back({"FSDP x TP + SP", true, {}, {}});
   std::string comm;
+  int64_t first_step = 0;  // the first step's number: the loaded one with --load
   for (Run& run : runs) {
     const ModelLayout layout{mesh, run.fsdp};
     std::vector<ModelLayout> stage_layouts;
@@ -499,17 +550,10 @@ int gpt(World& world, Config c) {
         continue;
       }
       AdamW<DTensor> opt(params, adamw_options(c));
-      std::vector<DTensor> grads;
+      std::vector<DTensor> grads;  // kept for the memory report
       for (int64_t step = 0; step < c.steps; ++step) {
-        // train_step's calls, with the gradients kept for the memory report.
-        const DTensor tokens = place_tokens<DTensor>(batch_tokens(c, text, step), &layout);
-        const DTensor loss = forward(c, Parallel{run.fsdp}, run.model, tokens, step);
-        run.losses.push_back(scalar(loss));
-        backward(loss);
-        grads.clear();
-        for (DTensor* p : params) grads.push_back(p->grad());
-        clip_grad_norm(params, c.clip);
-        opt.step();
+        run.losses.push_back(train_step(c, Parallel{run.fsdp}, run.model, opt, params,
+                                        batch_tokens(c, text, step), &layout, step, &grads));
       }
       MemoryParts parts;
       for (size_t i = 0; i < params.size(); ++i) {
@@ -527,7 +571,9 @@ int gpt(World& world, Config c) {
     } else if (pipelined) {
       run.losses = train_pipeline(world, c, text, Parallel{run.fsdp}, mesh, *setup, run.model);
     } else {
-      run.losses = train(c, text, Parallel{run.fsdp}, run.model, &layout);
+      // The first run writes the checkpoint (--save); every run starts from --load's.
+      run.losses = train(c, text, Parallel{run.fsdp}, run.model, &layout, &first_step,
+                         &run == &runs.front() ? c.save : std::string());
     }
     comm += fmt::format("{}, {} steps:\n{}", run.name, c.steps, trace().summary_table());
   }
@@ -550,7 +596,7 @@ int gpt(World& world, Config c) {
   }
   double worst = 0.0;
   for (int64_t s = 0; s < c.steps; ++s) {
-    std::string line = fmt::format("{:>4}", s);
+    std::string line = fmt::format("{:>4}", first_step + s);
     double diff = 0.0;
     for (const Run& run : runs) {
       const double loss = run.losses[static_cast<size_t>(s)];
@@ -563,7 +609,9 @@ int gpt(World& world, Config c) {
     if (coordinator) fmt::print("{}\n", line);
   }
   bool falls = true;
-  for (const Run& run : runs) falls = falls && run.losses.back() < run.losses.front();
+  for (const Run& run : runs) {
+    falls = falls && (run.losses.back() < run.losses.front() || c.steps == 1);
+  }
   const bool pass = dry_run || (falls && (!c.check || worst <= tolerance));
   if (coordinator && dry_run) {
     fmt::print(

@@ -43,6 +43,10 @@ struct Config {
   bool check = true;
   std::string data;  // the training text
   uint64_t seed = 1234;
+  int64_t accumulate = 1;  // --accumulate N: microbatches a step, all but the last under no_sync
+  DropoutRows rows;        // an --accumulate microbatch: its rows of the step's batch (dropout)
+  bool recompute = false;  // --recompute: every block's activations recomputed in backward
+  std::string save, load;  // --save DIR, --load DIR: the model and AdamW's state (nn/checkpoint.h)
 };
 
 // ---- data ---------------------------------------------------------------------------------------
@@ -247,7 +251,7 @@ template <class T, class P>
 T embed(const Config& c, const P& par, const Model<T>& m, const T& tokens, int64_t step) {
   const T ids = narrow(tokens, 1, 0, c.seq);
   const T x = par.into_sp(embedding(ids, par.use(m.wte)));
-  return dropout(x + par.use(m.wpe), c.dropout, dropout_seed(c, step, 0));
+  return dropout(x + par.use(m.wpe), c.dropout, dropout_seed(c, step, 0), c.rows);
 }
 
 // ... block `layer` of the residual stream [B, S, d] ...
@@ -255,7 +259,7 @@ template <class T, class P>
 T block(const Config& c, const P& par, const Block<T>& b, int64_t layer, const T& x, int64_t step) {
   const int64_t site = 1 + 2 * layer;
   auto drop = [&](const T& y, int64_t at) {
-    return dropout(y, c.dropout, dropout_seed(c, step, at));
+    return dropout(y, c.dropout, dropout_seed(c, step, at), c.rows);
   };
   const T h =
       x + drop(attention(c, par, b, layer_norm(x, par.use(b.ln1_w), par.use(b.ln1_b))), site);
@@ -280,14 +284,29 @@ T next_token_loss(const Config& c, const T& logits, const T& tokens) {
 // Note [Dropout sites]
 // Every dropout of a forward has a site: 0 after the embeddings, 1 + 2 l and 2 + 2 l after block
 // l's attention and MLP. Its mask's seed is dropout_seed(step, site), so a pipeline stage holding
-// blocks 4..7 draws the masks the whole model on one device draws there.
+// blocks 4..7 draws the masks the whole model on one device draws there. A pipeline microbatch
+// draws its own (its step is microbatch_step); an --accumulate microbatch keeps the step's seeds
+// and drops its rows of the whole batch's masks (Config::rows, DropoutRows).
 
 // The loss of one batch ([B, S + 1] tokens).
 template <class T, class P>
 T forward(const Config& c, const P& par, const Model<T>& m, const T& tokens, int64_t step) {
   T x = embed(c, par, m, tokens, step);
   for (size_t l = 0; l < m.blocks.size(); ++l) {
-    x = block(c, par, m.blocks[l], static_cast<int64_t>(l), x, step);
+    const Block<T>& b = m.blocks[l];
+    const int64_t layer = static_cast<int64_t>(l);
+    if (!c.recompute) {
+      x = block(c, par, b, layer, x, step);
+      continue;
+    }
+    // --recompute: the block's activations are recomputed in backward (Note [Recompute] in
+    // spmd/nn/recompute.h); its dropout masks come from explicit seeds, so both forwards agree.
+    // The function runs again after forward returns: the layer and step are copied.
+    const std::function<T(const std::vector<T>&)> fn = [&c, &par, &b, layer,
+                                                        step](const std::vector<T>& in) {
+      return block(c, par, b, layer, in[0], step);
+    };
+    x = checkpoint_activations(fn, {x});
   }
   return next_token_loss(c, logits_of(par, m, x), tokens);
 }
@@ -311,37 +330,6 @@ T place_tokens(const Tensor& tokens, const ModelLayout* layout) {
   }
 }
 
-// One training step on `tokens` ([B, S + 1]): forward, backward, gradient clipping, AdamW.
-// Returns the loss before the update.
-template <class T, class P>
-double train_step(const Config& c, const P& par, Model<T>& model, AdamW<T>& opt,
-                  const std::vector<T*>& params, const T& tokens, int64_t step) {
-  const T loss = forward(c, par, model, tokens, step);
-  const double value = scalar(loss);
-  backward(loss);
-  clip_grad_norm(params, c.clip);
-  opt.step();
-  return value;
-}
-
-inline AdamWOptions adamw_options(const Config& c) {
-  return AdamWOptions{.lr = c.lr, .weight_decay = 0.1};
-}
-
-// Trains for c.steps steps on `text`; returns each step's loss.
-template <class T, class P>
-std::vector<double> train(const Config& c, const std::string& text, const P& par, Model<T>& model,
-                          const ModelLayout* layout) {
-  std::vector<T*> params = model.params();
-  AdamW<T> opt(params, adamw_options(c));
-  std::vector<double> losses;
-  for (int64_t step = 0; step < c.steps; ++step) {
-    const T tokens = place_tokens<T>(batch_tokens(c, text, step), layout);
-    losses.push_back(train_step(c, par, model, opt, params, tokens, step));
-  }
-  return losses;
-}
-
 // The configuration of one microbatch: c.batch / c.microbatches rows.
 inline Config microbatch_config(const Config& c) {
   Config mc = c;
@@ -357,6 +345,85 @@ inline Tensor microbatch_tokens(const Config& c, const Tensor& batch, int64_t m)
 }
 inline int64_t microbatch_step(const Config& c, int64_t step, int64_t m) {
   return step * c.microbatches + m;
+}
+
+// One training step on `batch` ([B, S + 1] tokens): forward, backward, gradient clipping, AdamW.
+// With c.accumulate above 1 the batch is split into that many microbatches, each one's loss
+// divided by their count and its dropout masks its rows of the batch's (DropoutRows): the step
+// computes what it computes without accumulation. The backwards of all but the last run under
+// no_sync, so each gradient is reduced once per step (Note [No sync] in spmd/dtensor/dtensor.h).
+// Returns the loss before the update (the sum of the scaled losses); with `grads`, the gradients
+// AdamW stepped with (the dry run's memory report).
+template <class T, class P>
+double train_step(const Config& c, const P& par, Model<T>& model, AdamW<T>& opt,
+                  const std::vector<T*>& params, const Tensor& batch, const ModelLayout* layout,
+                  int64_t step, std::vector<T>* grads = nullptr) {
+  double value = 0.0;
+  if (c.accumulate == 1) {
+    const T loss = forward(c, par, model, place_tokens<T>(batch, layout), step);
+    value = scalar(loss);
+    backward(loss);
+  } else {
+    Config ac = c;
+    ac.microbatches = c.accumulate;
+    Config mc = microbatch_config(ac);
+    const double scale = 1.0 / static_cast<double>(c.accumulate);
+    for (int64_t m = 0; m < c.accumulate; ++m) {
+      const T tokens = place_tokens<T>(microbatch_tokens(ac, batch, m), layout);
+      mc.rows = DropoutRows{m * mc.batch, c.batch};
+      const T loss = forward(mc, par, model, tokens, step) * scale;
+      value += scalar(loss);
+      if (m + 1 < c.accumulate) {
+        const auto guard = no_sync();  // DTensor leaves: the sums wait; Tensor leaves just add
+        backward(loss);
+      } else {
+        backward(loss);
+      }
+    }
+  }
+  if (grads != nullptr) {
+    grads->clear();
+    for (T* p : params) grads->push_back(p->grad());
+  }
+  clip_grad_norm(params, c.clip);
+  opt.step();
+  return value;
+}
+
+inline AdamWOptions adamw_options(const Config& c) {
+  return AdamWOptions{.lr = c.lr, .weight_decay = 0.1};
+}
+
+// The model and AdamW's state as checkpoint entries (spmd/nn/checkpoint.h): --save and --load.
+template <class T>
+checkpoint::StateDict training_state(Model<T>& model, AdamW<T>& opt) {
+  checkpoint::StateDict state = opt.state_dict("optim.");
+  const std::vector<T*> params = model.params();
+  for (size_t i = 0; i < params.size(); ++i) state[fmt::format("param.{}", i)] = params[i];
+  return state;
+}
+
+// Trains for c.steps steps on `text`; returns each step's loss. With c.load the model and AdamW's
+// state come from that checkpoint and the steps follow the loaded one (*first: its number); with
+// `save` (the first mesh run's c.save) both are written after the last step.
+template <class T, class P>
+std::vector<double> train(const Config& c, const std::string& text, const P& par, Model<T>& model,
+                          const ModelLayout* layout, int64_t* first = nullptr,
+                          const std::string& save = {}) {
+  std::vector<T*> params = model.params();
+  AdamW<T> opt(params, adamw_options(c));
+  if (!c.load.empty()) checkpoint::load(training_state(model, opt), c.load);
+  const int64_t start = opt.steps();
+  if (first != nullptr) *first = start;
+  std::vector<double> losses;
+  for (int64_t step = start; step < start + c.steps; ++step) {
+    losses.push_back(
+        train_step(c, par, model, opt, params, batch_tokens(c, text, step), layout, step));
+  }
+  if constexpr (std::is_same_v<T, DTensor>) {
+    if (!save.empty()) checkpoint::save(layout->mesh.world(), training_state(model, opt), save);
+  }
+  return losses;
 }
 
 // train() as the pipeline runs it (on one device): each step's batch split into c.microbatches

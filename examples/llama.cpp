@@ -13,10 +13,18 @@
 //   ./llama --model 8b --spmd-tensors=meta      # a dry run at Llama 3.1 8B's shapes
 //   ./llama --steps 2 --save ckpt && ./llama --steps 2 --load ckpt --dp 4 --tp 2
 //                                               # two steps, then two more on another mesh
+//   ./llama --accumulate 2                      # each step's batch as 2 microbatches, one
+//                                               # gradient reduction a step (no_sync)
 //
 // The model and its parallel layout are examples/llama_model.h's. Tokens are the bytes of
 // examples/data/gpt_corpus.txt (vocabulary 256); AdamW with gradient clipping. Without --tp, tp
 // is what the world leaves after the other dims.
+//
+// --accumulate N splits each step's batch into N microbatches, each one's loss divided by N, and
+// runs the backwards of all but the last under no_sync (Note [No sync] in spmd/dtensor/dtensor.h):
+// the gradients add up unreduced and are reduced once per step. The dense model's losses equal
+// those without --accumulate (its mean over the batch is the mean of the microbatches' means);
+// with experts the load-balancing loss and the capacity are per microbatch. Without --pp.
 //
 // Pipeline parallelism (--pp N --schedule gpipe|1f1b|interleaved|zb --microbatches M
 // --virtual-stages V, V = 2 by default for interleaved), as examples/gpt.cpp has it: the model is
@@ -58,8 +66,8 @@ constexpr const char* kUsage =
     "      [--experts N] [--top-k N] [--capacity-factor X] [--aux-coef X] [--shared-expert]\n"
     "      [--cp-method ring|allgather|sdpa] [--no-zigzag] [--no-rope-scaling]\n"
     "      [--dtype f32|f64|bf16] [--model toy|8b|70b|405b] [--no-check] [--recompute]\n"
-    "      [--data FILE] [--seed N] [--save DIR] [--load DIR]   (and the --spmd-* flags of "
-    "launch())";
+    "      [--data FILE] [--seed N] [--save DIR] [--load DIR] [--accumulate N]\n"
+    "      (and the --spmd-* flags of launch())";
 
 int64_t parse_int(const std::string& flag, const std::string& value) {
   int64_t v = 0;
@@ -197,6 +205,8 @@ Config parse_flags(int argc, char** argv) {
       c.save = value;
     } else if (flag == "--load") {
       c.load = value;
+    } else if (flag == "--accumulate") {
+      c.accumulate = parse_int(flag, value);
     } else if (flag == "--cp-method") {
       if (value != "ring" && value != "allgather" && value != "sdpa") {
         throw_error<ConfigError>("llama: --cp-method takes ring, allgather or sdpa, got '{}'",
@@ -227,7 +237,8 @@ Config parse_flags(int argc, char** argv) {
                                 {"--kv-heads", c.kv_heads},
                                 {"--batch", c.batch},
                                 {"--seq", c.seq},
-                                {"--steps", c.steps}}) {
+                                {"--steps", c.steps},
+                                {"--accumulate", c.accumulate}}) {
     if (v < 1) throw_error<ConfigError>("llama: {} must be at least 1", name);
   }
   if (c.d_model % c.heads != 0 || c.head_dim() % 2 != 0) {
@@ -257,6 +268,17 @@ Config parse_flags(int argc, char** argv) {
   if (c.batch % (c.dp * c.ep) != 0) {
     throw_error<ConfigError>("llama: --batch {} must split over --dp {} x --ep {}", c.batch, c.dp,
                              c.ep);
+  }
+  if (c.batch % c.accumulate != 0 || (c.batch / c.accumulate) % (c.dp * c.ep) != 0) {
+    throw_error<ConfigError>(
+        "llama: --batch {} must split into --accumulate {} microbatches whose rows split over "
+        "--dp {} x --ep {}",
+        c.batch, c.accumulate, c.dp, c.ep);
+  }
+  if (c.accumulate > 1 && c.pp > 1) {
+    throw_error<ConfigError>(
+        "llama: --accumulate runs without --pp (a pipeline splits each batch into --microbatches "
+        "already)");
   }
   if (c.virtual_stages == 0) c.virtual_stages = c.schedule == "interleaved" ? 2 : 1;
   // Without --layers (or a --model's), a pipeline gets one block per stage (at least 2).
@@ -355,20 +377,40 @@ std::vector<double> train(const Config& c, const std::string& text, const P& par
   if (!c.load.empty()) checkpoint::load(training_state(model, opt), c.load);
   const int64_t start = opt.steps();
   if (first != nullptr) *first = start;
+  // --accumulate: microbatch m's rows of the batch, and its share of the step's loss.
+  Config mc = c;
+  mc.batch = c.batch / c.accumulate;
+  const double scale = 1.0 / static_cast<double>(c.accumulate);
+  auto rows = [&](const Tensor& t, int64_t m) {
+    return c.accumulate == 1 ? t : t.narrow(0, m * mc.batch, mc.batch).contiguous();
+  };
   for (int64_t step = start; step < start + c.steps; ++step) {
-    T loss;
-    if constexpr (std::is_same_v<T, Tensor>) {
-      const auto [ids, next] = step_tokens(c, text, step, {});
-      loss = forward(c, par, model, ids, next);
-      losses.push_back(value_of(loss));
-    } else {
-      // The sequence in the run's (zigzag) order.
-      const auto [ids, next] = step_tokens(c, text, step, par.order);
-      loss = forward(c, par, model, distribute_tensor(ids, layout->mesh, layout->tokens()),
-                     distribute_tensor(next, layout->mesh, layout->tokens()));
-      losses.push_back(value_of(loss.full_tensor()));
+    double value = 0.0;
+    for (int64_t m = 0; m < c.accumulate; ++m) {
+      T loss;
+      if constexpr (std::is_same_v<T, Tensor>) {
+        const auto [ids, next] = step_tokens(c, text, step, {});
+        loss = forward(mc, par, model, rows(ids, m), rows(next, m));
+        if (c.accumulate > 1) loss = loss * scale;
+        value += value_of(loss);
+      } else {
+        // The sequence in the run's (zigzag) order.
+        const auto [ids, next] = step_tokens(c, text, step, par.order);
+        loss =
+            forward(mc, par, model, distribute_tensor(rows(ids, m), layout->mesh, layout->tokens()),
+                    distribute_tensor(rows(next, m), layout->mesh, layout->tokens()));
+        if (c.accumulate > 1) loss = loss * scale;
+        value += value_of(loss.full_tensor());
+      }
+      if (m + 1 < c.accumulate) {
+        // Note [No sync]: this microbatch's gradients wait unreduced for the last one's.
+        const auto guard = no_sync();
+        backward(loss);
+      } else {
+        backward(loss);
+      }
     }
-    backward(loss);
+    losses.push_back(value);
     std::vector<T> grads;
     for (T* p : params) grads.push_back(p->grad());
     clip_grad_norm(params, c.clip);
@@ -786,6 +828,12 @@ int llama(World& world, Config c) {
     fmt::print("       rotary theta {}{}; {} steps of AdamW (lr {}), {} ranks, backend {}\n",
                c.rope_theta, c.rope_scaling ? " with Llama 3.1 scaling" : "", c.steps, c.lr,
                world.size(), world.backend_name());
+    if (c.accumulate > 1) {
+      fmt::print(
+          "       gradient accumulation: {} microbatches of {} rows a step, all but the last "
+          "backward under no_sync\n",
+          c.accumulate, c.batch / c.accumulate);
+    }
     if (c.cp > 1) {
       fmt::print("       context parallel over cp = {}: {} attention, sequence in {} order\n", c.cp,
                  c.cp_method, order.empty() ? "contiguous" : "zigzag (head-tail)");

@@ -78,6 +78,7 @@ struct Config {
   bool recompute = false;  // --recompute: every block's activations recomputed in backward
   std::string save;        // --save DIR: the model and AdamW's state after the last step
   std::string load;        // --load DIR: both before the first step, which follows the loaded step
+  int64_t accumulate = 1;  // --accumulate N: microbatches per step, backward under no_sync but last
   uint64_t seed = 2024;
   std::string model = "toy";  // or 8b, 70b, 405b (shapes for a dry run)
 

@@ -84,6 +84,36 @@ void redistribute_backward(BackwardContext& c) {
   c.set_grad(0, dtensor_var(g.redistribute(grad_target(in.placements(), g.placements()))));
 }
 
+bool is_partial_sum(const Placement& p) {
+  const Partial* partial = std::get_if<Partial>(&p);
+  return partial != nullptr && partial->op == ReduceOp::Sum;
+}
+
+// gather_param's backward: the gradient laid out for the input (redistribute_backward's rule) with
+// its P(sum) mesh dims kept, for the accumulation to reduce (Note [No sync]).
+void gather_param_backward(BackwardContext& c) {
+  const DTensor& g = dtensor_of(c.grad());
+  const DTensor& in = dtensor_of(c.input(0));
+  Placements target = grad_target(in.placements(), g.placements());
+  for (size_t i = 0; i < target.size(); ++i) {
+    if (is_partial_sum(g.placements()[i])) target[i] = g.placements()[i];
+  }
+  NoGradGuard no_grad;
+  c.set_grad(0, dtensor_var(g.redistribute(target)));
+}
+
+// Where a leaf's gradient placed `grad` waits in its pending sum (Note [No sync]): as it came, so
+// adding it moves no data, except that a Partial other than sum (no gradient's, but its sums
+// would not add up) takes the leaf's placement.
+Placements pending_placements(const Placements& value, const Placements& grad) {
+  Placements out = grad;
+  const Placements leaf = grad_target(value, {});
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (is_partial(out[i]) && !is_partial_sum(out[i])) out[i] = leaf[i];
+  }
+  return out;
+}
+
 void full_tensor_backward(BackwardContext& c) {
   const DTensor& in = dtensor_of(c.input(0));
   const Placements replicate(in.placements().size(), Replicate{});
@@ -142,10 +172,25 @@ const VarKind kDTensorKind{
     [](const Var& leaf, const Var& grad) {
       const DTensor& value = dtensor_of(leaf);
       auto& meta = static_cast<DTensorAutogradMeta&>(*leaf.meta());
-      const DTensor& g = dtensor_of(grad);
+      DTensor g = dtensor_of(grad).detach();
+      // Note [No sync]: without sync the P(sum) dims wait in the pending sum (in the leaf's
+      // dtype); with sync a pending sum joins this gradient before the one reduction.
+      if (!requires_gradient_sync() || meta.pending_grad.defined()) {
+        if (g.dtype() != value.dtype()) g = to(g, value.dtype());
+        DTensor& pending = meta.pending_grad;
+        const DTensor part = g.redistribute(
+            pending.defined() ? pending.placements()
+                              : pending_placements(value.placements(), g.placements()));
+        g = pending.defined() ? pending + part : part;
+        pending = DTensor();
+        if (!requires_gradient_sync()) {
+          pending = g;
+          return;
+        }
+      }
       // A leaf's gradient has the leaf's placements, a Partial becoming Replicate (a pending
       // sum of gradients, or a Partial(max) placement, is no gradient to step with).
-      DTensor placed = g.redistribute(grad_target(value.placements(), {})).detach();
+      DTensor placed = g.redistribute(grad_target(value.placements(), {}));
       if (placed.dtype() != value.dtype()) placed = to(placed, value.dtype());
       meta.dtensor_grad = meta.dtensor_grad.defined() ? meta.dtensor_grad + placed : placed;
     },
@@ -161,8 +206,12 @@ const VarKind kDTensorKind{
     nullptr,
     nullptr,
     [](const Var& leaf) {
-      static_cast<DTensorAutogradMeta&>(*leaf.meta()).dtensor_grad = DTensor();
+      auto& meta = static_cast<DTensorAutogradMeta&>(*leaf.meta());
+      meta.dtensor_grad = DTensor();
+      meta.pending_grad = DTensor();
     }};
+
+thread_local bool t_gradient_sync = true;
 
 bool outside_mesh(const DTensorSpec& spec) {
   return spec.rank_info().ranks.empty();
@@ -721,8 +770,29 @@ bool DTensor::requires_grad() const {
 }
 
 DTensor DTensor::grad() const {
+  auto* meta = dynamic_cast<DTensorAutogradMeta*>(autograd_.get());
+  if (meta == nullptr) return DTensor();
+  if (meta->pending_grad.defined()) {
+    if (!requires_gradient_sync()) {
+      throw_error<Error>(
+          "DTensor::grad: this leaf ({} {}) has a gradient sum pending over {} inside no_sync; "
+          "reading it there would reduce what no_sync defers (Note [No sync]): read it after a "
+          "backward with sync, or read pending_grad()",
+          spmd::to_string(placements()), shape_str(shape()),
+          spmd::to_string(meta->pending_grad.placements()));
+    }
+    // Note [No sync]: the pending sum, reduced now and kept reduced.
+    NoGradGuard no_grad;
+    const DTensor reduced = meta->pending_grad.redistribute(grad_target(placements(), {}));
+    meta->pending_grad = DTensor();
+    meta->dtensor_grad = meta->dtensor_grad.defined() ? meta->dtensor_grad + reduced : reduced;
+  }
+  return meta->dtensor_grad;
+}
+
+DTensor DTensor::pending_grad() const {
   const auto* meta = dynamic_cast<const DTensorAutogradMeta*>(autograd_.get());
-  return meta != nullptr ? meta->dtensor_grad : DTensor();
+  return meta != nullptr ? meta->pending_grad : DTensor();
 }
 
 DTensor DTensor::detach() const {
@@ -761,8 +831,33 @@ void zero_grad(const std::vector<DTensor*>& params) {
     if (p == nullptr) throw_error<Error>("zero_grad: a parameter pointer is null");
     if (auto* meta = dynamic_cast<DTensorAutogradMeta*>(p->autograd().get())) {
       meta->dtensor_grad = DTensor();
+      meta->pending_grad = DTensor();
     }
   }
+}
+
+bool requires_gradient_sync() {
+  return t_gradient_sync;
+}
+
+void set_requires_gradient_sync(bool sync) {
+  t_gradient_sync = sync;
+}
+
+DTensor gather_param(const DTensor& param, const Placements& placements, SourceLocation loc) {
+  const UserCallSite site(loc);
+  if (!grad_enabled() || !param.requires_grad() || !is_floating(param.dtype())) {
+    return param.redistribute(placements, loc);
+  }
+  DTensor out;
+  {
+    NoGradGuard no_grad;
+    out = param.redistribute(placements, loc);
+  }
+  if (out.spec() == param.spec()) return param;
+  const Var in = dtensor_var(param);
+  return record("gather_param", nullptr, {&in, 1}, {}, dtensor_var(out), gather_param_backward)
+      .value<DTensor>();
 }
 
 }  // namespace spmd

@@ -95,8 +95,14 @@ class DTensor {
   DTensor& requires_grad_(bool requires_grad = true);
   bool requires_grad() const;
   // The gradient accumulated into this leaf, with this DTensor's placements (a Partial placement's
-  // gradient is Replicate); undefined when there is none.
+  // gradient is Replicate); undefined when there is none. A sum that no_sync left pending is
+  // reduced now and kept reduced (Note [No sync]): outside a no_sync guard this is a collective,
+  // which every rank calls; inside one, with a sum pending, an Error.
   DTensor grad() const;
+  // The sum of gradients no_sync left pending on this leaf, unreduced: Partial(sum) on the mesh
+  // dims it still has to be reduced over (PyTorch's no_sync leaves such local sums in .grad);
+  // undefined when nothing is pending. No communication.
+  DTensor pending_grad() const;
   // The same DTensor without autograd state.
   DTensor detach() const;
   const std::shared_ptr<AutogradMeta>& autograd() const { return autograd_; }
@@ -109,9 +115,11 @@ class DTensor {
   std::shared_ptr<AutogradMeta> autograd_;
 };
 
-// A DTensor's autograd state: its gradient is a DTensor with the leaf's placements.
+// A DTensor's autograd state: its gradient is a DTensor with the leaf's placements, and the
+// gradients no_sync kept unreduced (Note [No sync]).
 struct DTensorAutogradMeta : AutogradMeta {
   DTensor dtensor_grad;
+  DTensor pending_grad;
 };
 
 // The DTensor kind of autograd values (Note [Autograd]): ops run through dispatch(), so gradients
@@ -127,8 +135,64 @@ inline Var to_var(const DTensor& t) {
 void backward(const DTensor& loss, SourceLocation loc = SourceLocation::current());
 void backward(const DTensor& output, const DTensor& grad,
               SourceLocation loc = SourceLocation::current());
-// Drops the accumulated gradients of `params`.
+// Drops the accumulated gradients of `params` (pending sums too).
 void zero_grad(const std::vector<DTensor*>& params);
+
+// Note [No sync]
+// Gradient accumulation over microbatches without a reduction per microbatch (PyTorch's DDP
+// no_sync, FSDP2's set_requires_gradient_sync(False)):
+//
+//   for (int m = 0; m < n - 1; ++m) {
+//     const auto guard = no_sync();
+//     backward(forward(microbatch(m)) / n);   // gradients stay pending: no reduction
+//   }
+//   backward(forward(microbatch(n - 1)) / n); // adds its gradient, reduces each total once
+//   clip_grad_norm(params, 1.0); opt.step(); zero_grad(params);
+//
+// A gradient reaches a leaf with the placements autograd gave it; a dp-replicated weight's arrives
+// P(sum) over dp (each rank's batch rows), and the leaf's accumulation redistributes it to the
+// leaf's placements: an all_reduce (R) or a reduce_scatter (FSDP's S(k)). While a guard returned by
+// no_sync() lives on this thread (set_requires_gradient_sync(false) until it is set true), the
+// accumulation keeps the gradient as it arrives (P(sum) over dp, and over tp where the sequence
+// was split; shards as they are) and adds it to the leaf's pending sum (pending_grad()): local
+// adds, no communication. The first accumulation with sync on adds its gradient to the pending sum
+// and redistributes the total to the leaf's placements: the collectives of one backward's
+// reductions, once per step instead of once per microbatch. Sums are linear, so the result is the
+// gradient of the summed losses (up to the order of floating additions). FSDP's gather
+// (gather_param, used by fsdp_unshard) leaves its backward's P(sum) to the leaf for the same
+// reason: the reduce_scatter runs in the leaf's accumulation, after the last microbatch. What is
+// pending costs memory: a replicated weight's local sum, an FSDP weight's whole unsharded gradient
+// per rank, as in PyTorch. grad() of a leaf with a pending sum reduces it then (outside a guard;
+// inside one it refuses, as reading the gradient there means stepping on a partial sum); zero_grad
+// drops it.
+//
+// Whether gradient reductions run on this thread (default true). Every rank sets it alike.
+bool requires_gradient_sync();
+// FSDP2's spelling: false keeps the gradients of later backwards pending until it is set true.
+void set_requires_gradient_sync(bool sync);
+// Turns gradient sync off for its lifetime (nestable), restoring the previous setting.
+class [[nodiscard]] NoSyncGuard {
+ public:
+  NoSyncGuard() : previous_(requires_gradient_sync()) { set_requires_gradient_sync(false); }
+  ~NoSyncGuard() { set_requires_gradient_sync(previous_); }
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+// `const auto guard = no_sync();`: gradients accumulate unreduced while `guard` lives.
+[[nodiscard]] inline NoSyncGuard no_sync() {
+  return {};
+}
+
+// `param` redistributed to `placements` for its use in a forward (FSDP's gather: S(k) -> R over
+// dp, fsdp_unshard in nn/parallel.h). The same as param.redistribute(placements), except that its
+// backward hands the gradient on with its P(sum) mesh dims still pending, to be reduced where it
+// is accumulated: a leaf reduces it to its placements once per backward, or once per step under
+// no_sync (Note [No sync]).
+DTensor gather_param(const DTensor& param, const Placements& placements,
+                     SourceLocation loc = SourceLocation::current());
 
 // A DTensor whose global value is `global`, on every rank (no communication: each rank takes its
 // own piece, Note [Uneven sharding]; a Partial mesh dim holds the R -> P partition of

@@ -462,9 +462,9 @@ inline DTensor rms_norm(const DTensor& x, const DTensor& weight, double eps = 1e
   return dispatch(op::rms_norm, {x, weight}, {{}, {eps}}, loc);
 }
 // The mask of the global tensor, whatever the mesh and placements (Note [Mesh-invariant dropout]).
-inline DTensor dropout(const DTensor& x, double p, uint64_t seed,
+inline DTensor dropout(const DTensor& x, double p, uint64_t seed, DropoutRows of = {},
                        SourceLocation loc = SourceLocation::current()) {
-  return dispatch(op::dropout, {x}, dropout_args(p, seed), loc);
+  return dispatch(op::dropout, {x}, dropout_args(p, seed, of), loc);
 }
 // Rows shard (P(sum) of the mean or sum, the rows' shards with None); classes sharded run
 // Megatron's vocabulary-parallel loss (Note [Vocabulary-parallel cross-entropy] in ops/nn.cpp):

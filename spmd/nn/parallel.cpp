@@ -92,7 +92,7 @@ DTensor sequence_parallel(const DTensor& x, MeshDim tp, int seq_dim, SourceLocat
 
 DTensor fsdp_unshard(const DTensor& param, MeshDim dp, SourceLocation loc) {
   const UserCallSite site(loc);
-  return param.redistribute(with_placement(param.placements(), param.mesh(), dp, Replicate{}));
+  return gather_param(param, with_placement(param.placements(), param.mesh(), dp, Replicate{}));
 }
 
 // ---- mixed precision (Note [Mixed precision])
@@ -119,6 +119,53 @@ void cast_redistribute_backward(BackwardContext& c) {
   g = g.redistribute(target);
   if (g.dtype() != how.input_dtype) g = to(g, how.input_dtype);
   c.set_grad(0, dtensor_var(g));
+}
+
+// A parameter cast to the policy's param_dtype for its gather. Its backward receives the gradient
+// with its sum over dp pending (gather_param) and reduces it here, in reduce_dtype, to the
+// parameter's placements, then casts it to the parameter's dtype: the reduction never sees
+// param_dtype's rounding when reduce_dtype is wider. Under no_sync, and in the synced backward
+// after it, it hands the gradient on unreduced: the leaf's pending sum takes it and reduces the
+// total once, in the leaf's dtype (Note [No sync] in dtensor/dtensor.h).
+struct CastParam {
+  Placements placements;
+  DType dtype;
+  std::optional<DType> reduce_dtype;
+  std::weak_ptr<AutogradMeta> leaf;  // the parameter's autograd state (its pending sum)
+};
+
+void cast_param_backward(BackwardContext& c) {
+  const auto& how = c.payload<CastParam>();
+  const NoGradGuard no_grad;
+  DTensor g = c.grad().as<DTensor>();
+  // A leaf with a pending sum reduces it with this gradient, once, in its own dtype.
+  const std::shared_ptr<AutogradMeta> meta = how.leaf.lock();
+  const auto* leaf = dynamic_cast<const DTensorAutogradMeta*>(meta.get());
+  const bool pending = leaf != nullptr && leaf->pending_grad.defined();
+  if (requires_gradient_sync() && !pending) {
+    if (how.reduce_dtype && g.dtype() != *how.reduce_dtype) g = to(g, *how.reduce_dtype);
+    Placements target = how.placements;
+    for (Placement& p : target) {
+      if (is_partial(p)) p = Replicate{};
+    }
+    g = g.redistribute(target);
+  }
+  if (g.dtype() != how.dtype) g = to(g, how.dtype);
+  c.set_grad(0, dtensor_var(g));
+}
+
+DTensor cast_param(const DTensor& param, DType dtype, std::optional<DType> reduce_dtype) {
+  DTensor out;
+  {
+    const NoGradGuard no_grad;
+    out = dtype != param.dtype() ? to(param, dtype) : param.detach();
+  }
+  const Var in = dtensor_var(param);
+  if (!grad_enabled() || !any_requires_grad({&in, 1}) || !is_floating(param.dtype())) return out;
+  return record("cast_param", nullptr, {&in, 1}, {}, dtensor_var(out), cast_param_backward,
+                std::make_shared<const CastParam>(
+                    CastParam{param.placements(), param.dtype(), reduce_dtype, param.autograd()}))
+      .value<DTensor>();
 }
 
 // `w` in the policy's param_dtype (a weight already in it, or no param_dtype: as it is).
@@ -173,9 +220,14 @@ DTensor fsdp_unshard(const DTensor& param, MeshDim dp, const MixedPrecisionPolic
                      SourceLocation loc) {
   const UserCallSite site(loc);
   check_policy(policy, "fsdp_unshard");
-  return cast_redistribute(param, policy.param_dtype,
-                           with_placement(param.placements(), param.mesh(), dp, Replicate{}),
-                           policy.reduce_dtype, loc);
+  if (!param.defined()) throw_error<PlacementError>("fsdp_unshard: the parameter is undefined");
+  // The gather leaves the gradient's sum over dp pending (Note [No sync]); cast_param reduces it
+  // in reduce_dtype. A default policy is the plain fsdp_unshard (the reduction at the leaf).
+  const DType dtype = policy.param_dtype.value_or(param.dtype());
+  const DTensor cast = dtype != param.dtype() || policy.reduce_dtype
+                           ? cast_param(param, dtype, policy.reduce_dtype)
+                           : param;
+  return gather_param(cast, with_placement(param.placements(), param.mesh(), dp, Replicate{}), loc);
 }
 
 DTensor colwise_linear(const DTensor& x, const DTensor& w, const DTensor& bias, MeshDim tp,

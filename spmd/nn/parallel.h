@@ -18,7 +18,9 @@
 //     out.
 //   FSDP over `dp` (PyTorch's fully_shard): every parameter is stored sharded over dp as well
 //     (fsdp_placements), gathered just before use (fsdp_unshard: all_gather), and its gradient,
-//     arriving P(sum) over dp, is reduce-scattered back to the shard by the gather's backward.
+//     arriving P(sum) over dp, is reduce-scattered back to the shard where it is accumulated.
+//   gradient accumulation (no_sync in dtensor/dtensor.h, Note [No sync]): the dp reductions of
+//     every parameter's gradient (all_reduce, FSDP's reduce_scatter) run once per step.
 #pragma once
 
 #include <cstdint>
@@ -87,8 +89,9 @@ DTensor rowwise_linear(const DTensor& x, const DTensor& w, const DTensor& bias, 
 // chunk; from P(sum): reduce_scatter).
 DTensor sequence_parallel(const DTensor& x, MeshDim tp, int seq_dim,
                           SourceLocation loc = SourceLocation::current());
-// The parameter gathered over dp for its use (all_gather); recorded by autograd, so its gradient
-// is reduce-scattered back to the FSDP shard.
+// The parameter gathered over dp for its use (all_gather, gather_param); recorded by autograd, so
+// its gradient is reduce-scattered back to the FSDP shard: where the parameter's gradient is
+// accumulated, once per backward, or once per step under no_sync (Note [No sync]).
 DTensor fsdp_unshard(const DTensor& param, MeshDim dp,
                      SourceLocation loc = SourceLocation::current());
 
@@ -103,7 +106,9 @@ DTensor fsdp_unshard(const DTensor& param, MeshDim dp,
 //   reduce_dtype: the dtype gradients are reduced in: the gradient arriving in param_dtype is cast
 //     to reduce_dtype before the reduction, and the reduced gradient to the stored dtype after.
 //     Under FSDP that is the reduce_scatter of fsdp_unshard's backward (the sharded gradient is
-//     never rounded to param_dtype); under tp the reduction of the input gradient of
+//     never rounded to param_dtype; under no_sync, and in the synced backward after it, the
+//     leaf's pending sum is reduced once instead, in the stored dtype: Note [No sync] in
+//     dtensor/dtensor.h); under tp the reduction of the input gradient of
 //     colwise_linear (all_reduce, or reduce_scatter under sequence parallelism), which PyTorch's
 //     policy leaves in the compute dtype (PyTorch #190626). The collectives' dtype in the trace is
 //     reduce_dtype. A replicated parameter's dp reduction runs where its gradient accumulates, in

@@ -65,7 +65,13 @@ void recompute_backward(BackwardContext& c) {
   run_backward(to_var(out), c.grad(), saved.loc);
   for (size_t i = 0; i < leaves.size(); ++i) {
     if (!c.needs_grad(i)) continue;
-    const T g = leaves[i].grad();
+    T g;
+    if constexpr (std::is_same_v<T, DTensor>) {
+      // Under no_sync the input's gradient waits in the leaf's pending sum, unreduced (Note [No
+      // sync]): it goes on as it is, an activation's gradient, whatever its placements.
+      g = leaves[i].pending_grad();
+    }
+    if (!g.defined()) g = leaves[i].grad();
     if (g.defined()) c.set_grad(i, to_var(g));
   }
 }

@@ -139,13 +139,15 @@ void norm_backward(BackwardContext& c) {
 }
 
 // ---- dropout ------------------------------------------------------------------------------------
-// args.reals = [p], args.seed.
+// args.reals = [p], args.seed; args.ints = [row offset, rows] when the input is those rows of a
+// larger tensor along dim 0 (DropoutRows).
 //
 // Note [Mesh-invariant dropout]
 // Element i (flat row-major index of the global tensor) is dropped when philox_uniform(seed, i) < p
 // (tensor/random.h), so the mask is a function of the global index alone: every rank generates its
 // own block's, and any mesh and placements drop the same elements as one device. Kept elements are
-// scaled by 1 / (1 - p).
+// scaled by 1 / (1 - p). An input that is rows of a larger tensor (DropoutRows: a microbatch of a
+// batch) is indexed in that tensor, so microbatches drop what the whole batch drops.
 
 OpMeta dropout_meta(std::span<const InputMeta> in, const OpArgs& args) {
   check_floating("dropout", in[0], "input");
@@ -153,6 +155,16 @@ OpMeta dropout_meta(std::span<const InputMeta> in, const OpArgs& args) {
   if (!(p >= 0.0 && p <= 1.0)) {
     throw_error<ConfigError>("dropout: the probability must lie in [0, 1], got {} (shape {})", p,
                              shape_str(*in[0].shape));
+  }
+  if (!args.ints.empty()) {
+    const Shape& shape = *in[0].shape;
+    const int64_t offset = args.ints.at(0), rows = args.ints.at(1);
+    if (shape.empty() || offset < 0 || offset + shape[0] > rows) {
+      throw_error<ShapeError>(
+          "dropout: an input of shape {} cannot be rows [{}, {}) of a tensor of {} rows along dim "
+          "0 (DropoutRows)",
+          shape_str(shape), offset, offset + (shape.empty() ? 0 : shape[0]), rows);
+    }
   }
   return OpMeta{*in[0].shape, in[0].dtype};
 }
@@ -163,7 +175,13 @@ Tensor dropout_block(const Tensor& x, const OpArgs& args, const Shape& global,
   const double p = args.reals[0];
   if (p == 0.0) return x.clone();
   DeviceOps& kernels = kernels_for("dropout", {&x});
-  const Tensor u = rand_block(global, args.seed, offset, x.shape(), DType::F64);
+  Shape whole = global;
+  Shape at = offset;
+  if (!args.ints.empty()) {  // rows of a larger tensor (Note [Mesh-invariant dropout])
+    at[0] += args.ints[0];
+    whole[0] = args.ints[1];
+  }
+  const Tensor u = rand_block(whole, args.seed, at, x.shape(), DType::F64);
   const Tensor keep = ge(u, full({}, p, DType::F64)).to(x.device());
   Tensor out = empty(x.shape(), x.dtype(), x.device());
   const Tensor kept = p < 1.0 ? x * (1.0 / (1.0 - p)) : x;

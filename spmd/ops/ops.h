@@ -385,10 +385,18 @@ struct RopeConfig {
 // The args of rotary_embedding; the D/2 frequencies it uses (in double) for head dim D.
 OpArgs rope_args(const RopeConfig& config);
 std::vector<double> rope_frequencies(int64_t head_dim, const RopeConfig& config);
+// Which rows of a larger tensor a dropout input is, along dim 0: [offset, offset + its rows) of
+// `rows` (a microbatch of a batch: its mask is those rows of the batch's, Note [Mesh-invariant
+// dropout]). rows 0: the input is the whole tensor.
+struct DropoutRows {
+  int64_t offset = 0;
+  int64_t rows = 0;
+};
 // The args of dropout.
-inline OpArgs dropout_args(double p, uint64_t seed) {
+inline OpArgs dropout_args(double p, uint64_t seed, DropoutRows of = {}) {
   OpArgs args{{}, {p}};
   args.seed = seed;
+  if (of.rows != 0) args.ints = {of.offset, of.rows};
   return args;
 }
 // The args of clamp (either bound may be absent; an absent one is 0 in args.reals).
@@ -707,8 +715,8 @@ inline Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6)
 // Zeros each element with probability p and scales the others by 1 / (1 - p); element i of the
 // tensor is dropped when philox_uniform(seed, i) < p, so the same seed drops the same elements of
 // the global tensor on any mesh (Note [Mesh-invariant dropout] in ops/nn.cpp).
-inline Tensor dropout(const Tensor& x, double p, uint64_t seed) {
-  return call(op::dropout, {x}, dropout_args(p, seed));
+inline Tensor dropout(const Tensor& x, double p, uint64_t seed, DropoutRows of = {}) {
+  return call(op::dropout, {x}, dropout_args(p, seed, of));
 }
 // torch.nn.functional.cross_entropy with class-index targets: logits [N, C, d1, ...] (class dim 1;
 // or [C] with a 0-d target), target [N, d1, ...] integer. The loss of element i is

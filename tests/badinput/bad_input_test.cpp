@@ -549,6 +549,12 @@ std::vector<ApiCase> ops_cases() {
        {"rms_norm", "eps", "nan"}},
       {"DropoutNaN", [] { dropout(ones({4}), kNaN, 0); }, "ConfigError", {"dropout", "nan"}},
       {"DropoutAboveOne", [] { dropout(ones({4}), 1.5, 0); }, "ConfigError", {"dropout", "1.5"}},
+      {"DropoutRowsPastTheEnd",
+       [] {
+         dropout(ones({4, 2}), 0.5, 0, DropoutRows{6, 8});
+       },
+       "ShapeError",
+       {"dropout", "[4, 2]", "rows [6, 10)", "of 8 rows"}},
       {"AttentionNaNScale",
        [] {
          scaled_dot_product_attention(ones({2, 4}), ones({2, 4}), ones({2, 4}), false, kNaN);

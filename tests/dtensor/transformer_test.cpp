@@ -176,6 +176,33 @@ TEST(TransformerOps, DropoutDrawsTheSameMaskOnEveryMesh) {
   EXPECT_FALSE(equal(dropout(x, 0.4, 78), want));
 }
 
+// A microbatch (rows of a batch, DropoutRows) drops its rows of what the batch drops, on one device
+// and on any mesh, and its gradient uses the same mask.
+TEST(TransformerOps, DropoutOfRowsIsTheirPartOfTheWholeMask) {
+  World world = World::sim(8);
+  const Tensor x = randn({8, 3, 5}, 2, DType::F64);
+  const Tensor whole = dropout(x, 0.3, 91);
+  const DeviceMesh mesh = init_device_mesh(world, {2, 4}, {"dp", "tp"});
+  for (int64_t offset : {0, 4}) {
+    const Tensor rows = x.narrow(0, offset, 4).contiguous();
+    const Tensor want = whole.narrow(0, offset, 4).contiguous();
+    EXPECT_TRUE(equal(dropout(rows, 0.3, 91, DropoutRows{offset, 8}), want)) << offset;
+    if (offset != 0) EXPECT_FALSE(equal(dropout(rows, 0.3, 91), want));  // the first rows' mask
+    for (const Placements& p : {Placements{Shard{0}, Shard{1}}, Placements{Shard{0}, Replicate{}},
+                                Placements{Replicate{}, Shard{2}}}) {
+      DTensor d = distribute_tensor(rows, mesh, p);
+      d.requires_grad_();
+      const DTensor y = dropout(d, 0.3, 91, DropoutRows{offset, 8});
+      EXPECT_TRUE(equal(y.full_tensor(), want)) << offset << " " << to_string(p);
+      backward(sum(y));
+      // d(sum(dropout(x)))/dx is the mask's scale: 0 where dropped, 1 / 0.7 where kept.
+      const Tensor scale = dropout(ones({4, 3, 5}, DType::F64), 0.3, 91, DropoutRows{offset, 8});
+      EXPECT_TRUE(allclose(d.grad().full_tensor(), scale, 1e-12, 0))
+          << offset << " " << to_string(p);
+    }
+  }
+}
+
 TEST(TransformerOps, ElementwiseOpsKeepTheirFirstInputsPlacements) {
   Mesh2d m;
   const Tensor w = randn({8, 4}, 1, DType::F64);

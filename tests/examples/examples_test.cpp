@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/support/run_command.h"
@@ -151,6 +152,36 @@ TEST(Examples, GptTrainsWithTpSpAndFsdpAndMatchesOneDevice) {
       run_command(std::string(SPMD_EXAMPLES_DIR) + "/gpt --spmd-world-size=4 --heads 3 --steps 2");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.output, "--d-model 64 must be a multiple of --heads 3")) << r.output;
+}
+
+// Gradient accumulation (--accumulate, Note [No sync]) and recompute (dropout on): the check
+// against one device running the same microbatches passes, also in a dry run; --recompute changes
+// no digest; a batch that does not split is a ConfigError that says so, as is --accumulate with
+// --pp.
+TEST(Examples, GptAccumulatesMicrobatchesAndRefusesWhatDoesNotSplit) {
+  expect_passes("gpt --accumulate 2 --recompute --steps 2", 8,
+                {"gradient accumulation: 2 microbatches of 4 rows a step",
+                 "every block's activations recomputed in backward", "loss falls: yes"});
+  const std::string gpt = std::string(SPMD_EXAMPLES_DIR) + "/gpt --spmd-world-size=8 ";
+  // Recomputed blocks draw the same dropout masks: the digest of the run without --recompute.
+  const CommandResult plain = run_command(gpt + "--steps 2");
+  const CommandResult recomputed = run_command(gpt + "--steps 2 --recompute");
+  EXPECT_FALSE(digest_of(plain.output).empty()) << plain.output;
+  EXPECT_EQ(digest_of(recomputed.output), digest_of(plain.output)) << recomputed.output;
+  const CommandResult dry =
+      run_command(gpt + "--accumulate 2 --steps 1 --mode sp --spmd-tensors=meta");
+  EXPECT_EQ(dry.exit_code, 0) << dry.output;
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--accumulate 3", "--batch 8 must split into --accumulate 3 microbatches"},
+           {"--accumulate 8", "microbatches of a multiple of dp = 2 rows each"},
+           {"--pp 2 --accumulate 2",
+            "--accumulate, --recompute, --save and --load run without --pp"},
+           {"--accumulate 0", "--accumulate needs a positive integer"}}) {
+    const CommandResult r = run_command(gpt + args);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_TRUE(contains(r.output, "ConfigError")) << args << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, message)) << args << "\n" << r.output;
+  }
 }
 
 // Pipeline parallelism (--pp): the (pp, dp, tp) mesh, the schedule as it ran and one device's

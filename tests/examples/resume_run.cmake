@@ -1,9 +1,15 @@
 # A run saved after two steps and resumed for two more on another mesh and backend prints the
 # losses of four uninterrupted steps (spmd/nn/checkpoint.h; the example's --save and --load): saved
 # under sim on the default mesh, resumed with RESUME_ARGS under sim, under threads, under mpirun
-# when MPIEXEC is given, and on one rank; saved under threads and mpirun, resumed under sim. Invoked by spmd_example_resume_test as `cmake
-# -DPROGRAM=... -DCKPT_DIR=... -DRESUME_ARGS=a|b [-DMPIEXEC=... -DNUMPROC_FLAG=...] -P`.
+# when MPIEXEC is given, and on one rank (with ONE_ARGS, default --dp 1 --tp 1); saved under threads
+# and mpirun, resumed under sim. Invoked by the llama.resume and gpt.resume tests as `cmake
+# -DPROGRAM=... -DCKPT_DIR=... -DRESUME_ARGS=a|b [-DONE_ARGS=a|b] [-DMPIEXEC=... -DNUMPROC_FLAG=...]
+# -P`.
 string(REPLACE "|" ";" resume_args "${RESUME_ARGS}")
+if(NOT DEFINED ONE_ARGS)
+  set(ONE_ARGS "--dp|1|--tp|1")
+endif()
+string(REPLACE "|" ";" one_args "${ONE_ARGS}")
 
 # The loss lines of steps 2 and 3 ("   2      5.0789338745 ...": the step and the mesh's loss).
 function(losses out label)
@@ -31,7 +37,7 @@ set(runs "sim" "threads")
 losses(sim "resumed under sim" ${PROGRAM} --steps 2 --load ${CKPT_DIR} ${resume_args})
 losses(threads "resumed under threads" ${PROGRAM} --steps 2 --load ${CKPT_DIR} ${resume_args}
        --spmd-backend=threads)
-losses(one "resumed on one rank" ${PROGRAM} --steps 2 --load ${CKPT_DIR} --dp 1 --tp 1
+losses(one "resumed on one rank" ${PROGRAM} --steps 2 --load ${CKPT_DIR} ${one_args}
        --spmd-world-size=1)
 if(MPIEXEC)
   list(APPEND runs "mpi")

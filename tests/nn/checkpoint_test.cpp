@@ -92,15 +92,6 @@ SPMD_TEST(Checkpoint, AsyncSaveWritesTheStateAsItWasWhenItStarted) {
   EXPECT_TRUE(allclose(got.full_tensor(), full({16, 4}, 2.0), 0.0, 0.0));
 }
 
-// The model and optimizer state of examples/gpt's model as checkpoint entries.
-template <class T>
-checkpoint::StateDict training_state(gpt_model::Model<T>& model, AdamW<T>& opt) {
-  checkpoint::StateDict state = opt.state_dict("optim.");
-  std::vector<T*> params = model.params();
-  for (size_t i = 0; i < params.size(); ++i) state[fmt::format("param.{}", i)] = params[i];
-  return state;
-}
-
 std::string gpt_text() {
   std::string text;
   for (int i = 0; i < 4000; ++i) text.push_back(static_cast<char>('a' + (i * 7 + i / 13) % 26));
@@ -122,9 +113,8 @@ SPMD_TEST(Checkpoint, TrainingResumesOnAnotherMeshWithTheSameLosses) {
     std::vector<DTensor*> params = model.params();
     std::vector<double> losses;
     for (int64_t step = from; step < to; ++step) {
-      const DTensor tokens =
-          gpt_model::place_tokens<DTensor>(gpt_model::batch_tokens(c, text, step), &layout);
-      losses.push_back(gpt_model::train_step(c, sp, model, opt, params, tokens, step));
+      losses.push_back(gpt_model::train_step(
+          c, sp, model, opt, params, gpt_model::batch_tokens(c, text, step), &layout, step));
     }
     return losses;
   };
@@ -138,14 +128,14 @@ SPMD_TEST(Checkpoint, TrainingResumesOnAnotherMeshWithTheSameLosses) {
   std::vector<DTensor*> first_params = first.params();
   AdamW<DTensor> first_opt(first_params, gpt_model::adamw_options(c));
   (void)run(first, first_opt, a, 0, 2);
-  checkpoint::save(world, training_state(first, first_opt), dir);
+  checkpoint::save(world, gpt_model::training_state(first, first_opt), dir);
 
   // (dp=4, tp=2): another init (other seeds would do too), overwritten by the load.
   const gpt_model::ModelLayout b{init_device_mesh(world, {4, 2}, {"dp", "tp"}), false};
   gpt_model::Model<DTensor> second = gpt_model::init_model<DTensor>(c, &b);
   std::vector<DTensor*> second_params = second.params();
   AdamW<DTensor> second_opt(second_params, gpt_model::adamw_options(c));
-  checkpoint::load(training_state(second, second_opt), dir);
+  checkpoint::load(gpt_model::training_state(second, second_opt), dir);
   EXPECT_EQ(second_opt.steps(), 2);
   const std::vector<double> resumed = run(second, second_opt, b, 2, 4);
   ASSERT_EQ(resumed.size(), 2u);
@@ -161,11 +151,11 @@ SPMD_TEST(Checkpoint, TrainingResumesOnAnotherMeshWithTheSameLosses) {
   gpt_model::Model<Tensor> single = gpt_model::init_model<Tensor>(c, nullptr);
   std::vector<Tensor*> single_params = single.params();
   AdamW<Tensor> single_opt(single_params, gpt_model::adamw_options(c));
-  checkpoint::load(training_state(single, single_opt), dir);
+  checkpoint::load(gpt_model::training_state(single, single_opt), dir);
   for (int64_t step = 2; step < 4; ++step) {
     const double loss =
         gpt_model::train_step(c, gpt_model::Single{}, single, single_opt, single_params,
-                              gpt_model::batch_tokens(c, text, step), step);
+                              gpt_model::batch_tokens(c, text, step), nullptr, step);
     EXPECT_NEAR(loss, expected[static_cast<size_t>(step)], 1e-12) << "step " << step;
   }
 }

@@ -182,6 +182,55 @@ SPMD_TEST(MixedPrecision, ADefaultPolicyIsThePlainStyleBitForBit) {
   EXPECT_EQ(colwise_linear(x, w, {}, "tp", out_f64).dtype(), DType::F64);
 }
 
+// Under no_sync (Note [No sync]) the policy's FSDP gradients wait unreduced; the synced backward
+// reduces the total once: the same gradients as one backward of both losses.
+SPMD_TEST(MixedPrecision, AccumulationWithoutSyncReducesOnce) {
+  if (world.size() != 8) GTEST_SKIP() << "8 ranks";
+  const MixedPrecisionPolicy mp{DType::BF16, DType::F32, std::nullopt};
+  const DeviceMesh mesh = init_device_mesh(world, {2, 4}, {"dp", "tp"});
+  const Tensor w1 = weight(16, 32, 7);
+  auto loss_of = [&](const DTensor& w, uint64_t seed) {
+    const DTensor x =
+        distribute_tensor(randn({8, 16}, seed, DType::BF16), mesh, {Shard{0}, Replicate{}});
+    const DTensor y = to(colwise_linear(x, fsdp_unshard(w, "dp", mp), {}, "tp", mp), DType::F32);
+    return sum(y * y);
+  };
+  auto param = [&] {
+    DTensor w = distribute_tensor(
+        w1, mesh, fsdp_placements(colwise_placements(mesh, "tp"), w1.shape(), mesh, "dp"));
+    w.requires_grad_();
+    return w;
+  };
+  DTensor together = param();
+  backward(loss_of(together, 1) + loss_of(together, 2));
+  DTensor apart = param();
+  Trace& t = trace();
+  const bool sim = world.held_ranks().size() == 8;
+  const bool was_enabled = t.enabled();
+  if (sim) {
+    t.set_enabled(true);
+    t.clear();
+  }
+  {
+    const auto guard = no_sync();
+    backward(loss_of(apart, 1));
+  }
+  const size_t unsynced = t.num_events();
+  backward(loss_of(apart, 2));
+  const std::vector<TraceEvent> events = t.events();
+  t.set_enabled(was_enabled);
+  EXPECT_TRUE(allclose(apart.grad().full_tensor(), together.grad().full_tensor(), 1e-5, 1e-6));
+  EXPECT_EQ(apart.grad().dtype(), DType::F32);
+  if (!sim) return;
+  int scatters_unsynced = 0, scatters_synced = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (events[i].kind != CollectiveKind::ReduceScatter) continue;
+    (i < unsynced ? scatters_unsynced : scatters_synced) += 1;
+  }
+  EXPECT_EQ(scatters_unsynced, 0);
+  EXPECT_EQ(scatters_synced, 1);
+}
+
 SPMD_TEST(MixedPrecision, PoliciesWithoutFloatDtypesAreErrors) {
   const DeviceMesh mesh = init_device_mesh(world, {world.size()}, {"dp"});
   const DTensor w = distribute_tensor(randn({8, 4}, 1), mesh, {Shard{0}});
