@@ -81,7 +81,9 @@ namespace {
 
 constexpr const char* kUsage =
     "gpt [--layers N] [--d-model N] [--heads N] [--seq N] [--vocab N] [--batch N] [--steps N]\n"
-    "    [--tp N] [--lr X] [--dropout P] [--clip X] [--dtype f32|f64|bf16] [--mode sp|fsdp|both]\n"
+    "    [--tp N] [--lr X] [--dropout P] [--clip X] [--dtype f32|f64|bf16] [--master-dtype "
+    "f32|f64]\n"
+    "    [--mode sp|fsdp|both]\n"
     "    [--pp N] [--schedule gpipe|1f1b|interleaved|zb] [--microbatches N] [--virtual-stages N]\n"
     "    [--no-check] [--data FILE] [--seed N] [--save DIR] [--load DIR] [--recompute]\n"
     "    [--accumulate N]   (and the --spmd-* flags of launch())";
@@ -165,6 +167,16 @@ Config parse_flags(int argc, char** argv) {
         c.dtype = DType::BF16;
       } else {
         throw_error<ConfigError>("gpt: --dtype takes f32, f64 or bf16, got '{}'", value);
+      }
+    } else if (flag == "--master-dtype") {
+      if (value == "f32") {
+        c.master_dtype = DType::F32;
+      } else if (value == "f64") {
+        c.master_dtype = DType::F64;
+      } else if (value == "bf16") {
+        c.master_dtype = DType::BF16;
+      } else {
+        throw_error<ConfigError>("gpt: --master-dtype takes f32, f64 or bf16, got '{}'", value);
       }
     } else if (flag == "--mode") {
       if (value != "sp" && value != "fsdp" && value != "both") {
@@ -539,8 +551,8 @@ int gpt(World& world, Config c) {
         // With pp: the last step's in-flight activations per pp rank, and its pipelined time
         // (Note [Dry-run estimates]).
         pipeline::PipelineStep step;
-        run.losses =
-            train_pipeline(world, c, text, Parallel{run.fsdp}, mesh, *setup, run.model, &step);
+        run.losses = train_pipeline(world, c, text, Parallel{run.fsdp, policy_of(c)}, mesh, *setup,
+                                    run.model, &step);
         MemoryParts parts;
         for (DTensor* p : params) parts.parameters.push_back(p);
         parts.pipeline = &step;
@@ -552,7 +564,7 @@ int gpt(World& world, Config c) {
       AdamW<DTensor> opt(params, adamw_options(c));
       std::vector<DTensor> grads;  // kept for the memory report
       for (int64_t step = 0; step < c.steps; ++step) {
-        run.losses.push_back(train_step(c, Parallel{run.fsdp}, run.model, opt, params,
+        run.losses.push_back(train_step(c, Parallel{run.fsdp, policy_of(c)}, run.model, opt, params,
                                         batch_tokens(c, text, step), &layout, step, &grads));
       }
       MemoryParts parts;
@@ -569,10 +581,11 @@ int gpt(World& world, Config c) {
         dry.write_timeline(fmt::format("{}.{}.timeline.json", path, run.fsdp ? "fsdp" : "sp"));
       }
     } else if (pipelined) {
-      run.losses = train_pipeline(world, c, text, Parallel{run.fsdp}, mesh, *setup, run.model);
+      run.losses =
+          train_pipeline(world, c, text, Parallel{run.fsdp, policy_of(c)}, mesh, *setup, run.model);
     } else {
       // The first run writes the checkpoint (--save); every run starts from --load's.
-      run.losses = train(c, text, Parallel{run.fsdp}, run.model, &layout, &first_step,
+      run.losses = train(c, text, Parallel{run.fsdp, policy_of(c)}, run.model, &layout, &first_step,
                          &run == &runs.front() ? c.save : std::string());
     }
     comm += fmt::format("{}, {} steps:\n{}", run.name, c.steps, trace().summary_table());
@@ -583,8 +596,8 @@ int gpt(World& world, Config c) {
   std::vector<double> single;
   if (c.check) {
     Model<Tensor> model = init_model<Tensor>(c, nullptr);
-    single =
-        pipelined ? train_microbatched(c, text, model) : train(c, text, Single{}, model, nullptr);
+    single = pipelined ? train_microbatched(c, text, model)
+                       : train(c, text, Single{policy_of(c).param_dtype}, model, nullptr);
   }
   const double tolerance = c.dtype == DType::F64 ? 1e-9 : c.dtype == DType::F32 ? 1e-5 : 5e-2;
   section(world, "loss per step");

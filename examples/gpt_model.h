@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -47,6 +48,9 @@ struct Config {
   DropoutRows rows;        // an --accumulate microbatch: its rows of the step's batch (dropout)
   bool recompute = false;  // --recompute: every block's activations recomputed in backward
   std::string save, load;  // --save DIR, --load DIR: the model and AdamW's state (nn/checkpoint.h)
+  // --master-dtype: the parameters are stored and stepped in it and used in `dtype`, gradients
+  // reduced in it (MixedPrecisionPolicy, Note [Mixed precision] in spmd/nn/parallel.h).
+  std::optional<DType> master_dtype;
 };
 
 // ---- data ---------------------------------------------------------------------------------------
@@ -163,7 +167,7 @@ Model<T> init_model(const Config& c, const LayoutOf& layout_of) {
   uint64_t seed = c.seed;
   const ModelLayout* layout = layout_of(-1);
   auto param = [&](Role role, const Shape& shape, double s, double fill = 0.0) {
-    return make_param<T>(layout, role, shape, ++seed, s, fill, c.dtype);
+    return make_param<T>(layout, role, shape, ++seed, s, fill, c.master_dtype.value_or(c.dtype));
   };
   Model<T> m;
   m.wte = param(Role::Vocab, {c.vocab, d}, std);
@@ -199,9 +203,18 @@ Model<T> init_model(const Config& c, const ModelLayout* layout) {
   return init_model<T>(c, [layout](int64_t) { return layout; });
 }
 
-// The redistributions of the parallel runs; nothing on one device.
+// The mixed-precision policy of --master-dtype: parameters used in c.dtype, gradients reduced in
+// the master dtype; none without it.
+inline MixedPrecisionPolicy policy_of(const Config& c) {
+  if (!c.master_dtype) return {};
+  return MixedPrecisionPolicy{c.dtype, c.master_dtype, std::nullopt};
+}
+
+// The redistributions of the parallel runs; nothing on one device (but the cast of
+// --master-dtype's parameters to the compute dtype).
 struct Single {
-  Tensor use(const Tensor& p) const { return p; }
+  std::optional<DType> param_dtype;
+  Tensor use(const Tensor& p) const { return param_dtype ? p.to(*param_dtype) : p; }
   Tensor into_tp(const Tensor& x) const { return x; }
   Tensor out_of_tp(const Tensor& partial, const Tensor& bias) const { return partial + bias; }
   Tensor into_sp(const Tensor& x) const { return x; }
@@ -209,11 +222,19 @@ struct Single {
 
 struct Parallel {
   bool fsdp = false;
-  // FSDP: the parameter gathered over dp before its use.
-  DTensor use(const DTensor& p) const { return fsdp ? fsdp_unshard(p, "dp") : p; }
-  // Into a tensor-parallel region: the sequence gathered over tp.
+  MixedPrecisionPolicy policy;  // --master-dtype's (policy_of); default: none
+  // FSDP: the parameter gathered over dp before its use (cast to the policy's param_dtype first).
+  DTensor use(const DTensor& p) const {
+    if (fsdp) return fsdp_unshard(p, "dp", policy);
+    return policy.param_dtype && p.dtype() != *policy.param_dtype ? to(p, *policy.param_dtype) : p;
+  }
+  // Into a tensor-parallel region: the sequence gathered over tp (its gradient reduce-scattered
+  // back, in the policy's reduce_dtype).
   DTensor into_tp(const DTensor& x) const {
-    return x.redistribute(with_placement(x.placements(), x.mesh(), "tp", Replicate{}));
+    const Placements gathered = with_placement(x.placements(), x.mesh(), "tp", Replicate{});
+    if (policy.reduce_dtype)
+      return cast_redistribute(x, std::nullopt, gathered, policy.reduce_dtype);
+    return x.redistribute(gathered);
   }
   // Out of it: the row-wise partial sums reduce-scattered over the sequence.
   DTensor out_of_tp(const DTensor& partial, const DTensor& bias) const {
@@ -439,8 +460,8 @@ inline std::vector<double> train_microbatched(const Config& c, const std::string
     const Tensor batch = batch_tokens(c, text, step);
     Tensor total;
     for (int64_t m = 0; m < c.microbatches; ++m) {
-      const Tensor loss = forward(mc, Single{}, model, microbatch_tokens(c, batch, m),
-                                  microbatch_step(c, step, m)) *
+      const Tensor loss = forward(mc, Single{policy_of(c).param_dtype}, model,
+                                  microbatch_tokens(c, batch, m), microbatch_step(c, step, m)) *
                           (1.0 / static_cast<double>(c.microbatches));
       backward(loss);
       const Tensor value = loss.detach();

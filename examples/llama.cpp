@@ -65,7 +65,8 @@ constexpr const char* kUsage =
     "[--steps N] [--lr X]\n"
     "      [--experts N] [--top-k N] [--capacity-factor X] [--aux-coef X] [--shared-expert]\n"
     "      [--cp-method ring|allgather|sdpa] [--no-zigzag] [--no-rope-scaling]\n"
-    "      [--dtype f32|f64|bf16] [--model toy|8b|70b|405b] [--no-check] [--recompute]\n"
+    "      [--dtype f32|f64|bf16] [--master-dtype f32|f64] [--model toy|8b|70b|405b] [--no-check]\n"
+    "      [--recompute] [--selective-recompute]\n"
     "      [--data FILE] [--seed N] [--save DIR] [--load DIR] [--accumulate N]\n"
     "      (and the --spmd-* flags of launch())";
 
@@ -131,6 +132,9 @@ Config parse_flags(int argc, char** argv) {
       c.fsdp = true;
     } else if (flag == "--recompute") {
       c.recompute = true;
+    } else if (flag == "--selective-recompute") {
+      c.recompute = true;
+      c.selective = true;
     } else if (flag == "--shared-expert") {
       c.shared_expert = true;
     } else if (flag == "--no-rope-scaling") {
@@ -222,6 +226,16 @@ Config parse_flags(int argc, char** argv) {
         c.dtype = DType::BF16;
       } else {
         throw_error<ConfigError>("llama: --dtype takes f32, f64 or bf16, got '{}'", value);
+      }
+    } else if (flag == "--master-dtype") {
+      if (value == "f32") {
+        c.master_dtype = DType::F32;
+      } else if (value == "f64") {
+        c.master_dtype = DType::F64;
+      } else if (value == "bf16") {
+        c.master_dtype = DType::BF16;
+      } else {
+        throw_error<ConfigError>("llama: --master-dtype takes f32, f64 or bf16, got '{}'", value);
       }
     } else {
       throw_error<ConfigError>("llama: unknown flag '{}'\n{}", flag, kUsage);
@@ -492,7 +506,7 @@ Parallel make_parallel(const Config& c, const ModelLayout& layout,
   if (layout.has("cp")) seq_placements = placed_on(layout.mesh, "cp", Shard{0});
   return Parallel{&layout,
                   distribute_tensor(from_vector(positions, {c.seq}), layout.mesh, seq_placements),
-                  c.cp_method, order};
+                  c.cp_method, order, policy_of(c)};
 }
 
 // Note [Llama pipeline]
@@ -897,7 +911,7 @@ int llama(World& world, Config c) {
     Model<Tensor> one = init_model<Tensor>(c, nullptr);
     std::vector<int64_t> in_order(static_cast<size_t>(c.seq));
     for (int64_t i = 0; i < c.seq; ++i) in_order[static_cast<size_t>(i)] = i;
-    const Single plain{from_vector(in_order, {c.seq})};
+    const Single plain{from_vector(in_order, {c.seq}), policy_of(c).param_dtype};
     single =
         pipelined ? train_microbatched(c, text, one, plain) : train(c, text, plain, one, nullptr);
   }

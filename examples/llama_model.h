@@ -76,6 +76,12 @@ struct Config {
   bool check = true;
   std::string data;
   bool recompute = false;  // --recompute: every block's activations recomputed in backward
+  // --selective-recompute: the same, keeping the matmuls' and attention's outputs (Note
+  // [Selective recompute] in spmd/ops/selective.h)
+  bool selective = false;
+  // --master-dtype: the parameters are stored and stepped in it and used in `dtype`, gradients
+  // reduced in it (MixedPrecisionPolicy, Note [Mixed precision] in spmd/nn/parallel.h).
+  std::optional<DType> master_dtype;
   std::string save;        // --save DIR: the model and AdamW's state after the last step
   std::string load;        // --load DIR: both before the first step, which follows the loaded step
   int64_t accumulate = 1;  // --accumulate N: microbatches per step, backward under no_sync but last
@@ -211,7 +217,7 @@ Model<T> init_model(const Config& c, const LayoutOf& layout_of) {
   uint64_t seed = c.seed;
   const ModelLayout* layout = layout_of(-1);
   auto param = [&](Role role, const Shape& shape, double s) {
-    return make_param<T>(layout, role, shape, ++seed, s, c.dtype);
+    return make_param<T>(layout, role, shape, ++seed, s, c.master_dtype.value_or(c.dtype));
   };
   Model<T> m;
   m.tok_embeddings = param(Role::Vocab, {c.vocab, d}, std);
@@ -236,8 +242,8 @@ Model<T> init_model(const Config& c, const LayoutOf& layout_of) {
         b.moe.router = param(Role::Replicated, {d, c.experts}, std);
       } else {
         const ModelLayout whole{layout->mesh, false, layout->kv_replicated};
-        b.moe.router =
-            make_param<T>(&whole, Role::Replicated, {d, c.experts}, ++seed, std, c.dtype);
+        b.moe.router = make_param<T>(&whole, Role::Replicated, {d, c.experts}, ++seed, std,
+                                     c.master_dtype.value_or(c.dtype));
       }
       b.moe.w1 = param(Role::Expert, {c.experts, d, c.ffn}, std);
       b.moe.w3 = param(Role::Expert, {c.experts, d, c.ffn}, std);
@@ -271,9 +277,17 @@ std::vector<int64_t> param_layers(Model<T>& m) {
 
 // ---- the redistributions of the parallel run; none on one device ------------------------------
 
+// The mixed-precision policy of --master-dtype: parameters used in c.dtype, gradients reduced in
+// the master dtype; none without it.
+inline MixedPrecisionPolicy policy_of(const Config& c) {
+  if (!c.master_dtype) return {};
+  return MixedPrecisionPolicy{c.dtype, c.master_dtype, std::nullopt};
+}
+
 struct Single {
-  Tensor positions;  // [S]: 0, 1, ..., S - 1
-  Tensor use(const Tensor& p) const { return p; }
+  Tensor positions;                  // [S]: 0, 1, ..., S - 1
+  std::optional<DType> param_dtype;  // --master-dtype: parameters used in the compute dtype
+  Tensor use(const Tensor& p) const { return param_dtype ? p.to(*param_dtype) : p; }
   Tensor into_tp(const Tensor& x) const { return x; }
   Tensor out_of_tp(const Tensor& partial) const { return partial; }
   Tensor into_sp(const Tensor& x) const { return x; }
@@ -288,6 +302,7 @@ struct Parallel {
   DTensor positions;  // [S] I64: the position of each sequence index, split over cp like it
   std::string cp_method = "sdpa";
   std::vector<int64_t> order;  // the same positions on the host (empty: in order)
+  MixedPrecisionPolicy policy;  // --master-dtype's (policy_of); default: none
   // Causal attention of q, k, v [B, H, S, D]: over cp by the chosen method.
   DTensor attend(const DTensor& q, const DTensor& k, const DTensor& v) const {
     if (!layout->has("cp") || cp_method == "sdpa")
@@ -298,11 +313,18 @@ struct Parallel {
          .positions = order,
          .method = cp_method == "ring" ? ContextMethod::Ring : ContextMethod::AllGather});
   }
-  DTensor use(const DTensor& p) const { return layout->fsdp ? fsdp_unshard(p, "dp") : p; }
-  // Into a tensor-parallel region: the sequence gathered over tp (it stays split over cp).
+  DTensor use(const DTensor& p) const {
+    if (layout->fsdp) return fsdp_unshard(p, "dp", policy);
+    return policy.param_dtype && p.dtype() != *policy.param_dtype ? to(p, *policy.param_dtype) : p;
+  }
+  // Into a tensor-parallel region: the sequence gathered over tp (it stays split over cp), its
+  // gradient reduced back in the policy's reduce_dtype.
   DTensor into_tp(const DTensor& x) const {
     if (!layout->has("tp")) return x;
-    return x.redistribute(with_placement(x.placements(), x.mesh(), "tp", Replicate{}));
+    const Placements gathered = with_placement(x.placements(), x.mesh(), "tp", Replicate{});
+    if (policy.reduce_dtype)
+      return cast_redistribute(x, std::nullopt, gathered, policy.reduce_dtype);
+    return x.redistribute(gathered);
   }
   // Out of it: the row-wise partial sums reduce-scattered over the sequence.
   DTensor out_of_tp(const DTensor& partial) const { return into_sp(partial); }
@@ -401,7 +423,8 @@ T forward(const Config& c, const P& par, const Model<T>& m, const T& ids, const 
       T no_aux;
       return block(c, par, b, in[0], no_aux);
     };
-    x = checkpoint_activations(fn, {x});
+    x = c.selective ? checkpoint_activations(fn, {x}, save_matmuls())
+                    : checkpoint_activations(fn, {x});
   }
   return next_token_loss(c, logits_of(c, par, m, x), next, aux);
 }

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include <spmd/core/check.h>
@@ -334,6 +335,9 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
     }
     return out;
   }
+  std::optional<SelectiveScope::Inside> inside;  // a kept op's own calls are not caught
+  if (kept != nullptr) [[unlikely]]
+    inside.emplace(*kept);
   // Note [Ranks outside the mesh] (dtensor/dtensor.h): nothing to compute or communicate here.
   const bool outside = !inputs[0]->participates();
   if (outside) {
@@ -358,8 +362,10 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
   DTensor out(outside ? outside_mesh_local(*decision->output)
                       : run_pieces(op, locals.data(), laid_out.data(), n, args, *decision->output),
               decision->output);
-  if (kept != nullptr) [[unlikely]]
+  if (kept != nullptr) [[unlikely]] {
+    inside.reset();
     kept->save(op.name, dtensor_var(out));
+  }
   if (grad_enabled() && is_floating(out.dtype()) &&
       std::any_of(inputs.begin(), inputs.end(),
                   [](const DTensor* t) { return t->requires_grad(); })) {

@@ -1,6 +1,8 @@
 // spmd/nn/parallel.cpp: the parallel styles (nn/parallel.h).
 #include <spmd/nn/parallel.h>
 
+#include <algorithm>
+
 #include <spmd/core/error.h>
 #include <spmd/dtensor/ops.h>
 #include <spmd/ops/autograd.h>
@@ -100,6 +102,18 @@ DTensor fsdp_unshard(const DTensor& param, MeshDim dp, SourceLocation loc) {
 
 namespace {
 
+// `g` in `dtype` piece by piece: a gradient pending a sum (Partial) is converted on each rank and
+// summed in `dtype` after, which is what reducing in reduce_dtype means (a cast of the summed
+// value would round the sum in the narrower dtype first). Through the pieces, so the debug checks
+// do not hold it against that cast.
+DTensor pieces_to(const DTensor& g, DType dtype) {
+  if (g.dtype() == dtype) return g;
+  const bool pending = std::any_of(g.placements().begin(), g.placements().end(),
+                                   [](const Placement& p) { return is_partial(p); });
+  if (!pending || !g.participates()) return to(g, dtype);
+  return DTensor::from_local(g.local().to(dtype), g.mesh(), g.placements(), g.shape());
+}
+
 struct CastRedistribute {
   Placements input_placements;
   DType input_dtype;
@@ -110,7 +124,7 @@ void cast_redistribute_backward(BackwardContext& c) {
   const auto& how = c.payload<CastRedistribute>();
   const NoGradGuard no_grad;
   DTensor g = c.grad().as<DTensor>();
-  if (how.reduce_dtype && g.dtype() != *how.reduce_dtype) g = to(g, *how.reduce_dtype);
+  if (how.reduce_dtype) g = pieces_to(g, *how.reduce_dtype);
   // A Partial gradient is reduced to the input's placement; a Partial input takes it pending.
   Placements target = how.input_placements;
   for (size_t i = 0; i < target.size(); ++i) {
@@ -143,15 +157,14 @@ void cast_param_backward(BackwardContext& c) {
   const auto* leaf = dynamic_cast<const DTensorAutogradMeta*>(meta.get());
   const bool pending = leaf != nullptr && leaf->pending_grad.defined();
   if (requires_gradient_sync() && !pending) {
-    if (how.reduce_dtype && g.dtype() != *how.reduce_dtype) g = to(g, *how.reduce_dtype);
+    if (how.reduce_dtype) g = pieces_to(g, *how.reduce_dtype);
     Placements target = how.placements;
     for (Placement& p : target) {
       if (is_partial(p)) p = Replicate{};
     }
     g = g.redistribute(target);
   }
-  if (g.dtype() != how.dtype) g = to(g, how.dtype);
-  c.set_grad(0, dtensor_var(g));
+  c.set_grad(0, dtensor_var(pieces_to(g, how.dtype)));
 }
 
 DTensor cast_param(const DTensor& param, DType dtype, std::optional<DType> reduce_dtype) {

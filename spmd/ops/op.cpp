@@ -71,7 +71,11 @@ Tensor call(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args)
   // Note [Selective recompute]: a kept output, saved or taken.
   if (SelectiveScope* kept = selective_scope("Tensor", op.name)) [[unlikely]] {
     if (kept->mode() == SelectiveScope::Mode::Save) {
-      const Tensor out = compute(op, inputs, args, meta);
+      Tensor out;
+      {
+        const SelectiveScope::Inside inside(*kept);
+        out = compute(op, inputs, args, meta);
+      }
       kept->save(op.name, out);
       return out;
     }

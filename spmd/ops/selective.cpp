@@ -58,7 +58,7 @@ void SelectiveScope::check_consumed() const {
 
 SelectiveScope* selective_scope(std::string_view kind, std::string_view op) {
   SelectiveScope* s = t_scope;
-  if (s == nullptr || s->kind_ != kind) return nullptr;
+  if (s == nullptr || s->kind_ != kind || s->inside_ > 0) return nullptr;
   const auto& ops = s->policy_.save_ops;
   return std::find(ops.begin(), ops.end(), op) != ops.end() ? s : nullptr;
 }

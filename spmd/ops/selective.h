@@ -58,6 +58,18 @@ class SelectiveScope {
   void check_consumed() const;
 
   Mode mode() const { return mode_; }
+  // While alive, ops inside a kept op's computation are not caught (they are part of it: a
+  // replay takes the outer op's output without running them).
+  class Inside {
+   public:
+    explicit Inside(SelectiveScope& scope) : scope_(scope) { ++scope_.inside_; }
+    ~Inside() { --scope_.inside_; }
+    Inside(const Inside&) = delete;
+    Inside& operator=(const Inside&) = delete;
+
+   private:
+    SelectiveScope& scope_;
+  };
   // Save: keeps `out`, the output of `op`.
   void save(std::string_view op, const Var& out);
   // Replay: the next kept output, which must be `op`'s; Error naming both ops when not.
@@ -69,6 +81,7 @@ class SelectiveScope {
   RecomputePolicy policy_;
   std::shared_ptr<SelectiveCache> cache_;
   size_t next_ = 0;
+  int inside_ = 0;
   SelectiveScope* previous_;
   friend SelectiveScope* selective_scope(std::string_view kind, std::string_view op);
 };

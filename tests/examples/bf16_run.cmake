@@ -1,10 +1,16 @@
 # examples/gpt in bf16 stays within TOLERANCE of its f32 run at every step (docs/training.md, "The
 # GPT example"): both runs' per-step losses (the first column of the loss table) compared. Invoked
 # by the gpt.bf16_vs_f32 test as
-# `cmake -DPROGRAM=... -DTOLERANCE=0.05 -DTOLERANCE_E10=500000000 -P` (the tolerance, and the same
-# in units of 1e-10).
+# `cmake -DPROGRAM=... -DTOLERANCE=0.05 -DTOLERANCE_E10=500000000 [-DBF16_ARGS=a|b] -P` (the
+# tolerance, and the same in units of 1e-10; BF16_ARGS: more flags for the bf16 run, e.g.
+# --mode|both|--master-dtype|f32 by gpt.bf16_master_vs_f32).
+string(REPLACE "|" ";" bf16_args "${BF16_ARGS}")
 function(step_losses out dtype)
-  execute_process(COMMAND ${PROGRAM} --mode sp --dtype ${dtype} RESULT_VARIABLE code
+  set(mode --mode sp)
+  if(dtype STREQUAL "bf16" AND bf16_args)
+    set(mode ${bf16_args})
+  endif()
+  execute_process(COMMAND ${PROGRAM} ${mode} --dtype ${dtype} RESULT_VARIABLE code
                   OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
   if(NOT code EQUAL 0)
     message(FATAL_ERROR "gpt --dtype ${dtype} failed (exit ${code}):\n${stdout}\n${stderr}")
