@@ -12,6 +12,7 @@
 
 #include <spmd/core/call_site.h>
 #include <spmd/core/error.h>
+#include <spmd/core/parallel.h>
 #include <spmd/debug/checks.h>
 #include <spmd/dtensor/hooks.h>
 #include <spmd/tensor/shape.h>
@@ -197,29 +198,47 @@ std::optional<ParityDeparture> parity_departure(const ParityValue& got, const Pa
   const size_t n = got.values.size();
   const double* a = got.values.data();
   const double* b = expected.values.data();
-  double scale = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    if (std::isfinite(b[i])) scale = std::max(scale, std::abs(b[i]));
-  }
-  // One pass, no division: the largest finite |difference| (its first index), the first pair of
-  // non-finite values that are not the same (NaN with NaN, +inf with +inf agree), the first
-  // nonzero difference (what counts when the scale is 0). The worst relative difference is
-  // diff / scale, so the largest difference is the worst element.
-  double worst = 0.0;
-  size_t worst_at = n;
+  // One pass, no division, over chunks on parallel_for's threads (the comparison is most of what
+  // a parity run adds): the scale (the largest finite |expected|), the largest finite
+  // |difference| (its first index), the first pair of non-finite values that are not the same
+  // (NaN with NaN, +inf with +inf agree). The worst relative difference is diff / scale, so the
+  // largest difference is the worst element.
+  struct Part {
+    double scale = 0.0;
+    double worst = 0.0;
+    size_t worst_at = SIZE_MAX;
+    size_t first_nonfinite = SIZE_MAX;
+  };
+  Part total;
+  std::mutex merge;
+  parallel_for(static_cast<int64_t>(n), int64_t{1} << 16, [&](int64_t begin, int64_t end) {
+    Part part;
+    for (auto i = static_cast<size_t>(begin); i < static_cast<size_t>(end); ++i) {
+      const double e = std::abs(b[i]);
+      if (e > part.scale && e != INFINITY) part.scale = e;  // false for NaN
+      const double diff = std::abs(a[i] - b[i]);
+      if (diff > part.worst) {  // false for NaN
+        part.worst = diff;
+        part.worst_at = i;
+      }
+      if (!std::isfinite(diff) && part.first_nonfinite == SIZE_MAX) {
+        const bool same = (std::isnan(a[i]) && std::isnan(b[i])) || a[i] == b[i];
+        if (!same) part.first_nonfinite = i;
+      }
+    }
+    const std::lock_guard lock(merge);
+    total.scale = std::max(total.scale, part.scale);
+    if (part.worst > total.worst || (part.worst == total.worst && part.worst_at < total.worst_at)) {
+      total.worst = part.worst;
+      total.worst_at = part.worst_at;
+    }
+    total.first_nonfinite = std::min(total.first_nonfinite, part.first_nonfinite);
+  });
+  const double scale = total.scale;
+  const double worst = total.worst;
+  const size_t worst_at = total.worst_at == SIZE_MAX ? n : total.worst_at;
+  const size_t first_nonfinite = total.first_nonfinite == SIZE_MAX ? n : total.first_nonfinite;
   size_t first_nonzero = n;
-  size_t first_nonfinite = n;
-  for (size_t i = 0; i < n; ++i) {
-    const double diff = std::abs(a[i] - b[i]);
-    if (diff > worst) {  // false for NaN
-      worst = diff;
-      worst_at = i;
-    }
-    if (!std::isfinite(diff) && first_nonfinite == n) {
-      const bool same = (std::isnan(a[i]) && std::isnan(b[i])) || a[i] == b[i];
-      if (!same) first_nonfinite = i;
-    }
-  }
   auto at = [&](size_t i, double relative) {
     return ParityDeparture{static_cast<int64_t>(i), a[i], b[i], relative};
   };

@@ -50,7 +50,8 @@
 // its mesh makes DTensors of other global shapes there: those are not compared. Under
 // `all` the parity run is then skipped with a note on stderr and the other checks go on.
 //   Tensors above kParitySampleLimit elements keep every k-th element only. Cost: a second run of
-// the program on one rank plus one full copy per DTensor made (bench/parity_bench).
+// the program on one rank plus one full copy per DTensor made (bench/parity_bench: 2.09x the plain
+// run at the GPT example's shape, 2.47x at d_model 256, on 2 cores).
 #pragma once
 
 #include <cstdint>
