@@ -19,6 +19,7 @@
 
 #include <spmd/dtensor/ops.h>
 #include <spmd/nn/checkpoint.h>
+#include <spmd/runtime/launch.h>
 #include <spmd/tensor/random.h>
 #include "examples/gpt_model.h"
 #include "tests/support/test_support.h"
@@ -267,6 +268,49 @@ TEST(Checkpoint, KilledSaveLeavesTheCheckpointThatWasThere) {
     // The next save still works (the leftover DIR.tmp is replaced).
     checkpoint::save(world, {{"w", &old_value}}, dir);
   }
+}
+
+// The same with the save made by 8 rank threads (the threads backend, in a child process killed
+// with every thread at a random point of its own save): the checkpoint that loads is the previous
+// one or the new one, read back under sim.
+TEST(Checkpoint, KilledThreadsSaveLeavesTheCheckpointThatWasThere) {
+  World world = World::sim(8);
+  const std::string dir = ckpt_dir(world, "killed_threads");
+  const DeviceMesh mesh = init_device_mesh(world, {8}, {"dp"});
+  DTensor old_value = distribute_tensor(full({4096, 64}, 1.0), mesh, {Shard{0}});
+  checkpoint::save(world, {{"w", &old_value}}, dir);
+  int reached = 0;  // kills that came while a save was under way or after one finished
+  for (int delay_ms : {0, 20, 80, 200}) {
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      std::vector<std::string> args = {"killed", "--spmd-backend=threads", "--spmd-world-size=8"};
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      int argc = static_cast<int>(args.size());
+      const int code = launch(argc, argv.data(), [&](World& w) {
+        const DeviceMesh m = init_device_mesh(w, {8}, {"dp"});
+        DTensor next = distribute_tensor(full({4096, 64}, 2.0), m, {Shard{0}});
+        for (;;) checkpoint::save(w, {{"w", &next}}, dir);
+      });
+      _exit(code);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    kill(child, SIGKILL);
+    int status = 0;
+    waitpid(child, &status, 0);
+    EXPECT_TRUE(WIFSIGNALED(status)) << "the saving process ended by itself: " << status;
+    DTensor got = distribute_tensor(zeros({4096, 64}), mesh, {Shard{0}});
+    checkpoint::load({{"w", &got}}, dir);
+    const Tensor full_value = got.full_tensor();
+    const bool old_one = allclose(full_value, full({4096, 64}, 1.0), 0.0, 0.0);
+    const bool new_one = allclose(full_value, full({4096, 64}, 2.0), 0.0, 0.0);
+    EXPECT_TRUE(old_one || new_one) << "killed after " << delay_ms << " ms";
+    reached += new_one || std::filesystem::exists(dir + ".tmp") ? 1 : 0;
+    checkpoint::save(world, {{"w", &old_value}}, dir);
+  }
+  EXPECT_GT(reached, 0) << "no kill came during or after a threads save";
 }
 
 }  // namespace
