@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -311,6 +312,45 @@ TEST(Checkpoint, KilledThreadsSaveLeavesTheCheckpointThatWasThere) {
     checkpoint::save(world, {{"w", &old_value}}, dir);
   }
   EXPECT_GT(reached, 0) << "no kill came during or after a threads save";
+}
+
+// The mpi kill -9 test (tests/nn/killed_mpi_save.sh) drives these three: the sim save of the old
+// checkpoint, 8 mpirun processes saving a new one forever (killed with -9 at a random moment), and
+// the check that what loads is one of the two. The folder is SPMD_KILLED_CKPT_DIR.
+// 64 MB in all (8 MB a rank): a save long enough for a kill to land inside it.
+const Shape kKilledShape = {int64_t{1} << 20, 8};
+
+std::string killed_dir() {
+  const char* dir = std::getenv("SPMD_KILLED_CKPT_DIR");
+  return dir != nullptr ? dir : "";
+}
+
+TEST(Checkpoint, DISABLED_KillDriverSavesTheOld) {
+  if (killed_dir().empty()) GTEST_SKIP() << "SPMD_KILLED_CKPT_DIR is not set";
+  World world = World::sim(8);
+  const DeviceMesh mesh = init_device_mesh(world, {8}, {"dp"});
+  DTensor old_value = distribute_tensor(full(kKilledShape, 1.0), mesh, {Shard{0}});
+  checkpoint::save(world, {{"w", &old_value}}, killed_dir());
+}
+
+SPMD_TEST(Checkpoint, DISABLED_KillDriverSavesForever) {
+  if (killed_dir().empty()) GTEST_SKIP() << "SPMD_KILLED_CKPT_DIR is not set";
+  const DeviceMesh mesh = init_device_mesh(world, {world.size()}, {"dp"});
+  DTensor next = distribute_tensor(full(kKilledShape, 2.0), mesh, {Shard{0}});
+  for (;;) checkpoint::save(world, {{"w", &next}}, killed_dir());
+}
+
+TEST(Checkpoint, DISABLED_KillDriverLoadsOneOfThem) {
+  if (killed_dir().empty()) GTEST_SKIP() << "SPMD_KILLED_CKPT_DIR is not set";
+  World world = World::sim(8);
+  const DeviceMesh mesh = init_device_mesh(world, {8}, {"dp"});
+  DTensor got = distribute_tensor(zeros(kKilledShape), mesh, {Shard{0}});
+  checkpoint::load({{"w", &got}}, killed_dir());
+  const Tensor full_value = got.full_tensor();
+  const bool old_one = allclose(full_value, full(kKilledShape, 1.0), 0.0, 0.0);
+  const bool new_one = allclose(full_value, full(kKilledShape, 2.0), 0.0, 0.0);
+  EXPECT_TRUE(old_one || new_one);
+  std::printf("loaded the %s checkpoint\n", new_one ? "new" : "old");
 }
 
 }  // namespace
