@@ -330,7 +330,16 @@ void check_against_full(const OpEvent& e, const std::vector<PieceSet>& inputs,
         e.op, site_text(e.location), shape_str(got.shape()), shape_str(expected.shape()),
         context());
   }
-  const CheckTolerance tol = check_tolerance(e.output.dtype());
+  // The loosest of the output's and the float inputs' tolerances: a value carries the rounding of
+  // the narrowest dtype it went through (a BF16 gradient pending a sum, cast to F32, sums its
+  // pieces in F32 where the full tensor was summed in BF16 first).
+  CheckTolerance tol = check_tolerance(e.output.dtype());
+  for (const DTensor* in : e.inputs) {
+    if (!is_floating(in->dtype())) continue;
+    const CheckTolerance t = check_tolerance(in->dtype());
+    tol.atol = std::max(tol.atol, t.atol);
+    tol.rtol = std::max(tol.rtol, t.rtol);
+  }
   const bool exact = !is_floating(e.output.dtype());
   std::vector<double> g = values(got);
   std::vector<double> x = values(expected);

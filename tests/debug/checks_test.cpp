@@ -162,6 +162,29 @@ TEST(CheckMode, SilentOnACorrectProgramAndLeavesTheTraceAlone) {
   EXPECT_EQ(plain.second, checked.second);  // no extra collective, same sequence numbers
 }
 
+// A BF16 sum pending over dp cast to F32 (a master weight's gradient under a mixed-precision
+// policy) sums its pieces in F32, the full tensor in BF16 first: the check compares at BF16's
+// tolerance, the loosest dtype the value went through. F32 all the way keeps F32's.
+TEST(CheckMode, ACastOfAPendingSumIsCheckedAtItsNarrowestDtype) {
+  World world = debug_world(8, {.check = true});
+  const DeviceMesh mesh = init_device_mesh(world, {8}, {"dp"});
+  const LocalTensor pieces = LocalTensor::from_fn(world, [](int r) {
+    return randn({64, 64}, 100 + static_cast<uint64_t>(r), DType::BF16);
+  });
+  const DTensor pending = DTensor::from_local(pieces, mesh, {Partial{}});
+  const DTensor wide = to(pending, DType::F32);  // no report
+  EXPECT_EQ(wide.dtype(), DType::F32);
+  EXPECT_EQ(wide.placements(), (Placements{Partial{}}));
+  // What the check accepts: the two sums differ beyond F32's tolerance (1e-5 + 1e-4 |x|).
+  Tensor in_bf16 = pieces.shard(0);
+  Tensor in_f32 = pieces.shard(0).to(DType::F32);
+  for (int r = 1; r < 8; ++r) {
+    in_bf16 = in_bf16 + pieces.shard(r);
+    in_f32 = in_f32 + pieces.shard(r).to(DType::F32);
+  }
+  EXPECT_FALSE(allclose(in_f32, in_bf16.to(DType::F32), 1e-4, 1e-5));
+}
+
 TEST(CheckMode, AssemblesPartialAndNestedPlacements) {
   World world = World::sim(8);
   DeviceMesh mesh = init_device_mesh(world, {2, 2, 2});
