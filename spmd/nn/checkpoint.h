@@ -80,6 +80,11 @@ class AsyncSave {
 // (on the device's stream order: the copies are taken now). The checkpoint exists after wait().
 AsyncSave save_async(const World& world, const StateDict& state, const std::string& dir,
                      SourceLocation loc = SourceLocation::current());
+// PyTorch's name (dcp.async_save), the one the API contract gives: save_async.
+inline AsyncSave async_save(const World& world, const StateDict& state, const std::string& dir,
+                            SourceLocation loc = SourceLocation::current()) {
+  return save_async(world, state, dir, loc);
+}
 
 // Reads every entry of `state` from the checkpoint at `dir`, onto the entry's own mesh and
 // placements. An entry that required grad stays a leaf that does. ConfigError as in the banner.

@@ -84,7 +84,7 @@ SPMD_TEST(Checkpoint, AsyncSaveWritesTheStateAsItWasWhenItStarted) {
   DTensor w = distribute_tensor(full({16, 4}, 1.0), mesh, {Shard{0}});
   checkpoint::save(world, {{"w", &w}}, dir);
   w = distribute_tensor(full({16, 4}, 2.0), mesh, {Shard{0}});
-  checkpoint::AsyncSave pending = checkpoint::save_async(world, {{"w", &w}}, dir);
+  checkpoint::AsyncSave pending = checkpoint::async_save(world, {{"w", &w}}, dir);
   EXPECT_TRUE(pending.pending());
   w = distribute_tensor(full({16, 4}, 3.0), mesh, {Shard{0}});  // training goes on
   pending.wait();
