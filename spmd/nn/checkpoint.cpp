@@ -383,6 +383,34 @@ void AsyncSave::wait() {
   finish(s->snapshot);
 }
 
+namespace {
+
+// The world of the state's DTensors, for the forms without a world argument.
+World world_of(const StateDict& state, std::string_view op) {
+  for (const auto& [key, entry] : state) {
+    if (const auto* d = std::get_if<DTensor*>(&entry);
+        d != nullptr && *d != nullptr && (*d)->defined()) {
+      return (*d)->mesh().world();
+    }
+  }
+  throw_error<ConfigError>(
+      "checkpoint::{}: the state has no defined DTensor to take the world from ({} entries); call "
+      "checkpoint::{}(world, state, dir)",
+      op, state.size(), op);
+}
+
+}  // namespace
+
+void save(const StateDict& state, const std::string& dir, SourceLocation loc) {
+  const UserCallSite site(loc);
+  save(world_of(state, "save"), state, dir, loc);
+}
+
+AsyncSave async_save(const StateDict& state, const std::string& dir, SourceLocation loc) {
+  const UserCallSite site(loc);
+  return save_async(world_of(state, "async_save"), state, dir, loc);
+}
+
 void save(const World& world, const StateDict& state, const std::string& dir, SourceLocation loc) {
   const UserCallSite site(loc);
   Snapshot s = snapshot(world, state, dir);

@@ -56,6 +56,10 @@ using StateDict = std::map<std::string, Entry>;
 // written.
 void save(const World& world, const StateDict& state, const std::string& dir,
           SourceLocation loc = SourceLocation::current());
+// The same with the world of the state's DTensors (the API contract's form); ConfigError when the
+// state has no defined DTensor to take it from.
+void save(const StateDict& state, const std::string& dir,
+          SourceLocation loc = SourceLocation::current());
 
 // A save running in the background (save_async): the pieces were copied when it started, so
 // training may change the state at once. wait() finishes it (the barrier, the index, the rename:
@@ -80,11 +84,14 @@ class AsyncSave {
 // (on the device's stream order: the copies are taken now). The checkpoint exists after wait().
 AsyncSave save_async(const World& world, const StateDict& state, const std::string& dir,
                      SourceLocation loc = SourceLocation::current());
-// PyTorch's name (dcp.async_save), the one the API contract gives: save_async.
+// PyTorch's name (dcp.async_save), the one the API contract gives: save_async; without a world,
+// the world of the state's DTensors (as save(state, dir)).
 inline AsyncSave async_save(const World& world, const StateDict& state, const std::string& dir,
                             SourceLocation loc = SourceLocation::current()) {
   return save_async(world, state, dir, loc);
 }
+AsyncSave async_save(const StateDict& state, const std::string& dir,
+                     SourceLocation loc = SourceLocation::current());
 
 // Reads every entry of `state` from the checkpoint at `dir`, onto the entry's own mesh and
 // placements. An entry that required grad stays a leaf that does. ConfigError as in the banner.

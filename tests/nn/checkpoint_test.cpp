@@ -84,7 +84,7 @@ SPMD_TEST(Checkpoint, AsyncSaveWritesTheStateAsItWasWhenItStarted) {
   DTensor w = distribute_tensor(full({16, 4}, 1.0), mesh, {Shard{0}});
   checkpoint::save(world, {{"w", &w}}, dir);
   w = distribute_tensor(full({16, 4}, 2.0), mesh, {Shard{0}});
-  checkpoint::AsyncSave pending = checkpoint::async_save(world, {{"w", &w}}, dir);
+  checkpoint::AsyncSave pending = checkpoint::async_save({{"w", &w}}, dir);  // w's world
   EXPECT_TRUE(pending.pending());
   w = distribute_tensor(full({16, 4}, 3.0), mesh, {Shard{0}});  // training goes on
   pending.wait();
@@ -197,7 +197,13 @@ TEST(Checkpoint, BadInputsAreErrorsNamingWhatIsWrong) {
   const std::string dir = ckpt_dir(world, "errors");
   const DeviceMesh mesh = init_device_mesh(world, {2}, {"dp"});
   DTensor w = distribute_tensor(randn({4, 3}, 1), mesh, {Shard{0}});
-  checkpoint::save(world, {{"w", &w}}, dir);
+  checkpoint::save({{"w", &w}}, dir);  // the world of w (the contract's form)
+  Tensor plain = zeros({2});
+  expect_throws<ConfigError>(
+      [&] {
+        checkpoint::save({{"t", &plain}}, dir);
+      },
+      {"checkpoint::save: the state has no defined DTensor to take the world from (1 entries)"});
 
   DTensor other = distribute_tensor(zeros({4, 5}), mesh, {Shard{0}});
   expect_throws<ConfigError>(
