@@ -88,6 +88,14 @@ constexpr const char* kUsage =
     "    [--no-check] [--data FILE] [--seed N] [--save DIR] [--load DIR] [--recompute]\n"
     "    [--accumulate N]   (and the --spmd-* flags of launch())";
 
+// --dtype and --master-dtype: f32, f64 or bf16.
+DType float_dtype(const std::string& flag, const std::string& value) {
+  if (value == "f32") return DType::F32;
+  if (value == "f64") return DType::F64;
+  if (value == "bf16") return DType::BF16;
+  throw_error<ConfigError>("gpt: {} takes f32, f64 or bf16, got '{}'", flag, value);
+}
+
 int64_t parse_int(const std::string& flag, const std::string& value) {
   int64_t v = 0;
   const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
@@ -159,25 +167,9 @@ Config parse_flags(int argc, char** argv) {
     } else if (flag == "--clip") {
       c.clip = parse_real(flag, value);
     } else if (flag == "--dtype") {
-      if (value == "f32") {
-        c.dtype = DType::F32;
-      } else if (value == "f64") {
-        c.dtype = DType::F64;
-      } else if (value == "bf16") {
-        c.dtype = DType::BF16;
-      } else {
-        throw_error<ConfigError>("gpt: --dtype takes f32, f64 or bf16, got '{}'", value);
-      }
+      c.dtype = float_dtype(flag, value);
     } else if (flag == "--master-dtype") {
-      if (value == "f32") {
-        c.master_dtype = DType::F32;
-      } else if (value == "f64") {
-        c.master_dtype = DType::F64;
-      } else if (value == "bf16") {
-        c.master_dtype = DType::BF16;
-      } else {
-        throw_error<ConfigError>("gpt: --master-dtype takes f32, f64 or bf16, got '{}'", value);
-      }
+      c.master_dtype = float_dtype(flag, value);
     } else if (flag == "--mode") {
       if (value != "sp" && value != "fsdp" && value != "both") {
         throw_error<ConfigError>("gpt: --mode takes sp, fsdp or both, got '{}'", value);

@@ -301,7 +301,7 @@ struct Parallel {
   const ModelLayout* layout = nullptr;
   DTensor positions;  // [S] I64: the position of each sequence index, split over cp like it
   std::string cp_method = "sdpa";
-  std::vector<int64_t> order;  // the same positions on the host (empty: in order)
+  std::vector<int64_t> order;   // the same positions on the host (empty: in order)
   MixedPrecisionPolicy policy;  // --master-dtype's (policy_of); default: none
   // Causal attention of q, k, v [B, H, S, D]: over cp by the chosen method.
   DTensor attend(const DTensor& q, const DTensor& k, const DTensor& v) const {

@@ -322,19 +322,21 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
       lookup(op, SpecList(specs.data(), n), args, inputs);
   // Note [Selective recompute] (ops/selective.h): a kept output, taken instead of computed (and
   // the inputs not redistributed), or saved after.
-  SelectiveScope* kept = selective_scope("DTensor", op.name);
-  if (kept != nullptr && kept->mode() == SelectiveScope::Mode::Replay) [[unlikely]] {
-    DTensor out = kept->take(op.name).value<DTensor>();
-    if (grad_enabled() && is_floating(out.dtype()) &&
-        std::any_of(inputs.begin(), inputs.end(),
-                    [](const DTensor* t) { return t->requires_grad(); })) {
-      std::vector<Var> vars;
-      vars.reserve(n);
-      for (size_t i = 0; i < n; ++i) vars.push_back(dtensor_var(*inputs[i]));
-      out = record(op.name, &op, vars, args, dtensor_var(out)).value<DTensor>();
+  // Note [Autograd]: the op is one node, recorded once for every rank this process holds.
+  auto recorded = [&](const DTensor& out) {
+    if (!grad_enabled() || !is_floating(out.dtype()) ||
+        std::none_of(inputs.begin(), inputs.end(),
+                     [](const DTensor* t) { return t->requires_grad(); })) {
+      return out;
     }
-    return out;
-  }
+    std::vector<Var> vars;
+    vars.reserve(n);
+    for (size_t i = 0; i < n; ++i) vars.push_back(dtensor_var(*inputs[i]));
+    return record(op.name, &op, vars, args, dtensor_var(out)).value<DTensor>();
+  };
+  SelectiveScope* kept = selective_scope("DTensor", op.name);
+  if (kept != nullptr && kept->mode() == SelectiveScope::Mode::Replay) [[unlikely]]
+    return recorded(kept->take(op.name).value<DTensor>());
   std::optional<SelectiveScope::Inside> inside;  // a kept op's own calls are not caught
   if (kept != nullptr) [[unlikely]]
     inside.emplace(*kept);
@@ -366,15 +368,7 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
     inside.reset();
     kept->save(op.name, dtensor_var(out));
   }
-  if (grad_enabled() && is_floating(out.dtype()) &&
-      std::any_of(inputs.begin(), inputs.end(),
-                  [](const DTensor* t) { return t->requires_grad(); })) {
-    // Note [Autograd]: the op is one node, recorded once for every rank this process holds.
-    std::vector<Var> vars;
-    vars.reserve(n);
-    for (size_t i = 0; i < n; ++i) vars.push_back(dtensor_var(*inputs[i]));
-    out = record(op.name, &op, vars, args, dtensor_var(out)).value<DTensor>();
-  }
+  out = recorded(out);
   if (has_op_observers() && !outside) {
     notify_op_observers(
         OpEvent{op.name, &op, args, inputs, out, user_site_or(loc), nested_call(loc)});

@@ -247,6 +247,19 @@ TEST(Checkpoint, BadInputsAreErrorsNamingWhatIsWrong) {
       {"rank1.safetensors is missing"});
 }
 
+// What a killed save left at `dir` (the old checkpoint holds 1s, the new one 2s, of `shape`),
+// loaded under sim on 8 ranks: 1 for the old one, 2 for the new one, 0 for neither.
+int killed_save_left(const std::string& dir, const Shape& shape) {
+  World world = World::sim(8);
+  const DeviceMesh mesh = init_device_mesh(world, {8}, {"dp"});
+  DTensor got = distribute_tensor(zeros(shape), mesh, {Shard{0}});
+  checkpoint::load({{"w", &got}}, dir);
+  const Tensor value = got.full_tensor();
+  if (allclose(value, full(shape, 1.0), 0.0, 0.0)) return 1;
+  if (allclose(value, full(shape, 2.0), 0.0, 0.0)) return 2;
+  return 0;
+}
+
 // A save killed part way (kill -9 at a random moment) leaves a checkpoint that loads: the previous
 // one, or the new one if the kill came after its rename.
 TEST(Checkpoint, KilledSaveLeavesTheCheckpointThatWasThere) {
@@ -266,12 +279,8 @@ TEST(Checkpoint, KilledSaveLeavesTheCheckpointThatWasThere) {
     kill(child, SIGKILL);
     int status = 0;
     waitpid(child, &status, 0);
-    DTensor got = distribute_tensor(zeros({4096, 64}), mesh, {Shard{0}});
-    checkpoint::load({{"w", &got}}, dir);
-    const Tensor full_value = got.full_tensor();
-    const bool old_one = allclose(full_value, full({4096, 64}, 1.0), 0.0, 0.0);
-    const bool new_one = allclose(full_value, full({4096, 64}, 2.0), 0.0, 0.0);
-    EXPECT_TRUE(old_one || new_one) << "killed after " << delay_ms << " ms";
+    const int left = killed_save_left(dir, {4096, 64});
+    EXPECT_NE(left, 0) << "killed after " << delay_ms << " ms";
     // The next save still works (the leftover DIR.tmp is replaced).
     checkpoint::save(world, {{"w", &old_value}}, dir);
   }
@@ -308,13 +317,9 @@ TEST(Checkpoint, KilledThreadsSaveLeavesTheCheckpointThatWasThere) {
     int status = 0;
     waitpid(child, &status, 0);
     EXPECT_TRUE(WIFSIGNALED(status)) << "the saving process ended by itself: " << status;
-    DTensor got = distribute_tensor(zeros({4096, 64}), mesh, {Shard{0}});
-    checkpoint::load({{"w", &got}}, dir);
-    const Tensor full_value = got.full_tensor();
-    const bool old_one = allclose(full_value, full({4096, 64}, 1.0), 0.0, 0.0);
-    const bool new_one = allclose(full_value, full({4096, 64}, 2.0), 0.0, 0.0);
-    EXPECT_TRUE(old_one || new_one) << "killed after " << delay_ms << " ms";
-    reached += new_one || std::filesystem::exists(dir + ".tmp") ? 1 : 0;
+    const int left = killed_save_left(dir, {4096, 64});
+    EXPECT_NE(left, 0) << "killed after " << delay_ms << " ms";
+    reached += left == 2 || std::filesystem::exists(dir + ".tmp") ? 1 : 0;
     checkpoint::save(world, {{"w", &old_value}}, dir);
   }
   EXPECT_GT(reached, 0) << "no kill came during or after a threads save";
@@ -348,15 +353,9 @@ SPMD_TEST(Checkpoint, DISABLED_KillDriverSavesForever) {
 
 TEST(Checkpoint, DISABLED_KillDriverLoadsOneOfThem) {
   if (killed_dir().empty()) GTEST_SKIP() << "SPMD_KILLED_CKPT_DIR is not set";
-  World world = World::sim(8);
-  const DeviceMesh mesh = init_device_mesh(world, {8}, {"dp"});
-  DTensor got = distribute_tensor(zeros(kKilledShape), mesh, {Shard{0}});
-  checkpoint::load({{"w", &got}}, killed_dir());
-  const Tensor full_value = got.full_tensor();
-  const bool old_one = allclose(full_value, full(kKilledShape, 1.0), 0.0, 0.0);
-  const bool new_one = allclose(full_value, full(kKilledShape, 2.0), 0.0, 0.0);
-  EXPECT_TRUE(old_one || new_one);
-  std::printf("loaded the %s checkpoint\n", new_one ? "new" : "old");
+  const int left = killed_save_left(killed_dir(), kKilledShape);
+  EXPECT_NE(left, 0);
+  std::printf("loaded the %s checkpoint\n", left == 2 ? "new" : "old");
 }
 
 }  // namespace
