@@ -2,6 +2,7 @@
 #include <spmd/debug/dry_run.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -14,6 +15,7 @@
 #include <spmd/core/error.h>
 #include <spmd/core/format.h>
 #include <spmd/dtensor/hooks.h>
+#include <spmd/ops/ops.h>
 #include <spmd/pipeline/timeline.h>
 #include <spmd/tensor/meta.h>
 #include <spmd/world/topology.h>
@@ -139,10 +141,12 @@ DeviceSpec DeviceSpec::from_json(const std::string& text) {
   DeviceSpec d;
   for (const auto& [key, value] : j.items()) {
     if (key != "name" && key != "tflops" && key != "memory_bandwidth_gbps" && key != "memory_gib" &&
-        key != "efficiency") {
+        key != "efficiency" && key != "achievable" && key != "flash_attention" &&
+        key != "cuda_context_mib" && key != "nccl_mib_per_communicator" && key != "source") {
       throw_error<ConfigError>(
           "DeviceSpec: unknown key '{}' (expected name, tflops, memory_bandwidth_gbps, "
-          "memory_gib, efficiency)",
+          "memory_gib, efficiency, achievable, flash_attention, cuda_context_mib, "
+          "nccl_mib_per_communicator, source)",
           key);
     }
   }
@@ -176,6 +180,51 @@ DeviceSpec DeviceSpec::from_json(const std::string& text) {
   if (d.efficiency > 1.0) {
     throw_error<ConfigError>("DeviceSpec: 'efficiency' must be in (0, 1], got {}", d.efficiency);
   }
+  if (j.contains("achievable")) {
+    const auto& a = j.at("achievable");
+    if (!a.is_object()) {
+      throw_error<ConfigError>(
+          "DeviceSpec: 'achievable' must be an object of kernel class: fraction of peak, got {}",
+          shown(a));
+    }
+    for (const auto& [key, value] : a.items()) {
+      if (key != "matmul" && key != "attention" && key != "memory") {
+        throw_error<ConfigError>(
+            "DeviceSpec: unknown kernel class 'achievable.{}' (expected matmul, attention, memory)",
+            key);
+      }
+    }
+    d.achievable_matmul = positive(a, "matmul", 0.0, "achievable.");
+    d.achievable_attention = positive(a, "attention", 0.0, "achievable.");
+    d.achievable_memory = positive(a, "memory", 0.0, "achievable.");
+    for (const char* key : {"matmul", "attention", "memory"}) {
+      if (a.contains(key) && a.at(key).get<double>() > 1.0) {
+        throw_error<ConfigError>("DeviceSpec: 'achievable.{}' must be in (0, 1], got {}", key,
+                                 a.at(key).get<double>());
+      }
+    }
+  }
+  if (j.contains("flash_attention")) {
+    if (!j.at("flash_attention").is_boolean()) {
+      throw_error<ConfigError>("DeviceSpec: 'flash_attention' must be true or false, got {}",
+                               shown(j.at("flash_attention")));
+    }
+    d.flash_attention = j.at("flash_attention").get<bool>();
+  }
+  for (const auto& [key, field] :
+       {std::pair{"cuda_context_mib", &d.cuda_context_mib},
+        std::pair{"nccl_mib_per_communicator", &d.nccl_mib_per_communicator}}) {
+    if (!j.contains(key)) continue;
+    const auto& v = j.at(key);
+    if (!v.is_number() || v.get<double>() < 0) {
+      throw_error<ConfigError>("DeviceSpec: '{}' must be a number >= 0, got {}", key, shown(v));
+    }
+    *field = v.get<double>();
+  }
+  if (j.contains("source") && !j.at("source").is_string()) {
+    throw_error<ConfigError>("DeviceSpec: 'source' must be a string, got {}",
+                             shown(j.at("source")));
+  }
   return d;
 }
 
@@ -201,18 +250,64 @@ std::string DeviceSpec::to_json() const {
                         {"int", tflops_int}}},
                       {"memory_bandwidth_gbps", memory_bandwidth_gbps},
                       {"memory_gib", memory_gib},
-                      {"efficiency", efficiency}};
+                      {"efficiency", efficiency},
+                      {"achievable",
+                       {{"matmul", matmul_fraction()},
+                        {"attention", attention_fraction()},
+                        {"memory", memory_fraction()}}},
+                      {"flash_attention", flash_attention},
+                      {"cuda_context_mib", cuda_context_mib},
+                      {"nccl_mib_per_communicator", nccl_mib_per_communicator}};
   return j.dump(2);
+}
+
+DryRunOptions DryRunOptions::from_env() {
+  DryRunOptions o;
+  if (const char* dims = std::getenv("SPMD_OVERLAP_DIMS")) {
+    o.overlap_dims.clear();
+    std::stringstream list(dims);
+    for (std::string dim; std::getline(list, dim, ',');) {
+      if (!dim.empty()) o.overlap_dims.push_back(dim);
+    }
+  }
+  const char* conf = std::getenv("SPMD_ALLOC_CONF");
+  if (conf == nullptr || *conf == '\0') return o;
+  const std::string text(conf);
+  if (text == "expandable_segments:True") {
+    o.expandable_segments = true;
+  } else if (text != "expandable_segments:False") {
+    throw_error<ConfigError>(
+        "SPMD_ALLOC_CONF: expected expandable_segments:True or expandable_segments:False "
+        "(PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax), got '{}'",
+        text);
+  }
+  return o;
 }
 
 // ---- the recorder -------------------------------------------------------------------------------
 
-DryRun::DryRun(const World& world, DeviceSpec device) : world_(world), device_(std::move(device)) {
+DryRun::DryRun(const World& world, DeviceSpec device, DryRunOptions options)
+    : world_(world), device_(std::move(device)), options_(std::move(options)) {
   Trace& t = trace();
   first_event_ = t.first_event_id() + t.num_events();
   kept_participants_ = t.keeps_participants();
   if (world.size() > kParticipantListLimit) t.set_keep_participants(false);
   reset_meta_peak_bytes();
+  step_start_bytes_ = meta_live_bytes();
+  // Note [Dry-run estimates]: the allocator model starts with what is alive already (the
+  // parameters) as one block, and sees every allocation from here on.
+  // Its capacity leaves out the CUDA context; NCCL's buffers are known only after the step.
+  AllocatorConfig config;
+  config.expandable_segments = options_.expandable_segments;
+  config.capacity = std::max<int64_t>(
+      0,
+      static_cast<int64_t>((device_.memory_gib * 1024.0 - device_.cuda_context_mib) * 1024 * 1024));
+  allocator_ = std::make_unique<CachingAllocatorModel>(config);
+  if (meta_tensors() && meta_live_bytes() > 0) allocator_->seed(meta_live_bytes());
+  previous_listener_ = set_meta_allocation_listener(allocator_.get());
+  allocator_config_ = config;
+  previous_fused_attention_ = fused_attention_accounting();
+  if (device_.flash_attention) set_fused_attention_accounting(true);
   observer_ = add_op_observer([device = device_, mutex = mutex_, ops = ops_](const OpEvent& e) {
     if (e.def == nullptr || e.def == &value_event_def() || e.op == "from_local" ||
         e.op == "redistribute")
@@ -225,9 +320,23 @@ DryRun::DryRun(const World& world, DeviceSpec device) : world_(world), device_(s
     op.flops = global_flops(e) / work_split(e.output);
     op.bytes = static_cast<double>(out.nbytes());
     for (const DTensor* in : e.inputs) op.bytes += static_cast<double>(largest_piece(*in).nbytes());
-    const double rate = device.efficiency;
-    op.us = std::max(op.flops / (device.peak_flops(op.dtype) * rate),
-                     op.bytes / (device.memory_bandwidth_gbps * 1e9 * rate)) *
+    // Note [Dry-run estimates]: the kernel class, and a causal fused attention's half.
+    const AttentionKernel kernel = attention_kernel();
+    const bool sdpa = e.def == &spmd::op::scaled_dot_product_attention;
+    if (sdpa || e.def == &spmd::op::attention_probs || kernel.active) {
+      op.kind = 'a';
+      const bool causal = sdpa ? !e.args.ints.empty() && e.args.ints[0] != 0 : kernel.causal;
+      if (device.flash_attention && causal) op.flops *= 0.5;
+    } else if (op.flops > 0.0) {
+      op.kind = 'm';
+    }
+    const double fraction = op.kind == 'a'   ? device.attention_fraction()
+                            : op.kind == 'm' ? device.matmul_fraction()
+                                             : device.efficiency;
+    // A fused attention kernel keeps its S^2 tiles on chip: its flops alone bound it.
+    const double bytes = op.kind == 'a' && device.flash_attention ? 0.0 : op.bytes;
+    op.us = std::max(op.flops / (device.peak_flops(op.dtype) * fraction),
+                     bytes / (device.memory_bandwidth_gbps * 1e9 * device.memory_fraction())) *
             1e6;
     Trace& t = trace();
     op.after_events = t.first_event_id() + t.num_events();
@@ -242,8 +351,23 @@ DryRun::DryRun(const World& world, DeviceSpec device) : world_(world), device_(s
   });
 }
 
+void DryRun::begin_step() {
+  Trace& t = trace();
+  first_event_ = t.first_event_id() + t.num_events();
+  reset_meta_peak_bytes();
+  step_start_bytes_ = meta_live_bytes();
+  auto fresh = std::make_unique<CachingAllocatorModel>(allocator_config_);
+  if (meta_tensors() && meta_live_bytes() > 0) fresh->seed(meta_live_bytes());
+  set_meta_allocation_listener(fresh.get());
+  allocator_ = std::move(fresh);
+  std::lock_guard lock(*mutex_);
+  ops_->clear();
+}
+
 DryRun::~DryRun() {
   remove_op_observer(observer_);
+  set_meta_allocation_listener(previous_listener_);
+  set_fused_attention_accounting(previous_fused_attention_);
   trace().set_keep_participants(kept_participants_);
 }
 
@@ -288,6 +412,9 @@ DryRunReport DryRun::report(const MemoryParts& parts) const {
     }
     c.peak = meta_peak_bytes();
     c.activations = std::max<int64_t>(0, c.peak - c.parameters - c.gradients - c.optimizer_state);
+    if (const int64_t at_backward = meta_bytes_at_backward(); at_backward >= 0) {
+      c.saved_by_forward = std::max<int64_t>(0, at_backward - step_start_bytes_);
+    }
   }
   // Collectives, in first-seen (dim, op) order.
   const std::vector<TraceEvent> events = trace().events();
@@ -307,14 +434,116 @@ DryRunReport DryRun::report(const MemoryParts& parts) const {
   }
   std::lock_guard lock(*mutex_);
   r.ops = static_cast<int64_t>(ops_->size());
+  std::map<DType, double> flops_by_dtype;
   for (const ComputeOp& op : *ops_) {
     r.flops += op.flops;
     r.compute_us += op.us;
+    if (op.kind == 'm') r.matmul_us += op.us;
+    if (op.kind == 'a') r.attention_us += op.us;
+    flops_by_dtype[op.dtype] += op.flops;
   }
-  r.step_us = r.compute_us + r.comm_us;
+  r.serial_us = r.compute_us + r.comm_us;
+  r.step_us = overlapped_step(events);
+  r.exposed_comm_us = std::max(0.0, r.step_us - r.compute_us);
   if (parts.pipeline != nullptr) r.pipeline = pipeline_estimate(*parts.pipeline, events);
-  if (r.pipeline) r.step_us = r.pipeline->makespan_us + r.pipeline->outside_us;
+  if (r.pipeline) {
+    r.step_us = r.pipeline->makespan_us + r.pipeline->outside_us;
+    r.exposed_comm_us = 0.0;
+  }
+  DType main_dtype = DType::F32;
+  double most = -1.0;
+  for (const auto& [dtype, f] : flops_by_dtype) {
+    if (f > most) std::tie(main_dtype, most) = std::tie(dtype, f);
+  }
+  if (r.step_us > 0.0) r.hfu = r.flops / (r.step_us * 1e-6 * device_.peak_flops(main_dtype));
+  if (r.shape_only && r.peak_exact && !r.memory.empty()) {
+    r.device_memory = device_memory(r.memory.front().peak, parts.prefetch_gathers, events);
+  }
   return r;
+}
+
+// Note [Dry-run estimates]: compute and communication as two streams.
+double DryRun::overlapped_step(const std::vector<TraceEvent>& events) const {
+  const uint64_t first_held = trace().first_event_id();
+  double compute = 0.0;      // when the compute stream is free
+  double comm = 0.0;         // when the communication stream is free
+  double last_gather = 0.0;  // when the last overlapped all_gather was issued
+  size_t next = 0;
+  auto overlapped = [&](const TraceEvent& e) {
+    return std::find(options_.overlap_dims.begin(), options_.overlap_dims.end(), e.dim_name) !=
+           options_.overlap_dims.end();
+  };
+  auto collectives_before = [&](uint64_t id_limit) {
+    for (; next < events.size() && first_held + next < id_limit; ++next) {
+      if (first_held + next < first_event_) continue;
+      const TraceEvent& e = events[next];
+      if (e.kind == CollectiveKind::Recv) continue;  // costed at its send
+      const bool gather = e.kind == CollectiveKind::AllGather;
+      const bool reduce =
+          e.kind == CollectiveKind::ReduceScatter || e.kind == CollectiveKind::AllReduce;
+      if (overlapped(e) && gather) {
+        // Prefetched: it may start when the previous one was issued; its user waits for it.
+        const double start = std::max(comm, last_gather);
+        last_gather = compute;
+        comm = start + e.estimate_us;
+        compute = std::max(compute, comm);
+      } else if (overlapped(e) && reduce) {
+        // A gradient reduction: nothing in the step waits for it but the step's end.
+        comm = std::max(comm, compute) + e.estimate_us;
+      } else {
+        const double start = std::max(comm, compute);
+        compute = comm = start + e.estimate_us;
+      }
+    }
+  };
+  for (const ComputeOp& op : *ops_) {
+    collectives_before(op.after_events);
+    compute += op.us;
+  }
+  collectives_before(UINT64_MAX);
+  return std::max(compute, comm);
+}
+
+DryRunReport::DeviceMemory DryRun::device_memory(int64_t tensors_peak, int prefetch_gathers,
+                                                 const std::vector<TraceEvent>& events) const {
+  DryRunReport::DeviceMemory m;
+  m.tensors_peak = tensors_peak;
+  m.expandable_segments = options_.expandable_segments;
+  const CachingAllocatorModel::Stats stats = allocator_->stats();
+  const uint64_t first_held = trace().first_event_id();
+  std::vector<std::string> dims;
+  std::vector<int64_t> gathered;  // output bytes of the overlapped all-gathers, in order
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (first_held + i < first_event_) continue;
+    const TraceEvent& e = events[i];
+    if (std::find(dims.begin(), dims.end(), e.dim_name) == dims.end()) dims.push_back(e.dim_name);
+    const bool overlapped = std::find(options_.overlap_dims.begin(), options_.overlap_dims.end(),
+                                      e.dim_name) != options_.overlap_dims.end();
+    if (overlapped && e.kind == CollectiveKind::AllGather) {
+      gathered.push_back(e.bytes * (e.family ? e.family->group_size() : 1));
+    }
+  }
+  // The most bytes `prefetch_gathers` consecutive all-gathers return: the next unit's.
+  if (prefetch_gathers > 0) {
+    const size_t window = static_cast<size_t>(prefetch_gathers);
+    int64_t sum = 0;
+    for (size_t i = 0; i < gathered.size(); ++i) {
+      sum += gathered[i];
+      if (i >= window) sum -= gathered[i - window];
+      m.prefetch = std::max(m.prefetch, sum);
+    }
+  }
+  m.allocated = stats.peak_allocated + m.prefetch;
+  m.reserved = stats.peak_reserved + (m.prefetch + CachingAllocatorModel::kRoundLarge - 1) /
+                                         CachingAllocatorModel::kRoundLarge *
+                                         CachingAllocatorModel::kRoundLarge;
+  m.ooms = stats.ooms;
+  m.communicators = static_cast<int>(dims.size());
+  constexpr double kMiB = 1024.0 * 1024.0;
+  m.cuda_context = static_cast<int64_t>(device_.cuda_context_mib * kMiB);
+  m.nccl = static_cast<int64_t>(device_.nccl_mib_per_communicator * kMiB * m.communicators);
+  m.total = m.reserved + m.cuda_context + m.nccl;
+  return m;
 }
 
 std::optional<DryRunReport::Pipeline> DryRun::pipeline_estimate(
@@ -512,14 +741,45 @@ std::string DryRunReport::table() const {
     out += fmt::format("{:<10}  {:<16}  {:>7}  {:>12}  {:>12}\n", row.dim_name, row.op, row.calls,
                        bytes_text(row.bytes_per_rank), time_text(row.estimate_us));
   }
+  if (device_memory) {
+    const DeviceMemory& m = *device_memory;
+    out += fmt::format(
+        "\ndevice memory per rank at the peak (Note [Dry-run estimates]; caching allocator{})\n",
+        m.expandable_segments ? " with expandable segments" : "");
+    auto line = [&](const char* what, int64_t bytes, const std::string& why) {
+      out += fmt::format("  {:<26} {:>11}  {}\n", what, bytes_text(bytes), why);
+    };
+    if (!memory.empty() && memory.front().saved_by_forward >= 0) {
+      line("saved by the forward", memory.front().saved_by_forward,
+           "alive when backward began, beyond what the step began with");
+    }
+    line("tensors", m.tensors_peak, "the most bytes alive at once");
+    if (m.prefetch > 0) line("+ FSDP prefetch", m.prefetch, "the next unit's gathered parameters");
+    line("allocated", m.allocated, "blocks rounded to 512 B (max_memory_allocated)");
+    line("reserved", m.reserved, "the allocator's segments (max_memory_reserved)");
+    line("+ CUDA context", m.cuda_context, "the device file's");
+    line("+ NCCL buffers", m.nccl,
+         fmt::format("{} communicator{}", m.communicators, m.communicators == 1 ? "" : "s"));
+    line("= device", m.total,
+         fmt::format(
+             "{:.0f}% of {:.0f} GiB{}",
+             100.0 * static_cast<double>(m.total) / (device.memory_gib * 1024.0 * 1024 * 1024),
+             device.memory_gib,
+             m.ooms > 0 ? fmt::format("; {} allocations found no room: out of memory", m.ooms)
+                        : std::string()));
+  }
   if (pipeline) out += pipeline_table(*pipeline);
   out += fmt::format(
-      "\nestimated step time on {} ({:.0f}% of peak), nothing overlapped:\n"
-      "  compute        {:>12}  ({} DTensor ops, {:.3g} TFLOP per rank)\n"
-      "  communication  {:>12}\n"
-      "  step           {:>12}\n",
-      device.name, device.efficiency * 100.0, time_text(compute_us), ops, flops / 1e12,
-      time_text(comm_us), time_text(step_us));
+      "\nestimated step time on {} (matmul {:.0f}%, attention {:.0f}% of peak; memory-bound ops "
+      "{:.0f}% of bandwidth):\n"
+      "  compute        {:>12}  ({} DTensor ops, {:.3g} TFLOP per rank; matmul {}, attention "
+      "{})\n"
+      "  communication  {:>12}  ({} not hidden by compute)\n"
+      "  step           {:>12}  (nothing overlapped: {}; {:.1f}% of peak flop/s)\n",
+      device.name, device.matmul_fraction() * 100.0, device.attention_fraction() * 100.0,
+      device.memory_fraction() * 100.0, time_text(compute_us), ops, flops / 1e12,
+      time_text(matmul_us), time_text(attention_us), time_text(comm_us), time_text(exposed_comm_us),
+      time_text(step_us), time_text(serial_us), 100.0 * hfu);
   if (pipeline) {
     out += fmt::format(
         "  (the step: the pipelined makespan {} and {} outside the pipeline's actions; the\n"
@@ -538,6 +798,7 @@ std::string DryRunReport::json() const {
                    {"gradients", c.gradients},
                    {"optimizer_state", c.optimizer_state},
                    {"activations", c.activations},
+                   {"saved_by_forward", c.saved_by_forward},
                    {"peak", c.peak}});
   }
   nlohmann::json comm_rows = nlohmann::json::array();
@@ -558,10 +819,28 @@ std::string DryRunReport::json() const {
                        {{"ops", ops},
                         {"flops_per_rank", flops},
                         {"compute_us", compute_us},
+                        {"matmul_us", matmul_us},
+                        {"attention_us", attention_us},
                         {"comm_us", comm_us},
-                        {"step_us", step_us}}},
+                        {"exposed_comm_us", exposed_comm_us},
+                        {"serial_us", serial_us},
+                        {"step_us", step_us},
+                        {"hfu", hfu}}},
                       {"device", nlohmann::json::parse(device.to_json())},
                       {"topology", nlohmann::json::parse(topology_json)}};
+  if (device_memory) {
+    const DeviceMemory& m = *device_memory;
+    j["device_memory"] = {{"tensors_peak", m.tensors_peak},
+                          {"prefetch", m.prefetch},
+                          {"allocated", m.allocated},
+                          {"reserved", m.reserved},
+                          {"cuda_context", m.cuda_context},
+                          {"nccl", m.nccl},
+                          {"communicators", m.communicators},
+                          {"total", m.total},
+                          {"ooms", m.ooms},
+                          {"expandable_segments", m.expandable_segments}};
+  }
   if (pipeline) {
     const Pipeline& p = *pipeline;
     j["pipeline"] = {{"schedule", p.schedule},

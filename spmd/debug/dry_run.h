@@ -12,17 +12,35 @@
 // Note [Dry-run estimates]
 // Memory: parameters, gradients and optimizer state are the bytes of each rank's pieces of the
 // given DTensors, exact per rank, grouped into classes of ranks with equal numbers. The peak is
-// the most shape-only storage bytes alive at once since the DryRun began (tensor/meta.h): exact
-// per rank when every rank's shards have the same shapes (one class), otherwise each class's
-// shards counted once (an upper bound for any one rank); activations are the peak less the
-// parameters, gradients and optimizer state.
-// Time: the ops run in program order, one at a time, nothing overlapped. A collective costs the
-// cost model's estimate on the topology (collectives/cost_model.h, recorded in the trace); a
-// DTensor op costs max(flops / (peak flop/s of its dtype * efficiency), bytes / (memory
-// bandwidth * efficiency)) on the rank with the largest pieces: flops are the op-table entry's
-// (OpDef::flops: 2*M*N*K for matmuls and 4*B*H*Sq*Sk*D for attention, 2*B*H*Sq*Sk*D for its
-// probabilities), 0 for ops without; bytes are the pieces read and written. The step time is the
-// sum.
+// the most shape-only storage bytes alive at once since the DryRun began or begin_step()
+// (tensor/meta.h): exact per rank when every rank's shards have the same shapes (one class),
+// otherwise each class's shards counted once (an upper bound for any one rank); activations are
+// the peak less the parameters, gradients and optimizer state. With one class the report adds
+// what the device holds beyond the tensors (DeviceMemory):
+//   allocated = the allocator model's peak of blocks (Note [Allocator model]: each allocation
+//               rounded to 512 B) + prefetch, where prefetch = the most bytes
+//               MemoryParts::prefetch_gathers consecutive all-gathers on an overlap dim return
+//               (FSDP2 gathers the next unit while the current one computes)
+//   reserved  = the allocator model's peak of segments + prefetch rounded up to 2 MiB
+//   device    = reserved + cuda_context_mib + nccl_mib_per_communicator x communicators, where
+//               communicators = the mesh dims the step's collectives ran on
+// With a device file that has flash_attention, attention's backward keeps no S^2 buffer (Note
+// [Fused attention accounting] in ops/ops.h).
+// Time: each DTensor op costs max(flops / (peak flop/s of its dtype x fraction), bytes / (memory
+// bandwidth x memory fraction)) on the rank with the largest pieces, with the fraction of its
+// kernel class from the device file: attention (scaled_dot_product_attention, attention_probs
+// and the ops of attention's backward), matmul (any other op with flops: OpDef::flops, 2*M*N*K
+// for matmuls and 4*B*H*Sq*Sk*D for attention) or memory-bound (no flops). With flash_attention,
+// an attention op costs its flops alone (its S^2 tiles stay on chip) and a causal one half of
+// them. A collective costs the cost model's estimate on the topology (collectives/cost_model.h).
+// The step runs compute and communication as two streams in program order: a collective on an
+// overlap dim (DryRunOptions::overlap_dims, the data-parallel dims) runs on the communication
+// stream, an all_gather starting as early as the previous one was issued (FSDP's prefetch; its
+// consumer, the next op, waits for it), a reduce_scatter or all_reduce when issued (the
+// gradient reduction; only the step's end waits for it); any other collective waits for both
+// streams and blocks the compute. The step is when both streams are done; the serial sum and the
+// communication not hidden are reported beside it, and hfu = flops / (step x the peak of the
+// dtype most flops ran in).
 // Pipelines (Note [Pipeline runner]): when the report is given the step run_pipeline returned,
 // the ops and collectives that ran inside a pipeline action (their pipeline context) are summed
 // per action, averaged per kind (F, B, I, W) and per transfer, and the schedule is simulated with
@@ -41,6 +59,7 @@
 #include <optional>
 
 #include <spmd/collectives/trace.h>
+#include <spmd/debug/allocator_model.h>
 #include <spmd/dtensor/dtensor.h>
 #include <spmd/pipeline/runner.h>
 #include <spmd/world/world.h>
@@ -58,15 +77,46 @@ struct DeviceSpec {
   double memory_bandwidth_gbps = 3350.0;  // GB/s (1e9 bytes)
   double memory_gib = 80.0;               // device memory, for the report's headroom
   double efficiency = 0.6;                // the fraction of peak kernels reach
+  // The fraction of peak each class of kernel reaches (Note [Dry-run estimates]); <= 0: efficiency.
+  double achievable_matmul = 0.0;     // of the dtype's peak flop/s
+  double achievable_attention = 0.0;  // of the dtype's peak flop/s
+  double achievable_memory = 0.0;     // of the memory bandwidth
+  // A fused (flash) attention kernel exists: its backward keeps no S^2 buffer and a causal one
+  // does half the work (Note [Fused attention accounting] in ops/ops.h).
+  bool flash_attention = false;
+  double cuda_context_mib = 0.0;           // the CUDA context and kernel images per process
+  double nccl_mib_per_communicator = 0.0;  // NCCL's buffers per communicator a rank is in
 
   // Peak flop/s of `dtype` (not scaled by efficiency).
   double peak_flops(DType dtype) const;
+  double matmul_fraction() const { return achievable_matmul > 0 ? achievable_matmul : efficiency; }
+  double attention_fraction() const {
+    return achievable_attention > 0 ? achievable_attention : efficiency;
+  }
+  double memory_fraction() const { return achievable_memory > 0 ? achievable_memory : efficiency; }
   // {"name": "...", "tflops": {"f64": 67, "f32": 67, "bf16": 989.4, "f16": 989.4, "int": 67},
-  //  "memory_bandwidth_gbps": 3350, "memory_gib": 80, "efficiency": 0.6}; every key optional
-  // (defaults above). ConfigError naming the key for bad values or malformed JSON.
+  //  "memory_bandwidth_gbps": 3350, "memory_gib": 80, "efficiency": 0.6,
+  //  "achievable": {"matmul": 0.7, "attention": 0.4, "memory": 0.8}, "flash_attention": true,
+  //  "cuda_context_mib": 500, "nccl_mib_per_communicator": 500, "source": "..."}; every key
+  // optional (defaults above; "source" is documentation). ConfigError naming the key for bad
+  // values or malformed JSON.
   static DeviceSpec from_json(const std::string& text);
   static DeviceSpec load(const std::string& path);
   std::string to_json() const;
+};
+
+// How the dry run models the real run's software (Note [Dry-run estimates]).
+struct DryRunOptions {
+  // The caching allocator's expandable segments (PyTorch's
+  // PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; Note [Allocator model]).
+  bool expandable_segments = false;
+  // Mesh dims whose all_gather, reduce_scatter and all_reduce overlap compute: FSDP prefetches
+  // its all-gathers and reduces gradients during the backward. Collectives on other dims block.
+  std::vector<std::string> overlap_dims = {"dp", "fsdp", "dp_shard", "dp_replicate"};
+  // The defaults, with SPMD_ALLOC_CONF=expandable_segments:True (PyTorch's syntax) and
+  // SPMD_OVERLAP_DIMS=dp,fsdp (a comma list; empty: none) from the environment; ConfigError for
+  // another SPMD_ALLOC_CONF.
+  static DryRunOptions from_env();
 };
 
 // The DTensors whose pieces the memory report counts.
@@ -76,6 +126,10 @@ struct MemoryParts {
   std::vector<const DTensor*> optimizer_state;
   // The step of run_pipeline, when the program pipelines (Note [Dry-run estimates]).
   const pipeline::PipelineStep* pipeline = nullptr;
+  // FSDP: the all-gathers of one unit (a block's parameters). The unit after the one computing
+  // is gathered ahead (FSDP2's prefetch), so the report adds the most bytes that many
+  // consecutive all-gathers on an overlap dim return. 0: no prefetch term.
+  int prefetch_gathers = 0;
 };
 
 struct DryRunReport {
@@ -88,6 +142,9 @@ struct DryRunReport {
     int64_t optimizer_state = 0;
     int64_t activations = 0;  // at the peak; -1: not known (real tensors)
     int64_t peak = 0;         // -1: not known
+    // What the forward saved: the bytes alive when the step's first backward began less those
+    // alive when the step began (the DryRun's construction or begin_step); -1: not known.
+    int64_t saved_by_forward = -1;
   };
   // One (mesh dim, collective) of the recorded step.
   struct CommRow {
@@ -116,6 +173,20 @@ struct DryRunReport {
     std::vector<int64_t> peak_activation_bytes;  // per pp rank
     std::vector<int> peak_in_flight;             // per pp rank
   };
+  // What the device holds at the peak beyond the tensors (Note [Dry-run estimates]): shape-only
+  // runs whose ranks hold equal shards (peak_exact).
+  struct DeviceMemory {
+    int64_t tensors_peak = 0;  // the most tensor bytes alive at once (the classes' peak)
+    int64_t prefetch = 0;      // FSDP's next unit, gathered ahead
+    int64_t allocated = 0;     // the allocator model's peak of blocks handed out
+    int64_t reserved = 0;      // its peak of segments, the prefetch added
+    int64_t cuda_context = 0;  // the device file's
+    int64_t nccl = 0;          // communicators x the device file's buffers per communicator
+    int communicators = 0;     // the mesh dims this program's collectives ran on
+    int64_t total = 0;         // reserved + CUDA context + NCCL
+    int64_t ooms = 0;          // allocations that found no room under the device's memory
+    bool expandable_segments = false;
+  };
   int world_size = 0;
   std::string backend;
   bool shape_only = false;
@@ -125,8 +196,16 @@ struct DryRunReport {
   int64_t ops = 0;     // DTensor ops recorded
   double flops = 0.0;  // per rank (the largest pieces)
   double compute_us = 0.0;
+  double matmul_us = 0.0;     // of compute_us: matmuls
+  double attention_us = 0.0;  // attention kernels
   double comm_us = 0.0;
-  double step_us = 0.0;
+  double serial_us = 0.0;        // compute + communication, nothing overlapped
+  double exposed_comm_us = 0.0;  // communication the compute did not hide
+  double step_us = 0.0;          // the estimate: overlapped (or the pipelined makespan)
+  // Flops done per rank over the step time and the peak of the dtype most flops ran in (the
+  // recomputed ops included: hardware flops utilisation).
+  double hfu = 0.0;
+  std::optional<DeviceMemory> device_memory;
   std::optional<Pipeline> pipeline;
   DeviceSpec device;
   std::string topology_json;
@@ -141,10 +220,16 @@ struct DryRunReport {
 // events without participant lists (Trace::set_keep_participants) while alive.
 class DryRun {
  public:
-  explicit DryRun(const World& world, DeviceSpec device = {});
+  explicit DryRun(const World& world, DeviceSpec device = {},
+                  DryRunOptions options = DryRunOptions::from_env());
   ~DryRun();
   DryRun(const DryRun&) = delete;
   DryRun& operator=(const DryRun&) = delete;
+
+  // Records from here on: forgets the ops, collectives and memory peak recorded so far and
+  // restarts the allocator model from the bytes alive now (call it at the start of the step to
+  // report, after a first step has created the optimizer's state: the steady state).
+  void begin_step();
 
   DryRunReport report(const MemoryParts& parts) const;
   // The estimated timeline of the first held rank in the trace schema
@@ -160,6 +245,7 @@ class DryRun {
     double flops = 0.0;
     double bytes = 0.0;
     double us = 0.0;
+    char kind = 'e';            // 'm': matmul, 'a': attention, 'e': memory-bound
     uint64_t after_events = 0;  // trace events issued before it ran
     std::string file;
     uint32_t line = 0;
@@ -170,13 +256,23 @@ class DryRun {
   };
 
  private:
+  // The step with compute and communication as two streams (report() holds mutex_).
+  double overlapped_step(const std::vector<TraceEvent>& events) const;
+  DryRunReport::DeviceMemory device_memory(int64_t tensors_peak, int prefetch_gathers,
+                                           const std::vector<TraceEvent>& events) const;
   // The pipeline's part of report(), which holds mutex_.
   std::optional<DryRunReport::Pipeline> pipeline_estimate(
       const pipeline::PipelineStep& step, const std::vector<TraceEvent>& events) const;
 
   World world_;
   DeviceSpec device_;
+  DryRunOptions options_;
+  std::unique_ptr<CachingAllocatorModel> allocator_;
+  AllocatorConfig allocator_config_;
+  MetaAllocationListener* previous_listener_ = nullptr;
+  bool previous_fused_attention_ = false;
   uint64_t first_event_ = 0;
+  int64_t step_start_bytes_ = 0;  // shape-only bytes alive when the recorded step began
   bool kept_participants_ = true;
   int observer_ = -1;
   std::shared_ptr<std::mutex> mutex_ = std::make_shared<std::mutex>();

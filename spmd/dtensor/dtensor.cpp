@@ -209,6 +209,11 @@ const VarKind kDTensorKind{
       auto& meta = static_cast<DTensorAutogradMeta&>(*leaf.meta());
       meta.dtensor_grad = DTensor();
       meta.pending_grad = DTensor();
+    },
+    [](const Var& v) {
+      const DTensor& t = dtensor_of(v);
+      const Var local = local_kind().shape_stub(local_var(t.local()));
+      return dtensor_var(DTensor(local.as<LocalTensor>(), t.spec_ptr()));
     }};
 
 thread_local bool t_gradient_sync = true;
@@ -324,7 +329,8 @@ DTensor DTensor::redistribute(const Placements& placements, RedistributePlanner 
   }
   if (grad_enabled() && requires_grad() && is_floating(dtype())) {
     const Var in = dtensor_var(*this);
-    out = record("redistribute", nullptr, {&in, 1}, {}, dtensor_var(out), redistribute_backward)
+    out = record("redistribute", nullptr, {&in, 1}, {}, dtensor_var(out), redistribute_backward,
+                 nullptr, kSavesNone)
               .value<DTensor>();
   }
   return observed(out);

@@ -62,9 +62,13 @@ Placements fsdp_placements(const Placements& placements, const Shape& shape, con
         "the FSDP dim {}",
         to_string(placements), mesh.to_string(), mesh.dim_name(static_cast<int>(d)));
   }
+  // A Shard over a mesh dim of size 1 splits nothing: its tensor dim is still free.
+  const std::vector<int64_t> sizes = mesh.shape();
   for (int k = 0; k < static_cast<int>(shape.size()); ++k) {
     bool sharded = false;
-    for (const Placement& p : placements) sharded = sharded || is_shard(p, k);
+    for (size_t i = 0; i < placements.size(); ++i) {
+      sharded = sharded || (is_shard(placements[i], k) && sizes[i] > 1);
+    }
     if (!sharded) return with_placement(placements, mesh, static_cast<int>(d), Shard{k});
   }
   return placements;

@@ -68,8 +68,9 @@ Placements rowwise_placements(const DeviceMesh& mesh, MeshDim tp);
 // Replicate everywhere (a row-wise layer's bias, norm weights).
 Placements replicate_placements(const DeviceMesh& mesh);
 // `placements` of a parameter of `shape` with FSDP over dp added: its first dim that no placement
-// shards is split over dp (uneven pieces allowed). `placements` must be Replicate on dp; a
-// parameter with no free dim (every dim sharded already) stays Replicate on dp.
+// shards is split over dp (uneven pieces allowed; a Shard over a mesh dim of size 1 leaves its dim
+// free). `placements` must be Replicate on dp; a parameter with no free dim (every dim sharded
+// already) stays Replicate on dp.
 Placements fsdp_placements(const Placements& placements, const Shape& shape, const DeviceMesh& mesh,
                            MeshDim dp);
 

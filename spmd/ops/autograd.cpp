@@ -1,6 +1,7 @@
 // spmd/ops/autograd.cpp: Var, the tape, the backward engine (Note [Autograd]), the Tensor kind,
 // and the recorder the Tensor methods reach the tape through.
 #include <spmd/ops/autograd.h>
+#include <spmd/tensor/meta.h>
 
 #include <algorithm>
 #include <optional>
@@ -9,6 +10,7 @@
 
 #include <spmd/core/error.h>
 #include <spmd/ops/ops.h>
+#include <spmd/tensor/factory.h>
 
 namespace spmd {
 
@@ -75,7 +77,8 @@ const VarKind kTensorKind{
     nullptr,
     nullptr,
     nullptr,
-    [](const Var& leaf) { leaf.meta()->grad = Tensor(); }};
+    [](const Var& leaf) { leaf.meta()->grad = Tensor(); },
+    [](const Var& v) { return Var(empty(v.tensor().shape(), v.tensor().dtype(), meta_device())); }};
 
 }  // namespace
 
@@ -95,8 +98,30 @@ bool any_requires_grad(std::span<const Var> inputs) {
   return false;
 }
 
+namespace {
+thread_local bool t_making_stub = false;
+
+// Note [Saved values]: `v` itself if its kind has no stub, else a shape stub of it.
+Var shape_stub(const Var& v) {
+  if (!v.defined() || v.kind().shape_stub == nullptr) return v;
+  const MetaUncountedScope uncounted;
+  const bool saved = t_making_stub;
+  t_making_stub = true;
+  Var stub = v.kind().shape_stub(v);
+  t_making_stub = saved;
+  return stub;
+}
+}  // namespace
+
+bool making_shape_stub() {
+  return t_making_stub;
+}
+
 Var record(std::string_view name, const OpDef* op, std::span<const Var> inputs, const OpArgs& args,
-           const Var& output, BackwardFn backward, std::shared_ptr<const void> payload) {
+           const Var& output, BackwardFn backward, std::shared_ptr<const void> payload,
+           uint32_t saves) {
+  const uint32_t kept = op != nullptr ? op->saves : saves;
+  const bool stubs = kept != kSavesAll && meta_tensors();
   auto node = std::make_shared<Node>();
   node->name = name;
   node->op = op;
@@ -123,10 +148,12 @@ Var record(std::string_view name, const OpDef* op, std::span<const Var> inputs, 
     } else {
       node->versions.push_back(0);
     }
-    node->inputs.push_back(in.detach());
+    const size_t i = node->inputs.size();
+    const bool saved = i >= 31 || (kept & (1u << i)) != 0;
+    node->inputs.push_back(stubs && !saved ? shape_stub(in.detach()) : in.detach());
     node->edges.push_back(std::move(edge));
   }
-  node->output = output.detach();
+  node->output = stubs && (kept & kSaveOutput) == 0 ? shape_stub(output.detach()) : output.detach();
   node->versions.push_back(output.kind().version(output));
   auto meta = std::make_shared<AutogradMeta>();
   meta->grad_fn = std::move(node);
@@ -221,6 +248,7 @@ void run_backward(const Var& output, const Var& grad, const BackwardOptions& opt
                   SourceLocation loc) {
   const UserCallSite call(loc);
   const InBackward in_backward_scope;
+  if (meta_tensors()) detail::note_backward_start();  // the dry run's activation term
   if (!output.defined()) throw_error<Error>("backward: the output is undefined");
   const std::shared_ptr<AutogradMeta> meta = output.meta();
   if (meta == nullptr || (!meta->requires_grad && meta->grad_fn == nullptr)) {

@@ -83,6 +83,10 @@ struct VarKind {
                           std::vector<Var>& grads) = nullptr;
   // Drops the gradient accumulated into `leaf` (set_grad, Note [Gradient hooks]).
   void (*clear_grad)(const Var& leaf) = nullptr;
+  // Optional (Note [Saved values]): a shape-only value like `value` (shape, dtype, placements,
+  // shard classes, SPMD types) whose storages are uncounted meta storages. Called only under
+  // --spmd-tensors=meta.
+  Var (*shape_stub)(const Var& value) = nullptr;
 };
 
 // A differentiable value: a Tensor, LocalTensor or DTensor (kept without its autograd state), its
@@ -206,12 +210,25 @@ class BackwardContext {
 // Whether any input takes part in autograd (requires grad or was made by recorded ops).
 bool any_requires_grad(std::span<const Var> inputs);
 
+// Note [Saved values]
+// A node keeps its inputs and output for its backward. In a real run it keeps them all (the
+// in-place check reads their versions). In a dry run (--spmd-tensors=meta) it keeps only what its
+// backward reads, as PyTorch's autograd saves only what each derivative needs: OpDef::saves for
+// a table op, `saves` of record() for other nodes; the others are replaced by shape stubs
+// (VarKind::shape_stub: the same shapes, uncounted storages), so a tensor the forward no longer
+// uses is freed in the dry run's memory count when a real run would free it. A wrong declaration
+// cannot change a result (a dry run has no values), only the memory a dry run reports.
+
 // Records a node for `output` = op(inputs) and returns the output with it (as its grad_fn). The
 // caller checked grad mode and any_requires_grad. `backward` overrides the op's (for nodes that
-// are not table ops, `op` is null and `payload` carries what the backward needs).
+// are not table ops, `op` is null and `payload` carries what the backward needs; `saves` says
+// which values their backward reads, Note [Saved values]).
 Var record(std::string_view name, const OpDef* op, std::span<const Var> inputs, const OpArgs& args,
            const Var& output, BackwardFn backward = nullptr,
-           std::shared_ptr<const void> payload = nullptr);
+           std::shared_ptr<const void> payload = nullptr, uint32_t saves = kSavesAll);
+
+// True on this thread while record() makes a shape stub (observers skip what it runs).
+bool making_shape_stub();
 
 // Reverse mode from `output` with output gradient `grad` (Note [Autograd]). Error when `output`
 // takes no part in autograd. `loc` is the user's backward() call; each node's derivative runs at

@@ -693,6 +693,7 @@ const OpDef op::gather{
     .strategies = gather_strategies,
     .piece = piece_of<gather_run>,
     .backward = gather_derivative,
+    .saves = saves_inputs({1}),  // the input only for its shape
 };
 const OpDef op::gather_backward{
     .name = "gather_backward",
@@ -734,6 +735,7 @@ const OpDef op::embedding{
     .strategies = embedding_strategies,
     .piece = piece_of<embedding_run>,
     .backward = embedding_derivative,
+    .saves = saves_inputs({0}),
 };
 const OpDef op::embedding_backward{
     .name = "embedding_backward",

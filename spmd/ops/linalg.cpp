@@ -223,6 +223,7 @@ const OpDef op::matmul{
     .backward = matmul_backward,
     .partial_use = PartialUse::One,
     .flops = matmul_flops<0>,
+    .saves = kSavesInputs,
 };
 
 const OpDef op::bmm{
@@ -255,6 +256,7 @@ const OpDef op::bmm{
     .backward = bmm_backward,
     .partial_use = PartialUse::One,
     .flops = matmul_flops<0>,
+    .saves = kSavesInputs,
 };
 
 const OpDef op::addmm{
@@ -304,6 +306,7 @@ const OpDef op::addmm{
         },
     .backward = addmm_backward,
     .flops = matmul_flops<1>,
+    .saves = saves_inputs({1, 2}),
 };
 
 }  // namespace spmd

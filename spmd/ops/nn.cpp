@@ -6,8 +6,10 @@
 // shards as its entry says: the norms and attention keep the shards of their batch dims (and
 // attention those of its heads), dropout keeps every shard, cross_entropy shards over rows, and
 // over classes through its composite form (Note [Vocabulary-parallel cross-entropy]).
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include <spmd/core/check.h>
 #include <spmd/core/error.h>
@@ -16,6 +18,7 @@
 #include <spmd/ops/strategy.h>
 #include <spmd/tensor/device_ops.h>
 #include <spmd/tensor/factory.h>
+#include <spmd/tensor/meta.h>
 #include <spmd/tensor/random.h>
 
 namespace spmd {
@@ -1002,20 +1005,37 @@ void attention_backward(BackwardContext& c) {
   const AttentionFlags f = attention_flags(c.args());
   const double scale = c.args().reals.at(0);
   const int64_t group = gqa_group(var_shape(q), var_shape(k), c.args());
+  // Note [Fused attention accounting]: the S^2 temporaries count no bytes in a dry run on a
+  // device with a fused kernel; the gradients of q, k and v do.
+  const AttentionKernelScope kernel(f.causal);
+  std::optional<MetaUncountedScope> uncounted;
+  auto s2_temporaries = [&](bool on) {
+    if (!on) {
+      uncounted.reset();
+    } else if (fused_attention_accounting() && meta_tensors()) {
+      uncounted.emplace();
+    }
+  };
+  s2_temporaries(true);
   const Var p = f.mask ? apply(op::attention_probs, {q, k, c.input(3)}, c.args())
                        : apply(op::attention_probs, {q, k}, c.args());
+  const Var pt = c.needs_grad(2) ? transposed(p) : Var();
+  s2_temporaries(false);
   if (c.needs_grad(2)) {
-    c.set_grad(2, kv_gradient(apply(op::matmul, {transposed(p), g}), group, var_shape(v)));
+    c.set_grad(2, kv_gradient(apply(op::matmul, {pt, g}), group, var_shape(v)));
   }
   const bool mask_grad = f.mask && c.needs_grad(3);
   if (!c.needs_grad(0) && !c.needs_grad(1) && !mask_grad) return;
+  s2_temporaries(true);
   const Var dp = apply(op::matmul, {g, transposed(kv_per_query_head(v, group))});
   const Var ds = p * (dp - apply(op::sum, {dp * p}, reduction_args({-1}, true)));
+  const Var dst = c.needs_grad(1) ? transposed(ds) : Var();
+  s2_temporaries(false);
   if (c.needs_grad(0)) {
     c.set_grad(0, apply(op::matmul, {ds, kv_per_query_head(k, group)}) * scale);
   }
   if (c.needs_grad(1)) {
-    c.set_grad(1, kv_gradient(apply(op::matmul, {transposed(ds), q}) * scale, group, var_shape(k)));
+    c.set_grad(1, kv_gradient(apply(op::matmul, {dst, q}) * scale, group, var_shape(k)));
   }
   if (mask_grad) c.set_grad(3, sum_to(ds, var_shape(c.input(3))));
 }
@@ -1035,7 +1055,30 @@ double attention_flops(std::span<const InputMeta> in, const OpMeta&) {
   return (probs_only ? 2.0 : 4.0) * batch * sq * sk * dh;
 }
 
+std::atomic<bool> g_fused_attention_accounting{false};
+thread_local AttentionKernel t_attention_kernel;
+
 }  // namespace
+
+void set_fused_attention_accounting(bool on) {
+  g_fused_attention_accounting.store(on, std::memory_order_relaxed);
+}
+
+bool fused_attention_accounting() {
+  return g_fused_attention_accounting.load(std::memory_order_relaxed);
+}
+
+AttentionKernel attention_kernel() {
+  return t_attention_kernel;
+}
+
+AttentionKernelScope::AttentionKernelScope(bool causal) : saved_(t_attention_kernel) {
+  t_attention_kernel = AttentionKernel{true, causal};
+}
+
+AttentionKernelScope::~AttentionKernelScope() {
+  t_attention_kernel = saved_;
+}
 
 OpArgs attention_args(int64_t head_dim, bool causal, std::optional<double> scale) {
   const double s =
@@ -1057,6 +1100,7 @@ const OpDef op::layer_norm{
     .strategies = [](ShardingInputs in, const OpArgs&,
                      const OpMeta&) { return rowwise_strategies(in, 1); },
     .backward = norm_backward<false>,
+    .saves = saves_inputs({0, 1}),
 };
 const OpDef op::layer_norm_backward{
     .name = "layer_norm_backward",
@@ -1072,6 +1116,7 @@ const OpDef op::rms_norm{
     .strategies = [](ShardingInputs in, const OpArgs&,
                      const OpMeta&) { return rowwise_strategies(in, 1); },
     .backward = norm_backward<true>,
+    .saves = saves_inputs({0, 1}),
 };
 const OpDef op::rms_norm_backward{
     .name = "rms_norm_backward",
@@ -1087,6 +1132,7 @@ const OpDef op::dropout{
     .strategies = dropout_strategies,
     .piece = dropout_piece,
     .backward = dropout_backward,
+    .saves = kSavesNone,
 };
 const OpDef op::cross_entropy{
     .name = "cross_entropy",
@@ -1097,6 +1143,7 @@ const OpDef op::cross_entropy{
     .backward = loss_derivative<LossKind::CrossEntropy>,
     .composite = loss_composite<LossKind::CrossEntropy>,
     .use_composite = loss_use_composite,
+    .saves = kSavesInputs,
 };
 const OpDef op::cross_entropy_backward{
     .name = "cross_entropy_backward",
@@ -1136,6 +1183,7 @@ const OpDef op::scaled_dot_product_attention{
     .piece = attention_piece,
     .backward = attention_backward,
     .flops = attention_flops<false>,
+    .saves = kSavesInputs,
 };
 const OpDef op::attention_probs{
     .name = "attention_probs",

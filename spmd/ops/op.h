@@ -106,6 +106,18 @@ enum class PartialUse {
   Numerator,  // div: the first input P, the second R
 };
 
+// What an op's backward reads of its values (Note [Saved values] in ops/autograd.h): bit i for
+// input i, kSaveOutput for the output.
+constexpr uint32_t kSaveOutput = 1u << 31;
+constexpr uint32_t kSavesAll = ~0u;
+constexpr uint32_t kSavesNone = 0u;
+constexpr uint32_t kSavesInputs = ~kSaveOutput;
+constexpr uint32_t saves_inputs(std::initializer_list<int> inputs) {
+  uint32_t mask = 0;
+  for (int i : inputs) mask |= 1u << i;
+  return mask;
+}
+
 struct OpDef {
   std::string_view name;
   OpMeta (*meta)(std::span<const InputMeta> inputs, const OpArgs& args);
@@ -123,6 +135,9 @@ struct OpDef {
   double (*flops)(std::span<const InputMeta> inputs, const OpMeta& out) = nullptr;
   Var (*composite)(std::span<const Var> inputs, const OpArgs& args) = nullptr;
   bool (*use_composite)(ShardingInputs inputs, const OpArgs& args) = nullptr;
+  // The values its backward reads (kSavesAll when unsure): a dry run's tape keeps only these
+  // (Note [Saved values] in ops/autograd.h).
+  uint32_t saves = kSavesAll;
 };
 
 // Runs `op` on Tensors: the meta (which checks the inputs), then the computation. Error naming

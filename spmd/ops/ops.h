@@ -367,6 +367,34 @@ struct AttentionOptions {
   bool enable_gqa = false;
 };
 OpArgs attention_args(int64_t head_dim, const AttentionOptions& options, bool has_mask);
+
+// Note [Fused attention accounting]
+// Attention's backward recomputes the probabilities (attention_probs) and takes the gradients
+// through S^2 tensors (the probabilities, their gradient), as a flash-attention kernel does in
+// on-chip memory. A dry run on a device that has such a kernel (DeviceSpec::flash_attention)
+// turns the accounting on for its lifetime: the S^2 temporaries of the backward are then shape-
+// only storages that count no bytes (MetaUncountedScope, Note [Meta allocations] in
+// tensor/meta.h), while q, k, v's gradients count as usual. Whether or not it is on, the
+// backward's ops run inside an AttentionKernelScope, so the dry run costs them as one attention
+// kernel (its own efficiency; causal: the half of the work a flash kernel does).
+void set_fused_attention_accounting(bool on);
+bool fused_attention_accounting();
+// This thread's attention kernel, if an attention backward is running on it.
+struct AttentionKernel {
+  bool active = false;
+  bool causal = false;
+};
+AttentionKernel attention_kernel();
+class AttentionKernelScope {
+ public:
+  explicit AttentionKernelScope(bool causal);
+  ~AttentionKernelScope();
+  AttentionKernelScope(const AttentionKernelScope&) = delete;
+  AttentionKernelScope& operator=(const AttentionKernelScope&) = delete;
+
+ private:
+  AttentionKernel saved_;
+};
 // Llama 3.1's rescaling of the rotary frequencies (Meta's apply_scaling, HF's rope_type "llama3").
 struct RopeScaling {
   double factor = 8.0;

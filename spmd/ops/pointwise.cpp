@@ -255,6 +255,8 @@ constexpr OpDef scalar_op() {
       // x * c and x / c scale a pending sum's parts; x + c would add c once per part.
       .partial_use =
           op == ScalarOp::Mul || op == ScalarOp::Div ? PartialUse::Unary : PartialUse::None,
+      // Only c / x and x^c read values in backward.
+      .saves = op == ScalarOp::RDiv || op == ScalarOp::Pow ? kSavesAll : kSavesNone,
   };
 }
 

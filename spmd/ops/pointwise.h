@@ -170,6 +170,21 @@ constexpr PartialUse partial_use_of(PartialRule rule) {
 
 }  // namespace pointwise
 
+// The values F's derivative reads (Note [Saved values]): its df_reads, or input and output.
+template <class F>
+constexpr uint32_t unary_saves() {
+  if constexpr (requires { F::df_reads; }) {
+    uint32_t mask = kSavesNone;
+    if ((static_cast<int>(F::df_reads) & static_cast<int>(element::DfReads::X)) != 0) mask |= 1u;
+    if ((static_cast<int>(F::df_reads) & static_cast<int>(element::DfReads::Y)) != 0) {
+      mask |= kSaveOutput;
+    }
+    return mask;
+  } else {
+    return kSavesAll;
+  }
+}
+
 // The entry of the unary elementwise op whose math is functor F (in element::UnaryOps).
 template <class F, PartialRule rule>
 constexpr OpDef unary_op() {
@@ -180,6 +195,7 @@ constexpr OpDef unary_op() {
       .strategies = &pointwise::unary_strategies_of<rule>,
       .backward = &pointwise::unary_backward_of<F>,
       .partial_use = pointwise::partial_use_of(rule),
+      .saves = unary_saves<F>(),
   };
 }
 
@@ -198,6 +214,9 @@ constexpr OpDef binary_op() {
       .backward = backward,
       .follow_first_input = true,
       .partial_use = pointwise::partial_use_of(rule),
+      // a + b and a - b need no values for their gradients.
+      .saves = rule == PartialRule::Additive || rule == PartialRule::Subtractive ? kSavesNone
+                                                                                 : kSavesInputs,
   };
 }
 

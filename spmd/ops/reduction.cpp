@@ -662,6 +662,7 @@ const OpDef op::sum{
     .strategies = reduction_strategies<Reduction::Sum>,
     .backward = reduction_backward<Reduction::Sum>,
     .partial_use = PartialUse::Unary,
+    .saves = kSavesNone,
 };
 const OpDef op::mean{
     .name = "mean",
@@ -670,6 +671,7 @@ const OpDef op::mean{
     .strategies = reduction_strategies<Reduction::Mean>,
     .backward = reduction_backward<Reduction::Mean>,
     .partial_use = PartialUse::Unary,
+    .saves = kSavesNone,
 };
 const OpDef op::amax{
     .name = "amax",

@@ -16,6 +16,12 @@ RecomputePolicy save_matmuls() {
   return RecomputePolicy{{"matmul", "bmm", "addmm", "grouped_mm", "scaled_dot_product_attention"}};
 }
 
+RecomputePolicy save_alternate_matmuls() {
+  RecomputePolicy p = save_matmuls();
+  p.alternate_ops = {"matmul"};
+  return p;
+}
+
 SelectiveScope::SelectiveScope(Mode mode, std::string_view kind, const RecomputePolicy& policy,
                                std::shared_ptr<SelectiveCache> cache)
     : mode_(mode), kind_(kind), policy_(policy), cache_(std::move(cache)), previous_(t_scope) {
@@ -60,7 +66,13 @@ SelectiveScope* selective_scope(std::string_view kind, std::string_view op) {
   SelectiveScope* s = t_scope;
   if (s == nullptr || s->kind_ != kind || s->inside_ > 0) return nullptr;
   const auto& ops = s->policy_.save_ops;
-  return std::find(ops.begin(), ops.end(), op) != ops.end() ? s : nullptr;
+  if (std::find(ops.begin(), ops.end(), op) == ops.end()) return nullptr;
+  const auto& alternate = s->policy_.alternate_ops;
+  if (std::find(alternate.begin(), alternate.end(), op) != alternate.end()) {
+    // Counted in both forwards alike: the same calls are kept and taken.
+    return s->alternate_calls_++ % 2 == 0 ? s : nullptr;
+  }
+  return s;
 }
 
 }  // namespace spmd

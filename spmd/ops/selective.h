@@ -31,11 +31,18 @@ namespace spmd {
 // is recomputed).
 struct RecomputePolicy {
   std::vector<std::string> save_ops;
+  // Of these ops (listed in save_ops too), only the odd calls in one function call (the 1st,
+  // 3rd, ...) are kept and the others recomputed: torchtitan's "op" policy does so for aten.mm,
+  // halving what the linear layers keep.
+  std::vector<std::string> alternate_ops;
 };
 
 // The ops whose outputs are kept by default: matmul, bmm, addmm, grouped_mm and
 // scaled_dot_product_attention.
 RecomputePolicy save_matmuls();
+// torchtitan's selective "op" policy (activation_checkpoint.selective_ac_option = "op"): as
+// save_matmuls, but every second matmul is recomputed.
+RecomputePolicy save_alternate_matmuls();
 
 // The outputs a Save scope kept, in call order.
 struct SelectiveCache {
@@ -82,6 +89,7 @@ class SelectiveScope {
   std::shared_ptr<SelectiveCache> cache_;
   size_t next_ = 0;
   int inside_ = 0;
+  int64_t alternate_calls_ = 0;
   SelectiveScope* previous_;
   friend SelectiveScope* selective_scope(std::string_view kind, std::string_view op);
 };

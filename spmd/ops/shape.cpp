@@ -691,6 +691,7 @@ const OpDef op::transpose{
     .strategies = transpose_strategies,
     .backward = transpose_backward,
     .partial_use = PartialUse::Unary,
+    .saves = kSavesNone,
 };
 
 const OpDef op::reshape{
@@ -702,6 +703,7 @@ const OpDef op::reshape{
     .piece = reshape_piece,
     .backward = reshape_backward,
     .partial_use = PartialUse::Unary,
+    .saves = kSavesNone,
 };
 
 const OpDef op::cat{
@@ -752,6 +754,7 @@ const OpDef op::narrow{
         },
     .backward = narrow_backward,
     .partial_use = PartialUse::Unary,
+    .saves = kSavesNone,
 };
 
 const OpDef op::select{
@@ -777,6 +780,7 @@ const OpDef op::permute{
     .strategies = permute_strategies,
     .backward = permute_backward,
     .partial_use = PartialUse::Unary,
+    .saves = kSavesNone,
 };
 
 const OpDef op::unsqueeze{
@@ -787,6 +791,7 @@ const OpDef op::unsqueeze{
     .strategies = unsqueeze_strategies,
     .backward = unsqueeze_backward,
     .partial_use = PartialUse::Unary,
+    .saves = kSavesNone,
 };
 
 const OpDef op::squeeze{
@@ -797,6 +802,7 @@ const OpDef op::squeeze{
     .strategies = squeeze_strategies,
     .backward = unsqueeze_backward,
     .partial_use = PartialUse::Unary,
+    .saves = kSavesNone,
 };
 
 const OpDef op::expand{
@@ -811,6 +817,7 @@ const OpDef op::expand{
     },
     .backward = expand_backward,
     .partial_use = PartialUse::Unary,
+    .saves = kSavesNone,
 };
 
 // ---- repeat_interleave --------------------------------------------------------------------------
@@ -943,6 +950,7 @@ const OpDef op::clone{
     .strategies = keep_placements,
     .backward = identity_backward,
     .partial_use = PartialUse::Unary,
+    .saves = kSavesNone,
 };
 
 const OpDef op::contiguous{
@@ -955,6 +963,7 @@ const OpDef op::contiguous{
                   const OpMeta&) { return in[0].contiguous(); },
     .strategies = keep_placements,
     .backward = identity_backward,
+    .saves = kSavesNone,
 };
 
 const OpDef op::triu{
@@ -982,6 +991,7 @@ const OpDef op::to_dtype{
     .strategies = to_dtype_strategies,
     .backward = to_dtype_backward,
     .partial_use = PartialUse::Unary,
+    .saves = kSavesNone,
 };
 
 Shape flattened_shape(const Shape& shape, int64_t start, int64_t end) {

@@ -72,6 +72,7 @@ const OpDef op::softmax{
     .compute = softmax_compute<false>,
     .strategies = softmax_strategies,
     .backward = softmax_backward<false>,
+    .saves = kSaveOutput,
 };
 const OpDef op::log_softmax{
     .name = "log_softmax",

@@ -141,8 +141,14 @@ using wrap_t = std::make_unsigned_t<C>;
 
 // ---- unary ops -----------------------------------------------------------------------------
 
+// What a unary functor's df(x, y) reads: x (the input), y (the output), both or neither. A
+// functor without df_reads reads both (Note [Saved values] in ops/autograd.h: the dry run's tape
+// keeps only these).
+enum class DfReads { None = 0, X = 1, Y = 2, Both = 3 };
+
 struct Neg {
   static constexpr std::string_view name = "neg";
+  static constexpr DfReads df_reads = DfReads::None;
   static constexpr Domain domain = Domain::Numeric;
   template <class C>
   SPMD_HD C operator()(C x) const {
@@ -160,6 +166,7 @@ struct Neg {
 
 struct Abs {
   static constexpr std::string_view name = "abs";
+  static constexpr DfReads df_reads = DfReads::X;
   static constexpr Domain domain = Domain::Numeric;
   template <class C>
   SPMD_HD C operator()(C x) const {
@@ -173,6 +180,7 @@ struct Abs {
 
 struct Exp {
   static constexpr std::string_view name = "exp";
+  static constexpr DfReads df_reads = DfReads::Y;
   static constexpr Domain domain = Domain::Floating;
   template <class C>
   SPMD_HD C operator()(C x) const {
@@ -186,6 +194,7 @@ struct Exp {
 
 struct Log {
   static constexpr std::string_view name = "log";
+  static constexpr DfReads df_reads = DfReads::X;
   static constexpr Domain domain = Domain::Floating;
   template <class C>
   SPMD_HD C operator()(C x) const {
@@ -199,6 +208,7 @@ struct Log {
 
 struct Sqrt {
   static constexpr std::string_view name = "sqrt";
+  static constexpr DfReads df_reads = DfReads::Y;
   static constexpr Domain domain = Domain::Floating;
   template <class C>
   SPMD_HD C operator()(C x) const {
@@ -212,6 +222,7 @@ struct Sqrt {
 
 struct Tanh {
   static constexpr std::string_view name = "tanh";
+  static constexpr DfReads df_reads = DfReads::Y;
   static constexpr Domain domain = Domain::Floating;
   template <class C>
   SPMD_HD C operator()(C x) const {
@@ -226,6 +237,7 @@ struct Tanh {
 // 1 / sqrt(x).
 struct Rsqrt {
   static constexpr std::string_view name = "rsqrt";
+  static constexpr DfReads df_reads = DfReads::Y;
   static constexpr Domain domain = Domain::Floating;
   template <class C>
   SPMD_HD C operator()(C x) const {
@@ -240,6 +252,7 @@ struct Rsqrt {
 // NaN stays NaN.
 struct Relu {
   static constexpr std::string_view name = "relu";
+  static constexpr DfReads df_reads = DfReads::X;
   static constexpr Domain domain = Domain::Numeric;
   template <class C>
   SPMD_HD C operator()(C x) const {
@@ -254,6 +267,7 @@ struct Relu {
 // The exact GELU, x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) (torch's default).
 struct Gelu {
   static constexpr std::string_view name = "gelu";
+  static constexpr DfReads df_reads = DfReads::X;
   static constexpr Domain domain = Domain::Floating;
   template <class C>
   SPMD_HD C operator()(C x) const {
@@ -271,6 +285,7 @@ struct Gelu {
 // The error function; erf'(x) = 2 / sqrt(pi) exp(-x^2).
 struct Erf {
   static constexpr std::string_view name = "erf";
+  static constexpr DfReads df_reads = DfReads::X;
   static constexpr Domain domain = Domain::Floating;
   template <class C>
   SPMD_HD C operator()(C x) const {
@@ -286,6 +301,7 @@ struct Erf {
 // 1 / (1 + exp(-x)).
 struct Sigmoid {
   static constexpr std::string_view name = "sigmoid";
+  static constexpr DfReads df_reads = DfReads::Y;
   static constexpr Domain domain = Domain::Floating;
   template <class C>
   SPMD_HD C operator()(C x) const {
@@ -300,6 +316,7 @@ struct Sigmoid {
 // x * sigmoid(x) (SwiGLU's gate, torch.nn.functional.silu).
 struct Silu {
   static constexpr std::string_view name = "silu";
+  static constexpr DfReads df_reads = DfReads::X;
   static constexpr Domain domain = Domain::Floating;
   template <class C>
   SPMD_HD C operator()(C x) const {

@@ -48,16 +48,55 @@ class MetaTensorsScope {
   int saved_;
 };
 
-// Bytes of meta storages alive now and the most alive at once since the last reset: what a
-// dry run would hold (each distinct shard counted once: per rank when ranks' shards have the
-// same shapes, Note [Shard classes] in world/local_tensor.h).
+// Note [Meta allocations]
+// Every meta storage counts its bytes from its allocation to its destruction, and a listener
+// (the dry run's allocator model, debug/allocator_model.h) sees each allocation and free in the
+// order they happen, by id. Storages made on a thread inside a MetaUncountedScope are not
+// counted: the scope stands for a fused kernel whose temporaries live in on-chip memory (a
+// flash-attention backward, Note [Fused attention accounting] in ops/ops.h); the kernel's
+// results are counted with count_meta(t) when the scope ends.
+
+// Bytes of counted meta storages alive now and the most alive at once since the last reset:
+// what a dry run would hold (each distinct shard counted once: per rank when ranks' shards have
+// the same shapes, Note [Shard classes] in world/local_tensor.h).
 int64_t meta_live_bytes();
 int64_t meta_peak_bytes();
+// Also forgets meta_bytes_at_backward.
 void reset_meta_peak_bytes();
+// The counted bytes alive when the first backward since the last reset began (what the forward
+// left: the parameters and optimizer state, the activations autograd saved, the loss), noted by
+// the autograd engine under --spmd-tensors=meta; -1 before that.
+int64_t meta_bytes_at_backward();
+
+// Sees counted meta allocations and frees, in order, under a lock (one call at a time).
+class MetaAllocationListener {
+ public:
+  virtual ~MetaAllocationListener() = default;
+  virtual void allocated(uint64_t id, int64_t bytes) = 0;
+  virtual void freed(uint64_t id, int64_t bytes) = 0;
+};
+// Installs `listener` (nullptr: none) and returns the one it replaces.
+MetaAllocationListener* set_meta_allocation_listener(MetaAllocationListener* listener);
+
+// Meta storages made on this thread while the scope is open are not counted (nests).
+class MetaUncountedScope {
+ public:
+  MetaUncountedScope();
+  ~MetaUncountedScope();
+  MetaUncountedScope(const MetaUncountedScope&) = delete;
+  MetaUncountedScope& operator=(const MetaUncountedScope&) = delete;
+};
+// Counts the storage of `t` from now on if it is an uncounted meta storage.
+void count_meta(const Tensor& t);
 
 namespace detail {
-// Storage on the meta device counts its bytes here (tensor/storage.cpp).
-void count_meta_bytes(int64_t delta);
+// Storage on the meta device reports here (tensor/storage.cpp): meta_allocated returns the
+// storage's id, 0 inside a MetaUncountedScope; meta_counted counts an uncounted one now.
+uint64_t meta_allocated(int64_t bytes);
+uint64_t meta_counted(int64_t bytes);
+void meta_freed(uint64_t id, int64_t bytes);
+// ops/autograd.cpp: a backward begins (noted if it is the first since the reset).
+void note_backward_start();
 }  // namespace detail
 
 // Throws ShapeOnlyError: `op` needs the values of `t`, a meta tensor.

@@ -173,7 +173,9 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device) {
                                     nbytes, bytes_str(nbytes), device);
     }
   } else if (device.is_meta()) {
-    detail::count_meta_bytes(static_cast<int64_t>(nbytes));
+    auto storage = std::shared_ptr<Storage>(new Storage(nullptr, nbytes, device));
+    storage->meta_id_ = detail::meta_allocated(static_cast<int64_t>(nbytes));
+    return storage;
   } else {
     DeviceAllocator* allocator = device_allocator(device.type);
     if (allocator == nullptr) {
@@ -188,9 +190,15 @@ Storage::~Storage() {
   if (device_.is_cpu()) {
     cpu_cache().deallocate(data_, nbytes_);
   } else if (device_.is_meta()) {
-    detail::count_meta_bytes(-static_cast<int64_t>(nbytes_));
+    if (meta_id_ != 0) detail::meta_freed(meta_id_, static_cast<int64_t>(nbytes_));
   } else if (DeviceAllocator* allocator = device_allocator(device_.type)) {
     allocator->deallocate(data_, nbytes_, device_.index);
+  }
+}
+
+void Storage::count_meta() {
+  if (device_.is_meta() && meta_id_ == 0) {
+    meta_id_ = detail::meta_counted(static_cast<int64_t>(nbytes_));
   }
 }
 

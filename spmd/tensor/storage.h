@@ -80,6 +80,11 @@ class Storage {
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 
+  // Meta storage: its id in the shape-only byte count (Note [Meta allocations] in tensor/meta.h),
+  // 0 while uncounted (made inside a MetaUncountedScope). count_meta() counts it from now on.
+  uint64_t meta_id() const { return meta_id_; }
+  void count_meta();
+
  private:
   Storage(void* data, std::size_t nbytes, Device device)
       : data_(data), nbytes_(nbytes), device_(device) {}
@@ -87,6 +92,7 @@ class Storage {
   std::size_t nbytes_;
   Device device_;
   std::atomic<uint64_t> version_{0};
+  uint64_t meta_id_ = 0;
 };
 
 // Bytes the CPU caching allocator currently keeps for reuse (freed but not returned).

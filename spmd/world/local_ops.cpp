@@ -284,6 +284,18 @@ bool local_per_shape_class(const Node& node, const Var& grad, BackwardFn fn,
   return true;
 }
 
+// Note [Saved values]: the same ranks, classes and types over uncounted meta shards.
+LocalTensor local_shape_stub(const LocalTensor& t) {
+  std::vector<Tensor> shards;
+  shards.reserve(t.class_shards().size());
+  for (const Tensor& shard : t.class_shards()) {
+    shards.push_back(empty(shard.shape(), shard.dtype(), meta_device()));
+  }
+  LocalTensor stub = t.has_classes() ? LocalTensor(t, std::move(shards), t.classes())
+                                     : LocalTensor(t, std::move(shards));
+  return t.spmd_types() ? std::move(stub).with_types(t.spmd_types()) : stub;
+}
+
 const VarKind kLocalKind{
     "LocalTensor",
     [](const OpDef& op, std::span<const Var> inputs, const OpArgs& args) {
@@ -345,7 +357,8 @@ const VarKind kLocalKind{
     local_per_shape_class,
     [](const Var& leaf) {
       static_cast<LocalAutogradMeta&>(*leaf.meta()).local_grad = LocalTensor();
-    }};
+    },
+    [](const Var& v) { return local_var(local_shape_stub(local_of(v))); }};
 
 }  // namespace
 

@@ -57,11 +57,14 @@ Topology Topology::from_json(const std::string& text) {
     throw_error<ConfigError>("Topology: expected a JSON object, got {}", shown(j));
   for (const auto& [key, value] : j.items()) {
     if (key != "devices_per_host" && key != "intra_host" && key != "inter_host" &&
-        key != "base_latency_us") {
+        key != "base_latency_us" && key != "name" && key != "source") {
       throw_error<ConfigError>(
           "Topology: unknown key '{}' (expected devices_per_host, intra_host, inter_host, "
-          "base_latency_us)",
+          "base_latency_us, name, source)",
           key);
+    }
+    if ((key == "name" || key == "source") && !value.is_string()) {
+      throw_error<ConfigError>("Topology: '{}' must be a string, got {}", key, shown(value));
     }
   }
   Topology t;

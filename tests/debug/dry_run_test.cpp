@@ -4,6 +4,7 @@
 // bytes per rank for every parameter, gradient and optimizer moment.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -116,6 +117,9 @@ TEST(ShardClasses, RanksWithEqualShardsComputeOnce) {
 
 struct GptRun {
   std::vector<TraceRecord> records;
+  // Sum over the parameters of numel x the ranks that hold a copy of each element (the product
+  // of the mesh dims the parameter is replicated on).
+  int64_t replicated_numel = 0;
   std::vector<std::vector<Shape>> piece_shapes;  // per tensor, per rank
   DryRunReport report;
 };
@@ -155,6 +159,13 @@ GptRun run_gpt(bool meta, bool fsdp) {
   }
   GptRun run;
   run.records = trace().records();
+  for (const DTensor* p : params) {
+    int64_t copies = 1;
+    for (size_t d = 0; d < p->placements().size(); ++d) {
+      if (is_replicate(p->placements()[d])) copies *= mesh.shape()[d];
+    }
+    run.replicated_numel += shape_numel(p->shape()) * copies;
+  }
   MemoryParts parts;
   for (size_t i = 0; i < params.size(); ++i) {
     parts.parameters.push_back(params[i]);
@@ -251,7 +262,16 @@ TEST(DryRunReport, TableJsonAndTimeline) {
   EXPECT_GE(r.flops, 2.0 * 2 * 8 * 512 * 128);
   EXPECT_GT(r.compute_us, 0.0);
   EXPECT_GT(r.comm_us, 0.0);
-  EXPECT_DOUBLE_EQ(r.step_us, r.compute_us + r.comm_us);
+  EXPECT_DOUBLE_EQ(r.serial_us, r.compute_us + r.comm_us);
+  EXPECT_LE(r.step_us, r.serial_us);
+  EXPECT_GE(r.step_us, std::max(r.compute_us, r.comm_us) - 1e-9);
+  EXPECT_GT(r.hfu, 0.0);
+  EXPECT_LE(r.hfu, 1.0);
+  // Shape-only, one class: the device memory beyond the tensors.
+  ASSERT_TRUE(r.device_memory.has_value());
+  EXPECT_EQ(r.device_memory->tensors_peak, r.memory[0].peak);
+  EXPECT_GE(r.device_memory->allocated, r.device_memory->tensors_peak);
+  EXPECT_GE(r.device_memory->reserved, r.device_memory->allocated);
   const std::string table = r.table();
   EXPECT_NE(table.find("1024"), std::string::npos) << table;
   EXPECT_NE(table.find("estimated step time"), std::string::npos) << table;
@@ -274,6 +294,132 @@ TEST(DryRunReport, DeviceFile) {
   Topology::load(SPMD_MACHINES_DIR "/h100_dgx.topology.json");
   expect_throws<ConfigError>([] { DeviceSpec::from_json(R"({"tflops": {"fp8": 1}})"); }, {"fp8"});
   expect_throws<ConfigError>([] { DeviceSpec::from_json(R"({"efficiency": 2})"); }, {"efficiency"});
+  expect_throws<ConfigError>([] { DeviceSpec::from_json(R"({"achievable": {"gemm": 0.5}})"); },
+                             {"achievable.gemm", "matmul, attention, memory"});
+  expect_throws<ConfigError>([] { DeviceSpec::from_json(R"({"achievable": {"matmul": 1.5}})"); },
+                             {"achievable.matmul", "(0, 1]"});
+  expect_throws<ConfigError>([] { DeviceSpec::from_json(R"({"flash_attention": 1})"); },
+                             {"flash_attention", "true or false"});
+  expect_throws<ConfigError>([] { DeviceSpec::from_json(R"({"cuda_context_mib": -1})"); },
+                             {"cuda_context_mib"});
+  // Unset classes take the efficiency.
+  const DeviceSpec plain = DeviceSpec::from_json(R"({"efficiency": 0.5})");
+  EXPECT_DOUBLE_EQ(plain.matmul_fraction(), 0.5);
+  EXPECT_DOUBLE_EQ(plain.memory_fraction(), 0.5);
+  // Every machine file of the tree loads, and round-trips through to_json.
+  for (const char* name : {"h100_sxm", "h100_96gb_500w", "a100_80gb", "h200", "b200"}) {
+    const DeviceSpec d =
+        DeviceSpec::load(fmt::format("{}/{}.device.json", SPMD_MACHINES_DIR, name));
+    EXPECT_TRUE(d.flash_attention) << name;
+    EXPECT_GT(d.cuda_context_mib, 0.0) << name;
+    const DeviceSpec again = DeviceSpec::from_json(d.to_json());
+    EXPECT_DOUBLE_EQ(again.matmul_fraction(), d.matmul_fraction()) << name;
+    EXPECT_DOUBLE_EQ(again.nccl_mib_per_communicator, d.nccl_mib_per_communicator) << name;
+  }
+  for (const char* name : {"h100_dgx", "grand_teton_h100_roce", "dgx_a100", "dgx_b200"}) {
+    const Topology t = Topology::load(fmt::format("{}/{}.topology.json", SPMD_MACHINES_DIR, name));
+    EXPECT_EQ(t.devices_per_host, 8) << name;
+  }
+}
+
+// Note [Dry-run estimates]: collectives on the overlap dims run beside the compute; with none,
+// the step is the serial sum.
+TEST(DryRunReport, DataParallelCommunicationOverlapsCompute) {
+  const MetaTensorsScope meta(true);
+  World world = World::sim(64);
+  const DeviceMesh mesh = init_device_mesh(world, {8, 8}, {"dp", "tp"});
+  auto run = [&](std::vector<std::string> overlap) {
+    DryRunOptions options;
+    options.overlap_dims = std::move(overlap);
+    DryRun dry(world, DeviceSpec{}, options);
+    std::vector<DTensor> ws;
+    for (int i = 0; i < 4; ++i) {
+      ws.push_back(randn({1024, 1024}, mesh, {Shard{0}, Replicate{}}, 1 + i));
+      ws.back().requires_grad_();
+    }
+    DTensor x = randn({4096, 1024}, mesh, {Shard{0}, Replicate{}}, 9);
+    for (const DTensor& w : ws) x = relu(matmul(x, w.redistribute({Replicate{}, Replicate{}})));
+    backward(sum(x));
+    return dry.report({});
+  };
+  const DryRunReport serial = run({});
+  const DryRunReport overlapped = run({"dp"});
+  EXPECT_DOUBLE_EQ(serial.step_us, serial.serial_us);
+  EXPECT_DOUBLE_EQ(overlapped.serial_us, serial.serial_us);
+  EXPECT_LT(overlapped.step_us, serial.step_us);
+  EXPECT_GE(overlapped.step_us, overlapped.compute_us);
+  EXPECT_LT(overlapped.exposed_comm_us, serial.exposed_comm_us);
+}
+
+// begin_step forgets what came before: a report after it covers one step of two.
+TEST(DryRunReport, BeginStepReportsTheLastStep) {
+  const MetaTensorsScope meta(true);
+  World world = World::sim(8);
+  const DeviceMesh mesh = init_device_mesh(world, {8}, {"dp"});
+  DTensor w = randn({256, 256}, mesh, {Replicate{}}, 1);
+  w.requires_grad_();
+  auto step = [&] {
+    const DTensor x = randn({64, 256}, mesh, {Shard{0}}, 2);
+    backward(sum(matmul(x, w)));
+  };
+  DryRun dry(world);
+  step();
+  const DryRunReport one = dry.report({});
+  step();
+  const DryRunReport two = dry.report({});
+  dry.begin_step();
+  step();
+  const DryRunReport last = dry.report({});
+  // The second and third steps are alike (their backward adds into w's gradient).
+  EXPECT_GT(two.ops, one.ops);
+  EXPECT_EQ(last.ops, two.ops - one.ops);
+  EXPECT_NEAR(last.compute_us, two.compute_us - one.compute_us, 1e-9 * two.compute_us);
+  EXPECT_DOUBLE_EQ(last.comm_us, one.comm_us);
+}
+
+// Note [Fused attention accounting]: with a flash kernel the backward's S^2 temporaries count no
+// bytes and a causal kernel does half the work; without, they are the peak.
+TEST(DryRunMemory, FlashAttentionKeepsNoSquareBuffer) {
+  const MetaTensorsScope meta(true);
+  World world = World::sim(2);
+  const DeviceMesh mesh = init_device_mesh(world, {2}, {"dp"});
+  const int64_t b = 2, h = 4, s = 512, d = 16;
+  const int64_t square = b / 2 * h * s * s * 4;  // one rank's [B/2, H, S, S] in f32
+  auto run = [&](bool flash) {
+    DeviceSpec device;
+    device.flash_attention = flash;
+    DryRun dry(world, device);
+    DTensor q = randn({b, h, s, d}, mesh, {Shard{0}}, 1);
+    DTensor k = randn({b, h, s, d}, mesh, {Shard{0}}, 2);
+    DTensor v = randn({b, h, s, d}, mesh, {Shard{0}}, 3);
+    for (DTensor* t : {&q, &k, &v}) t->requires_grad_();
+    backward(sum(scaled_dot_product_attention(q, k, v, true)));
+    EXPECT_EQ(q.grad().shape(), q.shape());
+    return dry.report({.parameters = {&q, &k, &v}});
+  };
+  const DryRunReport plain = run(false);
+  const DryRunReport flash = run(true);
+  EXPECT_GE(plain.memory[0].activations, 2 * square);
+  EXPECT_LT(flash.memory[0].activations, square / 4);
+  EXPECT_FALSE(fused_attention_accounting());  // the DryRun restored it
+  // Causal: the fused kernel does half the attention's work.
+  EXPECT_NEAR(flash.flops, plain.flops / 2, plain.flops * 1e-9);
+  EXPECT_LT(flash.attention_us, plain.attention_us);
+}
+
+// ZeRO's accounting (Rajbhandari et al.): parameters, gradients and the two AdamW moments in f32
+// are 16 bytes per parameter on every rank that holds it: the ranks together hold 16 bytes times
+// each parameter's numel times its copies (replicated over dp without FSDP, over neither with it
+// for the sharded ones).
+TEST(DryRunMemory, ModelStatesAreZeroSixteenBytesPerParameter) {
+  for (bool fsdp : {false, true}) {
+    const GptRun run = run_gpt(true, fsdp);
+    int64_t held = 0;
+    for (const DryRunReport::RankClass& c : run.report.memory) {
+      held += c.ranks * (c.parameters + c.gradients + c.optimizer_state);
+    }
+    EXPECT_EQ(held, 16 * run.replicated_numel) << (fsdp ? "fsdp" : "tp + sp");
+  }
 }
 
 }  // namespace

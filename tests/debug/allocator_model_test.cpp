@@ -1,0 +1,233 @@
+// tests/debug/allocator_model_test.cpp: the caching allocator model (debug/allocator_model.h)
+// against the closed forms of PyTorch's rules (Note [Allocator model]): rounding, pools and
+// segment sizes, best fit and splitting, merging, expandable segments, the release before an
+// out-of-memory error; and a random sequence against a brute-force replay of the same rules.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+
+#include <spmd/debug/allocator_model.h>
+#include <spmd/spmd.h>
+
+namespace spmd {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+TEST(AllocatorModel, RoundsRequestsAndSizesSegmentsByPool) {
+  CachingAllocatorModel m;
+  m.allocated(1, 100);  // small pool: 512 B of a 2 MiB segment
+  EXPECT_EQ(m.stats().allocated, 512);
+  EXPECT_EQ(m.stats().reserved, 2 * kMiB);
+  m.allocated(2, 1000);  // the same segment: 1024 B
+  EXPECT_EQ(m.stats().allocated, 512 + 1024);
+  EXPECT_EQ(m.stats().reserved, 2 * kMiB);
+  m.allocated(3, 3 * kMiB);  // large, under 10 MiB: a 20 MiB segment
+  EXPECT_EQ(m.stats().reserved, 22 * kMiB);
+  m.allocated(4, 13 * kMiB + 1);  // best fit: the 17 MiB rest of that segment, split again
+  EXPECT_EQ(m.stats().reserved, 22 * kMiB);
+  m.allocated(5, 13 * kMiB + 1);  // nothing fits: 10 MiB or more, rounded up to 2 MiB
+  EXPECT_EQ(m.stats().reserved, 22 * kMiB + 14 * kMiB);
+  // 13 MiB + 1 rounds to 13 MiB + 512; the 14 MiB segment's rest (1 MiB - 512) is at most 1 MiB,
+  // so it is not split off: the block handed out is the whole segment.
+  EXPECT_EQ(m.stats().allocated, 512 + 1024 + 3 * kMiB + (13 * kMiB + 512) + 14 * kMiB);
+  EXPECT_EQ(m.stats().segments, 3);
+}
+
+TEST(AllocatorModel, BestFitSplitsAndMerges) {
+  CachingAllocatorModel m;
+  m.allocated(1, 3 * kMiB);  // a 20 MiB segment: [3 used | 17 free]
+  m.allocated(2, 5 * kMiB);  // best fit: the 17 MiB rest, split: [3 | 5 | 12 free]
+  EXPECT_EQ(m.stats().reserved, 20 * kMiB);
+  EXPECT_EQ(m.stats().allocated, 8 * kMiB);
+  m.freed(1, 3 * kMiB);
+  m.freed(2, 5 * kMiB);  // merges with both neighbours: one 20 MiB free block
+  EXPECT_EQ(m.stats().allocated, 0);
+  m.allocated(3, 19 * kMiB + kMiB / 2);  // fits the merged block; the 0.5 MiB rest is not split
+  EXPECT_EQ(m.stats().reserved, 20 * kMiB);
+  EXPECT_EQ(m.stats().allocated, 20 * kMiB);
+  EXPECT_EQ(m.stats().peak_allocated, 20 * kMiB);
+  EXPECT_EQ(m.stats().peak_reserved, 20 * kMiB);
+}
+
+TEST(AllocatorModel, FragmentationAndExpandableSegments) {
+  // Two 12 MiB tensors, the second freed, then a 14 MiB one: cached segments cannot serve it, an
+  // expandable segment reuses the freed end.
+  for (bool expandable : {false, true}) {
+    CachingAllocatorModel m({.expandable_segments = expandable});
+    m.allocated(1, 12 * kMiB);
+    m.allocated(2, 12 * kMiB);
+    m.freed(2, 12 * kMiB);
+    m.allocated(3, 14 * kMiB);
+    EXPECT_EQ(m.stats().allocated, 26 * kMiB);
+    EXPECT_EQ(m.stats().peak_reserved, expandable ? 26 * kMiB : 38 * kMiB) << expandable;
+  }
+  // An expandable segment maps 2 MiB pages: 3 MiB + 512 B reserves 4 MiB.
+  CachingAllocatorModel m({.expandable_segments = true});
+  m.allocated(1, 3 * kMiB + 1);
+  EXPECT_EQ(m.stats().reserved, 4 * kMiB);
+}
+
+TEST(AllocatorModel, ReleasesFreeSegmentsBeforeRunningOutOfMemory) {
+  CachingAllocatorModel m({.capacity = 30 * kMiB});
+  m.allocated(1, 12 * kMiB);
+  m.freed(1, 12 * kMiB);      // its 12 MiB segment stays cached
+  m.allocated(2, 14 * kMiB);  // too large for it: a 14 MiB segment, 26 MiB reserved
+  EXPECT_EQ(m.stats().reserved, 26 * kMiB);
+  m.allocated(3, 18 * kMiB);  // 44 > 30: the free 12 MiB segment goes first, 32 is still over
+  EXPECT_EQ(m.stats().reserved, 32 * kMiB);
+  EXPECT_EQ(m.stats().ooms, 1);  // a real run stops here
+  m.freed(2, 14 * kMiB);
+  m.allocated(4, 10 * kMiB);  // fits the freed 14 MiB block: no new segment, no new error
+  EXPECT_EQ(m.stats().reserved, 32 * kMiB);
+  EXPECT_EQ(m.stats().ooms, 1);
+}
+
+// What was alive before the model listened is one seeded block; frees of those storages return
+// bytes from it, which later requests reuse without reserving more.
+TEST(AllocatorModel, SeedGivesBackWhatWasAliveBefore) {
+  CachingAllocatorModel m;
+  m.seed(30 * kMiB);
+  EXPECT_EQ(m.stats().allocated, 30 * kMiB);
+  EXPECT_EQ(m.stats().reserved, 30 * kMiB);
+  m.freed(77, 12 * kMiB);  // never seen: carved off the seed
+  EXPECT_EQ(m.stats().allocated, 18 * kMiB);
+  m.allocated(1, 12 * kMiB);  // fits the carved block
+  EXPECT_EQ(m.stats().reserved, 30 * kMiB);
+  m.freed(1, 12 * kMiB);
+  m.freed(78, 18 * kMiB);  // the rest of the seed: one free 30 MiB block
+  EXPECT_EQ(m.stats().allocated, 0);
+  m.allocated(2, 30 * kMiB);
+  EXPECT_EQ(m.stats().reserved, 30 * kMiB);
+}
+
+// The same rules replayed by brute force: every block of every segment in a flat list, best fit
+// by scanning all of them.
+struct BruteForce {
+  struct B {
+    int64_t seg, offset, size;
+    bool free;
+  };
+  std::vector<B> blocks;
+  std::map<int64_t, bool> segment_small;
+  int64_t next_seg = 0, reserved = 0, allocated = 0, peak_reserved = 0;
+
+  void alloc(uint64_t id, int64_t bytes) {
+    const int64_t size = std::max<int64_t>(512, (bytes + 511) / 512 * 512);
+    const bool small = size <= kMiB;
+    int best = -1;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const B& b = blocks[i];
+      if (!b.free || segment_small[b.seg] != small || b.size < size) continue;
+      if (best < 0) {
+        best = static_cast<int>(i);
+        continue;
+      }
+      const B& c = blocks[static_cast<size_t>(best)];
+      if (std::tie(b.size, b.seg, b.offset) < std::tie(c.size, c.seg, c.offset)) {
+        best = static_cast<int>(i);
+      }
+    }
+    if (best < 0) {
+      const int64_t seg_size = small              ? 2 * kMiB
+                               : size < 10 * kMiB ? 20 * kMiB
+                                                  : (size + 2 * kMiB - 1) / (2 * kMiB) * (2 * kMiB);
+      segment_small[next_seg] = small;
+      blocks.push_back({next_seg++, 0, seg_size, true});
+      reserved += seg_size;
+      best = static_cast<int>(blocks.size()) - 1;
+    }
+    B b = blocks[static_cast<size_t>(best)];
+    const int64_t rest = b.size - size;
+    if (small ? rest >= 512 : rest > kMiB) {
+      blocks.push_back({b.seg, b.offset + size, rest, true});
+      b.size = size;
+    }
+    b.free = false;
+    blocks[static_cast<size_t>(best)] = b;
+    allocated += b.size;
+    peak_reserved = std::max(peak_reserved, reserved);
+    live_ids[id] = {b.seg, b.offset};
+  }
+  void free(uint64_t id) {
+    const auto [seg, offset] = live_ids.at(id);
+    live_ids.erase(id);
+    for (B& b : blocks) {
+      if (b.seg == seg && b.offset == offset) {
+        b.free = true;
+        allocated -= b.size;
+      }
+    }
+    // Merge adjacent free blocks of each segment.
+    std::sort(blocks.begin(), blocks.end(), [](const B& x, const B& y) {
+      return std::tie(x.seg, x.offset) < std::tie(y.seg, y.offset);
+    });
+    std::vector<B> merged;
+    for (const B& b : blocks) {
+      if (!merged.empty() && merged.back().seg == b.seg && merged.back().free && b.free) {
+        merged.back().size += b.size;
+      } else {
+        merged.push_back(b);
+      }
+    }
+    blocks = merged;
+  }
+  std::map<uint64_t, std::pair<int64_t, int64_t>> live_ids;
+};
+
+TEST(AllocatorModel, AgreesWithABruteForceReplayOnRandomSequences) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 20; ++trial) {
+    CachingAllocatorModel m;
+    BruteForce ref;
+    std::vector<std::pair<uint64_t, int64_t>> alive;
+    uint64_t next_id = 1;
+    for (int step = 0; step < 300; ++step) {
+      const bool free_one = !alive.empty() && rng() % 5 < 2;
+      if (free_one) {
+        const size_t i = rng() % alive.size();
+        m.freed(alive[i].first, alive[i].second);
+        ref.free(alive[i].first);
+        alive.erase(alive.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        // Sizes across both pools and both large-segment rules.
+        const int64_t choices[] = {1,        700,      4096,      600 * 1024,   kMiB + 1,
+                                   3 * kMiB, 9 * kMiB, 11 * kMiB, 25 * kMiB + 3};
+        const int64_t bytes = choices[rng() % 9] + static_cast<int64_t>(rng() % 2048);
+        m.allocated(next_id, bytes);
+        ref.alloc(next_id, bytes);
+        alive.emplace_back(next_id++, bytes);
+      }
+      ASSERT_EQ(m.stats().allocated, ref.allocated) << "trial " << trial << " step " << step;
+      ASSERT_EQ(m.stats().reserved, ref.reserved) << "trial " << trial << " step " << step;
+    }
+    EXPECT_EQ(m.stats().peak_reserved, ref.peak_reserved);
+  }
+}
+
+// Every meta storage reaches an installed listener, by id, in order; uncounted ones do not.
+TEST(AllocatorModel, ListensToShapeOnlyStorages) {
+  const MetaTensorsScope meta(true);
+  CachingAllocatorModel m;
+  MetaAllocationListener* previous = set_meta_allocation_listener(&m);
+  {
+    const Tensor a = zeros({1024, 1024}, DType::F32);  // 4 MiB: a 20 MiB segment
+    EXPECT_EQ(m.stats().allocated, 4 * kMiB);
+    EXPECT_EQ(m.stats().reserved, 20 * kMiB);
+    Tensor b;
+    {
+      const MetaUncountedScope uncounted;
+      b = zeros({1024, 1024}, DType::F32);
+    }
+    EXPECT_EQ(m.stats().allocated, 4 * kMiB);  // not counted
+    count_meta(b);                             // counted from now on
+    EXPECT_EQ(m.stats().allocated, 8 * kMiB);
+  }
+  EXPECT_EQ(m.stats().allocated, 0);
+  set_meta_allocation_listener(previous);
+}
+
+}  // namespace
+}  // namespace spmd
