@@ -550,12 +550,17 @@ int gpt(World& world, Config c) {
         parts.pipeline = &step;
         const DryRunReport report = dry.report(parts);
         if (coordinator) fmt::print("\n== {}: dry-run report\n{}", run.name, report.table());
+        if (const char* path = std::getenv("SPMD_DRY_RUN_REPORT"); path != nullptr && coordinator) {
+          std::ofstream(fmt::format("{}.{}.json", path, run.fsdp ? "fsdp" : "sp")) << report.json();
+        }
         comm += fmt::format("{}, {} steps:\n{}", run.name, c.steps, trace().summary_table());
         continue;
       }
       AdamW<DTensor> opt(params, adamw_options(c));
       std::vector<DTensor> grads;  // kept for the memory report
       for (int64_t step = 0; step < c.steps; ++step) {
+        // The report is of the last step, in the steady state the earlier ones left.
+        if (step > 0 && step + 1 == c.steps) dry.begin_step();
         run.losses.push_back(train_step(c, Parallel{run.fsdp, policy_of(c)}, run.model, opt, params,
                                         batch_tokens(c, text, step), &layout, step, &grads));
       }
@@ -566,6 +571,8 @@ int gpt(World& world, Config c) {
         parts.optimizer_state.push_back(&opt.exp_avg(i));
         parts.optimizer_state.push_back(&opt.exp_avg_sq(i));
       }
+      // FSDP gathers a block's parameters ahead of its compute (the prefetch window).
+      if (run.fsdp) parts.prefetch_gathers = sizeof(gpt_model::Block<DTensor>) / sizeof(DTensor);
       const DryRunReport report = dry.report(parts);
       if (coordinator) fmt::print("\n== {}: dry-run report\n{}", run.name, report.table());
       if (const char* path = std::getenv("SPMD_DRY_RUN_REPORT")) {

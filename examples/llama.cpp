@@ -66,7 +66,8 @@ constexpr const char* kUsage =
     "      [--experts N] [--top-k N] [--capacity-factor X] [--aux-coef X] [--shared-expert]\n"
     "      [--cp-method ring|allgather|sdpa] [--no-zigzag] [--no-rope-scaling]\n"
     "      [--dtype f32|f64|bf16] [--master-dtype f32|f64] [--model toy|8b|70b|405b] [--no-check]\n"
-    "      [--recompute] [--selective-recompute]\n"
+    "      [--recompute] [--selective-recompute] [--selective-recompute-policy matmuls|alternate]\n"
+    "      [--loss-dtype f32|f64|bf16]\n"
     "      [--data FILE] [--seed N] [--save DIR] [--load DIR] [--accumulate N]\n"
     "      (and the --spmd-* flags of launch())";
 
@@ -219,6 +220,15 @@ Config parse_flags(int argc, char** argv) {
       c.load = value;
     } else if (flag == "--accumulate") {
       c.accumulate = parse_int(flag, value);
+    } else if (flag == "--loss-dtype") {
+      c.loss_dtype = float_dtype(flag, value);
+    } else if (flag == "--selective-recompute-policy") {
+      if (value != "matmuls" && value != "alternate") {
+        throw_error<ConfigError>(
+            "llama: --selective-recompute-policy takes matmuls or alternate, got '{}'", value);
+      }
+      c.recompute = c.selective = true;
+      c.alternate_matmuls = value == "alternate";
     } else if (flag == "--cp-method") {
       if (value != "ring" && value != "allgather" && value != "sdpa") {
         throw_error<ConfigError>("llama: --cp-method takes ring, allgather or sdpa, got '{}'",
@@ -391,6 +401,8 @@ std::vector<double> train(const Config& c, const std::string& text, const P& par
     return c.accumulate == 1 ? t : t.narrow(0, m * mc.batch, mc.batch).contiguous();
   };
   for (int64_t step = start; step < start + c.steps; ++step) {
+    // The dry run reports the last step, in the steady state the earlier ones left.
+    if (dry != nullptr && step > start && step + 1 == start + c.steps) dry->begin_step();
     double value = 0.0;
     for (int64_t m = 0; m < c.accumulate; ++m) {
       T loss;
@@ -431,9 +443,15 @@ std::vector<double> train(const Config& c, const std::string& text, const P& par
           parts.optimizer_state.push_back(&opt.exp_avg(i));
           parts.optimizer_state.push_back(&opt.exp_avg_sq(i));
         }
+        // FSDP gathers a block's parameters ahead of its compute (the prefetch window).
+        if (layout->fsdp)
+          parts.prefetch_gathers = static_cast<int>(model.blocks[0].params().size());
         const DryRunReport report = dry->report(parts);
         if (layout->mesh.world().is_coordinator()) {
           fmt::print("\n== dry-run report\n{}", report.table());
+          if (const char* path = std::getenv("SPMD_DRY_RUN_REPORT")) {
+            std::ofstream(fmt::format("{}.json", path)) << report.json();
+          }
         }
       }
     }
@@ -886,6 +904,9 @@ int llama(World& world, Config c) {
     parts.pipeline = &step;
     const DryRunReport report = dry.report(parts);
     if (coordinator) fmt::print("\n== dry-run report\n{}", report.table());
+    if (const char* path = std::getenv("SPMD_DRY_RUN_REPORT"); path != nullptr && coordinator) {
+      std::ofstream(fmt::format("{}.json", path)) << report.json();
+    }
   } else if (pipelined) {
     losses = train_pipeline(world, c, text, mesh, *setup, order, model);
   } else if (dry_run) {

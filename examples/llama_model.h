@@ -79,6 +79,12 @@ struct Config {
   // --selective-recompute: the same, keeping the matmuls' and attention's outputs (Note
   // [Selective recompute] in spmd/ops/selective.h)
   bool selective = false;
+  // --selective-recompute-policy alternate: torchtitan's "op" policy, every second matmul
+  // recomputed too (save_alternate_matmuls).
+  bool alternate_matmuls = false;
+  // --loss-dtype f32: the logits are cast before the loss (torchtitan computes its cross-entropy
+  // on logits.float()).
+  std::optional<DType> loss_dtype;
   // --master-dtype: the parameters are stored and stepped in it and used in `dtype`, gradients
   // reduced in it (MixedPrecisionPolicy, Note [Mixed precision] in spmd/nn/parallel.h).
   std::optional<DType> master_dtype;
@@ -403,7 +409,15 @@ template <class T>
 T next_token_loss(const Config& c, const T& logits, const T& next, const T& aux) {
   const int64_t B = c.batch, S = c.seq;
   const T targets = reshape(next, {B * S});
-  const T loss = cross_entropy(reshape(logits, {B * S, c.vocab}), targets);
+  T flat = reshape(logits, {B * S, c.vocab});
+  if (c.loss_dtype) {
+    if constexpr (std::is_same_v<T, DTensor>) {
+      flat = to(flat, *c.loss_dtype);
+    } else {
+      flat = flat.to(*c.loss_dtype);
+    }
+  }
+  const T loss = cross_entropy(flat, targets);
   return aux.defined() ? loss + aux * c.aux_coef : loss;
 }
 
@@ -423,7 +437,8 @@ T forward(const Config& c, const P& par, const Model<T>& m, const T& ids, const 
       T no_aux;
       return block(c, par, b, in[0], no_aux);
     };
-    x = c.selective ? checkpoint_activations(fn, {x}, save_matmuls())
+    x = c.selective ? checkpoint_activations(
+                          fn, {x}, c.alternate_matmuls ? save_alternate_matmuls() : save_matmuls())
                     : checkpoint_activations(fn, {x});
   }
   return next_token_loss(c, logits_of(c, par, m, x), next, aux);
