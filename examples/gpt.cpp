@@ -192,10 +192,15 @@ Config parse_flags(int argc, char** argv) {
                              c.heads);
   }
   if (c.dropout >= 1.0) throw_error<ConfigError>("gpt: --dropout must be below 1");
-  if (c.pp > 1 && (c.accumulate > 1 || c.recompute || !c.save.empty() || !c.load.empty())) {
+  if (c.pp > 1 && (c.accumulate > 1 || !c.save.empty() || !c.load.empty())) {
     throw_error<ConfigError>(
-        "gpt: --accumulate, --recompute, --save and --load run without --pp (a pipeline splits "
-        "each batch into --microbatches already, and its stages hold their own parameters)");
+        "gpt: --accumulate, --save and --load run without --pp (a pipeline splits each batch "
+        "into --microbatches already, and its stages hold their own parameters)");
+  }
+  if (c.pp > 1 && c.recompute && c.schedule == "zb") {
+    throw_error<ConfigError>(
+        "gpt: --recompute with --pp runs the gpipe, 1f1b and interleaved schedules (zb splits each "
+        "backward in two, and a recomputed block would run its forward twice)");
   }
   if (c.batch % c.accumulate != 0) {
     throw_error<ConfigError>("gpt: --batch {} must split into --accumulate {} microbatches",
@@ -357,7 +362,18 @@ std::vector<double> train_pipeline(World& world, const Config& c, const std::str
                    : DTensor::from_local(input, on, sp, Shape{mc.batch, c.seq, c.d_model});
         const int64_t first = s * setup.blocks_per_stage;
         for (int64_t l = first; l < first + setup.blocks_per_stage; ++l) {
-          x = block(mc, par, m.blocks[static_cast<size_t>(l)], l, x, mb_step);
+          const Block<DTensor>& b = m.blocks[static_cast<size_t>(l)];
+          if (!mc.recompute) {
+            x = block(mc, par, b, l, x, mb_step);
+            continue;
+          }
+          // --recompute: as forward() does; the block's parameters are copied (m is this
+          // action's), the recompute runs in the microbatch's backward action.
+          const std::function<DTensor(const std::vector<DTensor>&)> fn =
+              [&mc, &par, b, l, mb_step](const std::vector<DTensor>& in) {
+                return block(mc, par, b, l, in[0], mb_step);
+              };
+          x = checkpoint_activations(fn, {x});
         }
         if (s != last) return x.redistribute(sp).to_local();
         const DTensor logits = logits_of(par, m, x);

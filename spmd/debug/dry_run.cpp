@@ -340,6 +340,9 @@ DryRun::DryRun(const World& world, DeviceSpec device, DryRunOptions options)
             1e6;
     Trace& t = trace();
     op.after_events = t.first_event_id() + t.num_events();
+    if (const std::vector<int>& held = e.output.local().ranks(); !held.empty()) {
+      op.first_rank = held.front();
+    }
     op.file = e.location.file_name();
     op.line = e.location.line();
     const PipelineContext context = pipeline_context();
@@ -562,7 +565,7 @@ std::optional<DryRunReport::Pipeline> DryRun::pipeline_estimate(
   std::map<std::tuple<char, int, int>, double> actions;
   double transfers = 0.0;
   int64_t transfer_count = 0;
-  double outside = 0.0;
+  std::map<int, double> outside;  // by stage mesh (its first rank)
   const uint64_t first_held = trace().first_event_id();
   for (size_t i = 0; i < events.size(); ++i) {
     if (first_held + i < first_event_) continue;
@@ -575,7 +578,9 @@ std::optional<DryRunReport::Pipeline> DryRun::pipeline_estimate(
     } else if (e.phase != 0) {
       actions[{e.phase, e.stage, e.microbatch}] += e.estimate_us;
     } else {
-      outside += e.estimate_us;
+      std::vector<int> first_group;
+      if (e.family) first_group = e.family->group(0);
+      outside[first_group.empty() ? -1 : first_group.front()] += e.estimate_us;
     }
   }
   // report() holds mutex_.
@@ -583,7 +588,7 @@ std::optional<DryRunReport::Pipeline> DryRun::pipeline_estimate(
     if (op.phase != 0) {
       actions[{op.phase, op.stage, op.microbatch}] += op.us;
     } else {
-      outside += op.us;
+      outside[op.first_rank] += op.us;
     }
   }
   auto mean_of = [&](char phase) {
@@ -605,7 +610,7 @@ std::optional<DryRunReport::Pipeline> DryRun::pipeline_estimate(
       s, pipeline::Costs{p.forward_us, p.backward_us, p.input_us, p.weight_us, p.transfer_us});
   p.makespan_us = t.makespan;
   p.bubble_fraction = t.bubble_fraction;
-  p.outside_us = outside;
+  for (const auto& [first_rank, us] : outside) p.outside_us = std::max(p.outside_us, us);
   return p;
 }
 

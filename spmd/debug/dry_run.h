@@ -45,7 +45,9 @@
 // the ops and collectives that ran inside a pipeline action (their pipeline context) are summed
 // per action, averaged per kind (F, B, I, W) and per transfer, and the schedule is simulated with
 // those costs (pipeline/timeline.h): the step time is that makespan, bubble included, plus what
-// ran outside the actions (the optimizer, the dp gradient reduction). Memory: the activations
+// ran outside the actions (the optimizer, the dp gradient reduction): per stage mesh (an op by the
+// first rank holding its output, a collective by its first group's first rank), the busiest
+// one, since the stages' meshes run theirs at the same time. Memory: the activations
 // each stage's forward leaves alive per microbatch and, per pp rank, the most it held at once
 // as the schedule ran (run_pipeline measures them under --spmd-tensors=meta).
 #pragma once
@@ -246,6 +248,7 @@ class DryRun {
     double bytes = 0.0;
     double us = 0.0;
     char kind = 'e';            // 'm': matmul, 'a': attention, 'e': memory-bound
+    int first_rank = -1;        // the smallest rank holding the output (a stage's mesh)
     uint64_t after_events = 0;  // trace events issued before it ran
     std::string file;
     uint32_t line = 0;

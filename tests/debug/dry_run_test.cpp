@@ -501,5 +501,28 @@ TEST(DryRunPipeline, InFlightActivationsAndTheBubble) {
   }
 }
 
+// What runs outside the pipeline's actions (an optimizer step) runs on every stage's mesh at the
+// same time: the step counts the busiest stage, not the sum.
+TEST(DryRunPipeline, WorkOutsideTheActionsRunsPerStageInParallel) {
+  const MetaTensorsScope meta(true);
+  World world = World::sim(4);
+  const DeviceMesh mesh = init_device_mesh(world, {2, 2}, {"dp", "pp"});
+  auto run = [&](int stages_stepped) {
+    DryRun dry(world);
+    std::vector<DTensor> w(2);
+    const pipeline::PipelineStep step =
+        run_two_stages(world, mesh, pipeline::make_schedule("1f1b", 2, 4), w);
+    for (int s = 0; s < stages_stepped; ++s) {
+      const DTensor updated = w[static_cast<size_t>(s)].detach() * 0.5;  // an optimizer's work
+    }
+    return dry.report({.pipeline = &step}).pipeline->outside_us;
+  };
+  const double none = run(0);
+  const double one = run(1);
+  const double both = run(2);
+  EXPECT_GT(one, none);
+  EXPECT_DOUBLE_EQ(both, one);
+}
+
 }  // namespace
 }  // namespace spmd

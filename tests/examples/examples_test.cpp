@@ -174,8 +174,9 @@ TEST(Examples, GptAccumulatesMicrobatchesAndRefusesWhatDoesNotSplit) {
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
            {"--accumulate 3", "--batch 8 must split into --accumulate 3 microbatches"},
            {"--accumulate 8", "microbatches of a multiple of dp = 2 rows each"},
-           {"--pp 2 --accumulate 2",
-            "--accumulate, --recompute, --save and --load run without --pp"},
+           {"--pp 2 --accumulate 2", "--accumulate, --save and --load run without --pp"},
+           {"--pp 2 --schedule zb --recompute",
+            "--recompute with --pp runs the gpipe, 1f1b and interleaved schedules"},
            {"--accumulate 0", "--accumulate needs a positive integer"}}) {
     const CommandResult r = run_command(gpt + args);
     EXPECT_NE(r.exit_code, 0) << args;
