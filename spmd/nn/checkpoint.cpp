@@ -224,6 +224,16 @@ void world_barrier(const World& world) {
   barrier(init_device_mesh(world, {world.size()}, {"checkpoint"}));
 }
 
+// The folder to read for checkpoint `dir`: DIR, or DIR.old when a save died between moving the
+// previous checkpoint aside and moving the new one in (Note [Checkpoint format]).
+std::string folder_to_read(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / "index.json", ec)) return dir;
+  const std::string old = dir + ".old";
+  if (fs::exists(fs::path(old) / "index.json", ec)) return old;
+  return dir;
+}
+
 json read_index(const std::string& dir, const char* op) {
   const fs::path path = fs::path(dir) / "index.json";
   std::ifstream in(path);
@@ -333,9 +343,13 @@ void finish(Snapshot& s) {
       }
     }
     std::error_code ec;
+    // DIR moves aside to DIR.old, then DIR.tmp to DIR. A process killed between the two leaves
+    // no DIR: load reads DIR.old, and the next save keeps it until its own DIR is in place.
     const fs::path old = fs::path(s.target.string() + ".old");
-    fs::remove_all(old, ec);
-    if (fs::exists(s.target)) fs::rename(s.target, old, ec);
+    if (fs::exists(s.target)) {
+      fs::remove_all(old, ec);
+      fs::rename(s.target, old, ec);
+    }
     fs::rename(s.tmp, s.target, ec);
     if (ec) {
       throw_error<ConfigError>("checkpoint::save: cannot move {} to {} ({})", s.tmp.string(),
@@ -435,8 +449,9 @@ AsyncSave save_async(const World& world, const StateDict& state, const std::stri
   return handle;
 }
 
-void load(const StateDict& state, const std::string& dir, SourceLocation loc) {
+void load(const StateDict& state, const std::string& checkpoint, SourceLocation loc) {
   const UserCallSite site(loc);
+  const std::string dir = folder_to_read(checkpoint);
   const json index = read_index(dir, "load");
   const json& entries = index.at("entries");
   std::map<std::string, std::shared_ptr<SafetensorsFile>> opened;
@@ -529,7 +544,8 @@ void load(const StateDict& state, const std::string& dir, SourceLocation loc) {
   }
 }
 
-std::map<std::string, EntryInfo> inspect(const std::string& dir) {
+std::map<std::string, EntryInfo> inspect(const std::string& checkpoint) {
+  const std::string dir = folder_to_read(checkpoint);
   const json index = read_index(dir, "inspect");
   std::map<std::string, EntryInfo> out;
   for (const auto& [key, e] : index.at("entries").items()) {

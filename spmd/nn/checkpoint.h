@@ -25,16 +25,16 @@
 // HF storage, JAX loaders), holds nothing but tensors (no pickled code) and needs no library.
 // Crash safety: every file is written into DIR.tmp, and when every process has written its files
 // (a barrier) the coordinator writes index.json there and renames DIR.tmp to DIR, replacing the
-// previous checkpoint only then: a save that dies part way leaves DIR as it was (load reads only a
-// folder with an index.json). Under sim, threads, mpi and nccl: each process writes the ranks it
-// holds. save_async() copies the pieces at once and writes them from a background thread; its
-// wait() does the rest.
-// load() fills each entry of `state` in place: a DTensor keeps its mesh and placements and gets
-// the values of its pieces, read from every chunk that overlaps each held rank's block (only
-// those files); a Tensor gets the whole value. Errors (ConfigError naming the folder, the key or
-// the file): no index (not a checkpoint, or an unfinished save), a key the checkpoint lacks,
-// another global shape or dtype (a checkpoint of another model), a missing or truncated file,
-// chunks that do not cover a piece.
+// previous checkpoint only then (it moves to DIR.old first, removed after): a save that dies part
+// way leaves DIR as it was, or, killed between the two renames, DIR.old, which load and inspect
+// read when DIR has no index.json (load reads only a folder with an index.json). Under sim,
+// threads, mpi and nccl: each process writes the ranks it holds. save_async() copies the pieces at
+// once and writes them from a background thread; its wait() does the rest. load() fills each entry
+// of `state` in place: a DTensor keeps its mesh and placements and gets the values of its pieces,
+// read from every chunk that overlaps each held rank's block (only those files); a Tensor gets the
+// whole value. Errors (ConfigError naming the folder, the key or the file): no index (not a
+// checkpoint, or an unfinished save), a key the checkpoint lacks, another global shape or dtype (a
+// checkpoint of another model), a missing or truncated file, chunks that do not cover a piece.
 #pragma once
 
 #include <map>

@@ -286,6 +286,24 @@ TEST(Checkpoint, KilledSaveLeavesTheCheckpointThatWasThere) {
   }
 }
 
+// A save killed between its two renames (DIR moved aside to DIR.old, DIR.tmp not yet moved in)
+// leaves no DIR: load reads DIR.old, and the next save replaces it.
+TEST(Checkpoint, KilledBetweenTheRenamesLoadsThePreviousOne) {
+  World world = World::sim(8);
+  const std::string dir = ckpt_dir(world, "between_renames");
+  const DeviceMesh mesh = init_device_mesh(world, {8}, {"dp"});
+  std::filesystem::remove_all(dir + ".old");
+  DTensor old_value = distribute_tensor(full({64, 8}, 1.0), mesh, {Shard{0}});
+  checkpoint::save(world, {{"w", &old_value}}, dir);
+  std::filesystem::rename(dir, dir + ".old");  // where the kill came
+  EXPECT_EQ(killed_save_left(dir, {64, 8}), 1);
+  EXPECT_EQ(checkpoint::inspect(dir).count("w"), 1u);
+  DTensor next = distribute_tensor(full({64, 8}, 2.0), mesh, {Shard{0}});
+  checkpoint::save(world, {{"w", &next}}, dir);
+  EXPECT_EQ(killed_save_left(dir, {64, 8}), 2);
+  EXPECT_FALSE(std::filesystem::exists(dir + ".old"));
+}
+
 // The same with the save made by 8 rank threads (the threads backend, in a child process killed
 // with every thread at a random point of its own save): the checkpoint that loads is the previous
 // one or the new one, read back under sim.
