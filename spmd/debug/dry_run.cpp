@@ -465,6 +465,11 @@ DryRunReport DryRun::report(const MemoryParts& parts) const {
   return r;
 }
 
+bool DryRun::on_overlap_dim(const TraceEvent& e) const {
+  const std::vector<std::string>& dims = options_.overlap_dims;
+  return std::find(dims.begin(), dims.end(), e.dim_name) != dims.end();
+}
+
 // Note [Dry-run estimates]: compute and communication as two streams.
 double DryRun::overlapped_step(const std::vector<TraceEvent>& events) const {
   const uint64_t first_held = trace().first_event_id();
@@ -472,10 +477,6 @@ double DryRun::overlapped_step(const std::vector<TraceEvent>& events) const {
   double comm = 0.0;         // when the communication stream is free
   double last_gather = 0.0;  // when the last overlapped all_gather was issued
   size_t next = 0;
-  auto overlapped = [&](const TraceEvent& e) {
-    return std::find(options_.overlap_dims.begin(), options_.overlap_dims.end(), e.dim_name) !=
-           options_.overlap_dims.end();
-  };
   auto collectives_before = [&](uint64_t id_limit) {
     for (; next < events.size() && first_held + next < id_limit; ++next) {
       if (first_held + next < first_event_) continue;
@@ -484,13 +485,13 @@ double DryRun::overlapped_step(const std::vector<TraceEvent>& events) const {
       const bool gather = e.kind == CollectiveKind::AllGather;
       const bool reduce =
           e.kind == CollectiveKind::ReduceScatter || e.kind == CollectiveKind::AllReduce;
-      if (overlapped(e) && gather) {
+      if (on_overlap_dim(e) && gather) {
         // Prefetched: it may start when the previous one was issued; its user waits for it.
         const double start = std::max(comm, last_gather);
         last_gather = compute;
         comm = start + e.estimate_us;
         compute = std::max(compute, comm);
-      } else if (overlapped(e) && reduce) {
+      } else if (on_overlap_dim(e) && reduce) {
         // A gradient reduction: nothing in the step waits for it but the step's end.
         comm = std::max(comm, compute) + e.estimate_us;
       } else {
@@ -520,9 +521,7 @@ DryRunReport::DeviceMemory DryRun::device_memory(int64_t tensors_peak, int prefe
     if (first_held + i < first_event_) continue;
     const TraceEvent& e = events[i];
     if (std::find(dims.begin(), dims.end(), e.dim_name) == dims.end()) dims.push_back(e.dim_name);
-    const bool overlapped = std::find(options_.overlap_dims.begin(), options_.overlap_dims.end(),
-                                      e.dim_name) != options_.overlap_dims.end();
-    if (overlapped && e.kind == CollectiveKind::AllGather) {
+    if (on_overlap_dim(e) && e.kind == CollectiveKind::AllGather) {
       gathered.push_back(e.bytes * (e.family ? e.family->group_size() : 1));
     }
   }

@@ -259,6 +259,8 @@ class DryRun {
   };
 
  private:
+  // Whether `e` ran on one of DryRunOptions::overlap_dims.
+  bool on_overlap_dim(const TraceEvent& e) const;
   // The step with compute and communication as two streams (report() holds mutex_).
   double overlapped_step(const std::vector<TraceEvent>& events) const;
   DryRunReport::DeviceMemory device_memory(int64_t tensors_peak, int prefetch_gathers,

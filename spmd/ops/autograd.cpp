@@ -99,23 +99,13 @@ bool any_requires_grad(std::span<const Var> inputs) {
 }
 
 namespace {
-thread_local bool t_making_stub = false;
-
 // Note [Saved values]: `v` itself if its kind has no stub, else a shape stub of it.
 Var shape_stub(const Var& v) {
   if (!v.defined() || v.kind().shape_stub == nullptr) return v;
   const MetaUncountedScope uncounted;
-  const bool saved = t_making_stub;
-  t_making_stub = true;
-  Var stub = v.kind().shape_stub(v);
-  t_making_stub = saved;
-  return stub;
+  return v.kind().shape_stub(v);
 }
 }  // namespace
-
-bool making_shape_stub() {
-  return t_making_stub;
-}
 
 Var record(std::string_view name, const OpDef* op, std::span<const Var> inputs, const OpArgs& args,
            const Var& output, BackwardFn backward, std::shared_ptr<const void> payload,

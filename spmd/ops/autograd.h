@@ -227,9 +227,6 @@ Var record(std::string_view name, const OpDef* op, std::span<const Var> inputs, 
            const Var& output, BackwardFn backward = nullptr,
            std::shared_ptr<const void> payload = nullptr, uint32_t saves = kSavesAll);
 
-// True on this thread while record() makes a shape stub (observers skip what it runs).
-bool making_shape_stub();
-
 // Reverse mode from `output` with output gradient `grad` (Note [Autograd]). Error when `output`
 // takes no part in autograd. `loc` is the user's backward() call; each node's derivative runs at
 // the user line that recorded it (reports say "in the backward of 'matmul' recorded at x.cpp:7").

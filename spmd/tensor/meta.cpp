@@ -27,7 +27,7 @@ void count_bytes(int64_t delta) {
 }  // namespace
 
 namespace detail {
-uint64_t meta_counted(int64_t bytes) {
+static uint64_t counted(int64_t bytes) {
   const uint64_t id = g_next_id.fetch_add(1, std::memory_order_relaxed);
   count_bytes(bytes);
   if (g_listener.load(std::memory_order_acquire) != nullptr) {
@@ -40,7 +40,7 @@ uint64_t meta_counted(int64_t bytes) {
 }
 
 uint64_t meta_allocated(int64_t bytes) {
-  return t_uncounted > 0 ? 0 : meta_counted(bytes);
+  return t_uncounted > 0 ? 0 : counted(bytes);
 }
 
 void note_backward_start() {
@@ -68,10 +68,6 @@ MetaUncountedScope::MetaUncountedScope() {
 
 MetaUncountedScope::~MetaUncountedScope() {
   --t_uncounted;
-}
-
-void count_meta(const Tensor& t) {
-  if (t.defined() && t.storage()) t.storage()->count_meta();
 }
 
 int64_t meta_live_bytes() {

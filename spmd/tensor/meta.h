@@ -53,8 +53,8 @@ class MetaTensorsScope {
 // (the dry run's allocator model, debug/allocator_model.h) sees each allocation and free in the
 // order they happen, by id. Storages made on a thread inside a MetaUncountedScope are not
 // counted: the scope stands for a fused kernel whose temporaries live in on-chip memory (a
-// flash-attention backward, Note [Fused attention accounting] in ops/ops.h); the kernel's
-// results are counted with count_meta(t) when the scope ends.
+// flash-attention backward, Note [Fused attention accounting] in ops/ops.h), whose results are
+// made after the scope closes.
 
 // Bytes of counted meta storages alive now and the most alive at once since the last reset:
 // what a dry run would hold (each distinct shard counted once: per rank when ranks' shards have
@@ -86,14 +86,11 @@ class MetaUncountedScope {
   MetaUncountedScope(const MetaUncountedScope&) = delete;
   MetaUncountedScope& operator=(const MetaUncountedScope&) = delete;
 };
-// Counts the storage of `t` from now on if it is an uncounted meta storage.
-void count_meta(const Tensor& t);
 
 namespace detail {
 // Storage on the meta device reports here (tensor/storage.cpp): meta_allocated returns the
-// storage's id, 0 inside a MetaUncountedScope; meta_counted counts an uncounted one now.
+// storage's id, 0 inside a MetaUncountedScope.
 uint64_t meta_allocated(int64_t bytes);
-uint64_t meta_counted(int64_t bytes);
 void meta_freed(uint64_t id, int64_t bytes);
 // ops/autograd.cpp: a backward begins (noted if it is the first since the reset).
 void note_backward_start();

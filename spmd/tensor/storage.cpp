@@ -196,12 +196,6 @@ Storage::~Storage() {
   }
 }
 
-void Storage::count_meta() {
-  if (device_.is_meta() && meta_id_ == 0) {
-    meta_id_ = detail::meta_counted(static_cast<int64_t>(nbytes_));
-  }
-}
-
 std::size_t cpu_allocator_cached_bytes() {
   return cpu_cache().cached_bytes();
 }

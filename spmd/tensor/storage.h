@@ -81,9 +81,8 @@ class Storage {
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 
   // Meta storage: its id in the shape-only byte count (Note [Meta allocations] in tensor/meta.h),
-  // 0 while uncounted (made inside a MetaUncountedScope). count_meta() counts it from now on.
+  // 0 when uncounted (made inside a MetaUncountedScope).
   uint64_t meta_id() const { return meta_id_; }
-  void count_meta();
 
  private:
   Storage(void* data, std::size_t nbytes, Device device)

@@ -212,6 +212,7 @@ TEST(AllocatorModel, ListensToShapeOnlyStorages) {
   const MetaTensorsScope meta(true);
   CachingAllocatorModel m;
   MetaAllocationListener* previous = set_meta_allocation_listener(&m);
+  const int64_t before = meta_live_bytes();
   {
     const Tensor a = zeros({1024, 1024}, DType::F32);  // 4 MiB: a 20 MiB segment
     EXPECT_EQ(m.stats().allocated, 4 * kMiB);
@@ -222,8 +223,10 @@ TEST(AllocatorModel, ListensToShapeOnlyStorages) {
       b = zeros({1024, 1024}, DType::F32);
     }
     EXPECT_EQ(m.stats().allocated, 4 * kMiB);  // not counted
-    count_meta(b);                             // counted from now on
-    EXPECT_EQ(m.stats().allocated, 8 * kMiB);
+    EXPECT_EQ(meta_live_bytes(), before + 4 * kMiB);
+    b = Tensor();  // nor is its free
+    EXPECT_EQ(meta_live_bytes(), before + 4 * kMiB);
+    EXPECT_EQ(m.stats().allocated, 4 * kMiB);
   }
   EXPECT_EQ(m.stats().allocated, 0);
   set_meta_allocation_listener(previous);

@@ -149,7 +149,8 @@ SPMD_TEST(Recompute, SelectiveGptBlocksSkipTheirMatmulsInBackward) {
     int forward_matmuls = 0;
     int backward_matmuls = 0;
   };
-  auto run = [&](int mode) {  // 0: plain, 1: full recompute, 2: selective
+  const RecomputePolicy alternate = save_alternate_matmuls();
+  auto run = [&](int mode) {  // 0: plain, 1: full recompute, 2: selective, 3: every other matmul
     Result r;
     int matmul_events = 0;
     // This world's events only (under threads every rank thread's observer sees every event).
@@ -167,7 +168,8 @@ SPMD_TEST(Recompute, SelectiveGptBlocksSkipTheirMatmulsInBackward) {
       };
       x = mode == 0   ? fn({x})
           : mode == 1 ? checkpoint_activations(fn, {x})
-                      : checkpoint_activations(fn, {x}, matmuls);
+          : mode == 2 ? checkpoint_activations(fn, {x}, matmuls)
+                      : checkpoint_activations(fn, {x}, alternate);
     }
     const DTensor loss = gpt_model::next_token_loss(c, gpt_model::logits_of(par, m, x), tokens);
     r.forward_matmuls = matmul_events;
@@ -190,6 +192,13 @@ SPMD_TEST(Recompute, SelectiveGptBlocksSkipTheirMatmulsInBackward) {
   const int block_matmuls = 6 * static_cast<int>(c.layers);
   EXPECT_EQ(full.backward_matmuls - selective.backward_matmuls, block_matmuls);
   EXPECT_EQ(full.backward_matmuls - plain.backward_matmuls, block_matmuls);
+  // torchtitan's "op" policy keeps the 1st, 3rd and 5th matmul of each block and recomputes the
+  // others, with the same gradients.
+  const Result every_other = run(3);
+  EXPECT_EQ(full.backward_matmuls - every_other.backward_matmuls, block_matmuls / 2);
+  for (size_t i = 0; i < plain.grads.size(); ++i) {
+    EXPECT_TRUE(allclose(every_other.grads[i], plain.grads[i], 1e-12, 1e-14)) << "parameter " << i;
+  }
 }
 
 }  // namespace
