@@ -8,7 +8,7 @@ JOBS=${SPMD_JOBS:-$(nproc 2>/dev/null || echo 2)}
 SPMD_PACKAGES=(
   build-essential cmake git python3
   libgtest-dev libgmock-dev libbenchmark-dev
-  libeigen3-dev libfmt-dev nlohmann-json3-dev libcli11-dev
+  libeigen3-dev libopenblas-dev libfmt-dev nlohmann-json3-dev libcli11-dev
   libopenmpi-dev openmpi-bin doxygen
 )
 

@@ -184,8 +184,7 @@ Tensor dropout_block(const Tensor& x, const OpArgs& args, const Shape& global,
     at[0] += args.ints[0];
     whole[0] = args.ints[1];
   }
-  const Tensor u = rand_block(whole, args.seed, at, x.shape(), DType::F64);
-  const Tensor keep = ge(u, full({}, p, DType::F64)).to(x.device());
+  const Tensor keep = rand_block_at_least(whole, args.seed, at, x.shape(), p).to(x.device());
   Tensor out = empty(x.shape(), x.dtype(), x.device());
   const Tensor kept = p < 1.0 ? x * (1.0 / (1.0 - p)) : x;
   kernels.where(out, keep, kept, full({}, 0.0, x.dtype(), x.device()).expand(x.shape()));

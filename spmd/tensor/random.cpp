@@ -50,12 +50,63 @@ void check_random_dtype(const char* op, DType dtype) {
   }
 }
 
-// The block [start, start + sizes) of a random tensor of shape `global`, element i of the full
-// tensor being value(i).
-template <class F>
-Tensor random_block(const char* op, const Shape& global, const Shape& start, const Shape& sizes,
-                    DType dtype, bool uniform, F value) {
-  check_random_dtype(op, dtype);
+// Note [Philox in lanes]
+// Blocks of random values are made kLanes counters at a time: philox_lanes runs philox4x32's
+// rounds over arrays of lanes, which the compiler turns into vector multiplies. It is compiled for
+// AVX-512, AVX2 and baseline x86-64 and the loader picks one for the CPU (target_clones), so the
+// package needs no -march; every clone gives philox4x32's words bit for bit (integer arithmetic),
+// so the streams and every digest are the same. random_block walks the block by rows of its last
+// dim, whose elements have consecutive flat indices in the full tensor (Note [Counter-based RNG]).
+constexpr int kLanes = 16;
+
+struct PhiloxLanes {
+  std::array<std::array<uint32_t, kLanes>, 4> w;
+};
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__)
+#define SPMD_PHILOX_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SPMD_PHILOX_CLONES
+#endif
+
+// The words of philox(seed, index0 + l) for the kLanes lanes l.
+SPMD_PHILOX_CLONES void philox_lanes(uint64_t seed, uint64_t index0, PhiloxLanes& out) {
+  std::array<uint32_t, kLanes> c0{}, c1{}, c2{}, c3{};
+  for (int l = 0; l < kLanes; ++l) {
+    const uint64_t i = index0 + static_cast<uint64_t>(l);
+    c0[l] = static_cast<uint32_t>(i);
+    c1[l] = static_cast<uint32_t>(i >> 32);
+  }
+  uint32_t k0 = static_cast<uint32_t>(seed);
+  uint32_t k1 = static_cast<uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += kPhiloxW0;
+      k1 += kPhiloxW1;
+    }
+    for (int l = 0; l < kLanes; ++l) {
+      const uint64_t p0 = static_cast<uint64_t>(kPhiloxM0) * c0[l];
+      const uint64_t p1 = static_cast<uint64_t>(kPhiloxM1) * c2[l];
+      c0[l] = static_cast<uint32_t>(p1 >> 32) ^ c1[l] ^ k0;
+      c1[l] = static_cast<uint32_t>(p1);
+      c2[l] = static_cast<uint32_t>(p0 >> 32) ^ c3[l] ^ k1;
+      c3[l] = static_cast<uint32_t>(p0);
+    }
+  }
+  out.w = {c0, c1, c2, c3};
+}
+
+// What a block holds: rand's values, randn's, or rand's compared with a threshold (Bool).
+enum class RandomKind { Uniform, Normal, AtLeast };
+
+double normal_from_words(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+  // Box-Muller; 1 - u lies in (0, 1], so the log is finite.
+  const double u1 = 1.0 - unit_double(w0, w1);
+  const double u2 = unit_double(w2, w3);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+}
+
+void check_block(const char* op, const Shape& global, const Shape& start, const Shape& sizes) {
   checked_numel(global, op);
   bool inside = start.size() == global.size() && sizes.size() == global.size();
   for (std::size_t d = 0; inside && d < global.size(); ++d) {
@@ -65,28 +116,69 @@ Tensor random_block(const char* op, const Shape& global, const Shape& start, con
     throw_error<ShapeError>("{}: block at {} of sizes {} does not lie inside shape {}", op,
                             shape_str(start), shape_str(sizes), shape_str(global));
   }
+}
+
+// Fills p (the block [start, start + sizes) of a tensor of shape `global`, row-major) with
+// element i of the full tensor's value(words of philox(seed, i)), by rows of the last dim.
+template <class T, class F>
+void fill_block(T* p, const Shape& global, const Shape& start, const Shape& sizes, uint64_t seed,
+                F value) {
+  const std::size_t nd = sizes.size();
+  const int64_t numel = checked_numel(sizes, "random");
+  if (numel == 0) return;
+  const int64_t row = nd == 0 ? 1 : sizes[nd - 1];
+  const int64_t rows = numel / row;
+  const Strides global_strides = contiguous_strides(global);
+  const int64_t grain = std::max<int64_t>(1, 4096 / row);
+  parallel_for(rows, grain, [&](int64_t first, int64_t last) {
+    PhiloxLanes lanes;
+    for (int64_t r = first; r < last; ++r) {
+      // The flat index in the full tensor of the row's first element.
+      int64_t rest = r;
+      int64_t flat = nd == 0 ? 0 : start[nd - 1];
+      for (std::size_t d = nd - (nd == 0 ? 0 : 1); d-- > 0;) {
+        flat += (start[d] + rest % sizes[d]) * global_strides[d];
+        rest /= sizes[d];
+      }
+      T* out = p + r * row;
+      for (int64_t j = 0; j < row; j += kLanes) {
+        philox_lanes(seed, static_cast<uint64_t>(flat + j), lanes);
+        const int64_t n = std::min<int64_t>(kLanes, row - j);
+        for (int64_t l = 0; l < n; ++l) {
+          out[j + l] = value(lanes.w[0][l], lanes.w[1][l], lanes.w[2][l], lanes.w[3][l]);
+        }
+      }
+    }
+  });
+}
+
+Tensor random_block(const char* op, const Shape& global, uint64_t seed, const Shape& start,
+                    const Shape& sizes, DType dtype, RandomKind kind, double threshold = 0.0) {
+  if (kind != RandomKind::AtLeast) check_random_dtype(op, dtype);
+  check_block(op, global, start, sizes);
   Tensor out = empty_for(op, sizes, dtype);
   // Random initialization is free in a dry run (Note [Shape-only tensors]).
   if (out.is_meta()) return out;
-  const int64_t numel = out.numel();
-  const Strides global_strides = contiguous_strides(global);
-  const std::size_t nd = sizes.size();
+  if (kind == RandomKind::AtLeast) {
+    fill_block(out.data<bool>(), global, start, sizes, seed,
+               [threshold](uint32_t w0, uint32_t w1, uint32_t, uint32_t) {
+                 return unit_double(w0, w1) >= threshold;
+               });
+    return out;
+  }
   dispatch_dtype(dtype, [&]<class T>() {
     if constexpr (!std::is_integral_v<T>) {
-      T* p = out.data<T>();
-      parallel_for(numel, 4096, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-          // The element's flat index in the full tensor.
-          int64_t rest = i;
-          int64_t flat = 0;
-          for (std::size_t d = nd; d-- > 0;) {
-            flat += (start[d] + rest % sizes[d]) * global_strides[d];
-            rest /= sizes[d];
-          }
-          const double v = value(static_cast<uint64_t>(flat));
-          p[i] = uniform ? round_uniform<T>(v) : convert_element<T>(v);
-        }
-      });
+      if (kind == RandomKind::Uniform) {
+        fill_block(out.data<T>(), global, start, sizes, seed,
+                   [](uint32_t w0, uint32_t w1, uint32_t, uint32_t) {
+                     return round_uniform<T>(unit_double(w0, w1));
+                   });
+      } else {
+        fill_block(out.data<T>(), global, start, sizes, seed,
+                   [](uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+                     return convert_element<T>(normal_from_words(w0, w1, w2, w3));
+                   });
+      }
     }
   });
   return out;
@@ -115,10 +207,7 @@ double philox_uniform(uint64_t seed, uint64_t index) {
 
 double philox_normal(uint64_t seed, uint64_t index) {
   const std::array<uint32_t, 4> w = philox_words(seed, index);
-  // Box-Muller; 1 - u lies in (0, 1], so the log is finite.
-  const double u1 = 1.0 - unit_double(w[0], w[1]);
-  const double u2 = unit_double(w[2], w[3]);
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  return normal_from_words(w[0], w[1], w[2], w[3]);
 }
 
 Tensor rand(const Shape& shape, uint64_t seed, DType dtype) {
@@ -131,14 +220,18 @@ Tensor randn(const Shape& shape, uint64_t seed, DType dtype) {
 
 Tensor rand_block(const Shape& global, uint64_t seed, const Shape& start, const Shape& sizes,
                   DType dtype) {
-  return random_block("rand", global, start, sizes, dtype, true,
-                      [seed](uint64_t i) { return philox_uniform(seed, i); });
+  return random_block("rand", global, seed, start, sizes, dtype, RandomKind::Uniform);
 }
 
 Tensor randn_block(const Shape& global, uint64_t seed, const Shape& start, const Shape& sizes,
                    DType dtype) {
-  return random_block("randn", global, start, sizes, dtype, false,
-                      [seed](uint64_t i) { return philox_normal(seed, i); });
+  return random_block("randn", global, seed, start, sizes, dtype, RandomKind::Normal);
+}
+
+Tensor rand_block_at_least(const Shape& global, uint64_t seed, const Shape& start,
+                           const Shape& sizes, double threshold) {
+  return random_block("rand", global, seed, start, sizes, DType::Bool, RandomKind::AtLeast,
+                      threshold);
 }
 
 }  // namespace spmd

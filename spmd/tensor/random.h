@@ -33,5 +33,9 @@ Tensor rand_block(const Shape& global, uint64_t seed, const Shape& start, const 
                   DType dtype = DType::F32);
 Tensor randn_block(const Shape& global, uint64_t seed, const Shape& start, const Shape& sizes,
                    DType dtype = DType::F32);
+// rand_block(global, seed, start, sizes, F64) >= threshold, as Bool, without the F64 tensor
+// (dropout's keep mask).
+Tensor rand_block_at_least(const Shape& global, uint64_t seed, const Shape& start,
+                           const Shape& sizes, double threshold);
 
 }  // namespace spmd

@@ -92,6 +92,43 @@ TEST(Random, BlocksEqualSlicesOfTheFullTensor) {
   }
 }
 
+// Note [Philox in lanes]: rows longer than the lanes, and not a multiple of them, at an offset in
+// the full tensor, give the scalar stream's values; the keep mask is rand's F64 values >= p.
+TEST(Random, LongRowsGiveTheScalarStream) {
+  const Shape global = {3, 4, 1000};
+  const Shape start = {1, 1, 7};
+  const Shape sizes = {2, 3, 981};
+  const uint64_t seed = (uint64_t{7} << 32) | 11;
+  const auto u = values(rand_block(global, seed, start, sizes, DType::F64));
+  const auto n = values(randn_block(global, seed, start, sizes, DType::F64));
+  const auto keep = values(rand_block_at_least(global, seed, start, sizes, 0.3));
+  std::size_t i = 0;
+  int64_t kept = 0;
+  for (int64_t a = 0; a < sizes[0]; ++a) {
+    for (int64_t b = 0; b < sizes[1]; ++b) {
+      for (int64_t c = 0; c < sizes[2]; ++c, ++i) {
+        const auto flat = static_cast<uint64_t>(
+            ((start[0] + a) * global[1] + start[1] + b) * global[2] + start[2] + c);
+        ASSERT_EQ(u[i], philox_uniform(seed, flat)) << "element " << i;
+        ASSERT_EQ(n[i], philox_normal(seed, flat)) << "element " << i;
+        ASSERT_EQ(keep[i], philox_uniform(seed, flat) >= 0.3 ? 1.0 : 0.0) << "element " << i;
+        kept += keep[i] != 0.0;
+      }
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_LT(kept, static_cast<int64_t>(i));
+  EXPECT_EQ(rand_block_at_least(global, seed, start, sizes, 0.3).dtype(), DType::Bool);
+  EXPECT_TRUE(
+      equal(rand_block_at_least(global, seed, start, sizes, 0.3),
+            ge(rand_block(global, seed, start, sizes, DType::F64), full({}, 0.3, DType::F64))));
+  expect_throws<ShapeError>(
+      [&] {
+        rand_block_at_least(global, seed, {0, 0, 990}, sizes, 0.5);
+      },
+      {"rand", "does not lie inside"});
+}
+
 TEST(Random, DistributionsLookRight) {
   constexpr int64_t kN = 1 << 20;
   const auto u = values(rand({kN}, 9, DType::F64));

@@ -1,26 +1,43 @@
-// spmd/tensor/kernels/matmul.cpp: CPU batched matmul on Eigen.
+// spmd/tensor/kernels/matmul.cpp: CPU batched matmul on OpenBLAS (else Eigen).
 //
-// The only translation unit that includes Eigen. F32 and F64 map each batch's matrices in place
-// (Eigen::Map with the view's strides, row- or column-major as the strides say, so transposed
-// operands are not copied) and run Eigen's GEMM. BF16/F16 convert to F32, multiply, and round
-// once. Integers use a plain loop with wrapping 64-bit accumulation.
+// The only translation unit that includes Eigen and cblas.h. F32 and F64 pass each batch's
+// matrices in place (row- or column-major as the strides say, so transposed operands are not
+// copied) to OpenBLAS's sgemm/dgemm, or, in a build without OpenBLAS, map them with Eigen::Map and
+// run Eigen's GEMM. BF16/F16 convert to F32, multiply, and round once. Integers use a plain loop
+// with wrapping 64-bit accumulation.
+//
+// Note [Matmul on BLAS]
+// OpenBLAS as Debian builds it (DYNAMIC_ARCH) picks its kernels for the CPU it runs on at load
+// time: AVX-512 or AVX2 + FMA where present, SSE2 on any x86-64, NEON on arm64, so the package
+// needs no -march. Its own threads are set to 1 (openblas_set_num_threads, once, before the first
+// product): the parallelism is ours (Note [Parallel matmul]), so sim's per-rank math on a few
+// cores does not start a BLAS thread team per rank. The pthread build is the one to link: calls
+// from several threads at once are safe there (the serial build has no locks). A dimension or a
+// leading dimension above INT_MAX (OpenBLAS's 32-bit interface) takes Eigen's GEMM.
 //
 // Note [Parallel matmul]
 // A large product runs on parallel_for's threads (core/parallel.h): its batch items, or, with one
-// item, blocks of output rows. It runs inline where parallel_for does: inside another parallel_for
+// item, chunks of output rows. It runs inline where parallel_for does: inside another parallel_for
 // (the sim backend's per-rank math, which already spreads ranks over the cores) or while a rank
 // thread holds the pool (threads). The split never changes a bit of the result, so digests do not
-// depend on the thread count or on timing: each output element is the same dot product, summed
-// over k in Eigen's k-blocks (their size depends on k and the cache sizes only) along the same
-// micro-kernel path. Eigen picks that path by the row's position modulo its register block (at
-// most 3 packets of 16 floats: 48 rows), so row blocks start at multiples of kRowAlign, and a
-// product goes through GEMM both whole and split (at least kMinSplitCols columns: a matrix-vector
-// product takes Eigen's GEMV, whose row peeling follows the pointer's alignment).
-// tests/tensor/linalg_test.cpp (Matmul.SplitOverThreadsIsBitwiseTheSame) checks it bit for bit.
+// depend on the thread count or on timing: a batch item is always one GEMM call, and a single
+// item's row chunks are a function of its shape alone (at least kChunkRows rows, a multiple of
+// kRowAlign, at least kMinChunkWork multiply-adds, at most kMaxChunks), each one GEMM call,
+// whether the chunks then run on one thread or many. (OpenBLAS's result for a row can depend on
+// the rows around it in the same call: its small-matrix kernels and blocking follow the call's
+// sizes; Eigen's path follows the row's position modulo its register block, which kRowAlign
+// covers.) tests/tensor/linalg_test.cpp (Matmul.SplitOverThreadsIsBitwiseTheSame) checks it bit
+// for bit.
 #include <Eigen/Core>
 #include <algorithm>
+#include <climits>
+#include <mutex>
 #include <optional>
 #include <type_traits>
+
+#if SPMD_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
 
 #include <spmd/core/check.h>
 #include <spmd/core/parallel.h>
@@ -50,12 +67,24 @@ std::optional<MatrixLayout> mappable(const Tensor& t) {
   return std::nullopt;
 }
 
-// Note [Parallel matmul]: row blocks start at multiples of this (Eigen's largest register block,
-// 3 AVX-512 packets of floats, divides it); products narrower than kMinSplitCols columns or with
-// fewer than kMinSplitWork multiply-adds per chunk are not split.
-constexpr int64_t kRowAlign = 48;
-constexpr int64_t kMinSplitCols = 16;
+// Note [Parallel matmul]: a single product's row chunks: at least kChunkRows rows (OpenBLAS
+// keeps ~90% of its whole-matrix speed there), a multiple of kRowAlign rows (Eigen's largest
+// register block, 3 AVX-512 packets of floats, divides 48 and so 192), at least kMinChunkWork
+// multiply-adds, and at most kMaxChunks of them. Only a product of at least kMinSplitWork
+// multiply-adds per batch item spreads its items.
+constexpr int64_t kRowAlign = 192;
+constexpr int64_t kChunkRows = 192;
+constexpr int64_t kMaxChunks = 16;
+constexpr int64_t kMinChunkWork = int64_t{1} << 21;
 constexpr int64_t kMinSplitWork = int64_t{1} << 19;
+
+// Rows per chunk of a single [n, k] x [k, m] product: a function of the shape alone.
+int64_t chunk_rows(int64_t n, int64_t m, int64_t k) {
+  const int64_t per_row = std::max<int64_t>(m * k, 1);
+  int64_t rows = std::max(
+      {kChunkRows, (kMinChunkWork + per_row - 1) / per_row, (n + kMaxChunks - 1) / kMaxChunks});
+  return (rows + kRowAlign - 1) / kRowAlign * kRowAlign;
+}
 
 template <class T>
 using RowMajor = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -79,6 +108,37 @@ void gemm(T* out, int64_t n, int64_t m, const MapA& a, const MapB& b, T alpha, T
   }
 }
 
+#if SPMD_HAVE_OPENBLAS
+// OpenBLAS's threads off, once (Note [Matmul on BLAS]).
+void blas_single_threaded() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+bool fits_blas(std::initializer_list<int64_t> sizes) {
+  return std::all_of(sizes.begin(), sizes.end(), [](int64_t v) { return v <= INT_MAX; });
+}
+
+// c[rows, m] = alpha a[rows, k] b[k, m] + beta c, row-major c with leading dim m; a and b as
+// their layouts say (column-major: the transposed row-major matrix).
+template <class T>
+void blas_gemm(T* c, int64_t rows, int64_t m, int64_t k, const T* a, const MatrixLayout& la,
+               const T* b, const MatrixLayout& lb, T alpha, T beta) {
+  const auto ta = la.row_major ? CblasNoTrans : CblasTrans;
+  const auto tb = lb.row_major ? CblasNoTrans : CblasTrans;
+  const auto n32 = static_cast<int>(rows);
+  const auto m32 = static_cast<int>(m);
+  const auto k32 = static_cast<int>(k);
+  const auto lda = static_cast<int>(la.outer_stride);
+  const auto ldb = static_cast<int>(lb.outer_stride);
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, ta, tb, n32, m32, k32, alpha, a, lda, b, ldb, beta, c, m32);
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, n32, m32, k32, alpha, a, lda, b, ldb, beta, c, m32);
+  }
+}
+#endif
+
 template <class T>
 void matmul_eigen(const Tensor& out, Tensor a, Tensor b, double alpha, double beta) {
   std::optional<MatrixLayout> la = mappable(a);
@@ -98,12 +158,23 @@ void matmul_eigen(const Tensor& out, Tensor a, Tensor b, double alpha, double be
   const int64_t k = a.size(2);
   const T ta = static_cast<T>(alpha);
   const T tb = static_cast<T>(beta);
+#if SPMD_HAVE_OPENBLAS
+  const bool blas = k > 0 && fits_blas({n, m, k, la->outer_stride, lb->outer_stride});
+  if (blas) blas_single_threaded();
+#endif
   // Rows [r0, r1) of batch item i.
   auto product = [&](int64_t i, int64_t r0, int64_t r1) {
     T* c = at<T>(out, i * n * m + r0 * m);
     const T* pa = at<T>(a, i * a.stride(0));
     const T* pb = at<T>(b, i * b.stride(0));
     const int64_t rows = r1 - r0;
+#if SPMD_HAVE_OPENBLAS
+    if (blas) {
+      const T* first = la->row_major ? pa + r0 * la->outer_stride : pa + r0;
+      blas_gemm(c, rows, m, k, first, *la, pb, *lb, ta, tb);
+      return;
+    }
+#endif
     // Four layout combinations, each its own GEMM instantiation.
     auto with_b = [&](const auto& ma) {
       if (lb->row_major) {
@@ -121,8 +192,7 @@ void matmul_eigen(const Tensor& out, Tensor a, Tensor b, double alpha, double be
       with_b(ConstMap<ColMajor<T>>(pa + r0, rows, k, Eigen::OuterStride<>(la->outer_stride)));
     }
   };
-  // Note [Parallel matmul]: batch items, else row blocks of kRowAlign rows, each chunk at least
-  // kMinSplitWork multiply-adds.
+  // Note [Parallel matmul]: batch items, each whole, at least kMinSplitWork multiply-adds a task.
   const int64_t item = n * m * k;
   if (batch > 1 && item >= kMinSplitWork / 4) {
     const int64_t grain = std::max<int64_t>(1, kMinSplitWork / std::max<int64_t>(item, 1));
@@ -131,14 +201,12 @@ void matmul_eigen(const Tensor& out, Tensor a, Tensor b, double alpha, double be
     });
     return;
   }
-  // The last block takes the rows after the last multiple of kRowAlign: a block of a few rows
-  // would take Eigen's GEMV or coefficient-wise path.
-  const int64_t blocks = n / kRowAlign;
-  if (batch == 1 && m >= kMinSplitCols && blocks >= 2 && item >= 2 * kMinSplitWork) {
-    const int64_t per_block = kRowAlign * m * k;
-    const int64_t grain = std::max<int64_t>(1, kMinSplitWork / per_block);
-    parallel_for(blocks, grain, [&](int64_t first, int64_t last) {
-      product(0, first * kRowAlign, last == blocks ? n : last * kRowAlign);
+  // One item: row chunks fixed by the shape, each one GEMM call.
+  const int64_t rows = chunk_rows(n, m, k);
+  const int64_t chunks = (n + rows - 1) / rows;
+  if (batch == 1 && chunks >= 2 && item >= 2 * kMinSplitWork) {
+    parallel_for(chunks, 1, [&](int64_t first, int64_t last) {
+      for (int64_t j = first; j < last; ++j) product(0, j * rows, std::min(n, (j + 1) * rows));
     });
     return;
   }
