@@ -3,16 +3,23 @@
 // Headline counters (issue 2), each measured in the same run on the same data, interleaved
 // iteration by iteration so a noisy shared machine slows both sides alike:
 //   BM_Matmul512  vs_eigen = our matmul's speed / raw Eigen's (C.noalias() = A * B), F32.
+//   BM_Matmul512Blas  vs_blas = our matmul's speed / raw OpenBLAS sgemm's with OpenBLAS's own
+//                 threads, one per core (the best BLAS on the machine), F32.
 //   BM_Add16M     vs_loop  = our a + b's speed / a plain loop into a preallocated buffer.
 // The reported time is ours (manual timing); ms_ours / ms_ref give both sides per iteration.
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>
 #include <chrono>
+#include <thread>
 #include <vector>
 
 #include <spmd/ops/ops.h>
 #include <spmd/tensor/random.h>
+
+#if SPMD_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
 
 namespace {
 
@@ -65,6 +72,33 @@ void BM_Matmul512(benchmark::State& state) {
   state.counters["GFLOPS"] = 2.0 * kN * kN * kN / (1e-3 * state.counters["ms_ours"]) / 1e9;
 }
 BENCHMARK(BM_Matmul512)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
+
+#if SPMD_HAVE_OPENBLAS
+void BM_Matmul512Blas(benchmark::State& state) {
+  constexpr int kN = 512;
+  const Tensor a = spmd::randn({kN, kN}, 1);
+  const Tensor b = spmd::randn({kN, kN}, 2);
+  std::vector<float> c(static_cast<std::size_t>(kN) * kN);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  compare(
+      state, "vs_blas",
+      [&] {
+        Tensor out = spmd::matmul(a, b);
+        benchmark::DoNotOptimize(out.data_ptr());
+      },
+      [&] {
+        // OpenBLAS's threads for the reference only: ours keeps them off (Note [Matmul on BLAS]).
+        openblas_set_num_threads(cores);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, kN, kN, kN, 1.0f, a.data<float>(),
+                    kN, b.data<float>(), kN, 0.0f, c.data(), kN);
+        openblas_set_num_threads(1);
+        benchmark::DoNotOptimize(c.data());
+      });
+  state.counters["GFLOPS"] = 2.0 * kN * kN * kN / (1e-3 * state.counters["ms_ours"]) / 1e9;
+  state.counters["GFLOPS_ref"] = 2.0 * kN * kN * kN / (1e-3 * state.counters["ms_ref"]) / 1e9;
+}
+BENCHMARK(BM_Matmul512Blas)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
+#endif
 
 void BM_Add16M(benchmark::State& state) {
   constexpr int64_t kN = int64_t{1} << 24;

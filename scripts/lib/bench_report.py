@@ -353,10 +353,17 @@ def main():
         return table.get(name)
 
     mm, add = get(tensor, "BM_Matmul512"), get(tensor, "BM_Add16M")
+    blas = get(tensor, "BM_Matmul512Blas")
     if mm:
         rows.append(("tensor: matmul 512x512x512 F32", f"{fmt(mm['ms_ours'])} ms",
                      f"raw Eigen `C.noalias() = A * B`: {fmt(mm['ms_ref'])} ms",
                      f"vs_eigen {fmt(mm['vs_eigen'])}x", ">= 0.8x", verdict(mm["vs_eigen"] >= 0.8)))
+    if blas:
+        rows.append(("tensor: matmul 512x512x512 F32 against the best BLAS here",
+                     f"{fmt(blas['ms_ours'])} ms",
+                     f"raw OpenBLAS sgemm, its threads on every core: {fmt(blas['ms_ref'])} ms",
+                     f"vs_blas {fmt(blas['vs_blas'])}x", ">= 0.7x",
+                     verdict(blas["vs_blas"] >= 0.7)))
     if add:
         rows.append(("tensor: add of 16M F32", f"{fmt(add['ms_ours'])} ms",
                      f"plain loop: {fmt(add['ms_ref'])} ms", f"vs_loop {fmt(add['vs_loop'])}x",
@@ -491,9 +498,10 @@ def main():
     # ---- what the ratios mean --------------------------------------------------------------
     w("## What each ratio means")
     w("")
-    w("- `vs_eigen`, `vs_loop`: the reference's time over ours on the same data, run "
-      "alternately iteration by iteration (above 1 = we are faster). The reference for matmul is "
-      "Eigen's own product into a preallocated matrix; for add, a plain loop into a preallocated "
+    w("- `vs_eigen`, `vs_blas`, `vs_loop`: the reference's time over ours on the same data, run "
+      "alternately iteration by iteration (above 1 = we are faster). The references for matmul "
+      "are Eigen's own product (one thread) and OpenBLAS's sgemm with its own threads on every "
+      "core, each into a preallocated matrix; for add, a plain loop into a preallocated "
       "buffer. Ours allocates its result each time.")
     w("- `vs_memcpy`: a collective's effective bandwidth over memcpy's. Effective bandwidth "
       "counts 2 x R x S bytes per call (R = 8 ranks, S = bytes per rank: every input read once "
@@ -592,12 +600,16 @@ def main():
     if mm:
         w(f"| matmul 512^3 F32 | {fmt(mm['ms_ours'])} ms ({fmt(mm['GFLOPS'])} GFLOP/s) | "
           f"raw Eigen {fmt(mm['ms_ref'])} ms | vs_eigen {fmt(mm['vs_eigen'])}x |")
+    if blas:
+        w(f"| matmul 512^3 F32 | {fmt(blas['ms_ours'])} ms ({fmt(blas['GFLOPS'])} GFLOP/s) | "
+          f"raw OpenBLAS (its threads) {fmt(blas['ms_ref'])} ms ({fmt(blas['GFLOPS_ref'])} "
+          f"GFLOP/s) | vs_blas {fmt(blas['vs_blas'])}x |")
     if add:
         w(f"| add 16M F32 | {fmt(add['ms_ours'])} ms ({fmt(add['GBps'])} GB/s) | "
           f"plain loop {fmt(add['ms_ref'])} ms | vs_loop {fmt(add['vs_loop'])}x |")
     w("")
     w("```")
-    w(f"{build}/bench/tensor_bench --benchmark_filter='BM_(Matmul512|Add16M)' {gb} "
+    w(f"{build}/bench/tensor_bench --benchmark_filter='BM_(Matmul512|Matmul512Blas|Add16M)' {gb} "
       "--benchmark_format=json")
     w("```")
     w("")

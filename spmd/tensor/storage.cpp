@@ -53,7 +53,7 @@ std::string bytes_str(std::size_t nbytes) {
 // largest cached blocks go back to the OS first. Smaller blocks go straight to the C allocator,
 // whose own free lists serve them without page faults.
 constexpr std::size_t kAlignment = 64;
-constexpr std::size_t kMinCachedBlock = std::size_t{256} << 10;
+constexpr std::size_t kMinCachedBlock = std::size_t{4} << 10;
 constexpr std::size_t kMaxCachedBytes = std::size_t{1} << 30;
 
 // The size actually allocated for a request of n bytes.

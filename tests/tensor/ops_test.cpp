@@ -121,6 +121,33 @@ TEST(BinaryOps, ScalarOperandsFollowPromotionNote) {
   EXPECT_EQ((-from_vector<int32_t>({1, -2})).to_vector<int32_t>(), (std::vector<int32_t>{-1, 2}));
 }
 
+// F32 tanh (element_ops.h's math_tanh, through double) is the double tanh rounded to float: at
+// most half an ulp off, on a sweep from subnormals to past saturation, both signs.
+TEST(UnaryOps, F32TanhIsCorrectlyRounded) {
+  std::vector<float> xs;
+  for (float x = 1e-40f; x < 20.0f; x *= 1.0001f) xs.push_back(x);
+  for (int i = 0; i < 20000; ++i) xs.push_back(static_cast<float>(i) * 1e-3f);
+  const size_t n = xs.size();
+  for (size_t i = 0; i < n; ++i) xs.push_back(-xs[i]);
+  const Tensor t = from_vector<float>(xs, {static_cast<int64_t>(xs.size())});
+  const std::vector<double> got = values(tanh(t));
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double exact = std::tanh(static_cast<double>(xs[i]));
+    const auto f = static_cast<float>(got[i]);
+    // The float next to f on the exact value's side.
+    const float toward = exact > f ? INFINITY : -INFINITY;
+    const double ulp = std::fabs(static_cast<double>(std::nextafter(f, toward)) - f);
+    ASSERT_LE(std::fabs(got[i] - exact), 0.5 * ulp) << "tanh(" << xs[i] << ")";
+  }
+  const std::vector<double> special =
+      values(tanh(from_vector<float>({INFINITY, -INFINITY, NAN, 0.0f, -0.0f}, {5})));
+  EXPECT_EQ(special[0], 1.0);
+  EXPECT_EQ(special[1], -1.0);
+  EXPECT_TRUE(std::isnan(special[2]));
+  EXPECT_EQ(special[3], 0.0);
+  EXPECT_TRUE(std::signbit(special[4]));
+}
+
 TEST(UnaryOps, SpecialValues) {
   const Tensor t = from_vector<float>({NAN, -INFINITY, INFINITY, -0.0f, -1});
   const auto r = values(relu(t));

@@ -22,6 +22,41 @@ namespace spmd::cpu_kernels {
 // second thread saves ~20% on a 1M-float add and nothing yet at 256K.
 inline constexpr int64_t kElementwiseGrain = int64_t{1} << 18;
 
+// The dims of a walk: up to kInline of them in place, so setting up a kernel allocates nothing
+// for tensors of up to 8 dims; more go to the heap.
+template <class T>
+class DimVec {
+ public:
+  static constexpr std::size_t kInline = 8;
+  DimVec() = default;
+  explicit DimVec(std::size_t n) : size_(n) {
+    if (n > kInline) heap_.assign(n, T{});
+  }
+  void push_back(T v) {
+    if (size_ < kInline) {
+      inline_[size_++] = v;
+      return;
+    }
+    if (size_ == kInline) heap_.assign(inline_.begin(), inline_.end());
+    heap_.push_back(v);
+    ++size_;
+  }
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  T* begin() { return size_ > kInline ? heap_.data() : inline_.data(); }
+  T* end() { return begin() + size_; }
+  const T* begin() const { return size_ > kInline ? heap_.data() : inline_.data(); }
+  const T* end() const { return begin() + size_; }
+  T& operator[](std::size_t i) { return begin()[i]; }
+  const T& operator[](std::size_t i) const { return begin()[i]; }
+  T& back() { return begin()[size_ - 1]; }
+
+ private:
+  std::array<T, kInline> inline_{};
+  std::vector<T> heap_;
+  std::size_t size_ = 0;
+};
+
 template <std::size_t N>
 class StridedLoop {
  public:
@@ -31,15 +66,20 @@ class StridedLoop {
   // outermost); dims along which that operand does not move (stride 0) go outermost.
   StridedLoop(const Shape& shape, const std::array<const Strides*, N>& strides,
               std::size_t order_by = 0) {
-    std::vector<std::size_t> dims;
+    DimVec<std::size_t> dims;
     for (std::size_t d = 0; d < shape.size(); ++d) {
       if (shape[d] == 0) numel_ = 0;
       if (shape[d] != 1) dims.push_back(d);
     }
     const Strides& key = *strides[order_by];
     auto rank = [&](std::size_t d) { return key[d] == 0 ? INT64_MAX : key[d]; };
-    std::stable_sort(dims.begin(), dims.end(),
-                     [&](std::size_t x, std::size_t y) { return rank(x) > rank(y); });
+    // A stable insertion sort by rank, largest first (std::stable_sort would allocate a buffer).
+    for (std::size_t i = 1; i < dims.size(); ++i) {
+      const std::size_t d = dims[i];
+      std::size_t j = i;
+      for (; j > 0 && rank(dims[j - 1]) < rank(d); --j) dims[j] = dims[j - 1];
+      dims[j] = d;
+    }
     for (std::size_t d : dims) {
       bool merge = !sizes_.empty();
       for (std::size_t op = 0; op < N && merge; ++op) {
@@ -77,7 +117,7 @@ class StridedLoop {
       fn(offsets, inner, end - begin);
       return;
     }
-    std::vector<int64_t> index(nd);
+    DimVec<int64_t> index(nd);
     int64_t rest = begin;
     for (std::size_t d = nd; d-- > 0;) {
       index[d] = rest % sizes_[d];
@@ -112,8 +152,8 @@ class StridedLoop {
   }
 
  private:
-  Shape sizes_;
-  std::array<Strides, N> strides_;
+  DimVec<int64_t> sizes_;
+  std::array<DimVec<int64_t>, N> strides_;
   int64_t numel_ = 1;
 };
 
