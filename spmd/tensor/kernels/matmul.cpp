@@ -25,8 +25,8 @@
 // kRowAlign, at least kMinChunkWork multiply-adds, at most kMaxChunks), each one GEMM call,
 // whether the chunks then run on one thread or many. (OpenBLAS's result for a row can depend on
 // the rows around it in the same call: its small-matrix kernels and blocking follow the call's
-// sizes; Eigen's path follows the row's position modulo its register block, which kRowAlign
-// covers.) tests/tensor/linalg_test.cpp (Matmul.SplitOverThreadsIsBitwiseTheSame) checks it bit
+// sizes; Eigen's path follows the row's position modulo its register block.)
+// tests/tensor/linalg_test.cpp (Matmul.SplitOverThreadsIsBitwiseTheSame) checks it bit
 // for bit.
 #include <Eigen/Core>
 #include <algorithm>
@@ -68,12 +68,12 @@ std::optional<MatrixLayout> mappable(const Tensor& t) {
 }
 
 // Note [Parallel matmul]: a single product's row chunks: at least kChunkRows rows (OpenBLAS
-// keeps ~90% of its whole-matrix speed there), a multiple of kRowAlign rows (Eigen's largest
-// register block, 3 AVX-512 packets of floats, divides 48 and so 192), at least kMinChunkWork
-// multiply-adds, and at most kMaxChunks of them. Only a product of at least kMinSplitWork
-// multiply-adds per batch item spreads its items.
-constexpr int64_t kRowAlign = 192;
-constexpr int64_t kChunkRows = 192;
+// keeps ~90% of its whole-matrix speed there), a multiple of kRowAlign rows (so that a
+// power-of-two row count splits into equal chunks: 512 rows are 4 chunks, even on 2 or 4
+// threads), at least kMinChunkWork multiply-adds, and at most kMaxChunks of them. Only a product
+// of at least kMinSplitWork multiply-adds per batch item spreads its items.
+constexpr int64_t kRowAlign = 64;
+constexpr int64_t kChunkRows = 128;
 constexpr int64_t kMaxChunks = 16;
 constexpr int64_t kMinChunkWork = int64_t{1} << 21;
 constexpr int64_t kMinSplitWork = int64_t{1} << 19;
