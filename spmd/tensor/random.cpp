@@ -17,6 +17,17 @@ constexpr uint32_t kPhiloxM1 = 0xCD9E8D57u;
 constexpr uint32_t kPhiloxW0 = 0x9E3779B9u;
 constexpr uint32_t kPhiloxW1 = 0xBB67AE85u;
 
+// One Philox round on counter words (c0, c1, c2, c3) with key words (k0, k1).
+inline void philox_round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3, uint32_t k0,
+                         uint32_t k1) {
+  const uint64_t p0 = static_cast<uint64_t>(kPhiloxM0) * c0;
+  const uint64_t p1 = static_cast<uint64_t>(kPhiloxM1) * c2;
+  c0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+  c1 = static_cast<uint32_t>(p1);
+  c2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+  c3 = static_cast<uint32_t>(p0);
+}
+
 std::array<uint32_t, 4> philox_words(uint64_t seed, uint64_t index) {
   return philox4x32({static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32), 0u, 0u},
                     {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
@@ -84,14 +95,7 @@ SPMD_PHILOX_CLONES void philox_lanes(uint64_t seed, uint64_t index0, PhiloxLanes
       k0 += kPhiloxW0;
       k1 += kPhiloxW1;
     }
-    for (int l = 0; l < kLanes; ++l) {
-      const uint64_t p0 = static_cast<uint64_t>(kPhiloxM0) * c0[l];
-      const uint64_t p1 = static_cast<uint64_t>(kPhiloxM1) * c2[l];
-      c0[l] = static_cast<uint32_t>(p1 >> 32) ^ c1[l] ^ k0;
-      c1[l] = static_cast<uint32_t>(p1);
-      c2[l] = static_cast<uint32_t>(p0 >> 32) ^ c3[l] ^ k1;
-      c3[l] = static_cast<uint32_t>(p0);
-    }
+    for (int l = 0; l < kLanes; ++l) philox_round(c0[l], c1[l], c2[l], c3[l], k0, k1);
   }
   out.w = {c0, c1, c2, c3};
 }
@@ -118,13 +122,13 @@ void check_block(const char* op, const Shape& global, const Shape& start, const 
   }
 }
 
-// Fills p (the block [start, start + sizes) of a tensor of shape `global`, row-major) with
-// element i of the full tensor's value(words of philox(seed, i)), by rows of the last dim.
+// Fills p (the numel elements of the block [start, start + sizes) of a tensor of shape `global`,
+// row-major) with element i of the full tensor's value(words of philox(seed, i)), by rows of the
+// last dim.
 template <class T, class F>
-void fill_block(T* p, const Shape& global, const Shape& start, const Shape& sizes, uint64_t seed,
-                F value) {
+void fill_block(T* p, int64_t numel, const Shape& global, const Shape& start, const Shape& sizes,
+                uint64_t seed, F value) {
   const std::size_t nd = sizes.size();
-  const int64_t numel = checked_numel(sizes, "random");
   if (numel == 0) return;
   const int64_t row = nd == 0 ? 1 : sizes[nd - 1];
   const int64_t rows = numel / row;
@@ -160,7 +164,7 @@ Tensor random_block(const char* op, const Shape& global, uint64_t seed, const Sh
   // Random initialization is free in a dry run (Note [Shape-only tensors]).
   if (out.is_meta()) return out;
   if (kind == RandomKind::AtLeast) {
-    fill_block(out.data<bool>(), global, start, sizes, seed,
+    fill_block(out.data<bool>(), out.numel(), global, start, sizes, seed,
                [threshold](uint32_t w0, uint32_t w1, uint32_t, uint32_t) {
                  return unit_double(w0, w1) >= threshold;
                });
@@ -169,12 +173,12 @@ Tensor random_block(const char* op, const Shape& global, uint64_t seed, const Sh
   dispatch_dtype(dtype, [&]<class T>() {
     if constexpr (!std::is_integral_v<T>) {
       if (kind == RandomKind::Uniform) {
-        fill_block(out.data<T>(), global, start, sizes, seed,
+        fill_block(out.data<T>(), out.numel(), global, start, sizes, seed,
                    [](uint32_t w0, uint32_t w1, uint32_t, uint32_t) {
                      return round_uniform<T>(unit_double(w0, w1));
                    });
       } else {
-        fill_block(out.data<T>(), global, start, sizes, seed,
+        fill_block(out.data<T>(), out.numel(), global, start, sizes, seed,
                    [](uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
                      return convert_element<T>(normal_from_words(w0, w1, w2, w3));
                    });
@@ -192,10 +196,7 @@ std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::array<u
       key[0] += kPhiloxW0;
       key[1] += kPhiloxW1;
     }
-    const uint64_t p0 = static_cast<uint64_t>(kPhiloxM0) * counter[0];
-    const uint64_t p1 = static_cast<uint64_t>(kPhiloxM1) * counter[2];
-    counter = {static_cast<uint32_t>(p1 >> 32) ^ counter[1] ^ key[0], static_cast<uint32_t>(p1),
-               static_cast<uint32_t>(p0 >> 32) ^ counter[3] ^ key[1], static_cast<uint32_t>(p0)};
+    philox_round(counter[0], counter[1], counter[2], counter[3], key[0], key[1]);
   }
   return counter;
 }

@@ -5,6 +5,7 @@
 // reference.h, for every dtype (pair) it takes, against a naive loop in double; see
 // reference.h for why most comparisons are exact.
 #include <spmd/ops/ops.h>
+#include <spmd/tensor/random.h>
 
 #include <gtest/gtest.h>
 
@@ -42,6 +43,24 @@ TEST(BinaryOps, LargeContiguousAndBroadcastRunsInParallelChunks) {
   expect_values(out, want, 0, 0, "a * b broadcast");
   const Tensor t = a.transpose(0, 1) + 1.0;
   EXPECT_EQ(element(t, {700000, 2}), element(a, {2, 700000}) + 1);
+}
+
+// A walk of more than 8 dims that cannot merge (StridedLoop's DimVec holds 8 in place, the rest
+// on the heap): a reversed 10-d tensor plus a broadcast row, element by element.
+TEST(BinaryOps, WalksOfMoreThanEightDimsThatCannotMerge) {
+  const Shape shape(10, 2);
+  std::vector<int64_t> reversed(10);
+  for (int64_t d = 0; d < 10; ++d) reversed[static_cast<size_t>(d)] = 9 - d;
+  const Tensor x = spmd::rand(shape, 7, DType::F64).permute(reversed);
+  const Tensor row = spmd::rand({2}, 8, DType::F64);
+  const Tensor sum = x + row;
+  const std::vector<double> xv = values(x);  // in x's logical (row-major) order
+  const std::vector<double> rv = values(row);
+  const std::vector<double> got = values(sum);
+  ASSERT_EQ(got.size(), size_t{1024});
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i], xv[i] + rv[i % 2]) << "element " << i;
+  }
 }
 
 TEST(BinaryOps, NaNPropagatesThroughMaximumAndMinimum) {
