@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 
 #include <spmd/core/parallel.h>
 #include <spmd/ops/ops.h>
@@ -129,6 +132,55 @@ TEST(Matmul, LargerOperandsThroughEigenBlocking) {
       }
     }
   }
+}
+
+// Note [Matmul on BLAS]: the first product loads OpenBLAS on one thread. In a fresh process (the
+// threadsafe death-test style runs the body in a new process of this binary), there is one thread
+// before it (a linked OpenBLAS would have started its workers before main) and after it (the
+// products are too small for our pool), and the OPENBLAS_NUM_THREADS set for the load is gone
+// again. (ThreadSanitizer keeps a thread of its own.)
+int64_t process_threads() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoll(line.substr(8));
+  }
+  return -1;
+}
+
+[[noreturn]] void first_products_on_one_thread() {
+#if defined(__SANITIZE_THREAD__)
+  const int64_t expected = process_threads();
+#else
+  const int64_t expected = 1;
+#endif
+  auto fail = [](const std::string& why) {
+    std::fputs(why.c_str(), stderr);
+    std::exit(1);
+  };
+  if (std::getenv("OPENBLAS_NUM_THREADS") != nullptr) fail("OPENBLAS_NUM_THREADS is set");
+  if (process_threads() != expected) {
+    fail(fmt::format("{} threads before the first product", process_threads()));
+  }
+  for (DType d : {DType::F32, DType::F64}) {
+    const Tensor a = randn({6, 5}, 1, d);
+    const Tensor b = randn({5, 4}, 2, d);
+    const std::vector<double> got = matmul(a, b).to_vector<double>();
+    const std::vector<double> want = reference_matmul(a, b).values;
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (std::abs(got[i] - want[i]) > 1e-5) fail(fmt::format("{} product: wrong value", d));
+    }
+  }
+  if (process_threads() != expected) {
+    fail(fmt::format("{} threads after the first products", process_threads()));
+  }
+  if (std::getenv("OPENBLAS_NUM_THREADS") != nullptr) fail("OPENBLAS_NUM_THREADS left set");
+  std::exit(0);
+}
+
+TEST(Matmul, LoadsBlasWithoutItsThreads) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(first_products_on_one_thread(), ::testing::ExitedWithCode(0), "");
 }
 
 // Note [Parallel matmul] (tensor/kernels/matmul.cpp): a product split over threads (row blocks of

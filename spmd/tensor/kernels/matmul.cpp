@@ -2,18 +2,27 @@
 //
 // The only translation unit that includes Eigen and cblas.h. F32 and F64 pass each batch's
 // matrices in place (row- or column-major as the strides say, so transposed operands are not
-// copied) to OpenBLAS's sgemm/dgemm, or, in a build without OpenBLAS, map them with Eigen::Map and
-// run Eigen's GEMM. BF16/F16 convert to F32, multiply, and round once. Integers use a plain loop
-// with wrapping 64-bit accumulation.
+// copied) to OpenBLAS's sgemm/dgemm, or, without OpenBLAS (not built or not found at run time), map
+// them with Eigen::Map and run Eigen's GEMM. BF16/F16 convert to F32, multiply, and round once.
+// Integers use a plain loop with wrapping 64-bit accumulation.
 //
 // Note [Matmul on BLAS]
 // OpenBLAS as Debian builds it (DYNAMIC_ARCH) picks its kernels for the CPU it runs on at load
 // time: AVX-512 or AVX2 + FMA where present, SSE2 on any x86-64, NEON on arm64, so the package
-// needs no -march. Its own threads are set to 1 (openblas_set_num_threads, once, before the first
-// product): the parallelism is ours (Note [Parallel matmul]), so sim's per-rank math on a few
-// cores does not start a BLAS thread team per rank. The pthread build is the one to link: calls
-// from several threads at once are safe there (the serial build has no locks). A dimension or a
-// leading dimension above INT_MAX (OpenBLAS's 32-bit interface) takes Eigen's GEMM.
+// needs no -march. The parallelism is ours (Note [Parallel matmul]), so sim's per-rank math on a
+// few cores does not start a BLAS thread team per rank: OpenBLAS must run on one thread. It reads
+// OPENBLAS_NUM_THREADS once, when it loads, and starts its worker threads then (1 thread: none);
+// openblas_set_num_threads(1) later leaves those threads alive. One idle worker is enough to cost
+// every tiny op: a process with a second thread loses glibc's single-thread fast paths (malloc,
+// shared_ptr counts: 7.4 against 20.0 ns per malloc/free + copy measured), and the worker spins
+// ~0.1 s of CPU in sched_yield at start-up in every process. So the library is not linked: the
+// first product loads it (dlopen) with OPENBLAS_NUM_THREADS=1 set for the load where the user has
+// not set it (then unset again), and looks up cblas_sgemm/dgemm. The file is the one CMake found
+// (SPMD_OPENBLAS_PATH, the pthread variant's directory when Debian's layout has one), else
+// libopenblas.so.0. The pthread or OpenMP build is required (openblas_get_parallel() != 0): calls
+// from several threads at once are safe there, while the serial build has no locks. A missing or
+// serial library, or a dimension or leading dimension above INT_MAX (OpenBLAS's 32-bit interface),
+// takes Eigen's GEMM.
 //
 // Note [Parallel matmul]
 // A large product runs on parallel_for's threads (core/parallel.h): its batch items, or, with one
@@ -31,12 +40,13 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <climits>
-#include <mutex>
+#include <cstdlib>
 #include <optional>
 #include <type_traits>
 
 #if SPMD_HAVE_OPENBLAS
 #include <cblas.h>
+#include <dlfcn.h>
 #endif
 
 #include <spmd/core/check.h>
@@ -109,10 +119,41 @@ void gemm(T* out, int64_t n, int64_t m, const MapA& a, const MapB& b, T alpha, T
 }
 
 #if SPMD_HAVE_OPENBLAS
-// OpenBLAS's threads off, once (Note [Matmul on BLAS]).
-void blas_single_threaded() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
+// The OpenBLAS entry points, loaded by the first product (Note [Matmul on BLAS]).
+struct Blas {
+  decltype(&cblas_sgemm) sgemm = nullptr;
+  decltype(&cblas_dgemm) dgemm = nullptr;
+};
+
+// OpenBLAS loaded on one thread, or nullptr (none, or the serial build): Eigen then.
+const Blas* load_blas() {
+  const bool set_threads = std::getenv("OPENBLAS_NUM_THREADS") == nullptr;
+  if (set_threads) setenv("OPENBLAS_NUM_THREADS", "1", 0);
+  void* lib = nullptr;
+  for (const char* file : {SPMD_OPENBLAS_PATH, "libopenblas.so.0"}) {
+    lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+    if (lib != nullptr) break;
+  }
+  if (set_threads) unsetenv("OPENBLAS_NUM_THREADS");
+  if (lib == nullptr) return nullptr;
+  auto parallel =
+      reinterpret_cast<decltype(&openblas_get_parallel)>(dlsym(lib, "openblas_get_parallel"));
+  auto threads =
+      reinterpret_cast<decltype(&openblas_set_num_threads)>(dlsym(lib, "openblas_set_num_threads"));
+  static Blas blas;
+  blas.sgemm = reinterpret_cast<decltype(&cblas_sgemm)>(dlsym(lib, "cblas_sgemm"));
+  blas.dgemm = reinterpret_cast<decltype(&cblas_dgemm)>(dlsym(lib, "cblas_dgemm"));
+  if (parallel == nullptr || parallel() == 0 || threads == nullptr || blas.sgemm == nullptr ||
+      blas.dgemm == nullptr) {
+    return nullptr;
+  }
+  threads(1);  // where the user's OPENBLAS_NUM_THREADS started more
+  return &blas;
+}
+
+const Blas* blas_library() {
+  static const Blas* const blas = load_blas();
+  return blas;
 }
 
 bool fits_blas(std::initializer_list<int64_t> sizes) {
@@ -122,8 +163,8 @@ bool fits_blas(std::initializer_list<int64_t> sizes) {
 // c[rows, m] = alpha a[rows, k] b[k, m] + beta c, row-major c with leading dim m; a and b as
 // their layouts say (column-major: the transposed row-major matrix).
 template <class T>
-void blas_gemm(T* c, int64_t rows, int64_t m, int64_t k, const T* a, const MatrixLayout& la,
-               const T* b, const MatrixLayout& lb, T alpha, T beta) {
+void blas_gemm(const Blas& blas, T* c, int64_t rows, int64_t m, int64_t k, const T* a,
+               const MatrixLayout& la, const T* b, const MatrixLayout& lb, T alpha, T beta) {
   const auto ta = la.row_major ? CblasNoTrans : CblasTrans;
   const auto tb = lb.row_major ? CblasNoTrans : CblasTrans;
   const auto n32 = static_cast<int>(rows);
@@ -132,9 +173,9 @@ void blas_gemm(T* c, int64_t rows, int64_t m, int64_t k, const T* a, const Matri
   const auto lda = static_cast<int>(la.outer_stride);
   const auto ldb = static_cast<int>(lb.outer_stride);
   if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, ta, tb, n32, m32, k32, alpha, a, lda, b, ldb, beta, c, m32);
+    blas.sgemm(CblasRowMajor, ta, tb, n32, m32, k32, alpha, a, lda, b, ldb, beta, c, m32);
   } else {
-    cblas_dgemm(CblasRowMajor, ta, tb, n32, m32, k32, alpha, a, lda, b, ldb, beta, c, m32);
+    blas.dgemm(CblasRowMajor, ta, tb, n32, m32, k32, alpha, a, lda, b, ldb, beta, c, m32);
   }
 }
 #endif
@@ -159,8 +200,8 @@ void matmul_eigen(const Tensor& out, Tensor a, Tensor b, double alpha, double be
   const T ta = static_cast<T>(alpha);
   const T tb = static_cast<T>(beta);
 #if SPMD_HAVE_OPENBLAS
-  const bool blas = k > 0 && fits_blas({n, m, k, la->outer_stride, lb->outer_stride});
-  if (blas) blas_single_threaded();
+  const Blas* blas =
+      k > 0 && fits_blas({n, m, k, la->outer_stride, lb->outer_stride}) ? blas_library() : nullptr;
 #endif
   // Rows [r0, r1) of batch item i.
   auto product = [&](int64_t i, int64_t r0, int64_t r1) {
@@ -169,9 +210,9 @@ void matmul_eigen(const Tensor& out, Tensor a, Tensor b, double alpha, double be
     const T* pb = at<T>(b, i * b.stride(0));
     const int64_t rows = r1 - r0;
 #if SPMD_HAVE_OPENBLAS
-    if (blas) {
+    if (blas != nullptr) {
       const T* first = la->row_major ? pa + r0 * la->outer_stride : pa + r0;
-      blas_gemm(c, rows, m, k, first, *la, pb, *lb, ta, tb);
+      blas_gemm(*blas, c, rows, m, k, first, *la, pb, *lb, ta, tb);
       return;
     }
 #endif
