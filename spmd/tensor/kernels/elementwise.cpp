@@ -145,6 +145,51 @@ void binary_typed(const Tensor& out, const Tensor& a, const Tensor& b, Op op) {
   });
 }
 
+// ---- vector math clones ---------------------------------------------------------------------
+
+// Note [Vector math clones]
+// The package is compiled for baseline x86-64 (SSE2): no -march in what we ship. The few loops
+// whose arithmetic, not memory, sets their speed (F32 tanh, GELU's tanh form forward and
+// backward: math_tanh in double with no library call) are compiled three times, for AVX-512,
+// AVX2 and the baseline, and the loader picks one for the CPU (target_clones, as Philox's lanes
+// in tensor/random.cpp). They compute the same IEEE operations in the same order as the scalar
+// code, so the bits do not depend on the CPU or on which loop ran. The file is compiled with
+// -ffp-contract=off (GCC's default for C++ would fuse multiply-adds in the AVX-512 clones) and
+// -fno-trapping-math (without it GCC keeps math_tanh's selects as branches and the loops scalar;
+// it changes no value), in spmd/tensor/CMakeLists.txt.
+// Off under ThreadSanitizer, whose runtime cannot take the ifunc resolver.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__)
+#define SPMD_MATH_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SPMD_MATH_CLONES
+#endif
+
+SPMD_MATH_CLONES void tanh_f32_run(float* o, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = element::math_tanh(x[i]);
+}
+
+SPMD_MATH_CLONES void gelu_tanh_f32_run(float* o, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = element::GeluTanh{}(x[i]);
+}
+
+SPMD_MATH_CLONES void gelu_tanh_backward_f32_run(float* o, const float* g, const float* x,
+                                                 int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = g[i] * element::GeluTanh::df(x[i], 0.0f);
+}
+
+// The contiguous F32 run of unary op Op through its clones, if it has them.
+template <class T, class Op>
+bool unary_run_cloned(T* o, const T* x, int64_t n) {
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<Op, element::Tanh>) {
+    tanh_f32_run(o, x, n);
+    return true;
+  } else if constexpr (std::is_same_v<T, float> && std::is_same_v<Op, element::GeluTanh>) {
+    gelu_tanh_f32_run(o, x, n);
+    return true;
+  }
+  return false;
+}
+
 // ---- unary ----------------------------------------------------------------------------------
 
 template <class T, class Op>
@@ -156,6 +201,7 @@ void unary_typed(const Tensor& out, const Tensor& in, Op op) {
     T* __restrict o = po + off[0];
     const T* __restrict x = pi + off[1];
     if (st[0] == 1 && st[1] == 1) {
+      if (unary_run_cloned<T, Op>(o, x, n)) return;
       for (int64_t i = 0; i < n; ++i) o[i] = store<T>(op(load(x[i])));
     } else {
       for (int64_t i = 0; i < n; ++i) o[i * st[0]] = store<T>(op(load(x[i * st[1]])));
@@ -178,10 +224,29 @@ void ternary_typed(const Tensor& out, const Tensor& x0, const Tensor& x1, const 
     const T* a = p0 + off[1];
     const T* b = p1 + off[2];
     const T* c = p2 + off[3];
+    if (st[0] == 1 && st[1] == 1 && st[2] == 1 && st[3] == 1) {
+      for (int64_t i = 0; i < n; ++i) o[i] = store<T>(fn(load(a[i]), load(b[i]), load(c[i])));
+      return;
+    }
     for (int64_t i = 0; i < n; ++i) {
       o[i * st[0]] = store<T>(fn(load(a[i * st[1]]), load(b[i * st[2]]), load(c[i * st[3]])));
     }
   });
+}
+
+// GELU's backward on contiguous F32 operands of one shape through its clones; false otherwise.
+bool gelu_tanh_backward_contiguous(const Tensor& out, const Tensor& grad, const Tensor& in) {
+  if (!out.is_contiguous() || !grad.is_contiguous() || !in.is_contiguous() ||
+      grad.shape() != out.shape() || in.shape() != out.shape()) {
+    return false;
+  }
+  float* o = at<float>(out);
+  const float* g = at<float>(grad);
+  const float* x = at<float>(in);
+  parallel_for(out.numel(), kElementwiseGrain, [&](int64_t first, int64_t last) {
+    gelu_tanh_backward_f32_run(o + first, g + first, x + first, last - first);
+  });
+  return true;
 }
 
 // ---- comparisons ----------------------------------------------------------------------------
@@ -260,6 +325,9 @@ void unary_backward(int op, const Tensor& out, const Tensor& grad, const Tensor&
     using C = compute_t<T>;
     if constexpr (std::is_floating_point_v<C>) {
       const bool known = element::visit<element::UnaryOps>(op, [&]<class F>() {
+        if constexpr (std::is_same_v<T, float> && std::is_same_v<F, element::GeluTanh>) {
+          if (gelu_tanh_backward_contiguous(out, grad, in)) return;
+        }
         ternary_typed<T>(out, grad, in, result, [](C g, C x, C y) { return g * F::df(x, y); });
       });
       SPMD_CHECK_MSG(known, "unary elementwise op {} is not in element::UnaryOps", op);
