@@ -4,6 +4,7 @@
 // Every op runs on seeded random shapes (0-size dims included) with every memory layout of
 // reference.h, for every dtype (pair) it takes, against a naive loop in double; see
 // reference.h for why most comparisons are exact.
+#include <spmd/core/parallel.h>
 #include <spmd/ops/ops.h>
 #include <spmd/tensor/random.h>
 
@@ -11,6 +12,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <functional>
 
 #include "tests/support/test_support.h"
@@ -317,6 +319,44 @@ TEST(Reductions, MatchReferenceOverRandomDimsForEveryDType) {
         expect_values(out, want, 0, 0, context);
       }
     }
+  }
+}
+
+// Note [Parallel reductions] (tensor/kernels/reduce.cpp): large reductions and softmaxes split over
+// threads along a kept dim give the bits of one thread, for row and column sums, sums over
+// several dims, means, maxima, transposed inputs and softmax along either dim, with sizes that
+// split unevenly.
+TEST(Reductions, SplitOverThreadsIsBitwiseTheSame) {
+  const Tensor a = randn({1023, 701}, 5) * 3.0;
+  const Tensor b = randn({6, 67, 1301}, 6);
+  const std::vector<std::pair<std::string, std::function<Tensor()>>> cases = {
+      {"column sum", [&] { return sum(a, {0}); }},
+      {"row sum", [&] { return sum(a, {1}, true); }},
+      {"sum of a transpose", [&] { return sum(a.transpose(0, 1), {1}); }},
+      {"sum over dims 0 and 1",
+       [&] {
+         return sum(b, {0, 1});
+       }},
+      {"sum over dim 1", [&] { return sum(b, {1}); }},
+      {"mean over dim 2", [&] { return mean(b, {2}); }},
+      {"amax over dim 0", [&] { return amax(b, {0}); }},
+      {"F64 sum over dim 1", [&] { return sum(b.to(DType::F64), {1}); }},
+      {"softmax along dim 1", [&] { return softmax(a, 1); }},
+      {"softmax along dim 0", [&] { return softmax(a, 0); }},
+      {"log_softmax of a transpose", [&] { return log_softmax(a.transpose(0, 1), 1); }},
+      {"softmax along dim 1 of 3", [&] { return softmax(b, 1); }},
+  };
+  const int saved = num_threads();
+  for (const auto& [name, fn] : cases) {
+    set_num_threads(1);
+    const Tensor one = fn();
+    set_num_threads(4);
+    const Tensor many = fn();
+    set_num_threads(saved);
+    ASSERT_EQ(one.shape(), many.shape()) << name;
+    EXPECT_TRUE(std::memcmp(one.contiguous().data_ptr(), many.contiguous().data_ptr(),
+                            static_cast<size_t>(one.numel()) * itemsize(one.dtype())) == 0)
+        << name;
   }
 }
 

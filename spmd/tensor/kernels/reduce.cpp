@@ -5,6 +5,17 @@
 // fold into one accumulator, runs along a kept dim update a row of accumulators, so both
 // `sum(x, {0})` and `sum(x, {1})` read memory sequentially. Floating sums accumulate in double
 // (BF16/F16/F32 then round once), integer and Bool sums in wrapping 64-bit arithmetic.
+//
+// Note [Parallel reductions]
+// A large reduction or softmax runs on parallel_for's threads (core/parallel.h), split into
+// slices along one dim it keeps: for a reduction the first dim where the output has more than one
+// element (so each slice of the output is contiguous: the dims before it have size 1), for softmax
+// the first dim other than the softmax dim with more than one element. Each output element (each
+// softmax row) is then computed by the same loop, in the same order, as on one thread, so the
+// bits do not depend on the thread count (tests/tensor/ops_test.cpp,
+// Reductions.SplitOverThreadsIsBitwiseTheSame, checks 1 thread against 4). Column sums (a bias
+// gradient: a sum over the rows) split their columns, row sums their rows.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -15,6 +26,30 @@
 
 namespace spmd::cpu_kernels {
 namespace {
+
+// fn(out slice, in slice) over slices of dim p (Note [Parallel reductions]), or fn(out, in) once
+// when p is -1 or the work is small.
+template <class Fn>
+void split_along(const Tensor& out, const Tensor& in, int64_t p, Fn&& fn) {
+  const int64_t size = p < 0 ? 1 : in.size(p);
+  if (size < 2 || in.numel() < 2 * kElementwiseGrain) {
+    fn(out, in);
+    return;
+  }
+  const int64_t per_slice = std::max<int64_t>(in.numel() / size, 1);
+  const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / per_slice);
+  parallel_for(size, grain, [&](int64_t first, int64_t last) {
+    fn(out.narrow(p, first, last - first), in.narrow(p, first, last - first));
+  });
+}
+
+// The first dim where `t` has more than one element and that is not `skip`, or -1.
+int64_t first_wide_dim(const Tensor& t, int64_t skip = -1) {
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (d != skip && t.size(d) > 1) return d;
+  }
+  return -1;
+}
 
 // The output's strides expanded to the input's rank, 0 along reduced dims.
 Strides accumulator_strides(const Tensor& out, const std::vector<int64_t>& dims) {
@@ -147,18 +182,23 @@ void reduce(Reduction op, const Tensor& out, const Tensor& in, const std::vector
   SPMD_CHECK(out.is_contiguous());
   SPMD_CHECK_EQ(out.dim(), in.dim());
   dispatch_dtype(in.dtype(), [&]<class T>() {
-    if (op == Reduction::Sum || op == Reduction::Mean) {
-      sum_typed<T>(op, out, in, dims);
-    } else {
-      extremum_typed<T>(op, out, in, dims);
-    }
+    split_along(out, in, first_wide_dim(out), [&](const Tensor& o, const Tensor& i) {
+      if (op == Reduction::Sum || op == Reduction::Mean) {
+        sum_typed<T>(op, o, i, dims);
+      } else {
+        extremum_typed<T>(op, o, i, dims);
+      }
+    });
   });
 }
 
 void softmax(const Tensor& out, const Tensor& in, int64_t d, bool log) {
   SPMD_CHECK(out.dtype() == in.dtype() && is_floating(in.dtype()));
   dispatch_dtype(in.dtype(), [&]<class T>() {
-    if constexpr (!std::is_integral_v<T>) softmax_typed<T>(out, in, d, log);
+    if constexpr (!std::is_integral_v<T>) {
+      split_along(out, in, first_wide_dim(in, d),
+                  [&](const Tensor& o, const Tensor& i) { softmax_typed<T>(o, i, d, log); });
+    }
   });
 }
 
