@@ -184,11 +184,15 @@ Tensor dropout_block(const Tensor& x, const OpArgs& args, const Shape& global,
     at[0] += args.ints[0];
     whole[0] = args.ints[1];
   }
-  const Tensor keep = rand_block_at_least(whole, args.seed, at, x.shape(), p).to(x.device());
-  Tensor out = empty(x.shape(), x.dtype(), x.device());
-  const Tensor kept = p < 1.0 ? x * (1.0 / (1.0 - p)) : x;
-  kernels.where(out, keep, kept, full({}, 0.0, x.dtype(), x.device()).expand(x.shape()));
-  return out;
+  // Kept elements times 1 / (1 - p), dropped ones times 0, in one product as torch's (x * 0 is
+  // -0 for a negative x and NaN for an infinite or NaN one); BF16/F16 multiply in F32.
+  const DType compute =
+      x.dtype() == DType::BF16 || x.dtype() == DType::F16 ? DType::F32 : x.dtype();
+  const Tensor mask = dropout_mask_block(whole, args.seed, at, x.shape(), p, compute);
+  Tensor out = empty(x.shape(), compute, x.device());
+  kernels.binary(element::index_of<element::Mul, element::BinaryOps>, out, x.to(compute),
+                 mask.to(x.device()));
+  return out.to(x.dtype());
 }
 
 Tensor dropout_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {

@@ -100,8 +100,9 @@ SPMD_PHILOX_CLONES void philox_lanes(uint64_t seed, uint64_t index0, PhiloxLanes
   out.w = {c0, c1, c2, c3};
 }
 
-// What a block holds: rand's values, randn's, or rand's compared with a threshold (Bool).
-enum class RandomKind { Uniform, Normal, AtLeast };
+// What a block holds: rand's values, randn's, or dropout's scaled keep mask (rand's F64 value
+// >= p: 1 / (1 - p), else 0).
+enum class RandomKind { Uniform, Normal, Keep };
 
 double normal_from_words(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
   // Box-Muller; 1 - u lies in (0, 1], so the log is finite.
@@ -157,25 +158,24 @@ void fill_block(T* p, int64_t numel, const Shape& global, const Shape& start, co
 }
 
 Tensor random_block(const char* op, const Shape& global, uint64_t seed, const Shape& start,
-                    const Shape& sizes, DType dtype, RandomKind kind, double threshold = 0.0) {
-  if (kind != RandomKind::AtLeast) check_random_dtype(op, dtype);
+                    const Shape& sizes, DType dtype, RandomKind kind, double p = 0.0) {
+  check_random_dtype(op, dtype);
   check_block(op, global, start, sizes);
   Tensor out = empty_for(op, sizes, dtype);
   // Random initialization is free in a dry run (Note [Shape-only tensors]).
   if (out.is_meta()) return out;
-  if (kind == RandomKind::AtLeast) {
-    fill_block(out.data<bool>(), out.numel(), global, start, sizes, seed,
-               [threshold](uint32_t w0, uint32_t w1, uint32_t, uint32_t) {
-                 return unit_double(w0, w1) >= threshold;
-               });
-    return out;
-  }
   dispatch_dtype(dtype, [&]<class T>() {
     if constexpr (!std::is_integral_v<T>) {
       if (kind == RandomKind::Uniform) {
         fill_block(out.data<T>(), out.numel(), global, start, sizes, seed,
                    [](uint32_t w0, uint32_t w1, uint32_t, uint32_t) {
                      return round_uniform<T>(unit_double(w0, w1));
+                   });
+      } else if (kind == RandomKind::Keep) {
+        const T scale = convert_element<T>(p < 1.0 ? 1.0 / (1.0 - p) : 1.0);
+        fill_block(out.data<T>(), out.numel(), global, start, sizes, seed,
+                   [p, scale](uint32_t w0, uint32_t w1, uint32_t, uint32_t) {
+                     return unit_double(w0, w1) >= p ? scale : T(0);
                    });
       } else {
         fill_block(out.data<T>(), out.numel(), global, start, sizes, seed,
@@ -229,10 +229,9 @@ Tensor randn_block(const Shape& global, uint64_t seed, const Shape& start, const
   return random_block("randn", global, seed, start, sizes, dtype, RandomKind::Normal);
 }
 
-Tensor rand_block_at_least(const Shape& global, uint64_t seed, const Shape& start,
-                           const Shape& sizes, double threshold) {
-  return random_block("rand", global, seed, start, sizes, DType::Bool, RandomKind::AtLeast,
-                      threshold);
+Tensor dropout_mask_block(const Shape& global, uint64_t seed, const Shape& start,
+                          const Shape& sizes, double p, DType dtype) {
+  return random_block("dropout", global, seed, start, sizes, dtype, RandomKind::Keep, p);
 }
 
 }  // namespace spmd

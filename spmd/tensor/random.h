@@ -33,9 +33,10 @@ Tensor rand_block(const Shape& global, uint64_t seed, const Shape& start, const 
                   DType dtype = DType::F32);
 Tensor randn_block(const Shape& global, uint64_t seed, const Shape& start, const Shape& sizes,
                    DType dtype = DType::F32);
-// rand_block(global, seed, start, sizes, F64) >= threshold, as Bool, without the F64 tensor
-// (dropout's keep mask).
-Tensor rand_block_at_least(const Shape& global, uint64_t seed, const Shape& start,
-                           const Shape& sizes, double threshold);
+// Dropout's scaled keep mask, without an F64 tensor: where rand_block(global, seed, start, sizes,
+// F64) >= p, 1 / (1 - p) rounded to dtype (F32 or F64; 1 for p = 1, where nothing is kept), else
+// 0. dropout is x times it.
+Tensor dropout_mask_block(const Shape& global, uint64_t seed, const Shape& start,
+                          const Shape& sizes, double p, DType dtype);
 
 }  // namespace spmd

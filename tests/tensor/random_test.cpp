@@ -93,7 +93,8 @@ TEST(Random, BlocksEqualSlicesOfTheFullTensor) {
 }
 
 // Note [Philox in lanes]: rows longer than the lanes, and not a multiple of them, at an offset in
-// the full tensor, give the scalar stream's values; the keep mask is rand's F64 values >= p.
+// the full tensor, give the scalar stream's values; dropout's mask is 1 / (1 - p) where rand's F64
+// value is >= p, else 0.
 TEST(Random, LongRowsGiveTheScalarStream) {
   const Shape global = {3, 4, 1000};
   const Shape start = {1, 1, 7};
@@ -101,7 +102,7 @@ TEST(Random, LongRowsGiveTheScalarStream) {
   const uint64_t seed = (uint64_t{7} << 32) | 11;
   const auto u = values(rand_block(global, seed, start, sizes, DType::F64));
   const auto n = values(randn_block(global, seed, start, sizes, DType::F64));
-  const auto keep = values(rand_block_at_least(global, seed, start, sizes, 0.3));
+  const auto keep = values(dropout_mask_block(global, seed, start, sizes, 0.3, DType::F64));
   std::size_t i = 0;
   int64_t kept = 0;
   for (int64_t a = 0; a < sizes[0]; ++a) {
@@ -111,22 +112,23 @@ TEST(Random, LongRowsGiveTheScalarStream) {
             ((start[0] + a) * global[1] + start[1] + b) * global[2] + start[2] + c);
         ASSERT_EQ(u[i], philox_uniform(seed, flat)) << "element " << i;
         ASSERT_EQ(n[i], philox_normal(seed, flat)) << "element " << i;
-        ASSERT_EQ(keep[i], philox_uniform(seed, flat) >= 0.3 ? 1.0 : 0.0) << "element " << i;
+        ASSERT_EQ(keep[i], philox_uniform(seed, flat) >= 0.3 ? 1.0 / 0.7 : 0.0) << "element " << i;
         kept += keep[i] != 0.0;
       }
     }
   }
   EXPECT_GT(kept, 0);
   EXPECT_LT(kept, static_cast<int64_t>(i));
-  EXPECT_EQ(rand_block_at_least(global, seed, start, sizes, 0.3).dtype(), DType::Bool);
-  EXPECT_TRUE(
-      equal(rand_block_at_least(global, seed, start, sizes, 0.3),
-            ge(rand_block(global, seed, start, sizes, DType::F64), full({}, 0.3, DType::F64))));
+  const Tensor f32 = dropout_mask_block(global, seed, start, sizes, 0.3, DType::F32);
+  EXPECT_EQ(f32.dtype(), DType::F32);
+  EXPECT_TRUE(equal(
+      f32, where(ge(rand_block(global, seed, start, sizes, DType::F64), full({}, 0.3, DType::F64)),
+                 full({}, 1.0 / 0.7, DType::F32), full({}, 0.0, DType::F32))));
   expect_throws<ShapeError>(
       [&] {
-        rand_block_at_least(global, seed, {0, 0, 990}, sizes, 0.5);
+        dropout_mask_block(global, seed, {0, 0, 990}, sizes, 0.5, DType::F32);
       },
-      {"rand", "does not lie inside"});
+      {"dropout", "does not lie inside"});
 }
 
 TEST(Random, DistributionsLookRight) {
