@@ -22,6 +22,14 @@ namespace spmd::cpu_kernels {
 // second thread saves ~20% on a 1M-float add and nothing yet at 256K.
 inline constexpr int64_t kElementwiseGrain = int64_t{1} << 18;
 
+// A function compiled for AVX-512, AVX2 and baseline x86-64, picked at load time (Note [Vector
+// math clones] in kernels/elementwise.cpp).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__)
+#define SPMD_MATH_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SPMD_MATH_CLONES
+#endif
+
 // The dims of a walk: up to kInline of them in place, so setting up a kernel allocates nothing
 // for tensors of up to 8 dims; more go to the heap.
 template <class T>
