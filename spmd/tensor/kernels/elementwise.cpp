@@ -152,12 +152,12 @@ void binary_typed(const Tensor& out, const Tensor& a, const Tensor& b, Op op) {
 // whose arithmetic, not memory, sets their speed (F32 tanh, GELU's tanh form forward and
 // backward: math_tanh in double with no library call) are compiled three times, for AVX-512,
 // AVX2 and the baseline, and the loader picks one for the CPU (SPMD_MATH_CLONES in
-// kernels/loops.h: target_clones, as Philox's lanes in tensor/random.cpp). They compute the same
-// IEEE operations in the same order as the scalar code, so the bits do not depend on the CPU or
-// on which loop ran. The file is compiled with -ffp-contract=off (GCC's default for C++ would fuse
-// multiply-adds in the AVX-512 clones) and -fno-trapping-math (without it GCC keeps the selects
-// as branches and the loops scalar; it changes no value), in spmd/tensor/CMakeLists.txt. Off
-// under ThreadSanitizer, whose runtime cannot take the ifunc resolver. (F32 softmax through the
+// tensor/kernels/loops.h: target_clones, as Philox's lanes in tensor/random.cpp). They compute the
+// same IEEE operations in the same order as the scalar code, so the bits do not depend on the CPU
+// or on which loop ran. The file is compiled with -ffp-contract=off (GCC's default for C++ would
+// fuse multiply-adds in the AVX-512 clones) and -fno-trapping-math (without it GCC keeps the
+// selects as branches and the loops scalar; it changes no value), in spmd/tensor/CMakeLists.txt.
+// Off under ThreadSanitizer, whose runtime cannot take the ifunc resolver. (F32 softmax through the
 // same exp in double was slower than glibc's expf called per element: 8.8% of the d 256 step
 // against 5.6%, so softmax keeps expf.)
 SPMD_MATH_CLONES void tanh_f32_run(float* o, const float* x, int64_t n) {

@@ -23,7 +23,7 @@ namespace spmd::cpu_kernels {
 inline constexpr int64_t kElementwiseGrain = int64_t{1} << 18;
 
 // A function compiled for AVX-512, AVX2 and baseline x86-64, picked at load time (Note [Vector
-// math clones] in kernels/elementwise.cpp).
+// math clones] in tensor/kernels/elementwise.cpp).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__)
 #define SPMD_MATH_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
