@@ -17,12 +17,13 @@
 // shared_ptr counts: 7.4 against 20.0 ns per malloc/free + copy measured), and the worker spins
 // ~0.1 s of CPU in sched_yield at start-up in every process. So the library is not linked: the
 // first product loads it (dlopen) with OPENBLAS_NUM_THREADS=1 set for the load where the user has
-// not set it (then unset again), and looks up cblas_sgemm/dgemm. The file is the one CMake found
+// not set it, then unset again (like any setenv, this races with a getenv that another thread
+// makes at that very moment), and looks up cblas_sgemm/dgemm. The file is the one CMake found
 // (SPMD_OPENBLAS_PATH, the pthread variant's directory when Debian's layout has one), else
 // libopenblas.so.0. The pthread or OpenMP build is required (openblas_get_parallel() != 0): calls
 // from several threads at once are safe there, while the serial build has no locks. A missing or
-// serial library, or a dimension or leading dimension above INT_MAX (OpenBLAS's 32-bit interface),
-// takes Eigen's GEMM.
+// serial library, or a dimension or leading dimension above INT_MAX (OpenBLAS's 32-bit
+// interface), takes Eigen's GEMM.
 //
 // Note [Parallel matmul]
 // A large product runs on parallel_for's threads (core/parallel.h): its batch items, or, with one
