@@ -186,8 +186,7 @@ Tensor dropout_block(const Tensor& x, const OpArgs& args, const Shape& global,
   }
   // Kept elements times 1 / (1 - p), dropped ones times 0, in one product as torch's (x * 0 is
   // -0 for a negative x and NaN for an infinite or NaN one); BF16/F16 multiply in F32.
-  const DType compute =
-      x.dtype() == DType::BF16 || x.dtype() == DType::F16 ? DType::F32 : x.dtype();
+  const DType compute = pointwise::scalar_compute_dtype(x.dtype());
   const Tensor mask = dropout_mask_block(whole, args.seed, at, x.shape(), p, compute);
   Tensor out = empty(x.shape(), compute, x.device());
   kernels.binary(element::index_of<element::Mul, element::BinaryOps>, out, x.to(compute),

@@ -138,15 +138,10 @@ OpMeta scalar_meta(std::span<const InputMeta> in, const OpArgs& args) {
   return OpMeta{*in[0].shape, dtype};
 }
 
-// BF16/F16 keep a scalar operand's F32 precision: they compute in F32 and round the result once.
-DType scalar_compute_dtype(DType out) {
-  return out == DType::BF16 || out == DType::F16 ? DType::F32 : out;
-}
-
 template <ScalarOp op>
 Tensor scalar_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
   const double c = args.reals[0];
-  const DType dtype = scalar_compute_dtype(out.dtype);
+  const DType dtype = pointwise::scalar_compute_dtype(out.dtype);
   const Tensor x = in[0].to(dtype);
   const Tensor s = full({}, c, dtype, x.device());
   Tensor result;
@@ -430,7 +425,7 @@ OpMeta clamp_meta(std::span<const InputMeta> in, const OpArgs& args) {
 // with the bounds rounded to the dtype.
 Tensor clamp_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta& out) {
   const ClampBounds b = clamp_bounds(args);
-  const DType dtype = scalar_compute_dtype(out.dtype);
+  const DType dtype = pointwise::scalar_compute_dtype(out.dtype);
   Tensor x = in[0].to(dtype);
   if (b.min) x = maximum(x, full({}, *b.min, dtype, x.device()));
   if (b.max) x = minimum(x, full({}, *b.max, dtype, x.device()));

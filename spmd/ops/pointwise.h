@@ -85,6 +85,13 @@ struct BackwardBSuffix {
   static constexpr std::string_view value = "_backward_b";
 };
 
+// The dtype a tensor of dtype `out` computes in with a scalar operand (x * c) or a scale per
+// element (dropout's mask): BF16/F16 keep the scalar's F32 precision, computing in F32 and
+// rounding the result once.
+inline DType scalar_compute_dtype(DType out) {
+  return out == DType::BF16 || out == DType::F16 ? DType::F32 : out;
+}
+
 // Inputs (grad, ...) broadcast to grad's shape; the output has grad's shape and dtype.
 OpMeta derivative_meta(std::span<const InputMeta> in, const OpArgs&);
 std::vector<OpStrategy> derivative_strategies(ShardingInputs in, const OpArgs&, const OpMeta& out);

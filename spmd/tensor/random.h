@@ -34,8 +34,8 @@ Tensor rand_block(const Shape& global, uint64_t seed, const Shape& start, const 
 Tensor randn_block(const Shape& global, uint64_t seed, const Shape& start, const Shape& sizes,
                    DType dtype = DType::F32);
 // Dropout's scaled keep mask, without an F64 tensor: where rand_block(global, seed, start, sizes,
-// F64) >= p, 1 / (1 - p) rounded to dtype (F32 or F64; 1 for p = 1, where nothing is kept), else
-// 0. dropout is x times it.
+// F64) >= p, 1 / (1 - p) rounded to dtype (floating), else 0 (all 0 for p = 1). dropout is x
+// times it.
 Tensor dropout_mask_block(const Shape& global, uint64_t seed, const Shape& start,
                           const Shape& sizes, double p, DType dtype);
 

@@ -5,11 +5,13 @@
 // ops keep their first input's placements (w - lr * dw).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <set>
 
 #include <spmd/collectives/trace.h>
 #include <spmd/dtensor/ops.h>
 #include <spmd/dtensor/random.h>
+#include <spmd/tensor/random.h>
 #include "tests/dtensor/dtensor_test_support.h"
 #include "tests/support/test_support.h"
 
@@ -174,6 +176,37 @@ TEST(TransformerOps, DropoutDrawsTheSameMaskOnEveryMesh) {
     }
   }
   EXPECT_FALSE(equal(dropout(x, 0.4, 78), want));
+}
+
+// Dropout is x times its scaled mask, as torch's: a dropped element is x * 0 (-0 for a negative x,
+// NaN for an infinite or NaN one), a kept one x / (1 - p); BF16 multiplies in F32.
+TEST(TransformerOps, DropoutIsXTimesItsScaledMask) {
+  std::vector<double> v;
+  for (int i = 0; i < 400; ++i) {
+    v.push_back(i % 4 == 0 ? -1.5 * (i + 1) : i % 4 == 1 ? INFINITY : i % 4 == 2 ? NAN : 0.25 * i);
+  }
+  const std::vector<double> mask =
+      dropout_mask_block({400}, 13, {0}, {400}, 0.5, DType::F64).to_vector<double>();
+  for (DType d : {DType::F32, DType::F64, DType::BF16}) {
+    const Tensor x = from_vector<double>(v, {400}).to(d);
+    const std::vector<double> xs = x.to(DType::F64).to_vector<double>();
+    const std::vector<double> got = dropout(x, 0.5, 13).to(DType::F64).to_vector<double>();
+    int negative_zeros = 0;
+    int nans = 0;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const double want = xs[i] * mask[i];  // the scale is 2: exact in every dtype
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got[i])) << d << " element " << i;
+        nans += mask[i] == 0.0;
+      } else {
+        EXPECT_EQ(got[i], want) << d << " element " << i;
+        EXPECT_EQ(std::signbit(got[i]), std::signbit(want)) << d << " element " << i;
+        negative_zeros += got[i] == 0.0 && std::signbit(got[i]);
+      }
+    }
+    EXPECT_GT(negative_zeros, 0) << d;
+    EXPECT_GT(nans, 50) << d;  // the dropped infinities and NaNs
+  }
 }
 
 // A microbatch (rows of a batch, DropoutRows) drops its rows of what the batch drops, on one device

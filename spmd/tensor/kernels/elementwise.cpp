@@ -186,6 +186,17 @@ bool unary_run_cloned(T* o, const T* x, int64_t n) {
   return false;
 }
 
+// The contiguous F32 run of op Op's derivative, o = g * Op::df(x), through its clones, if it has
+// them.
+template <class T, class Op>
+bool derivative_run_cloned(T* o, const T* g, const T* x, int64_t n) {
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<Op, element::GeluTanh>) {
+    gelu_tanh_backward_f32_run(o, g, x, n);
+    return true;
+  }
+  return false;
+}
+
 // ---- unary ----------------------------------------------------------------------------------
 
 template <class T, class Op>
@@ -208,8 +219,11 @@ void unary_typed(const Tensor& out, const Tensor& in, Op op) {
 // ---- derivatives ----------------------------------------------------------------------------
 
 // out = fn(o0, o1, o2) elementwise for three operands of out's shape (any strides).
-template <class T, class Fn>
-void ternary_typed(const Tensor& out, const Tensor& x0, const Tensor& x1, const Tensor& x2, Fn fn) {
+// `run(o, a, b, c, n)` may take a contiguous run instead (true when it did).
+template <class T, class Fn, class Run = bool (*)(T*, const T*, const T*, const T*, int64_t)>
+void ternary_typed(
+    const Tensor& out, const Tensor& x0, const Tensor& x1, const Tensor& x2, Fn fn,
+    Run run = [](T*, const T*, const T*, const T*, int64_t) { return false; }) {
   StridedLoop<4> loop(out.shape(), {&out.strides(), &x0.strides(), &x1.strides(), &x2.strides()});
   T* po = at<T>(out);
   const T* p0 = at<T>(x0);
@@ -221,6 +235,7 @@ void ternary_typed(const Tensor& out, const Tensor& x0, const Tensor& x1, const 
     const T* b = p1 + off[2];
     const T* c = p2 + off[3];
     if (st[0] == 1 && st[1] == 1 && st[2] == 1 && st[3] == 1) {
+      if (run(o, a, b, c, n)) return;
       for (int64_t i = 0; i < n; ++i) o[i] = store<T>(fn(load(a[i]), load(b[i]), load(c[i])));
       return;
     }
@@ -228,21 +243,6 @@ void ternary_typed(const Tensor& out, const Tensor& x0, const Tensor& x1, const 
       o[i * st[0]] = store<T>(fn(load(a[i * st[1]]), load(b[i * st[2]]), load(c[i * st[3]])));
     }
   });
-}
-
-// GELU's backward on contiguous F32 operands of one shape through its clones; false otherwise.
-bool gelu_tanh_backward_contiguous(const Tensor& out, const Tensor& grad, const Tensor& in) {
-  if (!out.is_contiguous() || !grad.is_contiguous() || !in.is_contiguous() ||
-      grad.shape() != out.shape() || in.shape() != out.shape()) {
-    return false;
-  }
-  float* o = at<float>(out);
-  const float* g = at<float>(grad);
-  const float* x = at<float>(in);
-  parallel_for(out.numel(), kElementwiseGrain, [&](int64_t first, int64_t last) {
-    gelu_tanh_backward_f32_run(o + first, g + first, x + first, last - first);
-  });
-  return true;
 }
 
 // ---- comparisons ----------------------------------------------------------------------------
@@ -321,10 +321,11 @@ void unary_backward(int op, const Tensor& out, const Tensor& grad, const Tensor&
     using C = compute_t<T>;
     if constexpr (std::is_floating_point_v<C>) {
       const bool known = element::visit<element::UnaryOps>(op, [&]<class F>() {
-        if constexpr (std::is_same_v<T, float> && std::is_same_v<F, element::GeluTanh>) {
-          if (gelu_tanh_backward_contiguous(out, grad, in)) return;
-        }
-        ternary_typed<T>(out, grad, in, result, [](C g, C x, C y) { return g * F::df(x, y); });
+        ternary_typed<T>(
+            out, grad, in, result, [](C g, C x, C y) { return g * F::df(x, y); },
+            [](T* o, const T* g, const T* x, const T*, int64_t n) {
+              return derivative_run_cloned<T, F>(o, g, x, n);
+            });
       });
       SPMD_CHECK_MSG(known, "unary elementwise op {} is not in element::UnaryOps", op);
     }
