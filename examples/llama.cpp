@@ -451,6 +451,7 @@ std::vector<double> train(const Config& c, const std::string& text, const P& par
           fmt::print("\n== dry-run report\n{}", report.table());
           if (const char* path = std::getenv("SPMD_DRY_RUN_REPORT")) {
             std::ofstream(fmt::format("{}.json", path)) << report.json();
+            dry->write_timeline(fmt::format("{}.timeline.json", path));
           }
         }
       }

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <tuple>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <spmd/collectives/trace.h>
@@ -261,14 +262,50 @@ std::string DeviceSpec::to_json() const {
   return j.dump(2);
 }
 
+std::vector<std::string> eager_op_names() {
+  std::vector<std::string> names;
+  for (const OpDef* def : all_ops()) {
+    if (def->eager != nullptr &&
+        std::find(names.begin(), names.end(), def->eager->of) == names.end()) {
+      names.emplace_back(def->eager->of);
+    }
+  }
+  return names;
+}
+
+namespace {
+
+// The items of a comma list, empty ones left out.
+std::vector<std::string> comma_list(const char* text) {
+  std::vector<std::string> items;
+  std::stringstream list(text);
+  for (std::string item; std::getline(list, item, ',');) {
+    if (!item.empty()) items.push_back(item);
+  }
+  return items;
+}
+
+// ConfigError naming `where` and the op when `ops` names one without eager kernels.
+void check_eager_ops(const std::vector<std::string>& ops, std::string_view where) {
+  const std::vector<std::string> known = eager_op_names();
+  for (const std::string& op : ops) {
+    if (std::find(known.begin(), known.end(), op) == known.end()) {
+      throw_error<ConfigError>(
+          "{}: '{}' is not an op whose eager kernels spmdsim describes (Note [Eager kernels]); "
+          "expected a comma list of {}",
+          where, op, fmt::join(known, ", "));
+    }
+  }
+}
+
+}  // namespace
+
 DryRunOptions DryRunOptions::from_env() {
   DryRunOptions o;
-  if (const char* dims = std::getenv("SPMD_OVERLAP_DIMS")) {
-    o.overlap_dims.clear();
-    std::stringstream list(dims);
-    for (std::string dim; std::getline(list, dim, ',');) {
-      if (!dim.empty()) o.overlap_dims.push_back(dim);
-    }
+  if (const char* dims = std::getenv("SPMD_OVERLAP_DIMS")) o.overlap_dims = comma_list(dims);
+  if (const char* ops = std::getenv("SPMD_EAGER_OPS")) {
+    o.eager_ops = comma_list(ops);
+    check_eager_ops(o.eager_ops, "SPMD_EAGER_OPS");
   }
   const char* conf = std::getenv("SPMD_ALLOC_CONF");
   if (conf == nullptr || *conf == '\0') return o;
@@ -288,6 +325,7 @@ DryRunOptions DryRunOptions::from_env() {
 
 DryRun::DryRun(const World& world, DeviceSpec device, DryRunOptions options)
     : world_(world), device_(std::move(device)), options_(std::move(options)) {
+  check_eager_ops(options_.eager_ops, "DryRunOptions::eager_ops");
   Trace& t = trace();
   first_event_ = t.first_event_id() + t.num_events();
   kept_participants_ = t.keeps_participants();
@@ -308,7 +346,8 @@ DryRun::DryRun(const World& world, DeviceSpec device, DryRunOptions options)
   allocator_config_ = config;
   previous_fused_attention_ = fused_attention_accounting();
   if (device_.flash_attention) set_fused_attention_accounting(true);
-  observer_ = add_op_observer([device = device_, mutex = mutex_, ops = ops_](const OpEvent& e) {
+  observer_ = add_op_observer([device = device_, eager_ops = options_.eager_ops, mutex = mutex_,
+                               ops = ops_](const OpEvent& e) {
     if (e.def == nullptr || e.def == &value_event_def() || e.op == "from_local" ||
         e.op == "redistribute")
       return;
@@ -329,6 +368,17 @@ DryRun::DryRun(const World& world, DeviceSpec device, DryRunOptions options)
       if (device.flash_attention && causal) op.flops *= 0.5;
     } else if (op.flops > 0.0) {
       op.kind = 'm';
+    }
+    // Note [Eager kernels]: an op the modeled run computes as separate kernels moves their bytes.
+    if (e.def->eager != nullptr &&
+        std::find(eager_ops.begin(), eager_ops.end(), e.def->eager->of) != eager_ops.end()) {
+      std::vector<InputMeta> inputs;
+      inputs.reserve(e.inputs.size());
+      for (const DTensor* in : e.inputs) {
+        inputs.push_back(InputMeta{&largest_piece(*in).shape(), in->dtype()});
+      }
+      op.bytes = e.def->eager->bytes(inputs, e.args, OpMeta{op.shape, op.dtype});
+      op.kind = 'e';
     }
     const double fraction = op.kind == 'a'   ? device.attention_fraction()
                             : op.kind == 'm' ? device.matmul_fraction()
@@ -378,6 +428,7 @@ DryRunReport DryRun::report(const MemoryParts& parts) const {
   DryRunReport r;
   r.world_size = world_.size();
   r.backend = world_.backend_name();
+  r.eager_ops = options_.eager_ops;
   r.device = device_;
   r.topology_json = world_.topology().to_json();
   // Memory classes.
@@ -784,6 +835,10 @@ std::string DryRunReport::table() const {
       device.memory_fraction() * 100.0, time_text(compute_us), ops, flops / 1e12,
       time_text(matmul_us), time_text(attention_us), time_text(comm_us), time_text(exposed_comm_us),
       time_text(step_us), time_text(serial_us), 100.0 * hfu);
+  if (!eager_ops.empty()) {
+    out += fmt::format("  ({} costed as PyTorch eager's separate kernels: Note [Eager kernels])\n",
+                       fmt::join(eager_ops, ", "));
+  }
   if (pipeline) {
     out += fmt::format(
         "  (the step: the pipelined makespan {} and {} outside the pipeline's actions; the\n"
@@ -815,6 +870,7 @@ std::string DryRunReport::json() const {
   }
   nlohmann::json j = {{"world_size", world_size},
                       {"backend", backend},
+                      {"eager_ops", eager_ops},
                       {"shape_only", shape_only},
                       {"peak_exact", peak_exact},
                       {"memory", mem},

@@ -30,16 +30,17 @@
 // bandwidth x memory fraction)) on the rank with the largest pieces, with the fraction of its
 // kernel class from the device file: attention (scaled_dot_product_attention, attention_probs
 // and the ops of attention's backward), matmul (any other op with flops: OpDef::flops, 2*M*N*K
-// for matmuls and 4*B*H*Sq*Sk*D for attention) or memory-bound (no flops). With flash_attention,
-// an attention op costs its flops alone (its S^2 tiles stay on chip) and a causal one half of
-// them. A collective costs the cost model's estimate on the topology (collectives/cost_model.h).
-// The step runs compute and communication as two streams in program order: a collective on an
-// overlap dim (DryRunOptions::overlap_dims, the data-parallel dims) runs on the communication
-// stream, an all_gather starting as early as the previous one was issued (FSDP's prefetch; its
-// consumer, the next op, waits for it), a reduce_scatter or all_reduce when issued (the
-// gradient reduction; only the step's end waits for it); any other collective waits for both
-// streams and blocks the compute. The step is when both streams are done; the serial sum and the
-// communication not hidden are reported beside it, and hfu = flops / (step x the peak of the
+// for matmuls and 4*B*H*Sq*Sk*D for attention) or memory-bound (no flops); an op named in
+// DryRunOptions::eager_ops costs its eager kernels' bytes, memory-bound (Note [Eager kernels]).
+// With flash_attention, an attention op costs its flops alone (its S^2 tiles stay on chip) and a
+// causal one half of them. A collective costs the cost model's estimate on the topology
+// (collectives/cost_model.h). The step runs compute and communication as two streams in program
+// order: a collective on an overlap dim (DryRunOptions::overlap_dims, the data-parallel dims) runs
+// on the communication stream, an all_gather starting as early as the previous one was issued
+// (FSDP's prefetch; its consumer, the next op, waits for it), a reduce_scatter or all_reduce when
+// issued (the gradient reduction; only the step's end waits for it); any other collective waits for
+// both streams and blocks the compute. The step is when both streams are done; the serial sum and
+// the communication not hidden are reported beside it, and hfu = flops / (step x the peak of the
 // dtype most flops ran in).
 // Pipelines (Note [Pipeline runner]): when the report is given the step run_pipeline returned,
 // the ops and collectives that ran inside a pipeline action (their pipeline context) are summed
@@ -50,6 +51,24 @@
 // one, since the stages' meshes run theirs at the same time. Memory: the activations
 // each stage's forward leaves alive per microbatch and, per pp rank, the most it held at once
 // as the schedule ran (run_pipeline measures them under --spmd-tensors=meta).
+//
+// Note [Eager kernels]
+// spmdsim runs rms_norm and rotary_embedding as one kernel each, and a dry run costs each op as
+// one kernel: its inputs read and its output written once. A real run in eager PyTorch may run
+// such an op as the several kernels of its decomposition, each a round trip through memory:
+// at::rms_norm was a CompositeImplicitAutograd function until PyTorch 2.8 (an F32 copy of the
+// input, pow, mean, rsqrt, two products, a cast back: 36 bytes per BF16 element forward, 92 in
+// backward, against 4 and 6 fused), and Meta's reference RoPE, which torchtitan runs, casts to
+// F32 and multiplies complex pairs (20 bytes per BF16 element each way, against 4). A run that
+// published its figures with such kernels (torchtitan's Llama 3.1 benchmarks: eager, PyTorch of
+// late 2024) is modeled by naming the ops in DryRunOptions::eager_ops (SPMD_EAGER_OPS): those ops,
+// their backward entries and their recomputation then cost the bytes their entry's
+// EagerKernels::bytes gives (ops/op.h) instead of one kernel's, still memory-bound. Only time
+// changes: the decomposition's temporaries live inside the op, and memory keeps the fused op's
+// accounting. The formulas sit beside the entries (spmd/ops/nn.cpp, spmd/ops/rope.cpp), with
+// the kernel list; bench/peers/eager_kernels.py counts the bytes of the kernels PyTorch itself
+// runs for the same decompositions under a dispatch mode, the reference the tests' closed forms
+// were checked against.
 #pragma once
 
 #include <cstdint>
@@ -115,11 +134,19 @@ struct DryRunOptions {
   // Mesh dims whose all_gather, reduce_scatter and all_reduce overlap compute: FSDP prefetches
   // its all-gathers and reduces gradients during the backward. Collectives on other dims block.
   std::vector<std::string> overlap_dims = {"dp", "fsdp", "dp_shard", "dp_replicate"};
-  // The defaults, with SPMD_ALLOC_CONF=expandable_segments:True (PyTorch's syntax) and
-  // SPMD_OVERLAP_DIMS=dp,fsdp (a comma list; empty: none) from the environment; ConfigError for
-  // another SPMD_ALLOC_CONF.
+  // Ops the modeled run computes as PyTorch eager's separate kernels (Note [Eager kernels]):
+  // "rms_norm" (before PyTorch 2.8), "rotary_embedding" (Meta's reference code, torchtitan's).
+  // Empty: every op is one kernel. The names are the ops' (OpDef::eager's `of`).
+  std::vector<std::string> eager_ops;
+  // The defaults, with SPMD_ALLOC_CONF=expandable_segments:True (PyTorch's syntax),
+  // SPMD_OVERLAP_DIMS=dp,fsdp and SPMD_EAGER_OPS=rms_norm,rotary_embedding (comma lists; empty:
+  // none) from the environment; ConfigError for another SPMD_ALLOC_CONF or an op without eager
+  // kernels in SPMD_EAGER_OPS.
   static DryRunOptions from_env();
 };
+
+// The ops DryRunOptions::eager_ops may name: those whose entries describe their eager kernels.
+std::vector<std::string> eager_op_names();
 
 // The DTensors whose pieces the memory report counts.
 struct MemoryParts {
@@ -191,6 +218,8 @@ struct DryRunReport {
   };
   int world_size = 0;
   std::string backend;
+  // DryRunOptions::eager_ops: the ops costed as PyTorch eager's kernels (Note [Eager kernels]).
+  std::vector<std::string> eager_ops;
   bool shape_only = false;
   bool peak_exact = false;  // one memory class: the peak is per rank
   std::vector<RankClass> memory;

@@ -315,7 +315,7 @@ DTensor dispatch(const OpDef& op, std::span<const DTensor* const> inputs, const 
       std::vector<Var> vars;
       vars.reserve(n);
       for (size_t i = 0; i < n; ++i) vars.push_back(dtensor_var(*inputs[i]));
-      return op.composite(vars, args).value<DTensor>();
+      return op.composite(vars, ShardingInputs(shardings.data(), n), args).value<DTensor>();
     }
   }
   std::shared_ptr<const OutputSharding> decision =

@@ -141,6 +141,42 @@ void norm_backward(BackwardContext& c) {
   if (!rms && c.needs_grad(2)) c.set_grad(2, sum_to(g, var_shape(c.input(2))));
 }
 
+// ---- rms_norm as PyTorch eager runs it (Note [Eager kernels] in debug/dry_run.h) ---------------
+// at::rms_norm before PyTorch 2.8 was a CompositeImplicitAutograd function: x cast to its math
+// dtype a (F32 for BF16 and F16), pow(2), mean over the last dim, + eps and rsqrt (per row),
+// times x, cast back to x's dtype, times the weight: eight kernels, and autograd's backward
+// through them. Per element of x, with e, o and a the bytes of x's, the output's and the math
+// dtype, c = e + a where x is cast (else 0), and the per-row and weight-sized terms left out:
+//   forward           c (cast) + 2a (pow) + a (mean) + 2a (* rstd) + c (cast back) + e + o (* w)
+//   backward, mode 0  2o (g * w) + c (cast) + 2a (* rstd) + 3a (* x, for rstd's gradient) +
+//                     a (its sum) + a (mean's backward) + 2a (pow(x, 1)) + 2a (* 2) + 3a (* g) +
+//                     3a (the two paths' gradients added) + c (cast back)
+//   backward, mode 1  o + e + o (g * y); the sum over rows is the sum_to op after it
+// bench/peers/eager_kernels.py counts the kernels PyTorch runs: 36.1 and 92.2 bytes per element
+// forward and backward in BF16, as here (36 and 84 + 6 + the sum's 2).
+
+double rms_norm_eager_bytes(std::span<const InputMeta> in, const OpArgs& args, const OpMeta& out) {
+  const bool backward = in.size() == 3;
+  const InputMeta& x = in[backward ? 1 : 0];
+  const double n = static_cast<double>(shape_numel(*x.shape));
+  const double e = static_cast<double>(itemsize(x.dtype));
+  const double o = static_cast<double>(itemsize(out.dtype));
+  const DType math = x.dtype == DType::F64 ? DType::F64 : DType::F32;
+  const double a = static_cast<double>(itemsize(math));
+  const double c = x.dtype == math ? 0.0 : e + a;
+  if (!backward) return n * (c + 2 * a + a + 2 * a + c + e + o);
+  if (args.ints.at(0) == 1) return n * (o + e + o);
+  return n * (2 * o + c + 2 * a + 3 * a + a + a + 2 * a + 2 * a + 3 * a + 3 * a + c);
+}
+
+const EagerKernels kRmsNormEager{
+    .of = "rms_norm",
+    .bytes = rms_norm_eager_bytes,
+    .source =
+        "at::rms_norm before PyTorch 2.8 (no fused kernel): cast, pow, mean, rsqrt, mul, "
+        "cast, mul, and autograd through them",
+};
+
 // ---- dropout ------------------------------------------------------------------------------------
 // args.reals = [p], args.seed; args.ints = [row offset, rows] when the input is those rows of a
 // larger tensor along dim 0 (DropoutRows).
@@ -246,8 +282,12 @@ void dropout_backward(BackwardContext& c) {
 // per-element losses (table ops that keep the elements' shards: no communication), their sum
 // (P(sum)), the count of targets not ignored (a sum of the target's mask: P(sum), all_reduced as
 // the divisor: one value), and the division, which keeps the sum's P(sum). Exact for uneven and
-// ignored rows. (The composite is the op's whole form: an apply() of the entry inside it would
-// record the entry's node over the composite's and differentiate the fused entry instead.)
+// ignored rows. Where every rank holds whole rows of classes and there is no label smoothing,
+// the losses are PyTorch's own decomposition of cross_entropy, log_softmax then nll_loss (its
+// Sum), so that what the loss keeps for backward is PyTorch's (a dry run's memory: the output of
+// log_softmax, and in backward one gradient each for nll_loss and log_softmax). (The composite is
+// the op's whole form: an apply() of the entry inside it would record the entry's node over the
+// composite's and differentiate the fused entry instead.)
 
 enum class LossKind { CrossEntropy, Nll };
 
@@ -447,7 +487,7 @@ Var var_scalar_op(const OpDef& op, const Var& v, double c) {
 // The composite form (Notes [Vocabulary-parallel cross-entropy], [Mean over the elements not
 // ignored]).
 template <LossKind k>
-Var loss_composite(std::span<const Var> in, const OpArgs& args) {
+Var loss_composite(std::span<const Var> in, ShardingInputs shardings, const OpArgs& args) {
   const Var& logits = in[0];
   const Var& target = in[1];
   const LossArgs a = loss_options(args);
@@ -457,6 +497,32 @@ Var loss_composite(std::span<const Var> in, const OpArgs& args) {
   const Var zero = var_scalar_op(op::mul_scalar, target, 0.0);
   const Var ignored = var_scalar_op(op::add_scalar, zero, static_cast<double>(a.ignore_index));
   const Var valid = apply(op::ne, {target, ignored});
+  bool classes_whole = true;
+  for (const Placement& p : shardings[0]->placements()) {
+    if (is_shard(p, static_cast<int>(cd))) classes_whole = false;
+  }
+  if (k == LossKind::CrossEntropy && classes_whole && a.smoothing == 0.0) {
+    // Note [Mean over the elements not ignored]: each rank's classes whole, so PyTorch's own
+    // decomposition, log_softmax then nll_loss (summed, or per element), over the global count:
+    // the loss holds what PyTorch's holds (log_softmax's output; in backward its gradient and
+    // nll_loss's), where the composite below holds the shifted logits and their exponentials too.
+    const Var log_probs = apply(op::log_softmax, {logits}, {{cd}, {}});
+    Var out;
+    try {
+      out = apply(op::nll_loss, {log_probs, target},
+                  loss_args(NllLossOptions{
+                      .reduction = a.reduction == 2 ? LossReduction::None : LossReduction::Sum,
+                      .ignore_index = a.ignore_index}));
+    } catch (const ShapeError& e) {
+      // nll_loss's report (the bad target, its index, the classes) under the op the user called.
+      std::string_view why = e.what();
+      if (why.starts_with("nll_loss: ")) why.remove_prefix(std::string_view("nll_loss: ").size());
+      throw_error<ShapeError>("{} (log_softmax, then nll_loss, over sharded rows): {}",
+                              loss_name<k>(), why);
+    }
+    if (a.reduction != 0) return out;
+    return out / apply(op::sum, {valid}, reduction_args({}, false));
+  }
   const Var safe = apply(op::where, {valid, target, zero});
   const Var index = apply(op::unsqueeze, {safe}, {{cd}, {}});
   Var shifted = logits;
@@ -1119,6 +1185,7 @@ const OpDef op::rms_norm{
                      const OpMeta&) { return rowwise_strategies(in, 1); },
     .backward = norm_backward<true>,
     .saves = saves_inputs({0, 1}),
+    .eager = &kRmsNormEager,
 };
 const OpDef op::rms_norm_backward{
     .name = "rms_norm_backward",
@@ -1126,6 +1193,7 @@ const OpDef op::rms_norm_backward{
     .compute = norm_backward_compute<true>,
     .strategies = [](ShardingInputs in, const OpArgs&,
                      const OpMeta&) { return rowwise_strategies(in, 2); },
+    .eager = &kRmsNormEager,
 };
 const OpDef op::dropout{
     .name = "dropout",

@@ -21,8 +21,12 @@
 //   flops        (optional) the op's floating-point operations on full tensors of these shapes,
 //                for the dry run's time estimate (debug/dry_run.h); ops without it count none;
 //   composite    (optional) the op written with other table ops, which dispatch runs instead for
-//                the input shardings `use_composite` accepts: ops whose sharded form needs
-//                collectives inside (cross_entropy over classes sharded across ranks).
+//                the input shardings `use_composite` accepts (and is given them): ops whose
+//                sharded form needs collectives inside (cross_entropy over classes sharded
+//                across ranks);
+//   eager        (optional) the memory traffic of the separate kernels PyTorch eager runs for
+//                the op where it has no fused kernel, for dry runs that model such a run
+//                (Note [Eager kernels] in debug/dry_run.h).
 // Entries are written with designated initializers (`.name = "matmul", .meta = ...`); all_ops()
 // in ops/ops.h lists every entry of the table.
 // The Tensor entry points (ops/ops.h), the LocalTensor ones (world/local_ops.h) and the DTensor
@@ -91,6 +95,18 @@ struct PieceContext {
   ShardingInputs inputs = {};
 };
 
+// How PyTorch eager runs an op it has no fused kernel for: one kernel per step of the op's
+// decomposition, each reading its inputs from memory and writing its output (Note [Eager
+// kernels] in debug/dry_run.h). `of` is the op a dry run is told to model this way
+// (SPMD_EAGER_OPS): a backward entry names its forward op. `bytes` is what those kernels read
+// and write on inputs and an output of these (local) shapes and dtypes; `source` says whose
+// decomposition it is.
+struct EagerKernels {
+  std::string_view of;
+  double (*bytes)(std::span<const InputMeta> inputs, const OpArgs& args, const OpMeta& out);
+  std::string_view source;
+};
+
 // The arguments of a backward function (ops/autograd.h).
 class BackwardContext;
 // A value that takes part in autograd (ops/autograd.h).
@@ -103,7 +119,7 @@ enum class PartialUse {
   Unary,      // linear in its one input (views, sum, scaling, casts)
   All,        // linear when every typed input is P (add, sub, cat, stack)
   One,        // bilinear: one input P, the others R (mul, matmul, bmm)
-  Numerator,  // div: the first input P, the second R
+  Numerator,  // linear in the first input alone: it P, the others R (div, log_softmax_backward)
 };
 
 // What an op's backward reads of its values (Note [Saved values] in ops/autograd.h): bit i for
@@ -133,11 +149,13 @@ struct OpDef {
   bool follow_first_input = false;
   PartialUse partial_use = PartialUse::None;
   double (*flops)(std::span<const InputMeta> inputs, const OpMeta& out) = nullptr;
-  Var (*composite)(std::span<const Var> inputs, const OpArgs& args) = nullptr;
+  Var (*composite)(std::span<const Var> inputs, ShardingInputs shardings,
+                   const OpArgs& args) = nullptr;
   bool (*use_composite)(ShardingInputs inputs, const OpArgs& args) = nullptr;
   // The values its backward reads (kSavesAll when unsure): a dry run's tape keeps only these
   // (Note [Saved values] in ops/autograd.h).
   uint32_t saves = kSavesAll;
+  const EagerKernels* eager = nullptr;
 };
 
 // Runs `op` on Tensors: the meta (which checks the inputs), then the computation. Error naming

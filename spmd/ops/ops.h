@@ -120,9 +120,12 @@ extern const OpDef std;
 extern const OpDef norm;
 extern const OpDef prod;
 
-// Softmax along args.ints[0] (ops/softmax.cpp).
+// Softmax along args.ints[0] (ops/softmax.cpp). log_softmax_backward (grad, y) -> grad -
+// exp(y) * sum(grad, dim): log_softmax's derivative as one op, reading its output alone
+// (PyTorch's _log_softmax_backward_data).
 extern const OpDef softmax;
 extern const OpDef log_softmax;
+extern const OpDef log_softmax_backward;
 
 // Picking by index (ops/index.cpp, Note [Masked lookup]). index_select and gather: args.ints =
 // [dim]; inputs (x, index). embedding: inputs (ids, weight). Their backward entries take (grad,
@@ -269,6 +272,7 @@ inline std::span<const OpDef* const> all_ops() {
       &op::prod,
       &op::softmax,
       &op::log_softmax,
+      &op::log_softmax_backward,
       // Picking by index.
       &op::index_select,
       &op::index_select_backward,

@@ -578,7 +578,7 @@ bool reduced_dim_sharded(ShardingInputs in, const OpArgs& args) {
   return false;
 }
 
-Var logsumexp_composite(std::span<const Var> in, const OpArgs& args) {
+Var logsumexp_composite(std::span<const Var> in, ShardingInputs, const OpArgs& args) {
   Var x = in[0];
   if (!is_floating(var_dtype(x))) {
     x = apply(op::to_dtype, {x}, {{static_cast<int64_t>(DType::F32)}, {}});

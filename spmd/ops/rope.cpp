@@ -230,6 +230,35 @@ double rope_flops(std::span<const InputMeta> in, const OpMeta&) {
   return 3.0 * n;
 }
 
+// Meta's reference code and torchtitan rotate in complex numbers, with no fused kernel (Note
+// [Eager kernels] in debug/dry_run.h): x cast to F32, viewed as complex pairs, multiplied by the
+// [S, D/2] complex64 table (read once per kernel: S * D * 4 bytes), viewed back and cast to x's
+// dtype; autograd's backward runs the same three kernels with the table's conjugate, which it
+// copies first. Per element, with e the bytes of x's dtype and a of its math dtype (F32, F64 for
+// F64), c = e + a where x is cast (else 0): c + 2a + c, plus the table's bytes.
+// bench/peers/eager_kernels.py counts 20.25 and 20.75 bytes per element in BF16 at S 64, 8 heads.
+double rope_eager_bytes(std::span<const InputMeta> in, const OpArgs& args, const OpMeta&) {
+  const Shape& shape = *in[0].shape;
+  const double n = static_cast<double>(shape_numel(shape));
+  const double e = static_cast<double>(itemsize(in[0].dtype));
+  const DType math = in[0].dtype == DType::F64 ? DType::F64 : DType::F32;
+  const double a = static_cast<double>(itemsize(math));
+  const double c = in[0].dtype == math ? 0.0 : e + a;
+  const double table = shape.size() >= 2
+                           ? static_cast<double>(shape[1]) * static_cast<double>(shape.back()) * a
+                           : 0.0;
+  const bool backward = args.ints.at(0) < 0;
+  return n * (c + 2 * a + c) + table * (backward ? 3.0 : 1.0);
+}
+
+const EagerKernels kRopeEager{
+    .of = "rotary_embedding",
+    .bytes = rope_eager_bytes,
+    .source =
+        "Meta's reference apply_rotary_emb (as torchtitan): cast to f32, complex multiply, "
+        "cast back, and autograd through them",
+};
+
 }  // namespace
 
 OpArgs rope_args(const RopeConfig& config) {
@@ -248,6 +277,7 @@ const OpDef op::rotary_embedding{
     .backward = rope_backward,
     .partial_use = PartialUse::Unary,
     .flops = rope_flops,
+    .eager = &kRopeEager,
 };
 
 }  // namespace spmd

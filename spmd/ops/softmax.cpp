@@ -50,18 +50,65 @@ std::vector<OpStrategy> softmax_strategies(ShardingInputs in, const OpArgs& args
   });
 }
 
-// softmax: dx = y * (g - sum(g * y, d)); log_softmax: dx = g - exp(y) * sum(g, d).
+// softmax: dx = y * (g - sum(g * y, d)); log_softmax: dx = g - exp(y) * sum(g, d), one op
+// (log_softmax_backward) whose temporaries live inside it, as PyTorch's: the dry run's memory
+// and a real run's (one output where the composite allocated three).
 template <bool log>
 void softmax_backward(BackwardContext& c) {
   if (!c.needs_grad(0)) return;
   const Var& y = c.output();
   const Var& g = c.grad();
-  const OpArgs dim = reduction_args({c.args().ints[0]}, true);
   if constexpr (log) {
-    c.set_grad(0, g - apply(op::exp, {y}) * apply(op::sum, {g}, dim));
+    c.set_grad(0, apply(op::log_softmax_backward, {g, y}, c.args()));
   } else {
+    const OpArgs dim = reduction_args({c.args().ints[0]}, true);
     c.set_grad(0, y * (g - apply(op::sum, {g * y}, dim)));
   }
+}
+
+// ---- log_softmax_backward: (grad, y) with args.ints = [dim] -------------------------------------
+
+OpMeta log_softmax_backward_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  const Shape& g = *in[0].shape;
+  const Shape& y = *in[1].shape;
+  if (g != y) {
+    throw_error<ShapeError>(
+        "log_softmax_backward: the gradient {} and the output {} must have the same shape",
+        shape_str(g), shape_str(y));
+  }
+  if (!is_floating(in[0].dtype) || !is_floating(in[1].dtype)) {
+    throw_error<Unsupported>(
+        "log_softmax_backward: the gradient ({}) and the output ({}) must be floating (shape {})",
+        in[0].dtype, in[1].dtype, shape_str(y));
+  }
+  normalize_dim(args.ints.at(0), std::max<int64_t>(static_cast<int64_t>(y.size()), 1),
+                "log_softmax_backward", y);
+  return OpMeta{y, promote_types(in[0].dtype, in[1].dtype)};
+}
+
+// The same arithmetic, in the same order and dtypes, as the table ops it replaces (so the same
+// bits); promotion gives the meta's dtype.
+Tensor log_softmax_backward_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+  const Tensor& g = in[0];
+  const Tensor& y = in[1];
+  if (y.dim() == 0) return g - exp(y) * g;
+  const int64_t d = normalize_dim(args.ints[0], y.dim(), "log_softmax_backward", y.shape());
+  return g - exp(y) * sum(g, {d}, true);
+}
+
+// Both inputs with the same shards, never along the softmax dim; linear in the gradient, so a
+// pending sum there stays one (the output alone needs every term).
+std::vector<OpStrategy> log_softmax_backward_strategies(ShardingInputs in, const OpArgs& args,
+                                                        const OpMeta&) {
+  const int nd = static_cast<int>(in[1]->ndim());
+  const int d = static_cast<int>(
+      normalize_dim(args.ints[0], std::max(nd, 1), "log_softmax_backward", in[1]->shape()));
+  std::vector<DimOption> options = {{{Replicate{}, Replicate{}}, Replicate{}}};
+  for (int k = 0; k < nd; ++k) {
+    if (k != d) options.push_back({{Shard{k}, Shard{k}}, Shard{k}});
+  }
+  options.push_back({{Partial{}, Replicate{}}, Partial{}});
+  return expand_dim_options(in, options);
 }
 
 }  // namespace
@@ -80,6 +127,14 @@ const OpDef op::log_softmax{
     .compute = softmax_compute<true>,
     .strategies = softmax_strategies,
     .backward = softmax_backward<true>,
+    .saves = kSaveOutput,
+};
+const OpDef op::log_softmax_backward{
+    .name = "log_softmax_backward",
+    .meta = log_softmax_backward_meta,
+    .compute = log_softmax_backward_compute,
+    .strategies = log_softmax_backward_strategies,
+    .partial_use = PartialUse::Numerator,
 };
 
 }  // namespace spmd

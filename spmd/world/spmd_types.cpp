@@ -188,6 +188,12 @@ std::string axis_text(std::string_view axis) {
   return axis.empty() ? std::string("every axis") : fmt::format("mesh axis '{}'", axis);
 }
 
+// Why a PartialUse::Numerator op refuses a pending sum past its first input.
+std::string numerator_only(const OpDef& op, std::string_view reduce) {
+  return fmt::format("{} is linear in its first input only{}; {}", op.name,
+                     op.name == "div" ? " (dividing by a pending sum is not linear)" : "", reduce);
+}
+
 [[noreturn]] void type_error(const OpDef& op, std::string_view axis, const Operand& first,
                              const Operand* second, std::string_view why) {
   // The inputs in their order in the call.
@@ -243,8 +249,7 @@ const AxisType* combine(const OpDef& op, std::string_view axis, const std::vecto
         for (const Operand& o : in) {
           if (&o == p) continue;
           if (op.partial_use == PartialUse::Numerator && p->index != 1) {
-            type_error(op, axis, *p, nullptr,
-                       fmt::format("dividing by a pending sum is not linear; {}", reduce));
+            type_error(op, axis, *p, nullptr, numerator_only(op, reduce));
           }
           if (o.type->type == SpmdType::P) {
             type_error(op, axis, *p, &o,
@@ -259,8 +264,7 @@ const AxisType* combine(const OpDef& op, std::string_view axis, const std::vecto
           }
         }
         if (op.partial_use == PartialUse::Numerator && p->index != 1) {
-          type_error(op, axis, *p, nullptr,
-                     fmt::format("dividing by a pending sum is not linear; {}", reduce));
+          type_error(op, axis, *p, nullptr, numerator_only(op, reduce));
         }
         return p->type;
     }

@@ -1632,7 +1632,7 @@ std::vector<ApiCase> dtensor_cases() {
                        distribute_tensor(from_vector<int64_t>({0, 1, 2, 9}), mesh4(), {Shard{0}}));
        },
        "ShapeError",
-       {"cross_entropy", "index 9 at [3, 0]", "[0, 5)", "5 classes"}},
+       {"cross_entropy", "target 9 at index 3", "[0, 5)", "5 classes"}},
       {"DTensorCrossEntropyClassesSharded",
        [] {
          cross_entropy(distribute_tensor(ones({2, 8}), mesh4(), {Shard{1}}),

@@ -6,9 +6,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include <spmd/spmd.h>
 
@@ -377,6 +381,84 @@ TEST(DryRunReport, BeginStepReportsTheLastStep) {
   EXPECT_DOUBLE_EQ(last.comm_us, one.comm_us);
 }
 
+// The bytes of every compute op in a dry run's timeline, per op name, in order.
+std::map<std::string, std::vector<double>> timeline_bytes(const DryRun& dry) {
+  const std::string path = ::testing::TempDir() + "dry_run_eager_timeline.json";
+  dry.write_timeline(path);
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::map<std::string, std::vector<double>> bytes;
+  for (const nlohmann::json& e : j.at("traceEvents")) {
+    if (e.value("cat", "") == "compute") {
+      bytes[e.at("name").get<std::string>()].push_back(e.at("args").at("bytes").get<double>());
+    }
+  }
+  std::remove(path.c_str());
+  return bytes;
+}
+
+// Note [Eager kernels]: rms_norm and rotary_embedding named in eager_ops cost the bytes of
+// PyTorch eager's kernels for their decompositions, forward and backward, and nothing else
+// changes. The closed forms per BF16 element (n of them per rank) are the kernels
+// bench/peers/eager_kernels.py counts in PyTorch 2.15 for the same code: rms_norm 36 forward,
+// 84 for the input's gradient and 6 for g * y (the weight's, before its sum over rows); RoPE
+// 20 each way plus its [S, D/2] complex64 table, read once forward and three times backward
+// (copied as its conjugate first). Fused, each op reads its inputs and writes its output once.
+TEST(DryRunReport, EagerKernelsCostPyTorchsDecomposition) {
+  const MetaTensorsScope meta(true);
+  World world = World::sim(8);
+  const DeviceMesh mesh = init_device_mesh(world, {8}, {"dp"});
+  const int64_t B = 16, S = 64, H = 4, D = 32;
+  const double n = static_cast<double>(B / 8 * S * H * D), w_bytes = 2.0 * H * D;
+  const double table = static_cast<double>(S * D) * 4.0;
+  auto run = [&](std::vector<std::string> eager) {
+    DryRunOptions options;
+    options.eager_ops = std::move(eager);
+    DryRun dry(world, DeviceSpec{}, options);
+    DTensor x = randn({B, S, H * D}, mesh, {Shard{0}}, 1, DType::BF16);
+    x.requires_grad_();
+    DTensor w = randn({H * D}, mesh, {Replicate{}}, 2, DType::BF16);
+    w.requires_grad_();
+    const DTensor q = reshape(rms_norm(x, w, 1e-5), {B, S, H, D});
+    // A gradient sharded as the output, so that every op of the backward runs on rank pieces.
+    backward(rotary_embedding(q), randn({B, S, H, D}, mesh, {Shard{0}}, 3, DType::BF16));
+    return std::pair(dry.report({}), timeline_bytes(dry));
+  };
+  const auto [fused, fused_bytes] = run({});
+  const auto [eager, eager_bytes] = run({"rms_norm", "rotary_embedding"});
+  using Bytes = std::vector<double>;
+  EXPECT_EQ(fused_bytes.at("rms_norm"), Bytes({2 * n + w_bytes + 2 * n}));
+  EXPECT_EQ(fused_bytes.at("rms_norm_backward"), Bytes({6 * n + w_bytes, 6 * n + w_bytes}));
+  EXPECT_EQ(fused_bytes.at("rotary_embedding"), Bytes({4 * n, 4 * n}));
+  EXPECT_EQ(eager_bytes.at("rms_norm"), Bytes({36 * n}));
+  EXPECT_EQ(eager_bytes.at("rms_norm_backward"), Bytes({84 * n, 6 * n}));
+  EXPECT_EQ(eager_bytes.at("rotary_embedding"), Bytes({20 * n + table, 20 * n + 3 * table}));
+  for (const auto& [op, bytes] : fused_bytes) {
+    if (op != "rms_norm" && op != "rms_norm_backward" && op != "rotary_embedding") {
+      EXPECT_EQ(eager_bytes.at(op), bytes) << op;
+    }
+  }
+  EXPECT_EQ(eager.ops, fused.ops);
+  EXPECT_GT(eager.compute_us, fused.compute_us);
+  EXPECT_TRUE(fused.eager_ops.empty());
+  EXPECT_EQ(eager.eager_ops, (std::vector<std::string>{"rms_norm", "rotary_embedding"}));
+  EXPECT_NE(eager.table().find("rms_norm, rotary_embedding costed as PyTorch eager's"),
+            std::string::npos)
+      << eager.table();
+  EXPECT_NE(eager.json().find("\"eager_ops\""), std::string::npos);
+  // Only ops whose entries describe their eager kernels can be named.
+  EXPECT_EQ(eager_op_names(), (std::vector<std::string>{"rms_norm", "rotary_embedding"}));
+  expect_throws<ConfigError>(
+      [&] { DryRun(world, DeviceSpec{}, DryRunOptions{.eager_ops = {"layer_norm"}}); },
+      {"DryRunOptions::eager_ops", "'layer_norm'", "rms_norm, rotary_embedding"});
+  ::setenv("SPMD_EAGER_OPS", "rotary_embedding,,rms_norm", 1);
+  EXPECT_EQ(DryRunOptions::from_env().eager_ops,
+            (std::vector<std::string>{"rotary_embedding", "rms_norm"}));
+  ::setenv("SPMD_EAGER_OPS", "rms_norm,gelu", 1);
+  expect_throws<ConfigError>([] { DryRunOptions::from_env(); }, {"SPMD_EAGER_OPS", "'gelu'"});
+  ::unsetenv("SPMD_EAGER_OPS");
+}
+
 // Note [Fused attention accounting]: with a flash kernel the backward's S^2 temporaries count no
 // bytes and a causal kernel does half the work; without, they are the peak.
 TEST(DryRunMemory, FlashAttentionKeepsNoSquareBuffer) {
@@ -405,6 +487,34 @@ TEST(DryRunMemory, FlashAttentionKeepsNoSquareBuffer) {
   // Causal: the fused kernel does half the attention's work.
   EXPECT_NEAR(flash.flops, plain.flops / 2, plain.flops * 1e-9);
   EXPECT_LT(flash.attention_us, plain.attention_us);
+}
+
+// PyTorch's cross_entropy is log_softmax then nll_loss. Over rows split across ranks (a Mean:
+// the composite, Note [Mean over the elements not ignored]) the loss keeps what PyTorch's keeps:
+// log_softmax's output for backward, and in backward that, nll_loss's gradient and log_softmax's,
+// three tensors of the logits' size beside the logits themselves (torchtitan's loss on float32
+// logits: rows T1 and T3 of docs/dry-run.md).
+TEST(DryRunMemory, CrossEntropyKeepsWhatPyTorchKeeps) {
+  const MetaTensorsScope meta(true);
+  World world = World::sim(8);
+  const DeviceMesh mesh = init_device_mesh(world, {8}, {"dp"});
+  const int64_t rows = 8 * 512, classes = 4096;
+  const int64_t logits_bytes = rows / 8 * classes * 4;  // per rank, f32
+  const int64_t slack = 1 << 20;                        // the targets, the per-row values
+  DTensor logits = randn({rows, classes}, mesh, {Shard{0}}, 1);
+  logits.requires_grad_();
+  const DTensor target = distribute_tensor(zeros({rows}, DType::I64), mesh, {Shard{0}});
+  DryRun dry(world);  // from here: what the loss allocates
+  backward(cross_entropy(logits, target));
+  const DTensor grad = logits.grad();
+  const DryRunReport r = dry.report({.parameters = {&logits}, .gradients = {&grad}});
+  ASSERT_EQ(r.memory.size(), 1u);
+  EXPECT_GE(r.memory[0].saved_by_forward, logits_bytes);
+  EXPECT_LT(r.memory[0].saved_by_forward, logits_bytes + slack);
+  // At the peak: the logits, the saved output and the two gradients (the second is the logits'
+  // gradient, counted as such).
+  EXPECT_GE(r.memory[0].activations, 2 * logits_bytes);
+  EXPECT_LT(r.memory[0].activations, 2 * logits_bytes + slack);
 }
 
 // ZeRO's accounting (Rajbhandari et al.): parameters, gradients and the two AdamW moments in f32
