@@ -9,6 +9,7 @@
 #include <set>
 
 #include <spmd/collectives/trace.h>
+#include <spmd/dtensor/hooks.h>
 #include <spmd/dtensor/ops.h>
 #include <spmd/dtensor/random.h>
 #include <spmd/tensor/random.h>
@@ -121,6 +122,40 @@ TEST(TransformerOps, VocabParallelCrossEntropyNeverGathersTheLogits) {
   EXPECT_EQ(
       cross_entropy(distribute_tensor(logits, m.mesh, {Shard{0}, Replicate{}}), t).placements(),
       (Placements{Partial{}, Replicate{}}));
+}
+
+// log_softmax's derivative is one entry, log_softmax_backward (grad, y): shards of the other
+// dims pass through it with no communication, and a gradient that is a pending sum stays one (it
+// is linear in the gradient); the values are the full tensors' gradient.
+TEST(TransformerOps, LogSoftmaxBackwardKeepsShardsAndPendingSums) {
+  Mesh2d m;
+  const Tensor x = randn({4, 6, 8}, 5, DType::F64);
+  const Tensor g = randn({4, 6, 8}, 6, DType::F64);
+  for (int64_t d : {0, 1, 2}) {
+    const Tensor leaf = x.clone().requires_grad_();
+    backward(log_softmax(leaf, d), g);
+    const int64_t a = d == 0 ? 1 : 0, b = d == 2 ? 1 : 2;  // the two other dims
+    const std::vector<std::pair<Placements, Placements>> cases = {
+        {{Shard{a}, Shard{b}}, {Shard{a}, Shard{b}}},      // y's shards, gradient alike
+        {{Shard{a}, Replicate{}}, {Shard{a}, Partial{}}},  // a pending sum over tp
+    };
+    for (const auto& [px, pg] : cases) {
+      SCOPED_TRACE(fmt::format("dim {}: x {}, grad {}", d, to_string(px), to_string(pg)));
+      DTensor dx = distribute_tensor(x, m.mesh, px);
+      dx.requires_grad_();
+      const DTensor y = log_softmax(dx, d);
+      ASSERT_EQ(y.placements(), px);
+      // The entry's output keeps the gradient's placements: nothing moved before it.
+      std::vector<Placements> outputs;
+      const int observer = add_op_observer([&](const OpEvent& e) {
+        if (e.def == &op::log_softmax_backward) outputs.push_back(e.output.placements());
+      });
+      backward(y, testing::make_dtensor(g, m.mesh, pg, 7));
+      remove_op_observer(observer);
+      EXPECT_EQ(outputs, std::vector<Placements>({pg}));
+      EXPECT_TRUE(allclose(dx.grad().full_tensor(), leaf.grad(), 1e-12, 1e-12));
+    }
+  }
 }
 
 TEST(TransformerOps, AttentionShardedOverHeadsAndLayerNormOverTheSequenceNeedNoCommunication) {
