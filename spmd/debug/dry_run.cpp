@@ -262,6 +262,13 @@ std::string DeviceSpec::to_json() const {
   return j.dump(2);
 }
 
+std::string_view eager_source(std::string_view op) {
+  for (const OpDef* def : all_ops()) {
+    if (def->eager != nullptr && def->eager->of == op) return def->eager->source;
+  }
+  return {};
+}
+
 std::vector<std::string> eager_op_names() {
   std::vector<std::string> names;
   for (const OpDef* def : all_ops()) {
@@ -836,8 +843,10 @@ std::string DryRunReport::table() const {
       time_text(matmul_us), time_text(attention_us), time_text(comm_us), time_text(exposed_comm_us),
       time_text(step_us), time_text(serial_us), 100.0 * hfu);
   if (!eager_ops.empty()) {
-    out += fmt::format("  ({} costed as PyTorch eager's separate kernels: Note [Eager kernels])\n",
-                       fmt::join(eager_ops, ", "));
+    out += "  as PyTorch eager's separate kernels (Note [Eager kernels]):\n";
+    for (const std::string& name : eager_ops) {
+      out += fmt::format("    {:<18} {}\n", name, eager_source(name));
+    }
   }
   if (pipeline) {
     out += fmt::format(

@@ -58,7 +58,7 @@
 // such an op as the several kernels of its decomposition, each a round trip through memory:
 // at::rms_norm was a CompositeImplicitAutograd function until PyTorch 2.8 (an F32 copy of the
 // input, pow, mean, rsqrt, two products, a cast back: 36 bytes per BF16 element forward, 92 in
-// backward, against 4 and 6 fused), and Meta's reference RoPE, which torchtitan runs, casts to
+// backward, against 4 and 12 fused), and Meta's reference RoPE, which torchtitan runs, casts to
 // F32 and multiplies complex pairs (20 bytes per BF16 element each way, against 4). A run that
 // published its figures with such kernels (torchtitan's Llama 3.1 benchmarks: eager, PyTorch of
 // late 2024) is modeled by naming the ops in DryRunOptions::eager_ops (SPMD_EAGER_OPS): those ops,
@@ -75,6 +75,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <optional>
@@ -147,6 +148,8 @@ struct DryRunOptions {
 
 // The ops DryRunOptions::eager_ops may name: those whose entries describe their eager kernels.
 std::vector<std::string> eager_op_names();
+// Whose decomposition `op`'s eager kernels are (EagerKernels::source); empty for another op.
+std::string_view eager_source(std::string_view op);
 
 // The DTensors whose pieces the memory report counts.
 struct MemoryParts {

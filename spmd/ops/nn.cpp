@@ -172,9 +172,7 @@ double rms_norm_eager_bytes(std::span<const InputMeta> in, const OpArgs& args, c
 const EagerKernels kRmsNormEager{
     .of = "rms_norm",
     .bytes = rms_norm_eager_bytes,
-    .source =
-        "at::rms_norm before PyTorch 2.8 (no fused kernel): cast, pow, mean, rsqrt, mul, "
-        "cast, mul, and autograd through them",
+    .source = "at::rms_norm before PyTorch 2.8: cast, pow, mean, rsqrt, mul, cast, mul",
 };
 
 // ---- dropout ------------------------------------------------------------------------------------

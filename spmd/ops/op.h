@@ -99,8 +99,8 @@ struct PieceContext {
 // decomposition, each reading its inputs from memory and writing its output (Note [Eager
 // kernels] in debug/dry_run.h). `of` is the op a dry run is told to model this way
 // (SPMD_EAGER_OPS): a backward entry names its forward op. `bytes` is what those kernels read
-// and write on inputs and an output of these (local) shapes and dtypes; `source` says whose
-// decomposition it is.
+// and write on inputs and an output of these (local) shapes and dtypes, forward or backward;
+// `source` says whose decomposition it is (one line of the dry-run report).
 struct EagerKernels {
   std::string_view of;
   double (*bytes)(std::span<const InputMeta> inputs, const OpArgs& args, const OpMeta& out);

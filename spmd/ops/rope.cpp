@@ -254,9 +254,7 @@ double rope_eager_bytes(std::span<const InputMeta> in, const OpArgs& args, const
 const EagerKernels kRopeEager{
     .of = "rotary_embedding",
     .bytes = rope_eager_bytes,
-    .source =
-        "Meta's reference apply_rotary_emb (as torchtitan): cast to f32, complex multiply, "
-        "cast back, and autograd through them",
+    .source = "Meta's reference RoPE (torchtitan's): cast, complex multiply, cast back",
 };
 
 }  // namespace
