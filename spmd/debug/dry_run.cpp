@@ -262,13 +262,6 @@ std::string DeviceSpec::to_json() const {
   return j.dump(2);
 }
 
-std::string_view eager_source(std::string_view op) {
-  for (const OpDef* def : all_ops()) {
-    if (def->eager != nullptr && def->eager->of == op) return def->eager->source;
-  }
-  return {};
-}
-
 std::vector<std::string> eager_op_names() {
   std::vector<std::string> names;
   for (const OpDef* def : all_ops()) {
@@ -282,6 +275,14 @@ std::vector<std::string> eager_op_names() {
 
 namespace {
 
+// The eager kernels an entry describes for `op` (OpDef::eager's `of`), or null.
+const EagerKernels* eager_kernels_of(std::string_view op) {
+  for (const OpDef* def : all_ops()) {
+    if (def->eager != nullptr && def->eager->of == op) return def->eager;
+  }
+  return nullptr;
+}
+
 // The items of a comma list, empty ones left out.
 std::vector<std::string> comma_list(const char* text) {
   std::vector<std::string> items;
@@ -294,13 +295,12 @@ std::vector<std::string> comma_list(const char* text) {
 
 // ConfigError naming `where` and the op when `ops` names one without eager kernels.
 void check_eager_ops(const std::vector<std::string>& ops, std::string_view where) {
-  const std::vector<std::string> known = eager_op_names();
   for (const std::string& op : ops) {
-    if (std::find(known.begin(), known.end(), op) == known.end()) {
+    if (eager_kernels_of(op) == nullptr) {
       throw_error<ConfigError>(
           "{}: '{}' is not an op whose eager kernels spmdsim describes (Note [Eager kernels]); "
           "expected a comma list of {}",
-          where, op, fmt::join(known, ", "));
+          where, op, fmt::join(eager_op_names(), ", "));
     }
   }
 }
@@ -845,7 +845,9 @@ std::string DryRunReport::table() const {
   if (!eager_ops.empty()) {
     out += "  as PyTorch eager's separate kernels (Note [Eager kernels]):\n";
     for (const std::string& name : eager_ops) {
-      out += fmt::format("    {:<18} {}\n", name, eager_source(name));
+      const EagerKernels* kernels = eager_kernels_of(name);
+      out += fmt::format("    {:<18} {}\n", name,
+                         kernels != nullptr ? kernels->source : "(no entry describes its kernels)");
     }
   }
   if (pipeline) {

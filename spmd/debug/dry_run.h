@@ -75,7 +75,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include <optional>
@@ -148,8 +147,6 @@ struct DryRunOptions {
 
 // The ops DryRunOptions::eager_ops may name: those whose entries describe their eager kernels.
 std::vector<std::string> eager_op_names();
-// Whose decomposition `op`'s eager kernels are (EagerKernels::source); empty for another op.
-std::string_view eager_source(std::string_view op);
 
 // The DTensors whose pieces the memory report counts.
 struct MemoryParts {

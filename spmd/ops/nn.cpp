@@ -499,18 +499,17 @@ Var loss_composite(std::span<const Var> in, ShardingInputs shardings, const OpAr
   for (const Placement& p : shardings[0]->placements()) {
     if (is_shard(p, static_cast<int>(cd))) classes_whole = false;
   }
-  if (k == LossKind::CrossEntropy && classes_whole && a.smoothing == 0.0) {
+  if (k == LossKind::CrossEntropy && classes_whole && a.smoothing == 0.0 && a.reduction == 0) {
     // Note [Mean over the elements not ignored]: each rank's classes whole, so PyTorch's own
-    // decomposition, log_softmax then nll_loss (summed, or per element), over the global count:
-    // the loss holds what PyTorch's holds (log_softmax's output; in backward its gradient and
-    // nll_loss's), where the composite below holds the shifted logits and their exponentials too.
+    // decomposition, log_softmax then nll_loss summed, over the global count: the loss holds
+    // what PyTorch's holds (log_softmax's output; in backward its gradient and nll_loss's), where
+    // the composite below holds the shifted logits and their exponentials too.
     const Var log_probs = apply(op::log_softmax, {logits}, {{cd}, {}});
     Var out;
     try {
       out = apply(op::nll_loss, {log_probs, target},
-                  loss_args(NllLossOptions{
-                      .reduction = a.reduction == 2 ? LossReduction::None : LossReduction::Sum,
-                      .ignore_index = a.ignore_index}));
+                  loss_args(NllLossOptions{.reduction = LossReduction::Sum,
+                                           .ignore_index = a.ignore_index}));
     } catch (const ShapeError& e) {
       // nll_loss's report (the bad target, its index, the classes) under the op the user called.
       std::string_view why = e.what();
@@ -518,7 +517,6 @@ Var loss_composite(std::span<const Var> in, ShardingInputs shardings, const OpAr
       throw_error<ShapeError>("{} (log_softmax, then nll_loss, over sharded rows): {}",
                               loss_name<k>(), why);
     }
-    if (a.reduction != 0) return out;
     return out / apply(op::sum, {valid}, reduction_args({}, false));
   }
   const Var safe = apply(op::where, {valid, target, zero});

@@ -190,8 +190,7 @@ std::string axis_text(std::string_view axis) {
 
 // Why a PartialUse::Numerator op refuses a pending sum past its first input.
 std::string numerator_only(const OpDef& op, std::string_view reduce) {
-  return fmt::format("{} is linear in its first input only{}; {}", op.name,
-                     op.name == "div" ? " (dividing by a pending sum is not linear)" : "", reduce);
+  return fmt::format("{} is linear in its first input only; {}", op.name, reduce);
 }
 
 [[noreturn]] void type_error(const OpDef& op, std::string_view axis, const Operand& first,
