@@ -19,16 +19,18 @@ int64_t round_up(int64_t bytes, int64_t unit) {
 
 }  // namespace
 
-CachingAllocatorModel::CachingAllocatorModel(AllocatorConfig config) : config_(config) {}
+CachingAllocatorModel::CachingAllocatorModel(AllocatorConfig config) : config_(config) {
+  expandable_.fill(-1);
+}
 
 void CachingAllocatorModel::add_free(int64_t seg, int64_t offset) {
   const Segment& s = segments_.at(seg);
-  free_[s.small ? 1 : 0].insert({s.blocks.at(offset).size, seg, offset});
+  free_[static_cast<size_t>(s.pool)].insert({s.blocks.at(offset).size, seg, offset});
 }
 
 void CachingAllocatorModel::remove_free(int64_t seg, int64_t offset) {
   const Segment& s = segments_.at(seg);
-  free_[s.small ? 1 : 0].erase({s.blocks.at(offset).size, seg, offset});
+  free_[static_cast<size_t>(s.pool)].erase({s.blocks.at(offset).size, seg, offset});
 }
 
 int64_t CachingAllocatorModel::take(int64_t seg, int64_t offset, int64_t size) {
@@ -50,20 +52,29 @@ int64_t CachingAllocatorModel::segment_reserved(const Segment& s) const {
   return round_up(s.size, kRoundLarge);
 }
 
+void CachingAllocatorModel::add_reserved(const Segment& s, int64_t bytes) {
+  stats_.reserved += bytes;
+  stats_.stream_reserved[static_cast<size_t>(s.pool / 2)] += bytes;
+}
+
 void CachingAllocatorModel::update_reserved() {
-  stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+  if (stats_.reserved > stats_.peak_reserved) {
+    stats_.peak_reserved = stats_.reserved;
+    stats_.stream_reserved_at_peak = stats_.stream_reserved;
+  }
   stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
   stats_.segments = static_cast<int64_t>(segments_.size());
 }
 
-int64_t CachingAllocatorModel::new_segment(bool small, int64_t size) {
+int64_t CachingAllocatorModel::new_segment(int pool, int64_t size) {
   const int64_t id = next_segment_++;
   Segment s;
-  s.small = small;
+  s.pool = pool;
+  s.small = pool % 2 == 1;
   s.size = size;
   s.blocks[0] = Block{size, true};
+  add_reserved(s, size);
   segments_.emplace(id, std::move(s));
-  stats_.reserved += size;
   add_free(id, 0);
   return id;
 }
@@ -71,10 +82,10 @@ int64_t CachingAllocatorModel::new_segment(bool small, int64_t size) {
 void CachingAllocatorModel::release_free_segments() {
   for (auto it = segments_.begin(); it != segments_.end();) {
     const Segment& s = it->second;
-    const bool expandable = it->first == expandable_[0] || it->first == expandable_[1];
+    const bool expandable = it->first == expandable_[static_cast<size_t>(s.pool)];
     if (!expandable && s.blocks.size() == 1 && s.blocks.begin()->second.free) {
       remove_free(it->first, 0);
-      stats_.reserved -= s.size;
+      add_reserved(s, -s.size);
       it = segments_.erase(it);
     } else {
       ++it;
@@ -82,29 +93,32 @@ void CachingAllocatorModel::release_free_segments() {
   }
 }
 
-void CachingAllocatorModel::allocated(uint64_t id, int64_t bytes) {
+void CachingAllocatorModel::allocated(uint64_t id, int64_t bytes, MetaStream stream) {
   const int64_t size = round_request(bytes);
   const bool small = size <= kSmallSize;
-  const int pool = small ? 1 : 0;
+  const int pool = pool_of(stream, small);
   ++stats_.allocations;
   // Best fit: the smallest free block of the pool that holds the request.
-  auto it = free_[pool].lower_bound(
+  const std::set<FreeKey>& free = free_[static_cast<size_t>(pool)];
+  auto it = free.lower_bound(
       {size, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::min()});
   int64_t seg = -1;
   int64_t offset = 0;
-  if (it != free_[pool].end()) {
+  if (it != free.end()) {
     seg = std::get<1>(*it);
     offset = std::get<2>(*it);
   } else if (config_.expandable_segments && !small) {
     // Grow the pool's one segment at its end (reusing a free block there).
-    if (expandable_[pool] < 0) {
+    int64_t& expandable = expandable_[static_cast<size_t>(pool)];
+    if (expandable < 0) {
       const int64_t sid = next_segment_++;
       Segment s;
+      s.pool = pool;
       s.small = small;
       segments_.emplace(sid, std::move(s));
-      expandable_[pool] = sid;
+      expandable = sid;
     }
-    seg = expandable_[pool];
+    seg = expandable;
     Segment& s = segments_.at(seg);
     const int64_t before = segment_reserved(s);
     if (!s.blocks.empty() && s.blocks.rbegin()->second.free) {
@@ -121,7 +135,7 @@ void CachingAllocatorModel::allocated(uint64_t id, int64_t bytes) {
       release_free_segments();
       if (stats_.reserved + grown > config_.capacity) ++stats_.ooms;
     }
-    stats_.reserved += grown;
+    add_reserved(s, grown);
     add_free(seg, offset);
   } else {
     const int64_t segment_size = small                   ? kSmallBuffer
@@ -131,7 +145,7 @@ void CachingAllocatorModel::allocated(uint64_t id, int64_t bytes) {
       release_free_segments();
       if (stats_.reserved + segment_size > config_.capacity) ++stats_.ooms;
     }
-    seg = new_segment(small, segment_size);
+    seg = new_segment(pool, segment_size);
     offset = 0;
   }
   stats_.allocated += take(seg, offset, size);
@@ -142,7 +156,7 @@ void CachingAllocatorModel::allocated(uint64_t id, int64_t bytes) {
 void CachingAllocatorModel::seed(int64_t bytes) {
   if (bytes <= 0) return;
   const int64_t size = round_up(bytes, kRoundLarge);
-  seed_segment_ = new_segment(false, size);
+  seed_segment_ = new_segment(pool_of(MetaStream::compute, false), size);
   stats_.allocated += take(seed_segment_, 0, size);
   update_reserved();
 }

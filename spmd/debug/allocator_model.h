@@ -3,8 +3,8 @@
 // on the device and not only what its tensors hold.
 //
 //   CachingAllocatorModel model({.expandable_segments = false});
-//   model.allocated(1, 3 << 20);   // what set_meta_allocation_listener(&model) does for a run
-//   model.freed(1, 3 << 20);
+//   model.allocated(1, 3 << 20, MetaStream::compute);  // what set_meta_allocation_listener(&model)
+//   model.freed(1, 3 << 20);                           // does for a run
 //   model.stats().peak_reserved;   // 20 MiB: one large segment
 //
 // Note [Allocator model]
@@ -22,6 +22,9 @@
 //   CUDA context and NCCL buffers), every segment that is wholly free is released first
 //   (empty_cache); if it still does not fit, the run would stop with an out-of-memory error: the
 //   model counts it (ooms) and goes on.
+// - every stream has pools of its own (Note [Allocation streams] in tensor/meta.h): a request
+//   is served from its stream's blocks only, and a freed block returns to the stream it was
+//   made on; so what one stream freed stays reserved while another grows.
 // With expandable_segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, torchtitan's
 // default) each pool is one segment that grows at its end: a request no free block fits extends
 // the segment (a free block at its end is reused and extended), and the segment maps memory in
@@ -31,6 +34,7 @@
 // peaks are torch's max_memory_allocated and max_memory_reserved.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -51,7 +55,7 @@ class CachingAllocatorModel : public MetaAllocationListener {
  public:
   explicit CachingAllocatorModel(AllocatorConfig config = {});
 
-  void allocated(uint64_t id, int64_t bytes) override;
+  void allocated(uint64_t id, int64_t bytes, MetaStream stream) override;
   void freed(uint64_t id, int64_t bytes) override;
   // What was alive before the model listened: `bytes` in one segment of their own. A later free
   // of a storage the model never saw returns its bytes from there (they stay reserved and
@@ -66,6 +70,9 @@ class CachingAllocatorModel : public MetaAllocationListener {
     int64_t segments = 0;  // now
     int64_t allocations = 0;
     int64_t ooms = 0;  // requests that did not fit under capacity even after releasing
+    // Reserved per stream (by MetaStream), now and when reserved peaked.
+    std::array<int64_t, kMetaStreams> stream_reserved{};
+    std::array<int64_t, kMetaStreams> stream_reserved_at_peak{};
   };
   Stats stats() const { return stats_; }
   const AllocatorConfig& config() const { return config_; }
@@ -84,6 +91,7 @@ class CachingAllocatorModel : public MetaAllocationListener {
     bool free = true;
   };
   struct Segment {
+    int pool = 0;  // pool_of(stream, small)
     bool small = false;
     int64_t size = 0;                 // for an expandable segment, its end
     std::map<int64_t, Block> blocks;  // by offset
@@ -95,7 +103,12 @@ class CachingAllocatorModel : public MetaAllocationListener {
   // Takes `size` bytes from the free block at (seg, offset), splitting off the rest if the pool
   // splits it; returns the bytes handed out.
   int64_t take(int64_t seg, int64_t offset, int64_t size);
-  int64_t new_segment(bool small, int64_t size);
+  // The pools: two per stream, [0] large and [1] small.
+  static int pool_of(MetaStream stream, bool small) {
+    return static_cast<int>(stream) * 2 + (small ? 1 : 0);
+  }
+  int64_t new_segment(int pool, int64_t size);
+  void add_reserved(const Segment& s, int64_t bytes);
   void release_free_segments();
   int64_t segment_reserved(const Segment& s) const;
   void update_reserved();
@@ -103,8 +116,8 @@ class CachingAllocatorModel : public MetaAllocationListener {
   AllocatorConfig config_;
   std::map<int64_t, Segment> segments_;
   int64_t next_segment_ = 0;
-  std::set<FreeKey> free_[2];  // [0]: large pool, [1]: small pool
-  int64_t expandable_[2] = {-1, -1};
+  std::array<std::set<FreeKey>, 2 * kMetaStreams> free_;  // by pool_of
+  std::array<int64_t, 2 * kMetaStreams> expandable_;      // a pool's expandable segment, or -1
   std::unordered_map<uint64_t, std::pair<int64_t, int64_t>> live_;  // id -> segment, offset
   int64_t seed_segment_ = -1;  // seed(): its segment, its block at offset 0
   Stats stats_;

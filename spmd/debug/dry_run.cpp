@@ -16,6 +16,7 @@
 #include <spmd/core/error.h>
 #include <spmd/core/format.h>
 #include <spmd/dtensor/hooks.h>
+#include <spmd/nn/recompute.h>
 #include <spmd/ops/ops.h>
 #include <spmd/pipeline/timeline.h>
 #include <spmd/tensor/meta.h>
@@ -395,6 +396,7 @@ DryRun::DryRun(const World& world, DeviceSpec device, DryRunOptions options)
     op.us = std::max(op.flops / (device.peak_flops(op.dtype) * fraction),
                      bytes / (device.memory_bandwidth_gbps * 1e9 * device.memory_fraction())) *
             1e6;
+    op.recompute = recomputing();
     Trace& t = trace();
     op.after_events = t.first_event_id() + t.num_events();
     if (const std::vector<int>& held = e.output.local().ranks(); !held.empty()) {
@@ -498,6 +500,7 @@ DryRunReport DryRun::report(const MemoryParts& parts) const {
   std::map<DType, double> flops_by_dtype;
   for (const ComputeOp& op : *ops_) {
     r.flops += op.flops;
+    if (!op.recompute) r.model_flops += op.flops;
     r.compute_us += op.us;
     if (op.kind == 'm') r.matmul_us += op.us;
     if (op.kind == 'a') r.attention_us += op.us;
@@ -517,6 +520,7 @@ DryRunReport DryRun::report(const MemoryParts& parts) const {
     if (f > most) std::tie(main_dtype, most) = std::tie(dtype, f);
   }
   if (r.step_us > 0.0) r.hfu = r.flops / (r.step_us * 1e-6 * device_.peak_flops(main_dtype));
+  if (r.flops > 0.0) r.mfu = r.hfu * r.model_flops / r.flops;
   if (r.shape_only && r.peak_exact && !r.memory.empty()) {
     r.device_memory = device_memory(r.memory.front().peak, parts.prefetch_gathers, events);
   }
@@ -597,6 +601,8 @@ DryRunReport::DeviceMemory DryRun::device_memory(int64_t tensors_peak, int prefe
   m.reserved = stats.peak_reserved + (m.prefetch + CachingAllocatorModel::kRoundLarge - 1) /
                                          CachingAllocatorModel::kRoundLarge *
                                          CachingAllocatorModel::kRoundLarge;
+  m.reduce_scatter_stream =
+      stats.stream_reserved_at_peak[static_cast<size_t>(MetaStream::reduce_scatter)];
   m.ooms = stats.ooms;
   m.communicators = static_cast<int>(dims.size());
   constexpr double kMiB = 1024.0 * 1024.0;
@@ -819,6 +825,10 @@ std::string DryRunReport::table() const {
     if (m.prefetch > 0) line("+ FSDP prefetch", m.prefetch, "the next unit's gathered parameters");
     line("allocated", m.allocated, "blocks rounded to 512 B (max_memory_allocated)");
     line("reserved", m.reserved, "the allocator's segments (max_memory_reserved)");
+    if (m.reduce_scatter_stream > 0) {
+      line("  of which gradients' pool", m.reduce_scatter_stream,
+           "FSDP's reduce-scatter stream: the compute stream cannot reuse it");
+    }
     line("+ CUDA context", m.cuda_context, "the device file's");
     line("+ NCCL buffers", m.nccl,
          fmt::format("{} communicator{}", m.communicators, m.communicators == 1 ? "" : "s"));
@@ -837,11 +847,11 @@ std::string DryRunReport::table() const {
       "  compute        {:>12}  ({} DTensor ops, {:.3g} TFLOP per rank; matmul {}, attention "
       "{})\n"
       "  communication  {:>12}  ({} not hidden by compute)\n"
-      "  step           {:>12}  (nothing overlapped: {}; {:.1f}% of peak flop/s)\n",
+      "  step           {:>12}  (nothing overlapped: {}; {:.1f}% of peak flop/s, MFU {:.1f}%)\n",
       device.name, device.matmul_fraction() * 100.0, device.attention_fraction() * 100.0,
       device.memory_fraction() * 100.0, time_text(compute_us), ops, flops / 1e12,
       time_text(matmul_us), time_text(attention_us), time_text(comm_us), time_text(exposed_comm_us),
-      time_text(step_us), time_text(serial_us), 100.0 * hfu);
+      time_text(step_us), time_text(serial_us), 100.0 * hfu, 100.0 * mfu);
   if (!eager_ops.empty()) {
     out += "  as PyTorch eager's separate kernels (Note [Eager kernels]):\n";
     for (const std::string& name : eager_ops) {
@@ -896,7 +906,9 @@ std::string DryRunReport::json() const {
                         {"exposed_comm_us", exposed_comm_us},
                         {"serial_us", serial_us},
                         {"step_us", step_us},
-                        {"hfu", hfu}}},
+                        {"hfu", hfu},
+                        {"model_flops_per_rank", model_flops},
+                        {"mfu", mfu}}},
                       {"device", nlohmann::json::parse(device.to_json())},
                       {"topology", nlohmann::json::parse(topology_json)}};
   if (device_memory) {
@@ -905,6 +917,7 @@ std::string DryRunReport::json() const {
                           {"prefetch", m.prefetch},
                           {"allocated", m.allocated},
                           {"reserved", m.reserved},
+                          {"reduce_scatter_stream", m.reduce_scatter_stream},
                           {"cuda_context", m.cuda_context},
                           {"nccl", m.nccl},
                           {"communicators", m.communicators},

@@ -22,6 +22,8 @@
 //               MemoryParts::prefetch_gathers consecutive all-gathers on an overlap dim return
 //               (FSDP2 gathers the next unit while the current one computes)
 //   reserved  = the allocator model's peak of segments + prefetch rounded up to 2 MiB
+//               (the model keeps a pool per stream: FSDP's reduced gradients are made on the
+//               reduce-scatter stream, whose pool the report shows, Note [Allocation streams])
 //   device    = reserved + cuda_context_mib + nccl_mib_per_communicator x communicators, where
 //               communicators = the mesh dims the step's collectives ran on
 // With a device file that has flash_attention, attention's backward keeps no S^2 buffer (Note
@@ -41,7 +43,9 @@
 // issued (the gradient reduction; only the step's end waits for it); any other collective waits for
 // both streams and blocks the compute. The step is when both streams are done; the serial sum and
 // the communication not hidden are reported beside it, and hfu = flops / (step x the peak of the
-// dtype most flops ran in).
+// dtype most flops ran in); mfu is hfu with the flops of ops that ran again in backward
+// (recomputing() in nn/recompute.h: activation checkpointing's second forward) left out, the
+// model flops utilisation that torchtitan and Megatron-LM report.
 // Pipelines (Note [Pipeline runner]): when the report is given the step run_pipeline returned,
 // the ops and collectives that ran inside a pipeline action (their pipeline context) are summed
 // per action, averaged per kind (F, B, I, W) and per transfer, and the schedule is simulated with
@@ -209,6 +213,9 @@ struct DryRunReport {
     int64_t prefetch = 0;      // FSDP's next unit, gathered ahead
     int64_t allocated = 0;     // the allocator model's peak of blocks handed out
     int64_t reserved = 0;      // its peak of segments, the prefetch added
+    // Of reserved: FSDP2's reduce-scatter stream's pool, which the compute stream cannot reuse
+    // (Note [Allocation streams] in tensor/meta.h).
+    int64_t reduce_scatter_stream = 0;
     int64_t cuda_context = 0;  // the device file's
     int64_t nccl = 0;          // communicators x the device file's buffers per communicator
     int communicators = 0;     // the mesh dims this program's collectives ran on
@@ -236,6 +243,10 @@ struct DryRunReport {
   // Flops done per rank over the step time and the peak of the dtype most flops ran in (the
   // recomputed ops included: hardware flops utilisation).
   double hfu = 0.0;
+  // The same without the flops of ops run again in backward by checkpoint_activations (model
+  // flops utilisation; a causal fused attention counts the half it computes).
+  double model_flops = 0.0;  // per rank: flops less the recomputed ops'
+  double mfu = 0.0;
   std::optional<DeviceMemory> device_memory;
   std::optional<Pipeline> pipeline;
   DeviceSpec device;
@@ -277,6 +288,7 @@ class DryRun {
     double bytes = 0.0;
     double us = 0.0;
     char kind = 'e';            // 'm': matmul, 'a': attention, 'e': memory-bound
+    bool recompute = false;     // ran again in backward (checkpoint_activations)
     int first_rank = -1;        // the smallest rank holding the output (a stage's mesh)
     uint64_t after_events = 0;  // trace events issued before it ran
     std::string file;

@@ -3,6 +3,7 @@
 #include <spmd/dtensor/dtensor.h>
 
 #include <map>
+#include <optional>
 #include <ostream>
 
 #include <spmd/collectives/functional.h>
@@ -190,7 +191,11 @@ const VarKind kDTensorKind{
       }
       // A leaf's gradient has the leaf's placements, a Partial becoming Replicate (a pending
       // sum of gradients, or a Partial(max) placement, is no gradient to step with).
-      DTensor placed = g.redistribute(grad_target(value.placements(), {}));
+      const Placements target = grad_target(value.placements(), {});
+      // FSDP's reduction returns the gradient on its reduce-scatter stream.
+      std::optional<MetaStreamScope> stream;
+      if (scatters_pending_sum(g.placements(), target)) stream.emplace(MetaStream::reduce_scatter);
+      DTensor placed = g.redistribute(target);
       if (placed.dtype() != value.dtype()) placed = to(placed, value.dtype());
       meta.dtensor_grad = meta.dtensor_grad.defined() ? meta.dtensor_grad + placed : placed;
     },
@@ -848,6 +853,14 @@ bool requires_gradient_sync() {
 
 void set_requires_gradient_sync(bool sync) {
   t_gradient_sync = sync;
+}
+
+bool scatters_pending_sum(const Placements& from, const Placements& to) {
+  const size_t n = std::min(from.size(), to.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (is_partial(from[i]) && std::holds_alternative<Shard>(to[i])) return true;
+  }
+  return false;
 }
 
 DTensor gather_param(const DTensor& param, const Placements& placements, SourceLocation loc) {

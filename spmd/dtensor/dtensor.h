@@ -194,6 +194,12 @@ class [[nodiscard]] NoSyncGuard {
 DTensor gather_param(const DTensor& param, const Placements& placements,
                      SourceLocation loc = SourceLocation::current());
 
+// Whether redistributing a gradient from `from` to `to` reduce-scatters a pending sum (Partial
+// on a mesh dim where `to` is Shard): FSDP's gradient reduction, whose output a real run makes
+// on FSDP2's reduce-scatter stream (Note [Allocation streams] in tensor/meta.h). The leaf's
+// accumulation here and nn/'s fsdp_unshard open a MetaStreamScope for it.
+bool scatters_pending_sum(const Placements& from, const Placements& to);
+
 // A DTensor whose global value is `global`, on every rank (no communication: each rank takes its
 // own piece, Note [Uneven sharding]; a Partial mesh dim holds the R -> P partition of
 // Note [Redistribute steps]: sum divides by the mesh dim's size, avg/min/max keep the value).

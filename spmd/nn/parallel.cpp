@@ -2,10 +2,12 @@
 #include <spmd/nn/parallel.h>
 
 #include <algorithm>
+#include <optional>
 
 #include <spmd/core/error.h>
 #include <spmd/dtensor/ops.h>
 #include <spmd/ops/autograd.h>
+#include <spmd/tensor/meta.h>
 
 namespace spmd {
 
@@ -160,12 +162,16 @@ void cast_param_backward(BackwardContext& c) {
   const std::shared_ptr<AutogradMeta> meta = how.leaf.lock();
   const auto* leaf = dynamic_cast<const DTensorAutogradMeta*>(meta.get());
   const bool pending = leaf != nullptr && leaf->pending_grad.defined();
+  // FSDP2 makes the reduced gradient, and its cast to the parameter's dtype, on its
+  // reduce-scatter stream (Note [Allocation streams] in tensor/meta.h).
+  std::optional<MetaStreamScope> stream;
   if (requires_gradient_sync() && !pending) {
     if (how.reduce_dtype) g = pieces_to(g, *how.reduce_dtype);
     Placements target = how.placements;
     for (Placement& p : target) {
       if (is_partial(p)) p = Replicate{};
     }
+    if (scatters_pending_sum(g.placements(), target)) stream.emplace(MetaStream::reduce_scatter);
     g = g.redistribute(target);
   }
   c.set_grad(0, dtensor_var(pieces_to(g, how.dtype)));

@@ -15,6 +15,7 @@ std::atomic<int64_t> g_peak_bytes{0};
 std::atomic<uint64_t> g_next_id{1};
 std::atomic<int64_t> g_at_backward{-1};
 thread_local int t_uncounted = 0;  // open MetaUncountedScopes on this thread
+thread_local MetaStream t_stream = MetaStream::compute;
 std::mutex g_listener_mutex;
 std::atomic<MetaAllocationListener*> g_listener{nullptr};
 
@@ -33,7 +34,7 @@ static uint64_t counted(int64_t bytes) {
   if (g_listener.load(std::memory_order_acquire) != nullptr) {
     std::lock_guard lock(g_listener_mutex);
     if (MetaAllocationListener* l = g_listener.load(std::memory_order_relaxed)) {
-      l->allocated(id, bytes);
+      l->allocated(id, bytes, t_stream);
     }
   }
   return id;
@@ -68,6 +69,28 @@ MetaUncountedScope::MetaUncountedScope() {
 
 MetaUncountedScope::~MetaUncountedScope() {
   --t_uncounted;
+}
+
+std::string_view meta_stream_name(MetaStream stream) {
+  switch (stream) {
+    case MetaStream::compute:
+      return "compute";
+    case MetaStream::reduce_scatter:
+      return "reduce-scatter";
+  }
+  return "?";
+}
+
+MetaStream meta_stream() {
+  return t_stream;
+}
+
+MetaStreamScope::MetaStreamScope(MetaStream stream) : saved_(t_stream) {
+  t_stream = stream;
+}
+
+MetaStreamScope::~MetaStreamScope() {
+  t_stream = saved_;
 }
 
 int64_t meta_live_bytes() {

@@ -54,7 +54,38 @@ class MetaTensorsScope {
 // order they happen, by id. Storages made on a thread inside a MetaUncountedScope are not
 // counted: the scope stands for a fused kernel whose temporaries live in on-chip memory (a
 // flash-attention backward, Note [Fused attention accounting] in ops/ops.h), whose results are
-// made after the scope closes.
+// made after the scope closes. Each allocation also carries the stream a real run would make it
+// on (Note [Allocation streams]).
+//
+// Note [Allocation streams]
+// PyTorch's caching allocator keeps a pool of blocks per CUDA stream: memory freed by a tensor
+// made on one stream is reused only by later allocations on that stream, never by another's. Most
+// work runs on the compute stream; FSDP2 makes the reduced gradients on its reduce-scatter stream
+// (torch.distributed.fsdp's foreach_reduce allocates the reduce-scatter output there, and the
+// sharded gradient is a view of it, or its cast to the parameter's dtype made there too), so
+// the gradients a step's backward reduces hold memory the compute stream cannot take back after
+// zero_grad: the next forward's activations grow the compute stream's pool instead. Library code
+// that stands for such a stream opens a MetaStreamScope around its allocations (the FSDP
+// reduction in dtensor/ and nn/), and the listener is told each allocation's stream.
+enum class MetaStream : uint8_t {
+  compute = 0,        // the default stream
+  reduce_scatter = 1  // FSDP2's reduce-scatter stream: the reduced (sharded) gradients
+};
+inline constexpr int kMetaStreams = 2;
+std::string_view meta_stream_name(MetaStream stream);
+// The stream this thread's meta allocations are made on (compute unless a scope is open).
+MetaStream meta_stream();
+// Meta storages made on this thread while the scope is open are made on `stream` (nests).
+class MetaStreamScope {
+ public:
+  explicit MetaStreamScope(MetaStream stream);
+  ~MetaStreamScope();
+  MetaStreamScope(const MetaStreamScope&) = delete;
+  MetaStreamScope& operator=(const MetaStreamScope&) = delete;
+
+ private:
+  MetaStream saved_;
+};
 
 // Bytes of counted meta storages alive now and the most alive at once since the last reset:
 // what a dry run would hold (each distinct shard counted once: per rank when ranks' shards have
@@ -72,7 +103,7 @@ int64_t meta_bytes_at_backward();
 class MetaAllocationListener {
  public:
   virtual ~MetaAllocationListener() = default;
-  virtual void allocated(uint64_t id, int64_t bytes) = 0;
+  virtual void allocated(uint64_t id, int64_t bytes, MetaStream stream) = 0;
   virtual void freed(uint64_t id, int64_t bytes) = 0;
 };
 // Installs `listener` (nullptr: none) and returns the one it replaces.

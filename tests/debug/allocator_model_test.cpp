@@ -15,20 +15,23 @@ namespace spmd {
 namespace {
 
 constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr MetaStream kCompute = MetaStream::compute;
+constexpr MetaStream kReduceScatter = MetaStream::reduce_scatter;
 
 TEST(AllocatorModel, RoundsRequestsAndSizesSegmentsByPool) {
   CachingAllocatorModel m;
-  m.allocated(1, 100);  // small pool: 512 B of a 2 MiB segment
+  m.allocated(1, 100, kCompute);  // small pool: 512 B of a 2 MiB segment
   EXPECT_EQ(m.stats().allocated, 512);
   EXPECT_EQ(m.stats().reserved, 2 * kMiB);
-  m.allocated(2, 1000);  // the same segment: 1024 B
+  m.allocated(2, 1000, kCompute);  // the same segment: 1024 B
   EXPECT_EQ(m.stats().allocated, 512 + 1024);
   EXPECT_EQ(m.stats().reserved, 2 * kMiB);
-  m.allocated(3, 3 * kMiB);  // large, under 10 MiB: a 20 MiB segment
+  m.allocated(3, 3 * kMiB, kCompute);  // large, under 10 MiB: a 20 MiB segment
   EXPECT_EQ(m.stats().reserved, 22 * kMiB);
-  m.allocated(4, 13 * kMiB + 1);  // best fit: the 17 MiB rest of that segment, split again
+  m.allocated(4, 13 * kMiB + 1,
+              kCompute);  // best fit: the 17 MiB rest of that segment, split again
   EXPECT_EQ(m.stats().reserved, 22 * kMiB);
-  m.allocated(5, 13 * kMiB + 1);  // nothing fits: 10 MiB or more, rounded up to 2 MiB
+  m.allocated(5, 13 * kMiB + 1, kCompute);  // nothing fits: 10 MiB or more, rounded up to 2 MiB
   EXPECT_EQ(m.stats().reserved, 22 * kMiB + 14 * kMiB);
   // 13 MiB + 1 rounds to 13 MiB + 512; the 14 MiB segment's rest (1 MiB - 512) is at most 1 MiB,
   // so it is not split off: the block handed out is the whole segment.
@@ -38,14 +41,15 @@ TEST(AllocatorModel, RoundsRequestsAndSizesSegmentsByPool) {
 
 TEST(AllocatorModel, BestFitSplitsAndMerges) {
   CachingAllocatorModel m;
-  m.allocated(1, 3 * kMiB);  // a 20 MiB segment: [3 used | 17 free]
-  m.allocated(2, 5 * kMiB);  // best fit: the 17 MiB rest, split: [3 | 5 | 12 free]
+  m.allocated(1, 3 * kMiB, kCompute);  // a 20 MiB segment: [3 used | 17 free]
+  m.allocated(2, 5 * kMiB, kCompute);  // best fit: the 17 MiB rest, split: [3 | 5 | 12 free]
   EXPECT_EQ(m.stats().reserved, 20 * kMiB);
   EXPECT_EQ(m.stats().allocated, 8 * kMiB);
   m.freed(1, 3 * kMiB);
   m.freed(2, 5 * kMiB);  // merges with both neighbours: one 20 MiB free block
   EXPECT_EQ(m.stats().allocated, 0);
-  m.allocated(3, 19 * kMiB + kMiB / 2);  // fits the merged block; the 0.5 MiB rest is not split
+  m.allocated(3, 19 * kMiB + kMiB / 2,
+              kCompute);  // fits the merged block; the 0.5 MiB rest is not split
   EXPECT_EQ(m.stats().reserved, 20 * kMiB);
   EXPECT_EQ(m.stats().allocated, 20 * kMiB);
   EXPECT_EQ(m.stats().peak_allocated, 20 * kMiB);
@@ -57,30 +61,61 @@ TEST(AllocatorModel, FragmentationAndExpandableSegments) {
   // expandable segment reuses the freed end.
   for (bool expandable : {false, true}) {
     CachingAllocatorModel m({.expandable_segments = expandable});
-    m.allocated(1, 12 * kMiB);
-    m.allocated(2, 12 * kMiB);
+    m.allocated(1, 12 * kMiB, kCompute);
+    m.allocated(2, 12 * kMiB, kCompute);
     m.freed(2, 12 * kMiB);
-    m.allocated(3, 14 * kMiB);
+    m.allocated(3, 14 * kMiB, kCompute);
     EXPECT_EQ(m.stats().allocated, 26 * kMiB);
     EXPECT_EQ(m.stats().peak_reserved, expandable ? 26 * kMiB : 38 * kMiB) << expandable;
   }
   // An expandable segment maps 2 MiB pages: 3 MiB + 512 B reserves 4 MiB.
   CachingAllocatorModel m({.expandable_segments = true});
-  m.allocated(1, 3 * kMiB + 1);
+  m.allocated(1, 3 * kMiB + 1, kCompute);
   EXPECT_EQ(m.stats().reserved, 4 * kMiB);
+}
+
+// Note [Allocation streams]: a block freed on one stream serves only that stream. FSDP2's
+// gradients, made on the reduce-scatter stream and freed by zero_grad, stay reserved while the
+// next forward's activations grow the compute stream's pool.
+TEST(AllocatorModel, StreamsKeepTheirOwnPools) {
+  for (bool expandable : {false, true}) {
+    CachingAllocatorModel m({.expandable_segments = expandable});
+    m.allocated(1, 12 * kMiB, kReduceScatter);  // a gradient
+    m.freed(1, 12 * kMiB);                      // zero_grad
+    m.allocated(2, 12 * kMiB, kCompute);        // an activation of the same size: a new segment
+    EXPECT_EQ(m.stats().reserved, 24 * kMiB) << expandable;
+    EXPECT_EQ(m.stats().stream_reserved[0], 12 * kMiB) << expandable;
+    EXPECT_EQ(m.stats().stream_reserved[1], 12 * kMiB) << expandable;
+    EXPECT_EQ(m.stats().stream_reserved_at_peak[1], 12 * kMiB) << expandable;
+    m.allocated(3, 12 * kMiB, kReduceScatter);  // the next step's gradient reuses its block
+    EXPECT_EQ(m.stats().reserved, 24 * kMiB) << expandable;
+    m.freed(2, 12 * kMiB);
+    m.freed(3, 12 * kMiB);
+    EXPECT_EQ(m.stats().allocated, 0);
+    EXPECT_EQ(m.stats().peak_allocated, 24 * kMiB);
+  }
+  // The release before an out-of-memory error frees any stream's wholly free segments.
+  CachingAllocatorModel m({.capacity = 30 * kMiB});
+  m.allocated(1, 12 * kMiB, kReduceScatter);
+  m.freed(1, 12 * kMiB);
+  m.allocated(2, 20 * kMiB, kCompute);  // 32 > 30: the reduce-scatter stream's segment goes
+  EXPECT_EQ(m.stats().reserved, 20 * kMiB);
+  EXPECT_EQ(m.stats().stream_reserved[1], 0);
+  EXPECT_EQ(m.stats().ooms, 0);
 }
 
 TEST(AllocatorModel, ReleasesFreeSegmentsBeforeRunningOutOfMemory) {
   CachingAllocatorModel m({.capacity = 30 * kMiB});
-  m.allocated(1, 12 * kMiB);
+  m.allocated(1, 12 * kMiB, kCompute);
   m.freed(1, 12 * kMiB);      // its 12 MiB segment stays cached
-  m.allocated(2, 14 * kMiB);  // too large for it: a 14 MiB segment, 26 MiB reserved
+  m.allocated(2, 14 * kMiB, kCompute);  // too large for it: a 14 MiB segment, 26 MiB reserved
   EXPECT_EQ(m.stats().reserved, 26 * kMiB);
-  m.allocated(3, 18 * kMiB);  // 44 > 30: the free 12 MiB segment goes first, 32 is still over
+  m.allocated(3, 18 * kMiB,
+              kCompute);  // 44 > 30: the free 12 MiB segment goes first, 32 is still over
   EXPECT_EQ(m.stats().reserved, 32 * kMiB);
   EXPECT_EQ(m.stats().ooms, 1);  // a real run stops here
   m.freed(2, 14 * kMiB);
-  m.allocated(4, 10 * kMiB);  // fits the freed 14 MiB block: no new segment, no new error
+  m.allocated(4, 10 * kMiB, kCompute);  // fits the freed 14 MiB block: no new segment, no new error
   EXPECT_EQ(m.stats().reserved, 32 * kMiB);
   EXPECT_EQ(m.stats().ooms, 1);
 }
@@ -94,12 +129,12 @@ TEST(AllocatorModel, SeedGivesBackWhatWasAliveBefore) {
   EXPECT_EQ(m.stats().reserved, 30 * kMiB);
   m.freed(77, 12 * kMiB);  // never seen: carved off the seed
   EXPECT_EQ(m.stats().allocated, 18 * kMiB);
-  m.allocated(1, 12 * kMiB);  // fits the carved block
+  m.allocated(1, 12 * kMiB, kCompute);  // fits the carved block
   EXPECT_EQ(m.stats().reserved, 30 * kMiB);
   m.freed(1, 12 * kMiB);
   m.freed(78, 18 * kMiB);  // the rest of the seed: one free 30 MiB block
   EXPECT_EQ(m.stats().allocated, 0);
-  m.allocated(2, 30 * kMiB);
+  m.allocated(2, 30 * kMiB, kCompute);
   EXPECT_EQ(m.stats().reserved, 30 * kMiB);
 }
 
@@ -111,16 +146,17 @@ struct BruteForce {
     bool free;
   };
   std::vector<B> blocks;
-  std::map<int64_t, bool> segment_small;
+  std::map<int64_t, std::pair<bool, MetaStream>> segment_pool;  // small, stream
   int64_t next_seg = 0, reserved = 0, allocated = 0, peak_reserved = 0;
+  std::map<MetaStream, int64_t> stream_reserved;
 
-  void alloc(uint64_t id, int64_t bytes) {
+  void alloc(uint64_t id, int64_t bytes, MetaStream stream) {
     const int64_t size = std::max<int64_t>(512, (bytes + 511) / 512 * 512);
     const bool small = size <= kMiB;
     int best = -1;
     for (size_t i = 0; i < blocks.size(); ++i) {
       const B& b = blocks[i];
-      if (!b.free || segment_small[b.seg] != small || b.size < size) continue;
+      if (!b.free || segment_pool[b.seg] != std::pair{small, stream} || b.size < size) continue;
       if (best < 0) {
         best = static_cast<int>(i);
         continue;
@@ -134,9 +170,10 @@ struct BruteForce {
       const int64_t seg_size = small              ? 2 * kMiB
                                : size < 10 * kMiB ? 20 * kMiB
                                                   : (size + 2 * kMiB - 1) / (2 * kMiB) * (2 * kMiB);
-      segment_small[next_seg] = small;
+      segment_pool[next_seg] = {small, stream};
       blocks.push_back({next_seg++, 0, seg_size, true});
       reserved += seg_size;
+      stream_reserved[stream] += seg_size;
       best = static_cast<int>(blocks.size()) - 1;
     }
     B b = blocks[static_cast<size_t>(best)];
@@ -196,12 +233,16 @@ TEST(AllocatorModel, AgreesWithABruteForceReplayOnRandomSequences) {
         const int64_t choices[] = {1,        700,      4096,      600 * 1024,   kMiB + 1,
                                    3 * kMiB, 9 * kMiB, 11 * kMiB, 25 * kMiB + 3};
         const int64_t bytes = choices[rng() % 9] + static_cast<int64_t>(rng() % 2048);
-        m.allocated(next_id, bytes);
-        ref.alloc(next_id, bytes);
+        // Each allocation on one of two streams, whose pools never share a block.
+        const MetaStream stream = rng() % 3 == 0 ? kReduceScatter : kCompute;
+        m.allocated(next_id, bytes, stream);
+        ref.alloc(next_id, bytes, stream);
         alive.emplace_back(next_id++, bytes);
       }
       ASSERT_EQ(m.stats().allocated, ref.allocated) << "trial " << trial << " step " << step;
       ASSERT_EQ(m.stats().reserved, ref.reserved) << "trial " << trial << " step " << step;
+      ASSERT_EQ(m.stats().stream_reserved[1], ref.stream_reserved[kReduceScatter])
+          << "trial " << trial << " step " << step;
     }
     EXPECT_EQ(m.stats().peak_reserved, ref.peak_reserved);
   }

@@ -381,6 +381,40 @@ TEST(DryRunReport, BeginStepReportsTheLastStep) {
   EXPECT_DOUBLE_EQ(last.comm_us, one.comm_us);
 }
 
+// MFU counts the model's flops: a checkpointed matmul's second forward, in backward, is work the
+// hardware does (hfu) and the model does not (mfu). The same matmul with and without the
+// checkpoint: the checkpointed step does one forward matmul more (2MNK / 4 per rank), and its
+// model flops are the plain step's.
+TEST(DryRunReport, MfuLeavesOutRecomputation) {
+  const MetaTensorsScope meta(true);
+  World world = World::sim(4);
+  const DeviceMesh mesh = init_device_mesh(world, {4}, {"dp"});
+  auto run = [&](bool checkpointed) {
+    DTensor w = randn({256, 512}, mesh, {Replicate{}}, 1);
+    DTensor x = randn({1024, 256}, mesh, {Shard{0}}, 2);
+    w.requires_grad_();
+    x.requires_grad_();
+    DryRun dry(world);
+    const std::function<DTensor(const std::vector<DTensor>&)> fn =
+        [&](const std::vector<DTensor>& in) { return matmul(in[0], w); };
+    const DTensor y = checkpointed ? checkpoint_activations(fn, {x}) : fn({x});
+    backward(sum(y));
+    EXPECT_FALSE(recomputing());
+    return dry.report({});
+  };
+  const DryRunReport plain = run(false);
+  const DryRunReport again = run(true);
+  const double forward = 2.0 * 1024 / 4 * 512 * 256;  // the forward matmul's flops per rank
+  EXPECT_DOUBLE_EQ(plain.model_flops, plain.flops);
+  EXPECT_DOUBLE_EQ(plain.mfu, plain.hfu);
+  EXPECT_DOUBLE_EQ(again.flops, plain.flops + forward);
+  EXPECT_DOUBLE_EQ(again.model_flops, plain.flops);
+  ASSERT_GT(again.hfu, 0.0);
+  EXPECT_NEAR(again.mfu / again.hfu, plain.flops / again.flops, 1e-12);
+  EXPECT_NE(again.table().find(fmt::format("MFU {:.1f}%", 100.0 * again.mfu)), std::string::npos);
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(again.json())["step"]["mfu"].get<double>(), again.mfu);
+}
+
 // The bytes of every compute op in a dry run's timeline, per op name, in order.
 std::map<std::string, std::vector<double>> timeline_bytes(const DryRun& dry) {
   const std::string path = ::testing::TempDir() + "dry_run_eager_timeline.json";
@@ -517,6 +551,48 @@ TEST(DryRunMemory, CrossEntropyKeepsWhatPyTorchKeeps) {
   // gradient, counted as such).
   EXPECT_GE(r.memory[0].activations, 2 * logits_bytes);
   EXPECT_LT(r.memory[0].activations, 2 * logits_bytes + slack);
+}
+
+// Note [Allocation streams]: FSDP2 makes each reduced gradient on its reduce-scatter stream, so the
+// gradients, freed by zero_grad, stay reserved in that stream's pool, and the next step's
+// activations grow the compute stream's pool beside it. Three f32 weights sharded over dp = 8
+// have 2 MiB gradient shards: 6 MiB in that pool (one expandable segment), whether the leaf
+// reduces the gradient (fsdp_unshard) or a mixed-precision policy's cast does. Under DDP the
+// all_reduce'd gradients come from the compute stream.
+TEST(DryRunMemory, FsdpGradientsKeepTheReduceScatterStreamsPool) {
+  const MetaTensorsScope meta(true);
+  World world = World::sim(8);
+  const DeviceMesh mesh = init_device_mesh(world, {8}, {"dp"});
+  const int64_t d = 2048, shard_bytes = d * d / 8 * 4;
+  enum class Kind { Fsdp, FsdpMixed, Ddp };
+  for (Kind kind : {Kind::Fsdp, Kind::FsdpMixed, Kind::Ddp}) {
+    SCOPED_TRACE(static_cast<int>(kind));
+    const Placements placed = kind == Kind::Ddp ? Placements{Replicate{}} : Placements{Shard{0}};
+    std::vector<DTensor> weights;
+    for (int i = 0; i < 3; ++i) weights.push_back(randn({d, d}, mesh, placed, 10 + i));
+    std::vector<DTensor*> params;
+    for (DTensor& w : weights) params.push_back(&w.requires_grad_());
+    const MixedPrecisionPolicy mixed{DType::BF16, DType::F32, std::nullopt};
+    auto step = [&] {
+      DTensor x = randn({64, d}, mesh, {Shard{0}}, 1);
+      if (kind == Kind::FsdpMixed) x = to(x, DType::BF16);
+      for (const DTensor& w : weights) {
+        x = kind == Kind::Ddp    ? matmul(x, w)
+            : kind == Kind::Fsdp ? matmul(x, fsdp_unshard(w, "dp"))
+                                 : matmul(x, fsdp_unshard(w, "dp", mixed));
+      }
+      backward(sum(to(x, DType::F32)));
+      EXPECT_EQ(weights[0].grad().dtype(), DType::F32);
+      zero_grad(params);
+    };
+    DryRun dry(world, DeviceSpec{}, DryRunOptions{.expandable_segments = true});
+    step();
+    dry.begin_step();
+    step();
+    const DryRunReport r = dry.report({.parameters = {params.begin(), params.end()}});
+    ASSERT_TRUE(r.device_memory.has_value());
+    EXPECT_EQ(r.device_memory->reduce_scatter_stream, kind == Kind::Ddp ? 0 : 3 * shard_bytes);
+  }
 }
 
 // ZeRO's accounting (Rajbhandari et al.): parameters, gradients and the two AdamW moments in f32
