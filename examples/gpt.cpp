@@ -559,8 +559,8 @@ int gpt(World& world, Config c) {
         // With pp: the last step's in-flight activations per pp rank, and its pipelined time
         // (Note [Dry-run estimates]).
         pipeline::PipelineStep step;
-        run.losses = train_pipeline(world, c, text, Parallel{run.fsdp, policy_of(c)}, mesh, *setup,
-                                    run.model, &step);
+        run.losses = train_pipeline(world, c, text, Parallel{run.fsdp, policy_of(c), false}, mesh,
+                                    *setup, run.model, &step);
         MemoryParts parts;
         for (DTensor* p : params) parts.parameters.push_back(p);
         parts.pipeline = &step;
@@ -596,8 +596,8 @@ int gpt(World& world, Config c) {
         dry.write_timeline(fmt::format("{}.{}.timeline.json", path, run.fsdp ? "fsdp" : "sp"));
       }
     } else if (pipelined) {
-      run.losses =
-          train_pipeline(world, c, text, Parallel{run.fsdp, policy_of(c)}, mesh, *setup, run.model);
+      run.losses = train_pipeline(world, c, text, Parallel{run.fsdp, policy_of(c), false}, mesh,
+                                  *setup, run.model);
     } else {
       // The first run writes the checkpoint (--save); every run starts from --load's.
       run.losses = train(c, text, Parallel{run.fsdp, policy_of(c)}, run.model, &layout, &first_step,

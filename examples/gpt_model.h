@@ -215,6 +215,7 @@ inline MixedPrecisionPolicy policy_of(const Config& c) {
 struct Single {
   std::optional<DType> param_dtype;
   Tensor use(const Tensor& p) const { return param_dtype ? p.to(*param_dtype) : p; }
+  Tensor use_root(const Tensor& p) const { return use(p); }
   Tensor into_tp(const Tensor& x) const { return x; }
   Tensor out_of_tp(const Tensor& partial, const Tensor& bias) const { return partial + bias; }
   Tensor into_sp(const Tensor& x) const { return x; }
@@ -223,9 +224,16 @@ struct Single {
 struct Parallel {
   bool fsdp = false;
   MixedPrecisionPolicy policy;  // --master-dtype's (policy_of); default: none
+  // FSDP2's reshard_after_forward for the blocks: true, except in a pipeline (torchtitan's
+  // default, which would otherwise gather every microbatch's parameters again).
+  bool reshard_after_forward = true;
   // FSDP: the parameter gathered over dp before its use (cast to the policy's param_dtype first).
-  DTensor use(const DTensor& p) const {
-    if (fsdp) return fsdp_unshard(p, "dp", policy);
+  DTensor use(const DTensor& p) const { return use(p, reshard_after_forward); }
+  // A parameter of the root module (embeddings, final norm, head): FSDP2 keeps it gathered from
+  // the forward to the backward.
+  DTensor use_root(const DTensor& p) const { return use(p, false); }
+  DTensor use(const DTensor& p, bool reshard) const {
+    if (fsdp) return fsdp_unshard(p, "dp", policy, reshard);
     return policy.param_dtype && p.dtype() != *policy.param_dtype ? to(p, *policy.param_dtype) : p;
   }
   // Into a tensor-parallel region: the sequence gathered over tp (its gradient reduce-scattered
@@ -271,8 +279,8 @@ T mlp(const P& par, const Block<T>& b, const T& h) {
 template <class T, class P>
 T embed(const Config& c, const P& par, const Model<T>& m, const T& tokens, int64_t step) {
   const T ids = narrow(tokens, 1, 0, c.seq);
-  const T x = par.into_sp(embedding(ids, par.use(m.wte)));
-  return dropout(x + par.use(m.wpe), c.dropout, dropout_seed(c, step, 0), c.rows);
+  const T x = par.into_sp(embedding(ids, par.use_root(m.wte)));
+  return dropout(x + par.use_root(m.wpe), c.dropout, dropout_seed(c, step, 0), c.rows);
 }
 
 // ... block `layer` of the residual stream [B, S, d] ...
@@ -290,8 +298,8 @@ T block(const Config& c, const P& par, const Block<T>& b, int64_t layer, const T
 // ... the final norm and the output layer: logits [B, S, V] ...
 template <class T, class P>
 T logits_of(const P& par, const Model<T>& m, const T& x) {
-  const T h = layer_norm(x, par.use(m.lnf_w), par.use(m.lnf_b));
-  return matmul(par.into_tp(h), par.use(m.head));
+  const T h = layer_norm(x, par.use_root(m.lnf_w), par.use_root(m.lnf_b));
+  return matmul(par.into_tp(h), par.use_root(m.head));
 }
 
 // ... and the mean cross-entropy of the next token.

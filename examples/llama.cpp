@@ -641,6 +641,7 @@ PipelineSetup make_pipeline(const Config& c, const DeviceMesh& mesh,
     setup.layouts.push_back(
         std::make_unique<ModelLayout>(ModelLayout{m, c.fsdp, c.kv_heads % c.tp != 0}));
     setup.pars.push_back(make_parallel(c, *setup.layouts.back(), order));
+    setup.pars.back().reshard_after_forward = false;  // FSDP2 in a pipeline (torchtitan)
   }
   return setup;
 }

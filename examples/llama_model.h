@@ -294,6 +294,7 @@ struct Single {
   Tensor positions;                  // [S]: 0, 1, ..., S - 1
   std::optional<DType> param_dtype;  // --master-dtype: parameters used in the compute dtype
   Tensor use(const Tensor& p) const { return param_dtype ? p.to(*param_dtype) : p; }
+  Tensor use_root(const Tensor& p) const { return use(p); }
   Tensor into_tp(const Tensor& x) const { return x; }
   Tensor out_of_tp(const Tensor& partial) const { return partial; }
   Tensor into_sp(const Tensor& x) const { return x; }
@@ -319,8 +320,15 @@ struct Parallel {
          .positions = order,
          .method = cp_method == "ring" ? ContextMethod::Ring : ContextMethod::AllGather});
   }
-  DTensor use(const DTensor& p) const {
-    if (layout->fsdp) return fsdp_unshard(p, "dp", policy);
+  // FSDP2's reshard_after_forward for the blocks: true, except in a pipeline (torchtitan's
+  // default, which would otherwise gather every microbatch's parameters again).
+  bool reshard_after_forward = true;
+  DTensor use(const DTensor& p) const { return use(p, reshard_after_forward); }
+  // A parameter of the root module (embeddings, final norm, output layer): FSDP2 keeps it
+  // gathered from the forward to the backward.
+  DTensor use_root(const DTensor& p) const { return use(p, false); }
+  DTensor use(const DTensor& p, bool reshard) const {
+    if (layout->fsdp) return fsdp_unshard(p, "dp", policy, reshard);
     return policy.param_dtype && p.dtype() != *policy.param_dtype ? to(p, *policy.param_dtype) : p;
   }
   // Into a tensor-parallel region: the sequence gathered over tp (it stays split over cp), its
@@ -383,7 +391,7 @@ std::pair<T, T> ffn(const Config& c, const P& par, const Block<T>& b, const T& x
 // The pieces of forward() a pipeline stage runs apart: the embeddings of input tokens [B, S] ...
 template <class T, class P>
 T embed(const P& par, const Model<T>& m, const T& ids) {
-  return par.into_sp(embedding(ids, par.use(m.tok_embeddings)));
+  return par.into_sp(embedding(ids, par.use_root(m.tok_embeddings)));
 }
 
 // ... one block of the residual stream [B, S, d], adding its load-balancing loss (with experts)
@@ -400,7 +408,7 @@ T block(const Config& c, const P& par, const Block<T>& b, const T& x, T& aux) {
 // ... the final norm and the output layer: logits [B, S, V] ...
 template <class T, class P>
 T logits_of(const Config& c, const P& par, const Model<T>& m, const T& x) {
-  return matmul(par.into_tp(rms_norm(x, par.use(m.norm), c.norm_eps)), par.use(m.output));
+  return matmul(par.into_tp(rms_norm(x, par.use_root(m.norm), c.norm_eps)), par.use_root(m.output));
 }
 
 // ... and the loss: the mean next-token cross-entropy of the targets `next` [B, S], plus aux_coef

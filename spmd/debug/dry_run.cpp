@@ -16,7 +16,6 @@
 #include <spmd/core/error.h>
 #include <spmd/core/format.h>
 #include <spmd/dtensor/hooks.h>
-#include <spmd/nn/recompute.h>
 #include <spmd/ops/ops.h>
 #include <spmd/pipeline/timeline.h>
 #include <spmd/tensor/meta.h>

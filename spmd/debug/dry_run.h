@@ -44,7 +44,7 @@
 // both streams and blocks the compute. The step is when both streams are done; the serial sum and
 // the communication not hidden are reported beside it, and hfu = flops / (step x the peak of the
 // dtype most flops ran in); mfu is hfu with the flops of ops that ran again in backward
-// (recomputing() in nn/recompute.h: activation checkpointing's second forward) left out, the
+// (recomputing() in ops/autograd.h: activation checkpointing's second forward) left out, the
 // model flops utilisation that torchtitan and Megatron-LM report.
 // Pipelines (Note [Pipeline runner]): when the report is given the step run_pipeline returned,
 // the ops and collectives that ran inside a pipeline action (their pipeline context) are summed

@@ -864,6 +864,11 @@ bool scatters_pending_sum(const Placements& from, const Placements& to) {
 }
 
 DTensor gather_param(const DTensor& param, const Placements& placements, SourceLocation loc) {
+  return gather_param(param, placements, true, loc);
+}
+
+DTensor gather_param(const DTensor& param, const Placements& placements, bool reshard_after_forward,
+                     SourceLocation loc) {
   const UserCallSite site(loc);
   if (!grad_enabled() || !param.requires_grad() || !is_floating(param.dtype())) {
     return param.redistribute(placements, loc);
@@ -875,8 +880,17 @@ DTensor gather_param(const DTensor& param, const Placements& placements, SourceL
   }
   if (out.spec() == param.spec()) return param;
   const Var in = dtensor_var(param);
-  return record("gather_param", nullptr, {&in, 1}, {}, dtensor_var(out), gather_param_backward)
-      .value<DTensor>();
+  // The node keeps the gathered value only where FSDP would (Note [Regathered parameters]).
+  const uint32_t saves = reshard_after_forward ? saves_inputs({0}) : kSavesAll;
+  Var gathered = record("gather_param", nullptr, {&in, 1}, {}, dtensor_var(out),
+                        gather_param_backward, nullptr, saves);
+  if (reshard_after_forward && !recomputing()) {
+    gathered.meta()->grad_fn->regather = [shard = param.detach(), placements, loc] {
+      const NoGradGuard no_grad;
+      return dtensor_var(shard.redistribute(placements, loc));
+    };
+  }
+  return gathered.value<DTensor>();
 }
 
 }  // namespace spmd

@@ -190,8 +190,13 @@ class [[nodiscard]] NoSyncGuard {
 // dp, fsdp_unshard in nn/parallel.h). The same as param.redistribute(placements), except that its
 // backward hands the gradient on with its P(sum) mesh dims still pending, to be reduced where it
 // is accumulated: a leaf reduces it to its placements once per backward, or once per step under
-// no_sync (Note [No sync]).
+// no_sync (Note [No sync]). With reshard_after_forward (FSDP2's default), what autograd saves of
+// the gathered value is gathered again in backward instead of kept (Note [Regathered
+// parameters] in ops/autograd.h); without it the gathered value stays alive to the backward
+// (FSDP2's root module).
 DTensor gather_param(const DTensor& param, const Placements& placements,
+                     SourceLocation loc = SourceLocation::current());
+DTensor gather_param(const DTensor& param, const Placements& placements, bool reshard_after_forward,
                      SourceLocation loc = SourceLocation::current());
 
 // Whether redistributing a gradient from `from` to `to` reduce-scatters a pending sum (Partial

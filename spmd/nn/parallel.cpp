@@ -99,8 +99,14 @@ DTensor sequence_parallel(const DTensor& x, MeshDim tp, int seq_dim, SourceLocat
 }
 
 DTensor fsdp_unshard(const DTensor& param, MeshDim dp, SourceLocation loc) {
+  return fsdp_unshard(param, dp, true, loc);
+}
+
+DTensor fsdp_unshard(const DTensor& param, MeshDim dp, bool reshard_after_forward,
+                     SourceLocation loc) {
   const UserCallSite site(loc);
-  return gather_param(param, with_placement(param.placements(), param.mesh(), dp, Replicate{}));
+  return gather_param(param, with_placement(param.placements(), param.mesh(), dp, Replicate{}),
+                      reshard_after_forward, loc);
 }
 
 // ---- mixed precision (Note [Mixed precision])
@@ -241,6 +247,11 @@ DTensor cast_redistribute(const DTensor& x, std::optional<DType> dtype,
 
 DTensor fsdp_unshard(const DTensor& param, MeshDim dp, const MixedPrecisionPolicy& policy,
                      SourceLocation loc) {
+  return fsdp_unshard(param, dp, policy, true, loc);
+}
+
+DTensor fsdp_unshard(const DTensor& param, MeshDim dp, const MixedPrecisionPolicy& policy,
+                     bool reshard_after_forward, SourceLocation loc) {
   const UserCallSite site(loc);
   check_policy(policy, "fsdp_unshard");
   if (!param.defined()) throw_error<PlacementError>("fsdp_unshard: the parameter is undefined");
@@ -250,7 +261,8 @@ DTensor fsdp_unshard(const DTensor& param, MeshDim dp, const MixedPrecisionPolic
   const DTensor cast = dtype != param.dtype() || policy.reduce_dtype
                            ? cast_param(param, dtype, policy.reduce_dtype)
                            : param;
-  return gather_param(cast, with_placement(param.placements(), param.mesh(), dp, Replicate{}), loc);
+  return gather_param(cast, with_placement(param.placements(), param.mesh(), dp, Replicate{}),
+                      reshard_after_forward, loc);
 }
 
 DTensor colwise_linear(const DTensor& x, const DTensor& w, const DTensor& bias, MeshDim tp,

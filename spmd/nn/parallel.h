@@ -92,8 +92,15 @@ DTensor sequence_parallel(const DTensor& x, MeshDim tp, int seq_dim,
                           SourceLocation loc = SourceLocation::current());
 // The parameter gathered over dp for its use (all_gather, gather_param); recorded by autograd, so
 // its gradient is reduce-scattered back to the FSDP shard: where the parameter's gradient is
-// accumulated, once per backward, or once per step under no_sync (Note [No sync]).
+// accumulated, once per backward, or once per step under no_sync (Note [No sync]). As FSDP2
+// (fully_shard's reshard_after_forward=True), the gathered parameter is not kept from the forward
+// to the backward: what autograd saves of it is gathered again in backward (Note [Regathered
+// parameters] in ops/autograd.h). The overloads with reshard_after_forward = false keep it, as
+// FSDP2 does for its root module (the embeddings, the final norm and the output layer: backward
+// would gather them again at once).
 DTensor fsdp_unshard(const DTensor& param, MeshDim dp,
+                     SourceLocation loc = SourceLocation::current());
+DTensor fsdp_unshard(const DTensor& param, MeshDim dp, bool reshard_after_forward,
                      SourceLocation loc = SourceLocation::current());
 
 // ---- mixed precision
@@ -134,6 +141,8 @@ DTensor cast_redistribute(const DTensor& x, std::optional<DType> dtype,
 // The styles under a policy (Note [Mixed precision]).
 DTensor fsdp_unshard(const DTensor& param, MeshDim dp, const MixedPrecisionPolicy& policy,
                      SourceLocation loc = SourceLocation::current());
+DTensor fsdp_unshard(const DTensor& param, MeshDim dp, const MixedPrecisionPolicy& policy,
+                     bool reshard_after_forward, SourceLocation loc = SourceLocation::current());
 DTensor colwise_linear(const DTensor& x, const DTensor& w, const DTensor& bias, MeshDim tp,
                        const MixedPrecisionPolicy& policy,
                        SourceLocation loc = SourceLocation::current());

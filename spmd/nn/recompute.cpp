@@ -13,15 +13,6 @@
 namespace spmd {
 namespace {
 
-thread_local int t_recomputing = 0;  // recompute_backward calls running on this thread
-
-struct RecomputingScope {
-  RecomputingScope() { ++t_recomputing; }
-  ~RecomputingScope() { --t_recomputing; }
-  RecomputingScope(const RecomputingScope&) = delete;
-  RecomputingScope& operator=(const RecomputingScope&) = delete;
-};
-
 template <class T>
 struct Saved {
   std::function<T(const std::vector<T>&)> fn;
@@ -85,14 +76,6 @@ void recompute_backward(BackwardContext& c) {
     if (g.defined()) c.set_grad(i, to_var(g));
   }
 }
-
-}  // namespace
-
-bool recomputing() {
-  return t_recomputing > 0;
-}
-
-namespace {
 
 // checkpoint_activations with `policy` (null: recompute everything).
 template <class T>

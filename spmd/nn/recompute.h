@@ -42,8 +42,4 @@ T checkpoint_activations(const std::function<T(const std::vector<T>&)>& fn,
                          const std::vector<T>& inputs, const RecomputePolicy& policy,
                          SourceLocation loc = SourceLocation::current());
 
-// Whether this thread is running a checkpointed function again, in backward (Note [Recompute]):
-// what runs then is recomputation, not the model's work (a dry run's MFU leaves it out).
-bool recomputing();
-
 }  // namespace spmd

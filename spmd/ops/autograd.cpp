@@ -7,6 +7,7 @@
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include <spmd/core/error.h>
 #include <spmd/ops/ops.h>
@@ -140,7 +141,16 @@ Var record(std::string_view name, const OpDef* op, std::span<const Var> inputs, 
     }
     const size_t i = node->inputs.size();
     const bool saved = i >= 31 || (kept & (1u << i)) != 0;
-    node->inputs.push_back(stubs && !saved ? shape_stub(in.detach()) : in.detach());
+    // Note [Regathered parameters]: a value the backward reads (the declaration, not whether this
+    // run keeps it: real and dry runs issue the same gathers) that its node can make again is
+    // kept as a recipe.
+    if (saved && edge.node != nullptr && edge.node->regather) {
+      node->regather_from.resize(inputs.size());
+      node->regather_from[i] = edge.node;
+      node->inputs.push_back(shape_stub(in.detach()));
+    } else {
+      node->inputs.push_back(stubs && !saved ? shape_stub(in.detach()) : in.detach());
+    }
     node->edges.push_back(std::move(edge));
   }
   node->output = stubs && (kept & kSaveOutput) == 0 ? shape_stub(output.detach()) : output.detach();
@@ -197,6 +207,21 @@ void check_versions(const Node& node) {
   }
 }
 
+// Note [Regathered parameters]: the saved values `node` kept as recipes, made again (the gather
+// reported at its own line).
+void regather_inputs(Node& node) {
+  for (size_t i = 0; i < node.regather_from.size(); ++i) {
+    const std::shared_ptr<Node> from = std::exchange(node.regather_from[i], nullptr);
+    if (from == nullptr) continue;
+    const CallSiteReset reset;
+    std::optional<UserCallSite> site;
+    if (from->has_site) site.emplace(from->site, "backward", from->name);
+    node.inputs[i] = from->regather();
+    node.versions[i] = node.inputs[i].kind().version(node.inputs[i]);
+  }
+  node.regather_from.clear();
+}
+
 bool same_shape(const Var& a, const Var& b) {
   if (auto same = a.kind().same_shape) return same(a, b);
   return var_shape(a) == var_shape(b);
@@ -210,6 +235,22 @@ Var in_dtype_of(const Var& grad, const Var& like) {
 }
 
 }  // namespace
+
+namespace {
+thread_local int t_recomputing = 0;  // RecomputingScopes open on this thread
+}  // namespace
+
+bool recomputing() {
+  return t_recomputing > 0;
+}
+
+RecomputingScope::RecomputingScope() {
+  ++t_recomputing;
+}
+
+RecomputingScope::~RecomputingScope() {
+  --t_recomputing;
+}
 
 namespace {
 thread_local bool t_in_backward = false;
@@ -345,6 +386,7 @@ void run_backward(const Var& output, const Var& grad, const BackwardOptions& opt
       const CallSiteReset reset;
       std::optional<UserCallSite> site;
       if (n->has_site) site.emplace(n->site, "backward", n->name);
+      regather_inputs(*n);
       check_versions(*n);
       BackwardFn fn =
           n->backward != nullptr ? n->backward : (n->op != nullptr ? n->op->backward : nullptr);
@@ -386,6 +428,7 @@ void run_backward(const Var& output, const Var& grad, const BackwardOptions& opt
       }
     }
     if (options.retain_graph) continue;
+    n->regather_from.clear();
     n->inputs.clear();
     n->output = Var();
     n->payload = nullptr;

@@ -158,6 +158,10 @@ struct Node {
   SourceLocation site;
   bool has_site = false;
   bool released = false;
+  // Note [Regathered parameters]: set on a node whose output can be made again in backward (an
+  // FSDP gather); a later node that saves that output keeps a shape stub and regather_from[i].
+  std::function<Var()> regather;
+  std::vector<std::shared_ptr<Node>> regather_from;  // per input; empty when none is regathered
 };
 
 // What a backward function sees and sets.
@@ -209,6 +213,33 @@ class BackwardContext {
 
 // Whether any input takes part in autograd (requires grad or was made by recorded ops).
 bool any_requires_grad(std::span<const Var> inputs);
+
+// Note [Regathered parameters]
+// FSDP frees a unit's gathered parameters after its forward and gathers them again before its
+// backward (PyTorch's fully_shard, reshard_after_forward=True), so what autograd saved of a
+// gathered parameter (a matmul's weight) costs no memory between the two. Here a node whose
+// output can be made again sets Node::regather (gather_param, dtensor/dtensor.h); a node recorded
+// later that saves that output keeps a shape stub of it instead (no storage) and the producing
+// node; backward runs regather (the all_gather again, at the gather's line) just before the
+// saving node's derivative, which then finds the value as it was, and releases it with the
+// node's other saved values. The values are the same bits, so only memory and the collectives
+// change: one all_gather more per saved parameter, in backward, as FSDP issues. Not while a
+// checkpointed function runs again (recomputing()): its gathers already run in backward, and the
+// saved value lives only until the recomputed part's backward, as under FSDP2 with activation
+// checkpointing.
+
+// Whether this thread is running a checkpointed function again, in backward (Note [Recompute]
+// in nn/recompute.h): what runs then is recomputation, not the model's work (a dry run's MFU
+// leaves it out), and it regathers nothing (Note [Regathered parameters]).
+bool recomputing();
+// Marks this thread as recomputing while it lives (nn/recompute.cpp; nests).
+class RecomputingScope {
+ public:
+  RecomputingScope();
+  ~RecomputingScope();
+  RecomputingScope(const RecomputingScope&) = delete;
+  RecomputingScope& operator=(const RecomputingScope&) = delete;
+};
 
 // Note [Saved values]
 // A node keeps its inputs and output for its backward. In a real run it keeps them all (the

@@ -595,6 +595,42 @@ TEST(DryRunMemory, FsdpGradientsKeepTheReduceScatterStreamsPool) {
   }
 }
 
+// Note [Regathered parameters]: FSDP2 frees a unit's gathered parameters after its forward and
+// gathers them again in backward (reshard_after_forward), so the matmuls that saved them keep
+// nothing from the forward to the backward; the root module keeps its own
+// (reshard_after_forward = false). Three FSDP weights of 2048 x 2048 (a 16 MiB gathered F32 copy
+// each) in a chain, no checkpointing: the forward saves the activations alone, and the backward
+// gathers each weight once more; kept, the forward saves the three gathered copies too.
+TEST(DryRunMemory, FsdpGathersAgainInBackwardInsteadOfKeeping) {
+  const MetaTensorsScope meta(true);
+  World world = World::sim(8);
+  const DeviceMesh mesh = init_device_mesh(world, {8}, {"dp"});
+  const int64_t d = 2048, gathered = d * d * 4;
+  auto run = [&](bool reshard) {
+    std::vector<DTensor> weights;
+    for (int i = 0; i < 3; ++i) weights.push_back(randn({d, d}, mesh, {Shard{0}}, 10 + i));
+    std::vector<const DTensor*> params;
+    for (DTensor& w : weights) params.push_back(&w.requires_grad_());
+    const DTensor x = randn({64, d}, mesh, {Shard{0}}, 1);
+    trace().clear();
+    DryRun dry(world);
+    DTensor h = x;
+    for (const DTensor& w : weights) h = matmul(h, fsdp_unshard(w, "dp", reshard));
+    size_t gathers = 0;
+    for (const TraceRecord& r : trace().records()) gathers += r.op == "all_gather" && r.rank == 0;
+    EXPECT_EQ(gathers, 3u);
+    backward(sum(h));
+    size_t all = 0;
+    for (const TraceRecord& r : trace().records()) all += r.op == "all_gather" && r.rank == 0;
+    EXPECT_EQ(all - gathers, reshard ? 3u : 0u) << "all_gathers in backward";
+    return dry.report({.parameters = params}).memory[0].saved_by_forward;
+  };
+  const int64_t resharded = run(true);
+  const int64_t kept = run(false);
+  EXPECT_EQ(kept - resharded, 3 * gathered);
+  EXPECT_LT(resharded, gathered);  // the activations: 64 / 8 rows of 2048, three of them, and h
+}
+
 // ZeRO's accounting (Rajbhandari et al.): parameters, gradients and the two AdamW moments in f32
 // are 16 bytes per parameter on every rank that holds it: the ranks together hold 16 bytes times
 // each parameter's numel times its copies (replicated over dp without FSDP, over neither with it

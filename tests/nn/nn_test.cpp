@@ -111,8 +111,10 @@ SPMD_TEST(ParallelStyles, SequenceParallelMlpMatchesFullTensors) {
   for (DTensor* p : {&dw1, &db1, &dw2, &db2}) EXPECT_EQ(p->grad().placements(), p->placements());
 }
 
-// FSDP: the parameter is stored split over dp, gathered for use (all_gather), and its gradient,
-// P(sum) over dp, comes back reduce-scattered to the shard.
+// FSDP: the parameter is stored split over dp, gathered for use (all_gather), gathered again in
+// backward for the matmul that saved it (Note [Regathered parameters]: FSDP2's
+// reshard_after_forward), and its gradient, P(sum) over dp, comes back reduce-scattered to the
+// shard.
 SPMD_TEST(ParallelStyles, FsdpGathersForUseAndReduceScattersTheGradient) {
   const DeviceMesh mesh = dp_tp(world);
   const Tensor w = randn({6, 8}, 1, DType::F64);
@@ -128,7 +130,7 @@ SPMD_TEST(ParallelStyles, FsdpGathersForUseAndReduceScattersTheGradient) {
   backward(sum(y));
   if (world.backend_name() != "threads") {
     EXPECT_EQ(collectives_since(start, world.held_ranks()[0]),
-              (std::vector<std::string>{"all_gather dp", "reduce_scatter dp"}));
+              (std::vector<std::string>{"all_gather dp", "all_gather dp", "reduce_scatter dp"}));
   }
   EXPECT_EQ(p.grad().placements(), p.placements());
   const Tensor leaf = w.clone().requires_grad_();
