@@ -213,6 +213,12 @@ void regather_inputs(Node& node) {
   for (size_t i = 0; i < node.regather_from.size(); ++i) {
     const std::shared_ptr<Node> from = std::exchange(node.regather_from[i], nullptr);
     if (from == nullptr) continue;
+    if (!from->regather) {
+      throw_error<InternalError>(
+          "backward of '{}': input {} was saved to be gathered again, but "
+          "'{}' ran its backward first",
+          node.name, i, from->name);
+    }
     const CallSiteReset reset;
     std::optional<UserCallSite> site;
     if (from->has_site) site.emplace(from->site, "backward", from->name);
@@ -429,6 +435,7 @@ void run_backward(const Var& output, const Var& grad, const BackwardOptions& opt
     }
     if (options.retain_graph) continue;
     n->regather_from.clear();
+    n->regather = nullptr;  // it holds the shard it gathers from
     n->inputs.clear();
     n->output = Var();
     n->payload = nullptr;
