@@ -328,9 +328,16 @@ struct Parallel {
   // gathered from the forward to the backward.
   DTensor use_root(const DTensor& p) const { return use(p, false); }
   DTensor use(const DTensor& p, bool reshard) const {
+    if (pre_gathered) return p;
     if (layout->fsdp) return fsdp_unshard(p, "dp", policy, reshard);
     return policy.param_dtype && p.dtype() != *policy.param_dtype ? to(p, *policy.param_dtype) : p;
   }
+  // torchtitan does not reshard the last block after forward either (FSDP2 would gather it again
+  // at once for backward): with FSDP and a checkpointed block, its parameters are gathered once,
+  // outside the checkpoint, kept to the backward, and used as they are by the block and its
+  // recomputation (no all_gather in backward), through a copy of this view with pre_gathered.
+  bool keeps_last_block() const { return layout->fsdp && reshard_after_forward; }
+  bool pre_gathered = false;  // use() returns the parameter as it is: gathered already
   // Into a tensor-parallel region: the sequence gathered over tp (it stays split over cp), its
   // gradient reduced back in the policy's reduce_dtype.
   DTensor into_tp(const DTensor& x) const {
@@ -434,16 +441,32 @@ template <class T, class P>
 T forward(const Config& c, const P& par, const Model<T>& m, const T& ids, const T& next) {
   T x = embed(par, m, ids);
   T aux;
-  for (const Block<T>& b : m.blocks) {
+  for (size_t l = 0; l < m.blocks.size(); ++l) {
+    const Block<T>& b = m.blocks[l];
     if (!c.recompute) {
       x = block(c, par, b, x, aux);
       continue;
     }
+    // The last block's parameters gathered and kept (Parallel::keeps_last_block); the function
+    // runs again in backward, so it owns them.
+    std::shared_ptr<const Block<T>> kept;
+    std::shared_ptr<const P> kept_par;
+    if constexpr (std::is_same_v<T, DTensor>) {
+      if (l + 1 == m.blocks.size() && par.keeps_last_block() && !b.moe.router.defined()) {
+        auto gathered = std::make_shared<Block<T>>(b);
+        for (T* p : gathered->params()) *p = par.use(*p, false);
+        auto view = std::make_shared<P>(par);
+        view->pre_gathered = true;
+        kept = std::move(gathered);
+        kept_par = std::move(view);
+      }
+    }
     // --recompute: the block's activations are recomputed in backward (Note [Recompute] in
     // spmd/nn/recompute.h); dense blocks only (an MoE block's aux loss is a second output).
-    const std::function<T(const std::vector<T>&)> fn = [&](const std::vector<T>& in) {
+    const std::function<T(const std::vector<T>&)> fn = [&c, &par, &b, kept,
+                                                        kept_par](const std::vector<T>& in) {
       T no_aux;
-      return block(c, par, b, in[0], no_aux);
+      return kept ? block(c, *kept_par, *kept, in[0], no_aux) : block(c, par, b, in[0], no_aux);
     };
     x = c.selective ? checkpoint_activations(
                           fn, {x}, c.alternate_matmuls ? save_alternate_matmuls() : save_matmuls())
