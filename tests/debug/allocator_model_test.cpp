@@ -107,7 +107,7 @@ TEST(AllocatorModel, StreamsKeepTheirOwnPools) {
 TEST(AllocatorModel, ReleasesFreeSegmentsBeforeRunningOutOfMemory) {
   CachingAllocatorModel m({.capacity = 30 * kMiB});
   m.allocated(1, 12 * kMiB, kCompute);
-  m.freed(1, 12 * kMiB);      // its 12 MiB segment stays cached
+  m.freed(1, 12 * kMiB);                // its 12 MiB segment stays cached
   m.allocated(2, 14 * kMiB, kCompute);  // too large for it: a 14 MiB segment, 26 MiB reserved
   EXPECT_EQ(m.stats().reserved, 26 * kMiB);
   m.allocated(3, 18 * kMiB,
