@@ -145,8 +145,8 @@ Var record(std::string_view name, const OpDef* op, std::span<const Var> inputs, 
     // run keeps it: real and dry runs issue the same gathers) that its node can make again is
     // kept as a recipe.
     if (saved && edge.node != nullptr && edge.node->regather) {
-      node->regather_from.resize(inputs.size());
-      node->regather_from[i] = edge.node;
+      node->regathered.resize(inputs.size());
+      node->regathered[i] = true;
       node->inputs.push_back(shape_stub(in.detach()));
     } else {
       node->inputs.push_back(stubs && !saved ? shape_stub(in.detach()) : in.detach());
@@ -210,9 +210,9 @@ void check_versions(const Node& node) {
 // Note [Regathered parameters]: the saved values `node` kept as recipes, made again (the gather
 // reported at its own line).
 void regather_inputs(Node& node) {
-  for (size_t i = 0; i < node.regather_from.size(); ++i) {
-    const std::shared_ptr<Node> from = std::exchange(node.regather_from[i], nullptr);
-    if (from == nullptr) continue;
+  for (size_t i = 0; i < node.regathered.size(); ++i) {
+    if (!node.regathered[i]) continue;
+    const Node* from = node.edges[i].node.get();
     if (!from->regather) {
       throw_error<InternalError>(
           "backward of '{}': input {} was saved to be gathered again, but "
@@ -225,7 +225,7 @@ void regather_inputs(Node& node) {
     node.inputs[i] = from->regather();
     node.versions[i] = node.inputs[i].kind().version(node.inputs[i]);
   }
-  node.regather_from.clear();
+  node.regathered.clear();
 }
 
 bool same_shape(const Var& a, const Var& b) {
@@ -434,7 +434,7 @@ void run_backward(const Var& output, const Var& grad, const BackwardOptions& opt
       }
     }
     if (options.retain_graph) continue;
-    n->regather_from.clear();
+    n->regathered.clear();
     n->regather = nullptr;  // it holds the shard it gathers from
     n->inputs.clear();
     n->output = Var();

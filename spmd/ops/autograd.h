@@ -159,9 +159,10 @@ struct Node {
   bool has_site = false;
   bool released = false;
   // Note [Regathered parameters]: set on a node whose output can be made again in backward (an
-  // FSDP gather); a later node that saves that output keeps a shape stub and regather_from[i].
+  // FSDP gather); a later node that saves that output keeps a shape stub and marks the input in
+  // `regathered`, and backward asks edges[i].node->regather for it.
   std::function<Var()> regather;
-  std::vector<std::shared_ptr<Node>> regather_from;  // per input; empty when none is regathered
+  std::vector<bool> regathered;  // per input; empty when none is regathered
 };
 
 // What a backward function sees and sets.
