@@ -67,7 +67,7 @@ constexpr const char* kUsage =
     "      [--cp-method ring|allgather|sdpa] [--no-zigzag] [--no-rope-scaling]\n"
     "      [--dtype f32|f64|bf16] [--master-dtype f32|f64] [--model toy|8b|70b|405b] [--no-check]\n"
     "      [--recompute] [--selective-recompute] [--selective-recompute-policy matmuls|alternate]\n"
-    "      [--loss-dtype f32|f64|bf16]\n"
+    "      [--loss-dtype f32|f64|bf16] [--float8]\n"
     "      [--data FILE] [--seed N] [--save DIR] [--load DIR] [--accumulate N]\n"
     "      (and the --spmd-* flags of launch())";
 
@@ -150,6 +150,8 @@ Config parse_flags(int argc, char** argv) {
       c.rope_scaling = false;
     } else if (flag == "--no-zigzag") {
       c.zigzag = false;
+    } else if (flag == "--float8") {
+      c.float8 = true;
     } else if (flag == "-h" || flag == "--help") {
       throw_error<ConfigError>("{}", kUsage);
     } else {

@@ -88,6 +88,10 @@ struct Config {
   // --master-dtype: the parameters are stored and stepped in it and used in `dtype`, gradients
   // reduced in it (MixedPrecisionPolicy, Note [Mixed precision] in spmd/nn/parallel.h).
   std::optional<DType> master_dtype;
+  // --float8: the blocks' linears as FP8 training (torchao's Float8Linear with tensorwise
+  // scaling, which torchtitan's float8 converter applies): float8_matmul, Note [Float8 training]
+  // in spmd/ops/linalg.cpp. The output layer stays in `dtype`, as torchtitan leaves it.
+  bool float8 = false;
   std::string save;        // --save DIR: the model and AdamW's state after the last step
   std::string load;        // --load DIR: both before the first step, which follows the loaded step
   int64_t accumulate = 1;  // --accumulate N: microbatches per step, backward under no_sync but last
@@ -360,38 +364,45 @@ struct Parallel {
 
 // ---- the model ------------------------------------------------------------------------------
 
+// One of a block's linears, x @ w: in FP8 under --float8.
+template <class T>
+T linear(const Config& c, const T& x, const T& w) {
+  return c.float8 ? float8_matmul(x, w) : matmul(x, w);
+}
+
 template <class T, class P>
 T attention(const Config& c, const P& par, const Block<T>& b, const T& x) {
   const int64_t B = c.batch, S = c.seq, H = c.heads, Hkv = c.kv_heads, D = c.head_dim();
   const T h = par.into_tp(x);
   const RopeConfig rope = rope_config(c);
   const T q =
-      rotary_embedding(reshape(matmul(h, par.use(b.wq)), {B, S, H, D}), par.positions, rope);
+      rotary_embedding(reshape(linear(c, h, par.use(b.wq)), {B, S, H, D}), par.positions, rope);
   const T k =
-      rotary_embedding(reshape(matmul(h, par.use(b.wk)), {B, S, Hkv, D}), par.positions, rope);
-  const T v = reshape(matmul(h, par.use(b.wv)), {B, S, Hkv, D});
+      rotary_embedding(reshape(linear(c, h, par.use(b.wk)), {B, S, Hkv, D}), par.positions, rope);
+  const T v = reshape(linear(c, h, par.use(b.wv)), {B, S, Hkv, D});
   // Grouped-query attention: kv head j serves query heads j * H/Hkv .. (j + 1) * H/Hkv - 1.
   auto repeat = [&](const T& t) { return par.heads_for_tp(repeat_interleave(t, H / Hkv, 2)); };
   auto heads_first = [](const T& t) { return permute(t, {0, 2, 1, 3}); };
   const T o = par.attend(heads_first(q), heads_first(repeat(k)), heads_first(repeat(v)));
   const T merged = reshape(permute(o, {0, 2, 1, 3}), {B, S, H * D});
-  return par.out_of_tp(matmul(merged, par.use(b.wo)));
+  return par.out_of_tp(linear(c, merged, par.use(b.wo)));
 }
 
 template <class T, class P>
-T swiglu(const P& par, const T& w1, const T& w3, const T& w2, const T& x) {
+T swiglu(const Config& c, const P& par, const T& w1, const T& w3, const T& w2, const T& x) {
   const T h = par.into_tp(x);
-  return par.out_of_tp(matmul(silu(matmul(h, par.use(w1))) * matmul(h, par.use(w3)), par.use(w2)));
+  return par.out_of_tp(
+      linear(c, silu(linear(c, h, par.use(w1))) * linear(c, h, par.use(w3)), par.use(w2)));
 }
 
 // The FFN's output and, with experts, the layer's load-balancing loss (undefined otherwise).
 template <class T, class P>
 std::pair<T, T> ffn(const Config& c, const P& par, const Block<T>& b, const T& x) {
-  if (c.experts == 0) return {swiglu(par, b.w1, b.w3, b.w2, x), T{}};
+  if (c.experts == 0) return {swiglu(c, par, b.w1, b.w3, b.w2, x), T{}};
   const MoEOutput<T> r =
       moe(x, b.moe, MoEOptions{.top_k = c.top_k, .capacity_factor = c.capacity_factor, .ep = "ep"});
   T out = r.out;
-  if (c.shared_expert) out = out + swiglu(par, b.w1, b.w3, b.w2, x);
+  if (c.shared_expert) out = out + swiglu(c, par, b.w1, b.w3, b.w2, x);
   return {out, r.aux_loss};
 }
 

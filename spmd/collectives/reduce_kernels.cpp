@@ -139,11 +139,12 @@ void reduce_buffers(DType dtype, ReduceOp op, const void* const* inputs, int64_t
   if (is_bitwise(op) && is_floating(dtype)) {
     throw_error<Unsupported>("reduce: op {} is not defined for {}", op, dtype);
   }
+  if (is_float8(dtype)) throw_no_float8_kernel(dtype, "reduce");
   if (op == ReduceOp::Avg && dtype == DType::Bool) {
     throw_error<Unsupported>("reduce: op avg is not defined for bool");
   }
   if (n == 0) return;
-  dispatch_dtype(dtype, [&]<class T>() { reduce_typed<T>(op, inputs, k, out, n); });
+  dispatch_arithmetic(dtype, "reduce", [&]<class T>() { reduce_typed<T>(op, inputs, k, out, n); });
 }
 
 }  // namespace spmd

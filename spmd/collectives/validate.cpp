@@ -58,6 +58,11 @@ void check_op(const CollectiveCall& call, int rank, const Tensor& x, ReduceOp op
   if (op == ReduceOp::Avg && x.dtype() == DType::Bool) {
     fail(call, rank, x, "reduce op avg is not defined for bool");
   }
+  if (is_float8(x.dtype())) {
+    fail(call, rank, x,
+         "float8 tensors are gathered and moved, not reduced (as with PyTorch's NCCL process "
+         "group); reduce in bf16 or f32");
+  }
 }
 
 void check_root(const CollectiveCall& call, int rank, const Tensor& x, int root, const char* name,

@@ -124,7 +124,7 @@ std::shared_ptr<const OutputSharding> decide(const OpDef& op, SpecList inputs, c
     shardings.push_back(spec);
   }
   try {
-    meta = op.meta(metas, args);
+    meta = op_meta(op, metas, args);
   } catch (const ShapeError& e) {
     throw ShapeError(fmt::format("{} (DTensor inputs: {})", e.what(), describe_inputs(inputs)));
   } catch (const Unsupported& e) {

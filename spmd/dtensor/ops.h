@@ -242,6 +242,23 @@ inline DTensor operator-(At<DTensor> a) {
   return dispatch(op::neg, {a.value}, {}, a.loc);
 }
 
+// FP8 GEMM with matmul's sharding, the scales replicated (Note [Scaled matmul] in
+// ops/linalg.cpp).
+inline DTensor scaled_mm(const DTensor& a, const DTensor& b, const DTensor& scale_a,
+                         const DTensor& scale_b, DType out_dtype = DType::BF16,
+                         SourceLocation loc = SourceLocation::current()) {
+  return dispatch(op::scaled_mm, {a, b, scale_a, scale_b}, {{static_cast<int64_t>(out_dtype)}, {}},
+                  loc);
+}
+
+// x @ w with FP8 training's casts and GEMMs (Note [Float8 training] in ops/linalg.cpp); the
+// scales are the global amax's (all_reduce max over the dims x or w is sharded on).
+inline DTensor float8_matmul(const DTensor& x, const DTensor& w,
+                             SourceLocation loc = SourceLocation::current()) {
+  const UserCallSite site(loc);
+  return float8_matmul(to_var(x), to_var(w)).value<DTensor>();
+}
+
 // beta * c + alpha * (a @ b), with a [n,k], b [k,m], c broadcastable to [n,m].
 inline DTensor addmm(const DTensor& c, const DTensor& a, const DTensor& b, double beta = 1.0,
                      double alpha = 1.0, SourceLocation loc = SourceLocation::current()) {

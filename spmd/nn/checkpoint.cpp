@@ -48,6 +48,10 @@ const char* safetensors_dtype(DType dtype) {
       return "I64";
     case DType::Bool:
       return "BOOL";
+    case DType::F8E4M3FN:
+      return "F8_E4M3";
+    case DType::F8E5M2:
+      return "F8_E5M2";
   }
   return "F32";
 }

@@ -1,4 +1,5 @@
-// spmd/ops/linalg.cpp: the entries of matmul, bmm and addmm.
+// spmd/ops/linalg.cpp: the entries of matmul, bmm, addmm, scaled_mm and float8_mm, and FP8
+// training's float8_matmul.
 //
 // Sharding follows einsum: S(0)@R -> S(0), R@S(1) -> S(1), S(1)@S(0) -> P(sum), batch dims
 // sharded alike; a linear Partial on one operand passes (addmm's c then must be the same
@@ -308,5 +309,249 @@ const OpDef op::addmm{
     .flops = matmul_flops<1>,
     .saves = saves_inputs({1, 2}),
 };
+
+namespace {
+
+// The FP8 GEMMs' sharding: matmul's options without a pending-sum operand (float8 values are
+// not reduced), the scales (inputs 2 and 3) replicated.
+std::vector<OpStrategy> float8_gemm_strategies(ShardingInputs in, const OpArgs&, const OpMeta&) {
+  const auto labels = matmul_labels(in[0]->shape(), in[1]->shape());
+  std::vector<DimOption> options;
+  for (DimOption& o : matmul_options(*labels, nullptr)) {
+    if (std::holds_alternative<Partial>(o.inputs[0]) ||
+        std::holds_alternative<Partial>(o.inputs[1])) {
+      continue;
+    }
+    o.inputs.push_back(Replicate{});
+    o.inputs.push_back(Replicate{});
+    options.push_back(std::move(o));
+  }
+  return expand_dim_options(in, options);
+}
+
+// Unsupported unless inputs 2 and 3 (the scales) are 0-d f32 tensors.
+void check_scales(std::string_view op, std::span<const InputMeta> in) {
+  for (size_t i : {size_t{2}, size_t{3}}) {
+    if (!in[i].shape->empty() || in[i].dtype != DType::F32) {
+      throw_error<Unsupported>("{}: {} must be a 0-d f32 tensor (tensorwise scaling), got {} {}",
+                               op, i == 2 ? "scale_a" : "scale_b", shape_str(*in[i].shape),
+                               in[i].dtype);
+    }
+  }
+}
+
+// (a @ b) * (scale_a * scale_b) of float8 a [M, K] and b [K, N], rounded once to `out`: the
+// products and sums in f32 (f64 for an f64 result), the scale product in f32 (in f64, exactly, for
+// an f64 result).
+Tensor float8_gemm(std::string_view op, const Tensor& a, const Tensor& b, const Tensor& scale_a,
+                   const Tensor& scale_b, DType out) {
+  DeviceOps& kernels = kernels_for(op, {&a, &b, &scale_a, &scale_b});
+  const DType acc = out == DType::F64 ? DType::F64 : DType::F32;
+  const float sa = scale_a.item<float>();
+  const float sb = scale_b.item<float>();
+  const double alpha = acc == DType::F64 ? static_cast<double>(sa) * static_cast<double>(sb)
+                                         : static_cast<double>(sa * sb);
+  Tensor result = empty({a.size(0), b.size(1)}, acc, a.device());
+  kernels.matmul(result.unsqueeze(0), a.to(acc).unsqueeze(0), b.to(acc).unsqueeze(0), alpha, 0.0);
+  return result.to(out);
+}
+
+}  // namespace
+
+// Note [Scaled matmul]
+// scaled_mm(a, b, scale_a, scale_b) with args.ints = [out dtype] is torch._scaled_mm with
+// tensorwise scales: a [M, K] and b [K, N] float8 (not both f8e5m2, which cuBLAS refuses too),
+// scale_a and scale_b 0-d f32 tensors, the factors that take a and b back to their real values
+// (the inverses of the scales their casts multiplied by). The result [M, N] is
+// (a @ b) * (scale_a * scale_b): the float8 values widen to f32 exactly, products and sums
+// accumulate in f32, the scale product (in f32) multiplies each sum (as cuBLASLt's alpha does),
+// and the f32 result rounds once to the out dtype (bf16, f16 or f32). Sharding is matmul's (S(0) @
+// R, R @ S(1), S(1) @ S(0) -> P(sum)) with the scales replicated; a pending-sum operand is not
+// passed (float8 tensors are not reduced). It has no derivative, like torch._scaled_mm: FP8
+// training recipes write their own (float8_mm, Note [Float8 training]). Its flops count at the
+// device's float8 rate in a dry run.
+const OpDef op::scaled_mm{
+    .name = "scaled_mm",
+    .meta =
+        [](std::span<const InputMeta> in, const OpArgs& args) {
+          if (in.size() != 4) {
+            throw_error<Unsupported>("scaled_mm: expects a, b, scale_a, scale_b, got {} tensors",
+                                     in.size());
+          }
+          const Shape& a = *in[0].shape;
+          const Shape& b = *in[1].shape;
+          if (a.size() != 2 || b.size() != 2) {
+            throw_error<ShapeError>("scaled_mm: a and b must be 2-d, got shapes {} and {}",
+                                    shape_str(a), shape_str(b));
+          }
+          if (a[1] != b[0]) inner_mismatch("scaled_mm", a, b, a[1], b[0]);
+          if (!is_float8(in[0].dtype) || !is_float8(in[1].dtype)) {
+            throw_error<Unsupported>(
+                "scaled_mm: a and b must be float8 (f8e4m3fn or f8e5m2), got {} {} and {} {}",
+                shape_str(a), in[0].dtype, shape_str(b), in[1].dtype);
+          }
+          if (in[0].dtype == DType::F8E5M2 && in[1].dtype == DType::F8E5M2) {
+            throw_error<Unsupported>(
+                "scaled_mm: a and b cannot both be f8e5m2 (cuBLAS has no such FP8 GEMM; "
+                "PyTorch refuses it too), got {} and {}",
+                shape_str(a), shape_str(b));
+          }
+          check_scales("scaled_mm", in);
+          const int64_t code = args.ints.at(0);
+          const DType out = static_cast<DType>(code);
+          if (code < 0 || code >= static_cast<int64_t>(std::size(kAllDTypes)) ||
+              (out != DType::BF16 && out != DType::F16 && out != DType::F32)) {
+            throw_error<Unsupported>(
+                "scaled_mm: the out dtype must be bf16, f16 or f32, got DType({}) (a {} {}, b {} "
+                "{})",
+                code, shape_str(a), in[0].dtype, shape_str(b), in[1].dtype);
+          }
+          return OpMeta{{a[0], b[1]}, out};
+        },
+    .compute =
+        [](std::span<const Tensor> in, const OpArgs&, const OpMeta& meta) {
+          return float8_gemm("scaled_mm", in[0], in[1], in[2], in[3], meta.dtype);
+        },
+    .strategies = float8_gemm_strategies,
+    .flops = matmul_flops<0>,
+    .saves = kSavesNone,
+    .float8 = true,
+};
+
+namespace {
+
+DType float8_format(const OpArgs& args, size_t i) {
+  return static_cast<DType>(args.ints.at(i));
+}
+
+double float8_max(DType format) {
+  return format == DType::F8E5M2 ? 57344.0 : 448.0;
+}
+
+// t widened to f32, times its scale, limited to the format's finite range and cast: torchao's
+// saturated cast.
+Tensor quantize(const Tensor& t, const Tensor& scale, DType format) {
+  const double limit = float8_max(format);
+  return clamp(t.to(DType::F32) * scale, -limit, limit).to(format);
+}
+
+// Note [Float8 training]
+// float8_mm(a, b, scale_a, scale_b), args.ints = [format of a, format of b], is one linear of
+// torchao's Float8Linear with tensorwise dynamic scaling: a [..., K] and b [K, N] in a wider
+// float (bf16, f16, f32), the scales 0-d f32 (float8_scale: the format's largest value over the
+// tensor's largest magnitude). Forward: each operand times its scale, limited to the format's
+// range and cast (a saturated cast), then scaled_mm with the inverse scales, in the promoted dtype
+// of a and b. Backward, as Float8Linear's: the output gradient g gets its own scale and is cast to
+// f8e5m2 (more range), and both gradients are FP8 GEMMs of the casts: grad a = float8_mm(g, b^T),
+// grad b = float8_mm(a^T, g) over a's rows. Autograd saves a and b (in their own dtype) and the
+// scales, and casts again in backward, as torchao does; the scales are constants (no gradient).
+// The scale of a sharded operand is its global amax: amax over a DTensor reduces over the mesh
+// (all_reduce max), as torchao's amax on DTensors; a LocalTensor's is per rank.
+void float8_mm_backward(BackwardContext& c) {
+  const Var& a = c.input(0);
+  const Var& b = c.input(1);
+  const DType fa = float8_format(c.args(), 0);
+  const DType fb = float8_format(c.args(), 1);
+  const Var& g = c.grad();
+  const Var sg = float8_scale(g, DType::F8E5M2);
+  const auto code = [](DType d) { return static_cast<int64_t>(d); };
+  if (c.needs_grad(0)) {
+    c.set_grad(0, apply(op::float8_mm, {g, transpose_last(b), sg, c.input(3)},
+                        {{code(DType::F8E5M2), code(fb)}, {}}));
+  }
+  if (c.needs_grad(1)) {
+    const Shape& sa = var_shape(a);
+    const int64_t k = sa.back();
+    const int64_t n = var_shape(g).back();
+    const int64_t rows = shape_numel(Shape(sa.begin(), sa.end() - 1));
+    const Var a2 = apply(op::reshape, {a}, {{rows, k}, {}});
+    const Var g2 = apply(op::reshape, {g}, {{rows, n}, {}});
+    c.set_grad(1, apply(op::float8_mm, {transpose_last(a2), g2, c.input(2), sg},
+                        {{code(fa), code(DType::F8E5M2)}, {}}));
+  }
+}
+
+}  // namespace
+
+const OpDef op::float8_mm{
+    .name = "float8_mm",
+    .meta =
+        [](std::span<const InputMeta> in, const OpArgs& args) {
+          if (in.size() != 4) {
+            throw_error<Unsupported>("float8_mm: expects a, b, scale_a, scale_b, got {} tensors",
+                                     in.size());
+          }
+          const Shape& a = *in[0].shape;
+          const Shape& b = *in[1].shape;
+          if (a.size() < 2 || b.size() != 2) {
+            throw_error<ShapeError>(
+                "float8_mm: a must have at least 2 dims and b exactly 2, got shapes {} and {}",
+                shape_str(a), shape_str(b));
+          }
+          if (a.back() != b[0]) inner_mismatch("float8_mm", a, b, a.back(), b[0]);
+          for (int i : {0, 1}) {
+            if (!is_floating(in[i].dtype) || is_float8(in[i].dtype)) {
+              throw_error<Unsupported>(
+                  "float8_mm: {} must be f32, f64, bf16 or f16 (it is cast to float8 here), got "
+                  "{} {}",
+                  i == 0 ? "a" : "b", shape_str(*in[i].shape), in[i].dtype);
+            }
+          }
+          check_scales("float8_mm", in);
+          const int64_t fa = args.ints.at(0);
+          const int64_t fb = args.ints.at(1);
+          auto format_ok = [](int64_t f) {
+            return f == static_cast<int64_t>(DType::F8E4M3FN) ||
+                   f == static_cast<int64_t>(DType::F8E5M2);
+          };
+          if (!format_ok(fa) || !format_ok(fb) ||
+              (fa == static_cast<int64_t>(DType::F8E5M2) && fa == fb)) {
+            throw_error<Unsupported>(
+                "float8_mm: the formats must be f8e4m3fn or f8e5m2, not both f8e5m2; got "
+                "DType({}) and DType({}) (a {}, b {})",
+                fa, fb, shape_str(a), shape_str(b));
+          }
+          Shape out(a.begin(), a.end() - 1);
+          out.push_back(b[1]);
+          return OpMeta{out, promote_types(in[0].dtype, in[1].dtype, "float8_mm")};
+        },
+    .compute =
+        [](std::span<const Tensor> in, const OpArgs& args, const OpMeta& meta) {
+          const Tensor a8 = quantize(in[0], in[2], float8_format(args, 0));
+          const Tensor b8 = quantize(in[1], in[3], float8_format(args, 1));
+          const int64_t k = in[1].size(0);
+          const int64_t rows = shape_numel(Shape(in[0].shape().begin(), in[0].shape().end() - 1));
+          return float8_gemm("float8_mm", a8.reshape({rows, k}), b8, spmd::reciprocal(in[2]),
+                             spmd::reciprocal(in[3]), meta.dtype)
+              .reshape(meta.shape);
+        },
+    .strategies = float8_gemm_strategies,
+    .backward = float8_mm_backward,
+    .flops = matmul_flops<0>,
+    .saves = kSavesInputs,
+};
+
+Var float8_scale(const Var& t, DType format) {
+  const Var amax = apply(op::amax, {apply(op::abs, {t.detach()})}, {{0}, {}});
+  const Var wide = apply(op::to_dtype, {amax}, {{static_cast<int64_t>(DType::F32)}, {}});
+  const Var floor = apply(op::clamp, {wide}, clamp_args(1e-12, std::nullopt));
+  return apply(op::rdiv_scalar, {floor}, {{}, {float8_max(format)}});
+}
+
+Var float8_matmul(const Var& x, const Var& w) {
+  for (const Var* v : {&x, &w}) {
+    const DType dtype = v->kind().dtype(*v);
+    if (!is_floating(dtype) || is_float8(dtype)) {
+      throw_error<Unsupported>(
+          "float8_matmul: x and w must be f32, f64, bf16 or f16 (they are cast to float8 here), "
+          "got x {} and w {}",
+          x.kind().describe(x), w.kind().describe(w));
+    }
+  }
+  const int64_t e4m3 = static_cast<int64_t>(DType::F8E4M3FN);
+  return apply(op::float8_mm,
+               {x, w, float8_scale(x, DType::F8E4M3FN), float8_scale(w, DType::F8E4M3FN)},
+               {{e4m3, e4m3}, {}});
+}
 
 }  // namespace spmd

@@ -48,7 +48,22 @@ OpMeta op_meta(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& ar
     }
     metas[i] = InputMeta{&inputs[i].shape(), inputs[i].dtype()};
   }
-  return op.meta(std::span<const InputMeta>(metas, inputs.size()), args);
+  return op_meta(op, std::span<const InputMeta>(metas, inputs.size()), args);
+}
+
+OpMeta op_meta(const OpDef& op, std::span<const InputMeta> inputs, const OpArgs& args) {
+  if (!op.float8) [[likely]] {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (is_float8(inputs[i].dtype)) [[unlikely]] {
+        throw_error<Unsupported>(
+            "{}: argument {} (shape {}) is {}: float8 tensors take casts, copies, views, cat and "
+            "scaled_mm only, as in PyTorch (Note [Float8 ops] in spmd/ops/op.h); convert with "
+            "to(DType::BF16) or to(DType::F32) first",
+            op.name, i + 1, shape_str(*inputs[i].shape), inputs[i].dtype);
+      }
+    }
+  }
+  return op.meta(inputs, args);
 }
 
 namespace {

@@ -26,7 +26,8 @@
 //                across ranks);
 //   eager        (optional) the memory traffic of the separate kernels PyTorch eager runs for
 //                the op where it has no fused kernel, for dry runs that model such a run
-//                (Note [Eager kernels] in debug/dry_run.h).
+//                (Note [Eager kernels] in debug/dry_run.h);
+//   float8       whether the op takes float8 inputs (Note [Float8 ops]).
 // Entries are written with designated initializers (`.name = "matmul", .meta = ...`); all_ops()
 // in ops/ops.h lists every entry of the table.
 // The Tensor entry points (ops/ops.h), the LocalTensor ones (world/local_ops.h) and the DTensor
@@ -156,7 +157,19 @@ struct OpDef {
   // (Note [Saved values] in ops/autograd.h).
   uint32_t saves = kSavesAll;
   const EagerKernels* eager = nullptr;
+  bool float8 = false;
 };
+
+// Note [Float8 ops]
+// The float8 dtypes (Note [Float8] in tensor/float8.h) are storage formats, as in PyTorch: an op
+// takes float8 inputs only when its entry says `.float8 = true`: the views and copies (reshape,
+// transpose, permute, narrow, select, squeeze, unsqueeze, expand, contiguous, clone), cat, stack
+// and pad (redistributing uneven shards pads them), the cast `to`, and scaled_mm, the one op that
+// computes on them (FP8 GEMM, in a wider type; float8_mm, FP8 training's linear, takes wider inputs
+// and casts them itself). Every other op refuses a float8 input with Unsupported naming the op and
+// the dtype, in op_meta, before any kernel, under every kind of tensor (Tensor, LocalTensor,
+// DTensor, shape-only ones included). Collectives move float8 tensors and refuse to reduce them
+// (collectives/validate.cpp); the CUDA kernels refuse them (tensor/cuda/cuda_ops.cpp).
 
 // Runs `op` on Tensors: the meta (which checks the inputs), then the computation. Error naming
 // the op and the argument when an input is undefined.
@@ -165,8 +178,10 @@ inline Tensor call(const OpDef& op, std::initializer_list<Tensor> inputs, const 
   return call(op, std::span<const Tensor>(inputs.begin(), inputs.size()), args);
 }
 
-// The output meta of `op` on inputs of these shapes and dtypes.
+// The output meta of `op` on inputs of these shapes and dtypes. Unsupported for a float8 input
+// of an op that takes none (Note [Float8 ops]).
 OpMeta op_meta(const OpDef& op, std::span<const Tensor> inputs, const OpArgs& args);
+OpMeta op_meta(const OpDef& op, std::span<const InputMeta> inputs, const OpArgs& args);
 
 // `op` on one rank's pieces: its piece function when it has one, else call().
 Tensor compute_piece(const OpDef& op, std::span<const Tensor> pieces, const OpArgs& args,

@@ -98,6 +98,13 @@ extern const OpDef masked_fill;
 extern const OpDef matmul;
 extern const OpDef bmm;
 extern const OpDef addmm;
+// scaled_mm (a, b float8 [M, K] and [K, N], scale_a, scale_b 0-d f32), args.ints = [out dtype]:
+// torch._scaled_mm with tensorwise scales (Note [Scaled matmul] in ops/linalg.cpp).
+extern const OpDef scaled_mm;
+// float8_mm (a [..., K], b [K, N] in bf16/f16/f32, scale_a, scale_b 0-d f32), args.ints = [format
+// of a, format of b]: one linear of FP8 training, cast, FP8 GEMM and its FP8 backward (Note
+// [Float8 training] in ops/linalg.cpp).
+extern const OpDef float8_mm;
 // grouped_mm (x [N, K], w [G, K, M], sizes [G] I64): group g's rows times w[g] (ops/grouped.cpp,
 // Note [Grouped matmul]); its weight gradient grouped_mm_backward (x, grad, sizes) -> [G, K, M].
 extern const OpDef grouped_mm;
@@ -257,6 +264,8 @@ inline std::span<const OpDef* const> all_ops() {
       &op::matmul,
       &op::bmm,
       &op::addmm,
+      &op::scaled_mm,
+      &op::float8_mm,
       &op::grouped_mm,
       &op::grouped_mm_backward,
       &op::sum,
@@ -879,6 +888,22 @@ inline Tensor matmul(const Tensor& a, const Tensor& b) {
 inline Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, double beta = 1.0,
                     double alpha = 1.0) {
   return call(op::addmm, {c, a, b}, {{}, {beta, alpha}});
+}
+// FP8 GEMM: (a @ b) * (scale_a * scale_b) rounded once to `out_dtype` (bf16, f16 or f32); a
+// [M, K] and b [K, N] float8, the scales 0-d f32 (Note [Scaled matmul] in ops/linalg.cpp).
+inline Tensor scaled_mm(const Tensor& a, const Tensor& b, const Tensor& scale_a,
+                        const Tensor& scale_b, DType out_dtype = DType::BF16) {
+  return call(op::scaled_mm, {a, b, scale_a, scale_b}, {{static_cast<int64_t>(out_dtype)}, {}});
+}
+// The tensorwise scale that takes t into `format`'s range: the format's largest value over the
+// largest magnitude of t (at least 1e-12), a 0-d f32 value without gradient.
+Var float8_scale(const Var& t, DType format);
+// x @ w with FP8 training's casts and FP8 GEMMs, forward and backward (Note [Float8 training] in
+// ops/linalg.cpp): x [..., K] and w [K, N] both cast to f8e4m3fn with their float8_scale, the
+// output gradient to f8e5m2. The result has the dtype of x @ w.
+Var float8_matmul(const Var& x, const Var& w);
+inline Tensor float8_matmul(const Tensor& x, const Tensor& w) {
+  return float8_matmul(Var(x), Var(w)).value<Tensor>();
 }
 // Batched: a [B,n,k] @ b [B,k,m] -> [B,n,m].
 // The rows of x [N, K] in consecutive groups of sizes[g] rows (I64 [G], adding up to N), group g

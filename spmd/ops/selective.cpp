@@ -13,12 +13,13 @@ thread_local SelectiveScope* t_scope = nullptr;
 }  // namespace
 
 RecomputePolicy save_matmuls() {
-  return RecomputePolicy{{"matmul", "bmm", "addmm", "grouped_mm", "scaled_dot_product_attention"}};
+  return RecomputePolicy{
+      {"matmul", "bmm", "addmm", "grouped_mm", "float8_mm", "scaled_dot_product_attention"}, {}};
 }
 
 RecomputePolicy save_alternate_matmuls() {
   RecomputePolicy p = save_matmuls();
-  p.alternate_ops = {"matmul"};
+  p.alternate_ops = {"matmul", "float8_mm"};
   return p;
 }
 

@@ -37,11 +37,12 @@ struct RecomputePolicy {
   std::vector<std::string> alternate_ops;
 };
 
-// The ops whose outputs are kept by default: matmul, bmm, addmm, grouped_mm and
-// scaled_dot_product_attention.
+// The ops whose outputs are kept by default: matmul, bmm, addmm, grouped_mm, float8_mm (an FP8
+// linear) and scaled_dot_product_attention.
 RecomputePolicy save_matmuls();
 // torchtitan's selective "op" policy (activation_checkpoint.selective_ac_option = "op"): as
-// save_matmuls, but every second matmul is recomputed.
+// save_matmuls, but every second matmul is recomputed (matmul and float8_mm calls counted
+// together: an FP8 linear replaces a matmul).
 RecomputePolicy save_alternate_matmuls();
 
 // The outputs a Save scope kept, in call order.

@@ -199,7 +199,7 @@ OpMeta cat_meta(std::span<const InputMeta> in, const OpArgs& args) {
   if (in.empty()) throw_error<ShapeError>("cat: expects at least one tensor");
   const Shape& first = *in[0].shape;
   DType dtype = in[0].dtype;
-  for (const InputMeta& m : in) dtype = promote_types(dtype, m.dtype);
+  for (const InputMeta& m : in) dtype = promote_types(dtype, m.dtype, "cat");
   if (first.empty()) {
     throw_error<ShapeError>("cat: 0-d tensors cannot be concatenated (tensor 0 has shape [])");
   }
@@ -248,7 +248,7 @@ OpMeta stack_meta(std::span<const InputMeta> in, const OpArgs& args) {
       throw_error<ShapeError>("stack: tensor {} has shape {} but tensor 0 has shape {}", i,
                               shape_str(*in[i].shape), shape_str(first));
     }
-    dtype = promote_types(dtype, in[i].dtype);
+    dtype = promote_types(dtype, in[i].dtype, "stack");
   }
   const int64_t d =
       normalize_dim(args.ints.at(0), static_cast<int64_t>(first.size()) + 1, "stack", first);
@@ -512,7 +512,8 @@ OpMeta to_dtype_meta(std::span<const InputMeta> in, const OpArgs& args) {
   const int64_t code = args.ints.at(0);
   if (code < 0 || code >= static_cast<int64_t>(std::size(kAllDTypes))) {
     throw_error<Unsupported>(
-        "to: DType({}) is not a dtype (f32, f64, bf16, f16, i32, i64, bool; the input is {} {})",
+        "to: DType({}) is not a dtype (f32, f64, bf16, f16, i32, i64, bool, f8e4m3fn, f8e5m2; the "
+        "input is {} {})",
         code, shape_str(*in[0].shape), in[0].dtype);
   }
   return OpMeta{*in[0].shape, static_cast<DType>(code)};
@@ -522,14 +523,19 @@ OpMeta to_dtype_meta(std::span<const InputMeta> in, const OpArgs& args) {
 // (monotone); a sum or average reduced in the narrower dtype would round differently.
 std::vector<OpStrategy> to_dtype_strategies(ShardingInputs in, const OpArgs&, const OpMeta& out) {
   const DType from = in[0]->dtype();
-  const bool widening =
-      is_floating(from) && is_floating(out.dtype) && promote_types(from, out.dtype) == out.dtype;
-  return derived_strategies(in, [widening](const Placement& p) -> std::optional<Placement> {
-    if (const Partial* q = std::get_if<Partial>(&p)) {
-      if (!widening && !is_min_max(q->op)) return std::nullopt;
-    }
-    return p;
-  });
+  // float8 promotes with nothing (Note [Type promotion]), yet float8 to any wider float is exact.
+  const bool widening = is_floating(from) && is_floating(out.dtype) && !is_float8(out.dtype) &&
+                        (is_float8(from) || promote_types(from, out.dtype) == out.dtype);
+  // A float8 result keeps no Partial: float8 values are not reduced (Note [Float8 ops]).
+  const bool to_float8 = is_float8(out.dtype);
+  return derived_strategies(in,
+                            [widening, to_float8](const Placement& p) -> std::optional<Placement> {
+                              if (const Partial* q = std::get_if<Partial>(&p)) {
+                                if (to_float8 || (!widening && !is_min_max(q->op)))
+                                  return std::nullopt;
+                              }
+                              return p;
+                            });
 }
 
 // ---- triu, tril
@@ -692,6 +698,7 @@ const OpDef op::transpose{
     .backward = transpose_backward,
     .partial_use = PartialUse::Unary,
     .saves = kSavesNone,
+    .float8 = true,
 };
 
 const OpDef op::reshape{
@@ -704,6 +711,7 @@ const OpDef op::reshape{
     .backward = reshape_backward,
     .partial_use = PartialUse::Unary,
     .saves = kSavesNone,
+    .float8 = true,
 };
 
 const OpDef op::cat{
@@ -717,6 +725,7 @@ const OpDef op::cat{
         },
     .backward = cat_backward,
     .partial_use = PartialUse::All,
+    .float8 = true,
 };
 
 const OpDef op::stack{
@@ -730,6 +739,7 @@ const OpDef op::stack{
         },
     .backward = stack_backward,
     .partial_use = PartialUse::All,
+    .float8 = true,
 };
 
 const OpDef op::pad{
@@ -739,6 +749,7 @@ const OpDef op::pad{
     .strategies = pad_strategies,
     .backward = pad_backward,
     .partial_use = PartialUse::Unary,
+    .float8 = true,
 };
 
 const OpDef op::narrow{
@@ -755,6 +766,7 @@ const OpDef op::narrow{
     .backward = narrow_backward,
     .partial_use = PartialUse::Unary,
     .saves = kSavesNone,
+    .float8 = true,
 };
 
 const OpDef op::select{
@@ -770,6 +782,7 @@ const OpDef op::select{
         },
     .backward = select_backward,
     .partial_use = PartialUse::Unary,
+    .float8 = true,
 };
 
 const OpDef op::permute{
@@ -781,6 +794,7 @@ const OpDef op::permute{
     .backward = permute_backward,
     .partial_use = PartialUse::Unary,
     .saves = kSavesNone,
+    .float8 = true,
 };
 
 const OpDef op::unsqueeze{
@@ -792,6 +806,7 @@ const OpDef op::unsqueeze{
     .backward = unsqueeze_backward,
     .partial_use = PartialUse::Unary,
     .saves = kSavesNone,
+    .float8 = true,
 };
 
 const OpDef op::squeeze{
@@ -803,6 +818,7 @@ const OpDef op::squeeze{
     .backward = unsqueeze_backward,
     .partial_use = PartialUse::Unary,
     .saves = kSavesNone,
+    .float8 = true,
 };
 
 const OpDef op::expand{
@@ -818,6 +834,7 @@ const OpDef op::expand{
     .backward = expand_backward,
     .partial_use = PartialUse::Unary,
     .saves = kSavesNone,
+    .float8 = true,
 };
 
 // ---- repeat_interleave --------------------------------------------------------------------------
@@ -951,6 +968,7 @@ const OpDef op::clone{
     .backward = identity_backward,
     .partial_use = PartialUse::Unary,
     .saves = kSavesNone,
+    .float8 = true,
 };
 
 const OpDef op::contiguous{
@@ -964,6 +982,7 @@ const OpDef op::contiguous{
     .strategies = keep_placements,
     .backward = identity_backward,
     .saves = kSavesNone,
+    .float8 = true,
 };
 
 const OpDef op::triu{
@@ -992,6 +1011,7 @@ const OpDef op::to_dtype{
     .backward = to_dtype_backward,
     .partial_use = PartialUse::Unary,
     .saves = kSavesNone,
+    .float8 = true,
 };
 
 Shape flattened_shape(const Shape& shape, int64_t start, int64_t end) {

@@ -30,14 +30,20 @@ std::string_view dtype_name(DType dtype) {
       return "i64";
     case DType::Bool:
       return "bool";
+    case DType::F8E4M3FN:
+      return "f8e4m3fn";
+    case DType::F8E5M2:
+      return "f8e5m2";
   }
   return "?";
 }
 
 void check_dtype(DType dtype, std::string_view op) {
   if (!is_valid(dtype)) {
-    throw_error<Unsupported>("{}: DType({}) is not a dtype (f32, f64, bf16, f16, i32, i64, bool)",
-                             op, static_cast<int>(dtype));
+    throw_error<Unsupported>(
+        "{}: DType({}) is not a dtype (f32, f64, bf16, f16, i32, i64, bool, f8e4m3fn, "
+        "f8e5m2)",
+        op, static_cast<int>(dtype));
   }
 }
 
@@ -67,10 +73,11 @@ std::optional<DType> parse_dtype(std::string_view name) {
     DType dtype;
   };
   static constexpr Alias kAliases[] = {
-      {"float32", DType::F32}, {"float", DType::F32},     {"float64", DType::F64},
-      {"double", DType::F64},  {"bfloat16", DType::BF16}, {"float16", DType::F16},
-      {"half", DType::F16},    {"int32", DType::I32},     {"int", DType::I32},
-      {"int64", DType::I64},   {"long", DType::I64},
+      {"float32", DType::F32},        {"float", DType::F32},     {"float64", DType::F64},
+      {"double", DType::F64},         {"bfloat16", DType::BF16}, {"float16", DType::F16},
+      {"half", DType::F16},           {"int32", DType::I32},     {"int", DType::I32},
+      {"int64", DType::I64},          {"long", DType::I64},      {"float8_e4m3fn", DType::F8E4M3FN},
+      {"float8_e5m2", DType::F8E5M2},
   };
   for (const Alias& alias : kAliases) {
     if (lower == alias.name) return alias.dtype;
@@ -98,8 +105,22 @@ int float_rank(DType d) {
 
 }  // namespace
 
-DType promote_types(DType a, DType b) {
+void throw_no_float8_kernel(DType dtype, std::string_view op) {
+  throw_error<Unsupported>(
+      "{}: no kernel for dtype {}: float8 tensors are a storage format with casts, copies, views, "
+      "cat and scaled_mm only, as in PyTorch (Note [Float8] in spmd/tensor/float8.h); convert "
+      "with to(DType::BF16) or to(DType::F32) first",
+      op, dtype);
+}
+
+DType promote_types(DType a, DType b, std::string_view op) {
   if (a == b) return a;
+  if (is_float8(a) || is_float8(b)) {
+    throw_error<Unsupported>(
+        "{}: float8 dtypes promote with no other dtype ({} with {}), as in PyTorch; convert one "
+        "side with to() first",
+        op, a, b);
+  }
   if (a == DType::Bool) return b;
   if (b == DType::Bool) return a;
   if (is_integral(a) && is_integral(b)) return DType::I64;

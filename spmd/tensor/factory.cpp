@@ -104,7 +104,7 @@ Tensor arange(int64_t n, DType dtype) {
   if (dtype == DType::Bool) throw_error<Unsupported>("arange: dtype bool is not supported");
   Tensor out = empty_for("arange", {n}, dtype);
   if (out.is_meta()) return out;
-  dispatch_dtype(dtype, [&]<class T>() {
+  dispatch_arithmetic(dtype, "arange", [&]<class T>() {
     T* p = out.data<T>();
     for (int64_t i = 0; i < n; ++i) p[i] = convert_element<T>(i);
   });

@@ -56,8 +56,11 @@ T round_uniform(double v) {
 
 void check_random_dtype(const char* op, DType dtype) {
   check_dtype(dtype, op);
-  if (!is_floating(dtype)) {
-    throw_error<Unsupported>("{}: dtype {} is not supported (floating dtypes only)", op, dtype);
+  if (!is_floating(dtype) || is_float8(dtype)) {
+    throw_error<Unsupported>(
+        "{}: dtype {} is not supported (f32, f64, bf16, f16; draw float8 values in a wider dtype "
+        "and convert)",
+        op, dtype);
   }
 }
 

@@ -370,6 +370,11 @@ Var local_var(const LocalTensor& t) {
   return Var(&kLocalKind, std::make_shared<const LocalTensor>(t.detach()), t.autograd());
 }
 
+LocalTensor float8_matmul(const LocalTensor& x, const LocalTensor& w, SourceLocation loc) {
+  const UserCallSite site(loc);
+  return float8_matmul(local_var(x), local_var(w)).value<LocalTensor>();
+}
+
 void backward(const LocalTensor& loss, SourceLocation loc) {
   const UserCallSite site(loc);
   // A send's token has no elements (Note [Point-to-point]): its backward receives the gradient.

@@ -226,6 +226,20 @@ inline LocalTensor operator-(At<LocalTensor> a) {
   return local_call(op::neg, {a.value}, {}, a.loc);
 }
 
+// FP8 GEMM per rank (Note [Scaled matmul] in ops/linalg.cpp).
+inline LocalTensor scaled_mm(const LocalTensor& a, const LocalTensor& b, const LocalTensor& scale_a,
+                             const LocalTensor& scale_b, DType out_dtype = DType::BF16,
+                             SourceLocation loc = SourceLocation::current()) {
+  return local_call(op::scaled_mm, {a, b, scale_a, scale_b},
+                    {{static_cast<int64_t>(out_dtype)}, {}}, loc);
+}
+
+// x @ w with FP8 training's casts and GEMMs per rank (Note [Float8 training] in
+// ops/linalg.cpp); each rank's scales are its own shards' amax (all_reduce them for the global
+// scale DTensor code gets).
+LocalTensor float8_matmul(const LocalTensor& x, const LocalTensor& w,
+                          SourceLocation loc = SourceLocation::current());
+
 inline LocalTensor addmm(const LocalTensor& c, const LocalTensor& a, const LocalTensor& b,
                          double beta = 1.0, double alpha = 1.0,
                          SourceLocation loc = SourceLocation::current()) {

@@ -28,7 +28,7 @@ inline Tensor int_valued(const Shape& shape, uint64_t seed, DType dtype = DType:
   Tensor u = rand(shape, seed, DType::F64);
   std::vector<double> v = u.to_vector<double>();
   for (double& x : v) x = std::floor(x * 16.0) - 8.0;
-  return from_vector(v, shape).to(dtype);
+  return from_vector(v, shape).reshape(shape).to(dtype);  // from_vector is 1-d for shape []
 }
 
 // The mesh of `shape` over the first ranks of the world, when the world has enough ranks and

@@ -53,6 +53,11 @@ struct OpRow {
   std::function<DTensor(const std::vector<DTensor>&)> on_dtensor;
   bool positive = false;       // inputs must be positive (log, sqrt, divisions)
   bool floating_only = false;  // skipped on integer data
+  // The op has no derivative (scaled_mm, as torch._scaled_mm): no gradient rows.
+  bool no_derivative = false;
+  // Its gradient is a recipe's, not the derivative (FP8 training's straight-through casts): no
+  // finite differences; tests/ops/float8_test.cpp checks the recipe.
+  bool straight_through = false;
   // Inputs that are not data: input k -> I64 indices in [0, bound), or a Bool mask. They take
   // Shard and Replicate placements only, and no gradient.
   std::map<size_t, int64_t> indices;
@@ -475,6 +480,21 @@ Table op_table() {
     t.add(row("matmul", shapes, [](const auto& x) { return matmul(x[0], x[1]); }));
   }
   t.add(row("bmm", {{3, 4, 5}, {3, 5, 2}}, [](const auto& x) { return bmm(x[0], x[1]); }));
+  // Float8 operands and f32 scales made from the row's data (Note [Scaled matmul]).
+  OpRow& scaled = t.add(row("scaled_mm", {{5, 6}, {6, 3}, {}, {}}, [](const auto& x) {
+    return scaled_mm(cast(x[0], DType::F8E4M3FN), cast(x[1], DType::F8E5M2), cast(x[2], DType::F32),
+                     cast(x[3], DType::F32), DType::F32);
+  }));
+  scaled.floating_only = true;
+  scaled.positive = true;
+  scaled.no_derivative = true;
+  for (const std::vector<Shape>& shapes :
+       std::vector<std::vector<Shape>>{{{5, 6}, {6, 3}}, {{2, 3, 4}, {4, 5}}}) {
+    OpRow& f8 = t.add(
+        row("float8_matmul", shapes, [](const auto& x) { return float8_matmul(x[0], x[1]); }));
+    f8.floating_only = true;
+    f8.straight_through = true;
+  }
   // Groups of 2, 0 (an expert no token chose) and 5 rows.
   t.add(row("grouped_mm", {{7, 4}, {3, 4, 5}}, [](const auto& x) {
      return grouped_mm(x[0], x[1], from_vector<int64_t>({2, 0, 5}, {3}));
@@ -618,7 +638,7 @@ TEST(OpTable, UnaryElementwiseOpsMatchTheirReferenceForEveryDTypeAndLayout) {
   int checked = 0;
   for (const OpRow& r : op_table().rows) {
     if (!r.unary_ref) continue;
-    for (DType d : kAllDTypes) {
+    for (DType d : kArithmeticDTypes) {
       for (int trial = 0; trial < 6; ++trial) {
         const Shape shape = gen.shape(0, 4);
         const auto layout = gen.layout();
@@ -649,8 +669,8 @@ TEST(OpTable, BinaryElementwiseOpsMatchTheirReferenceForEveryDTypePairAndLayout)
   int checked = 0;
   for (const OpRow& r : op_table().rows) {
     if (!r.binary_ref || r.shapes[0] != r.shapes[1]) continue;  // one row per op
-    for (DType da : kAllDTypes) {
-      for (DType db : kAllDTypes) {
+    for (DType da : kArithmeticDTypes) {
+      for (DType db : kArithmeticDTypes) {
         for (int trial = 0; trial < 3; ++trial) {
           const Shape shape = gen.shape(0, 4);
           const Shape sa = gen.broadcastable_to(shape);
@@ -834,7 +854,7 @@ TEST(OpTable, TensorGradientsMatchFiniteDifferences) {
       inputs.push_back(leaf(r, k, smooth_input(r, k, 50 + k)));
     }
     const Tensor out = r.on_tensor(inputs);
-    if (!is_floating(out.dtype())) continue;
+    if (!is_floating(out.dtype()) || r.no_derivative || r.straight_through) continue;
     const Tensor w = randn(out.shape(), 99, DType::F64);
     backward(weighted_loss(out, w));
     for (size_t k = 0; k < inputs.size(); ++k) {
@@ -1899,7 +1919,7 @@ TEST(OpTable, LocalTensorGradientsEqualTheTensorGradientsOnEveryShard) {
       inputs.push_back(is_data(r, k) ? in.requires_grad_() : in);
     }
     const LocalTensor out = r.on_local(inputs);
-    if (!is_floating(out.dtype())) continue;
+    if (!is_floating(out.dtype()) || r.no_derivative) continue;
     const LocalTensor w = LocalTensor::from_fn(world, [&](int rank) {
       return randn(out.shard(rank).shape(), 77 + static_cast<uint64_t>(rank), DType::F64);
     });
@@ -1972,7 +1992,7 @@ void check_dtensor_gradients(const World& world, DType dtype) {
         SCOPED_TRACE(
             fmt::format("{} {} on {} with{}", r.name, dtype, mesh->to_string(), placements_text));
         const DTensor out = r.on_dtensor(inputs);
-        if (!is_floating(out.dtype())) continue;
+        if (!is_floating(out.dtype()) || r.no_derivative) continue;
         const Tensor w = randn(out.shape(), testing::mix(seed, 7), dtype);
         const std::vector<Tensor> want = tensor_gradients(r, globals, w);
         backward(out, distribute_tensor(w, *mesh, Placements(mesh->ndim(), Replicate{})));
@@ -2034,7 +2054,7 @@ TEST(OpTable, EveryOpHasAConformanceRowAndAGradientCheck) {
     ran.clear();
     const DTensor out = r.on_dtensor(inputs);
     forward.insert(ran.begin(), ran.end());
-    if (!is_floating(out.dtype())) continue;
+    if (!is_floating(out.dtype()) || r.no_derivative) continue;
     differentiated.insert(ran.begin(), ran.end());
     ran.clear();
     backward(out, distribute_tensor(randn(out.shape(), 61, DType::F64), mesh, replicate));

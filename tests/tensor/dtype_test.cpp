@@ -1,7 +1,9 @@
-// Tests for tensor/dtype.h and tensor/half.h: names, the promotion table, element conversions,
-// and BFloat16/Half rounding (ties to even, subnormals, overflow, inf/NaN) against an
-// independent reference computed in double.
+// Tests for tensor/dtype.h, tensor/half.h and tensor/float8.h: names, the promotion table, element
+// conversions, and BFloat16/Half/Float8 rounding (ties to even, subnormals, overflow, inf/NaN)
+// against an independent reference computed in double.
 #include <spmd/tensor/dtype.h>
+
+#include <spmd/core/error.h>
 
 #include <gtest/gtest.h>
 
@@ -14,8 +16,8 @@ namespace spmd {
 namespace {
 
 TEST(DType, NamesSizesAndParsing) {
-  const std::size_t sizes[] = {4, 8, 2, 2, 4, 8, 1};
-  const char* names[] = {"f32", "f64", "bf16", "f16", "i32", "i64", "bool"};
+  const std::size_t sizes[] = {4, 8, 2, 2, 4, 8, 1, 1, 1};
+  const char* names[] = {"f32", "f64", "bf16", "f16", "i32", "i64", "bool", "f8e4m3fn", "f8e5m2"};
   for (std::size_t i = 0; i < std::size(kAllDTypes); ++i) {
     EXPECT_EQ(itemsize(kAllDTypes[i]), sizes[i]);
     EXPECT_EQ(dtype_name(kAllDTypes[i]), names[i]);
@@ -28,6 +30,8 @@ TEST(DType, NamesSizesAndParsing) {
   EXPECT_EQ(parse_dtype("half"), DType::F16);
   EXPECT_EQ(parse_dtype("int"), DType::I32);
   EXPECT_EQ(parse_dtype("long"), DType::I64);
+  EXPECT_EQ(parse_dtype("float8_e4m3fn"), DType::F8E4M3FN);
+  EXPECT_EQ(parse_dtype("float8_e5m2"), DType::F8E5M2);
   EXPECT_EQ(parse_dtype("f8"), std::nullopt);
   EXPECT_EQ(parse_dtype(""), std::nullopt);
 }
@@ -48,6 +52,25 @@ TEST(DType, PromotionTable) {
     for (int j = 0; j < 7; ++j) {
       EXPECT_EQ(promote_types(kAllDTypes[i], kAllDTypes[j]), table[i][j])
           << kAllDTypes[i] << " with " << kAllDTypes[j];
+    }
+  }
+  // Float8 promotes with itself alone (PyTorch: "Promotion for Float8 Types is not supported").
+  for (DType f8 : kFloat8DTypes) {
+    for (DType other : kAllDTypes) {
+      if (other == f8) {
+        EXPECT_EQ(promote_types(f8, other), f8);
+        continue;
+      }
+      for (auto [a, b] : {std::pair{f8, other}, std::pair{other, f8}}) {
+        try {
+          promote_types(a, b, "cat");
+          ADD_FAILURE() << a << " with " << b << " promoted";
+        } catch (const Unsupported& e) {
+          EXPECT_NE(std::string(e.what()).find("cat: float8 dtypes promote with no other"),
+                    std::string::npos)
+              << e.what();
+        }
+      }
     }
   }
 }
@@ -194,6 +217,127 @@ TEST(BFloat16, EdgeCases) {
   EXPECT_EQ(BFloat16(-INFINITY).bits, 0xff80);
   EXPECT_TRUE(std::isnan(static_cast<float>(BFloat16(NAN))));
   EXPECT_TRUE(std::isnan(static_cast<float>(BFloat16(-NAN))));
+}
+
+// ---- float8 (Note [Float8]) against a brute-force reference ----------------------------------
+
+// An FP8 format as the OCP spec defines it, written out independently of tensor/float8.h.
+struct Float8Spec {
+  int exponent_bits, mantissa_bits, bias;
+  bool has_infinity;  // e5m2: IEEE-like; e4m3fn: no infinity, one NaN mantissa pattern
+  double max_finite;
+};
+constexpr Float8Spec kE4M3FNSpec{4, 3, 7, false, 448.0};
+constexpr Float8Spec kE5M2Spec{5, 2, 15, true, 57344.0};
+
+// The value of code c (sign clear), or NaN / infinity.
+double spec_value(const Float8Spec& f, int c) {
+  const int e = c >> f.mantissa_bits;
+  const int m = c & ((1 << f.mantissa_bits) - 1);
+  const int top = (1 << f.exponent_bits) - 1;
+  if (f.has_infinity && e == top) return m == 0 ? INFINITY : NAN;
+  if (!f.has_infinity && e == top && m == (1 << f.mantissa_bits) - 1) return NAN;
+  if (e == 0) return std::ldexp(m, 1 - f.bias - f.mantissa_bits);
+  return std::ldexp((1 << f.mantissa_bits) + m, e - f.bias - f.mantissa_bits);
+}
+
+// The value float x rounds to: the nearest of the finite codes and one code past the largest
+// (its value the largest plus one unit), ties to the even code; past the largest is the
+// overflow value (an infinity for e5m2, NaN for e4m3fn).
+double spec_round(const Float8Spec& f, float x) {
+  if (std::isnan(x)) return NAN;
+  const double a = std::fabs(static_cast<double>(x));
+  int max_code = 0;
+  while (spec_value(f, max_code + 1) == spec_value(f, max_code + 1) &&
+         !std::isinf(spec_value(f, max_code + 1)))
+    ++max_code;
+  const double unit = spec_value(f, max_code) - spec_value(f, max_code - 1);
+  int best = 0;
+  double best_distance = INFINITY;
+  for (int c = 0; c <= max_code + 1; ++c) {
+    const double v = c <= max_code ? spec_value(f, c) : spec_value(f, max_code) + unit;
+    const double d = std::fabs(v - a);
+    if (d < best_distance || (d == best_distance && c % 2 == 0)) {
+      best_distance = d;
+      best = c;
+    }
+  }
+  const double magnitude =
+      best > max_code ? (f.has_infinity ? INFINITY : NAN) : spec_value(f, best);
+  return std::signbit(x) ? -magnitude : magnitude;
+}
+
+template <class T>
+void expect_float8_matches_spec(const Float8Spec& f) {
+  // Every code decodes to the spec's value, and every non-NaN value encodes back to its code.
+  for (int b = 0; b < 256; ++b) {
+    const double want = (b & 0x80 ? -1.0 : 1.0) * spec_value(f, b & 0x7f);
+    const float got = T::to_float(static_cast<uint8_t>(b));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << b;
+      continue;
+    }
+    EXPECT_EQ(static_cast<double>(got), want) << "code " << b;
+    EXPECT_EQ(std::signbit(got), (b & 0x80) != 0) << "code " << b;
+    EXPECT_EQ(T::from_float(got), b) << "code " << b;
+  }
+  auto check = [&](float x) {
+    const double want = spec_round(f, x);
+    const float got = T::to_float(T::from_float(x));
+    if (std::isnan(want)) return std::isnan(got);
+    return static_cast<double>(got) == want && std::signbit(got) == std::signbit(want);
+  };
+  // Every midpoint between neighbours and the floats either side of it (ties, and rounding
+  // just above and below them), both signs.
+  int failures = 0;
+  for (int c = 0; c < 127 && failures < 5; ++c) {
+    const double lo = spec_value(f, c);
+    const double hi = c + 1 < 127 ? spec_value(f, c + 1) : f.max_finite * 2;
+    if (std::isnan(hi) || std::isinf(hi)) break;
+    const float mid = static_cast<float>((lo + hi) / 2);
+    for (float x : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY), -mid}) {
+      if (!check(x)) {
+        ADD_FAILURE() << "x = " << x << " rounds to " << T::to_float(T::from_float(x))
+                      << ", spec: " << spec_round(f, x);
+        ++failures;
+      }
+    }
+  }
+  // A sweep over float bit patterns (every magnitude class, subnormals and infinities included).
+  for (uint64_t u = 0; u < (1ull << 32) && failures < 5; u += 65537) {
+    const float x = std::bit_cast<float>(static_cast<uint32_t>(u));
+    if (!std::isinf(x) && std::fabs(x) > 1e6f) continue;  // far past the range: the overflow
+    if (!check(x)) {
+      ADD_FAILURE() << "x = " << x << " rounds to " << T::to_float(T::from_float(x))
+                    << ", spec: " << spec_round(f, x);
+      ++failures;
+    }
+  }
+}
+
+TEST(Float8, E4M3FNMatchesTheSpecOnEveryCodeMidpointAndASweep) {
+  expect_float8_matches_spec<Float8E4M3FN>(kE4M3FNSpec);
+  // PyTorch's cast: 464 (the tie between 448 and 480) stays 448, above it is NaN, inf is NaN.
+  EXPECT_EQ(Float8E4M3FN::to_float(Float8E4M3FN::from_float(464.0f)), 448.0f);
+  EXPECT_TRUE(std::isnan(Float8E4M3FN::to_float(Float8E4M3FN::from_float(464.5f))));
+  EXPECT_TRUE(std::isnan(Float8E4M3FN::to_float(Float8E4M3FN::from_float(INFINITY))));
+  EXPECT_EQ(Float8E4M3FN::to_float(1), 0x1p-9f);  // the smallest subnormal
+}
+
+TEST(Float8, E5M2MatchesTheSpecOnEveryCodeMidpointAndASweep) {
+  expect_float8_matches_spec<Float8E5M2>(kE5M2Spec);
+  EXPECT_EQ(Float8E5M2::to_float(Float8E5M2::from_float(61439.0f)), 57344.0f);
+  EXPECT_EQ(Float8E5M2::to_float(Float8E5M2::from_float(61440.0f)), INFINITY);
+  EXPECT_EQ(Float8E5M2::to_float(Float8E5M2::from_float(-INFINITY)), -INFINITY);
+  EXPECT_EQ(Float8E5M2::to_float(1), 0x1p-16f);
+}
+
+TEST(Float8, ConvertElementGoesThroughFloat) {
+  EXPECT_EQ(convert_element<double>(Float8E4M3FN(3.0f)), 3.0);
+  EXPECT_EQ(convert_element<int32_t>(Float8E4M3FN(-2.75f)), -2);
+  EXPECT_EQ(convert_element<bool>(Float8E5M2(0.0f)), false);
+  EXPECT_EQ(float(convert_element<Float8E5M2>(Float8E4M3FN(448.0f))), 448.0f);
+  EXPECT_TRUE(std::isnan(float(convert_element<Float8E4M3FN>(int64_t{1000}))));  // past 464
 }
 
 }  // namespace

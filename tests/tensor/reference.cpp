@@ -37,6 +37,10 @@ double element(const Tensor& t, const std::vector<int64_t>& index) {
       return static_cast<double>(reinterpret_cast<const int64_t*>(base)[offset]);
     case DType::Bool:
       return reinterpret_cast<const bool*>(base)[offset] ? 1.0 : 0.0;
+    case DType::F8E4M3FN:
+      return static_cast<float>(reinterpret_cast<const Float8E4M3FN*>(base)[offset]);
+    case DType::F8E5M2:
+      return static_cast<float>(reinterpret_cast<const Float8E5M2*>(base)[offset]);
   }
   return NAN;
 }
@@ -62,6 +66,10 @@ double round_to(DType dtype, double v) {
       return std::trunc(v);
     case DType::Bool:
       return v != 0 ? 1.0 : 0.0;
+    case DType::F8E4M3FN:
+      return static_cast<float>(Float8E4M3FN(static_cast<float>(v)));
+    case DType::F8E5M2:
+      return static_cast<float>(Float8E5M2(static_cast<float>(v)));
   }
   return NAN;
 }
@@ -147,6 +155,12 @@ void write(Tensor& t, int64_t i, double v) {
       break;
     case DType::Bool:
       reinterpret_cast<bool*>(base)[i] = v != 0;
+      break;
+    case DType::F8E4M3FN:
+      reinterpret_cast<Float8E4M3FN*>(base)[i] = Float8E4M3FN(static_cast<float>(v));
+      break;
+    case DType::F8E5M2:
+      reinterpret_cast<Float8E5M2*>(base)[i] = Float8E5M2(static_cast<float>(v));
       break;
   }
 }

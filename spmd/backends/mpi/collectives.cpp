@@ -26,7 +26,7 @@ namespace {
 
 // Avg's final step, as the shared kernel does it: in the accumulation type, then rounded.
 void divide_in_place(Tensor& t, int64_t n) {
-  dispatch_dtype(t.dtype(), [&]<class T>() {
+  dispatch_arithmetic(t.dtype(), "reduce", [&]<class T>() {
     if constexpr (!std::is_same_v<T, bool>) {
       using A =
           std::conditional_t<std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>, float, T>;

@@ -38,6 +38,8 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::I64:
       return ncclInt64;
     case DType::Bool:
+    case DType::F8E4M3FN:  // moved, never reduced (collectives/validate.cpp)
+    case DType::F8E5M2:
       return ncclUint8;
   }
   throw_error<InternalError>("nccl backend: unknown dtype");

@@ -285,7 +285,7 @@ void copy(const Tensor& dst, const Tensor& src) {
 
 void binary(int op, const Tensor& out, const Tensor& a, const Tensor& b) {
   SPMD_CHECK(a.dtype() == b.dtype());
-  dispatch_dtype(a.dtype(), [&]<class T>() {
+  dispatch_arithmetic(a.dtype(), "elementwise binary", [&]<class T>() {
     using C = compute_t<T>;
     const bool known = element::visit<element::BinaryOps>(op, [&]<class F>() {
       SPMD_CHECK(out.dtype() == (element::is_predicate<F> ? DType::Bool : a.dtype()));
@@ -301,7 +301,7 @@ void binary(int op, const Tensor& out, const Tensor& a, const Tensor& b) {
 
 void unary(int op, const Tensor& out, const Tensor& in) {
   SPMD_CHECK(in.dtype() == out.dtype());
-  dispatch_dtype(out.dtype(), [&]<class T>() {
+  dispatch_arithmetic(out.dtype(), "elementwise unary", [&]<class T>() {
     using C = compute_t<T>;
     const bool known = element::visit<element::UnaryOps>(op, [&]<class F>() {
       if constexpr (element::accepts<F, C>) {
@@ -317,7 +317,7 @@ void unary(int op, const Tensor& out, const Tensor& in) {
 void unary_backward(int op, const Tensor& out, const Tensor& grad, const Tensor& in,
                     const Tensor& result) {
   SPMD_CHECK(is_floating(out.dtype()));
-  dispatch_dtype(out.dtype(), [&]<class T>() {
+  dispatch_arithmetic(out.dtype(), "elementwise backward", [&]<class T>() {
     using C = compute_t<T>;
     if constexpr (std::is_floating_point_v<C>) {
       const bool known = element::visit<element::UnaryOps>(op, [&]<class F>() {
@@ -335,7 +335,7 @@ void unary_backward(int op, const Tensor& out, const Tensor& grad, const Tensor&
 void binary_backward(int op, int wrt, const Tensor& out, const Tensor& grad, const Tensor& a,
                      const Tensor& b) {
   SPMD_CHECK(is_floating(out.dtype()));
-  dispatch_dtype(out.dtype(), [&]<class T>() {
+  dispatch_arithmetic(out.dtype(), "elementwise backward", [&]<class T>() {
     using C = compute_t<T>;
     if constexpr (std::is_floating_point_v<C>) {
       const bool known = element::visit<element::BinaryOps>(op, [&]<class F>() {
@@ -354,7 +354,7 @@ void binary_backward(int op, int wrt, const Tensor& out, const Tensor& grad, con
 
 void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
   SPMD_CHECK(cond.dtype() == DType::Bool && a.dtype() == out.dtype() && b.dtype() == out.dtype());
-  dispatch_dtype(out.dtype(), [&]<class T>() {
+  dispatch_arithmetic(out.dtype(), "where", [&]<class T>() {
     StridedLoop<4> loop(out.shape(), {&out.strides(), &cond.strides(), &a.strides(), &b.strides()});
     T* po = at<T>(out);
     const bool* pc = at<bool>(cond);

@@ -30,7 +30,7 @@ bool gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& inde
   const int64_t step = in.stride(dim);
   const int64_t size = in.size(dim);
   std::atomic<bool> ok{true};
-  dispatch_dtype(out.dtype(), [&]<class T>() {
+  dispatch_arithmetic(out.dtype(), "index kernel", [&]<class T>() {
     StridedLoop<3> loop(out.shape(), {&out.strides(), &index.strides(), &base});
     T* po = at<T>(out);
     const int64_t* pi = at<int64_t>(index);
@@ -61,7 +61,7 @@ bool scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tens
   const int64_t step = out.stride(dim);
   const int64_t size = out.size(dim);
   bool ok = true;
-  dispatch_dtype(out.dtype(), [&]<class T>() {
+  dispatch_arithmetic(out.dtype(), "index kernel", [&]<class T>() {
     if constexpr (std::is_floating_point_v<T>) {
       // In src's order, one thread: the sums are the same on every run and backend.
       StridedLoop<3> loop(src.shape(), {&src.strides(), &index.strides(), &base});

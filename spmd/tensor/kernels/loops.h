@@ -167,8 +167,7 @@ class StridedLoop {
 
 // C++ types kernels compute in: BF16/F16 widen to float, everything else computes as itself.
 template <class T>
-using compute_t =
-    std::conditional_t<std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>, float, T>;
+using compute_t = std::conditional_t<is_narrow_float_v<T>, float, T>;
 
 template <class T>
 inline compute_t<T> load(T v) {

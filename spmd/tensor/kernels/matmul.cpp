@@ -309,6 +309,9 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, d
       return matmul_integer<int64_t>(out, a, b, alpha, beta);
     case DType::Bool:
       break;
+    case DType::F8E4M3FN:
+    case DType::F8E5M2:
+      throw_no_float8_kernel(out.dtype(), "matmul");
   }
   SPMD_CHECK_MSG(false, "matmul on bool reached the CPU kernel");
 }

@@ -88,7 +88,7 @@ void sum_typed(Reduction op, const Tensor& out, const Tensor& in,
     }
   });
   const double count = out.numel() == 0 ? 0.0 : static_cast<double>(in.numel() / out.numel());
-  dispatch_dtype(out.dtype(), [&]<class O>() {
+  dispatch_arithmetic(out.dtype(), "reduction", [&]<class O>() {
     O* po = at<O>(out);
     for (std::size_t i = 0; i < acc.size(); ++i) {
       if constexpr (std::is_integral_v<Acc>) {
@@ -181,7 +181,7 @@ void softmax_typed(const Tensor& out, const Tensor& in, int64_t d, bool log) {
 void reduce(Reduction op, const Tensor& out, const Tensor& in, const std::vector<int64_t>& dims) {
   SPMD_CHECK(out.is_contiguous());
   SPMD_CHECK_EQ(out.dim(), in.dim());
-  dispatch_dtype(in.dtype(), [&]<class T>() {
+  dispatch_arithmetic(in.dtype(), "reduction", [&]<class T>() {
     split_along(out, in, first_wide_dim(out), [&](const Tensor& o, const Tensor& i) {
       if (op == Reduction::Sum || op == Reduction::Mean) {
         sum_typed<T>(op, o, i, dims);
@@ -194,7 +194,7 @@ void reduce(Reduction op, const Tensor& out, const Tensor& in, const std::vector
 
 void softmax(const Tensor& out, const Tensor& in, int64_t d, bool log) {
   SPMD_CHECK(out.dtype() == in.dtype() && is_floating(in.dtype()));
-  dispatch_dtype(in.dtype(), [&]<class T>() {
+  dispatch_arithmetic(in.dtype(), "softmax", [&]<class T>() {
     if constexpr (!std::is_integral_v<T>) {
       split_along(out, in, first_wide_dim(in, d),
                   [&](const Tensor& o, const Tensor& i) { softmax_typed<T>(o, i, d, log); });

@@ -104,9 +104,9 @@ std::vector<View> views() {
 }
 
 TEST(CudaOps, CopiesConvertEveryDtypePairBothWays) {
-  for (DType from : kAllDTypes) {
+  for (DType from : kArithmeticDTypes) {
     const Tensor host = random_tensor({4, 6}, from, 1, true);
-    for (DType to : kAllDTypes) {
+    for (DType to : kArithmeticDTypes) {
       const std::string what = fmt::format("{} -> {}", from, to);
       // Host -> device with conversion, device -> device with conversion, device -> host.
       expect_matches(host.to(to), host.to(kGpu).to(to), 0.0, what + " (on the GPU)");
@@ -122,7 +122,7 @@ TEST(CudaOps, CopiesConvertEveryDtypePairBothWays) {
 }
 
 TEST(CudaOps, FillWritesTheConvertedValue) {
-  for (DType dtype : kAllDTypes) {
+  for (DType dtype : kArithmeticDTypes) {
     for (double v : {0.0, -0.0, 1.5, -3.0, 1e10, std::nan("")}) {
       Tensor gpu = empty({3, 5}, dtype, kGpu);
       gpu.fill_(v);
@@ -136,7 +136,7 @@ TEST(CudaOps, FillWritesTheConvertedValue) {
 }
 
 TEST(CudaOps, BinaryOpsMatchTheCpuOnViews) {
-  for (DType dtype : kAllDTypes) {
+  for (DType dtype : kArithmeticDTypes) {
     const Tensor a = random_tensor({4, 6}, dtype, 2, true);
     const Tensor b = random_tensor({4, 6}, dtype, 3);
     const Tensor ga = a.to(kGpu);
@@ -159,7 +159,7 @@ TEST(CudaOps, BinaryOpsMatchTheCpuOnViews) {
 }
 
 TEST(CudaOps, UnaryOpsMatchTheCpu) {
-  for (DType dtype : kAllDTypes) {
+  for (DType dtype : kArithmeticDTypes) {
     if (dtype == DType::Bool) continue;
     const Tensor a = random_tensor({4, 6}, dtype, 5, true);
     const Tensor ga = a.to(kGpu);
@@ -192,7 +192,7 @@ TEST(CudaOps, UnaryOpsMatchTheCpu) {
 }
 
 TEST(CudaOps, WhereMatchesTheCpu) {
-  for (DType dtype : kAllDTypes) {
+  for (DType dtype : kArithmeticDTypes) {
     const Tensor a = random_tensor({4, 6}, dtype, 21, true);
     const Tensor b = random_tensor({4, 6}, dtype, 22);
     const Tensor c = gt_zero(random_tensor({4, 6}, DType::F32, 23));
@@ -314,7 +314,7 @@ TEST(CudaOps, TransformerOpsMatchTheCpu) {
 }
 
 TEST(CudaOps, ReductionsMatchTheCpu) {
-  for (DType dtype : kAllDTypes) {
+  for (DType dtype : kArithmeticDTypes) {
     const Tensor a = random_tensor({3, 5, 70}, dtype, 6);
     const Tensor ga = a.to(kGpu);
     // Short rows take the one-thread-per-output kernel, long ones the block kernel.
@@ -399,7 +399,7 @@ TEST(CudaOps, MatmulMatchesTheCpuForEveryLayout) {
 }
 
 TEST(CudaOps, ComparisonsMatchTheCpu) {
-  for (DType dtype : kAllDTypes) {
+  for (DType dtype : kArithmeticDTypes) {
     const Tensor a = random_tensor({4, 6}, dtype, 14, true);
     const Tensor b = random_tensor({4, 6}, dtype, 15);
     const Tensor ga = a.to(kGpu);

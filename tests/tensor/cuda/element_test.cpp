@@ -142,10 +142,11 @@ void check_conversion(double value) {
 
 TEST(CudaElement, EveryConversionMatchesConvertElement) {
   for (double value : edge_values()) {
-    for (DType from : kAllDTypes) {
-      for (DType to : kAllDTypes) {
-        dispatch_dtype(from, [&]<class F>() {
-          dispatch_dtype(to, [&]<class T>() { check_conversion<T, F>(value); });
+    for (DType from : kArithmeticDTypes) {
+      for (DType to : kArithmeticDTypes) {
+        dispatch_arithmetic(from, "cuda element test", [&]<class F>() {
+          dispatch_arithmetic(to, "cuda element test",
+                              [&]<class T>() { check_conversion<T, F>(value); });
         });
       }
     }
@@ -180,8 +181,8 @@ void expect_binary(const Tensor& cpu, const Tensor& a, const Tensor& b, Op op, c
 }
 
 TEST(CudaElement, BinaryOperatorsMatchTheCpuKernels) {
-  for (DType dtype : kAllDTypes) {
-    dispatch_dtype(dtype, [&]<class T>() {
+  for (DType dtype : kArithmeticDTypes) {
+    dispatch_arithmetic(dtype, "cuda element test", [&]<class T>() {
       const Tensor a = operands<T>(1, 600);
       const Tensor b = operands<T>(2, 600);
       expect_binary<T>(maximum(a, b), a, b, element::Maximum{}, "maximum");
@@ -208,8 +209,8 @@ void expect_unary(const Tensor& cpu, const Tensor& a, Op op, const char* name) {
 }
 
 TEST(CudaElement, UnaryOperatorsMatchTheCpuKernels) {
-  for (DType dtype : kAllDTypes) {
-    dispatch_dtype(dtype, [&]<class T>() {
+  for (DType dtype : kArithmeticDTypes) {
+    dispatch_arithmetic(dtype, "cuda element test", [&]<class T>() {
       if constexpr (!std::is_same_v<T, bool>) {
         const Tensor a = operands<T>(3, 600);
         expect_unary<T>(neg(a), a, element::Neg{}, "neg");
