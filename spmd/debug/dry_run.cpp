@@ -124,6 +124,9 @@ double DeviceSpec::peak_flops(DType dtype) const {
       return tflops_bf16 * 1e12;
     case DType::F16:
       return tflops_f16 * 1e12;
+    case DType::F8E4M3FN:
+    case DType::F8E5M2:
+      return tflops_f8 * 1e12;
     default:
       return tflops_int * 1e12;
   }
@@ -164,9 +167,10 @@ DeviceSpec DeviceSpec::from_json(const std::string& text) {
                                shown(t));
     }
     for (const auto& [key, value] : t.items()) {
-      if (key != "f64" && key != "f32" && key != "bf16" && key != "f16" && key != "int") {
+      if (key != "f64" && key != "f32" && key != "bf16" && key != "f16" && key != "int" &&
+          key != "f8") {
         throw_error<ConfigError>(
-            "DeviceSpec: unknown dtype 'tflops.{}' (expected f64, f32, bf16, f16, int)", key);
+            "DeviceSpec: unknown dtype 'tflops.{}' (expected f64, f32, bf16, f16, int, f8)", key);
       }
     }
     d.tflops_f64 = positive(t, "f64", d.tflops_f64, "tflops.");
@@ -174,6 +178,7 @@ DeviceSpec DeviceSpec::from_json(const std::string& text) {
     d.tflops_bf16 = positive(t, "bf16", d.tflops_bf16, "tflops.");
     d.tflops_f16 = positive(t, "f16", d.tflops_f16, "tflops.");
     d.tflops_int = positive(t, "int", d.tflops_int, "tflops.");
+    d.tflops_f8 = positive(t, "f8", d.tflops_f8, "tflops.");
   }
   d.memory_bandwidth_gbps = positive(j, "memory_bandwidth_gbps", d.memory_bandwidth_gbps);
   d.memory_gib = positive(j, "memory_gib", d.memory_gib);
@@ -248,7 +253,8 @@ std::string DeviceSpec::to_json() const {
                         {"f32", tflops_f32},
                         {"bf16", tflops_bf16},
                         {"f16", tflops_f16},
-                        {"int", tflops_int}}},
+                        {"int", tflops_int},
+                        {"f8", tflops_f8}}},
                       {"memory_bandwidth_gbps", memory_bandwidth_gbps},
                       {"memory_gib", memory_gib},
                       {"efficiency", efficiency},
@@ -375,6 +381,10 @@ DryRun::DryRun(const World& world, DeviceSpec device, DryRunOptions options)
       if (device.flash_attention && causal) op.flops *= 0.5;
     } else if (op.flops > 0.0) {
       op.kind = 'm';
+      // An FP8 GEMM (scaled_mm, float8_mm: a bf16 output) runs at the float8 rate.
+      if (e.def == &spmd::op::scaled_mm || e.def == &spmd::op::float8_mm) {
+        op.dtype = DType::F8E4M3FN;
+      }
     }
     // Note [Eager kernels]: an op the modeled run computes as separate kernels moves their bytes.
     if (e.def->eager != nullptr &&
@@ -503,7 +513,8 @@ DryRunReport DryRun::report(const MemoryParts& parts) const {
     r.compute_us += op.us;
     if (op.kind == 'm') r.matmul_us += op.us;
     if (op.kind == 'a') r.attention_us += op.us;
-    flops_by_dtype[op.dtype] += op.flops;
+    // FP8 GEMMs count against the BF16 peak, as torchtitan's MFU does for Float8 runs.
+    flops_by_dtype[is_float8(op.dtype) ? DType::BF16 : op.dtype] += op.flops;
   }
   r.serial_us = r.compute_us + r.comm_us;
   r.step_us = overlapped_step(events);

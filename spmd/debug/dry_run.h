@@ -43,16 +43,16 @@
 // issued (the gradient reduction; only the step's end waits for it); any other collective waits for
 // both streams and blocks the compute. The step is when both streams are done; the serial sum and
 // the communication not hidden are reported beside it, and hfu = flops / (step x the peak of the
-// dtype most flops ran in); mfu is hfu with the flops of ops that ran again in backward
-// (recomputing() in ops/autograd.h: activation checkpointing's second forward) left out, the
-// model flops utilisation that torchtitan and Megatron-LM report.
-// Pipelines (Note [Pipeline runner]): when the report is given the step run_pipeline returned,
-// the ops and collectives that ran inside a pipeline action (their pipeline context) are summed
-// per action, averaged per kind (F, B, I, W) and per transfer, and the schedule is simulated with
-// those costs (pipeline/timeline.h): the step time is that makespan, bubble included, plus what
-// ran outside the actions (the optimizer, the dp gradient reduction): per stage mesh (an op by the
-// first rank holding its output, a collective by its first group's first rank), the busiest
-// one, since the stages' meshes run theirs at the same time. Memory: the activations
+// dtype most flops ran in, FP8 GEMMs counting as BF16 as torchtitan's MFU does for Float8 runs);
+// mfu is hfu with the flops of ops that ran again in backward (recomputing() in ops/autograd.h:
+// activation checkpointing's second forward) left out, the model flops utilisation that torchtitan
+// and Megatron-LM report. Pipelines (Note [Pipeline runner]): when the report is given the step
+// run_pipeline returned, the ops and collectives that ran inside a pipeline action (their pipeline
+// context) are summed per action, averaged per kind (F, B, I, W) and per transfer, and the schedule
+// is simulated with those costs (pipeline/timeline.h): the step time is that makespan, bubble
+// included, plus what ran outside the actions (the optimizer, the dp gradient reduction): per stage
+// mesh (an op by the first rank holding its output, a collective by its first group's first rank),
+// the busiest one, since the stages' meshes run theirs at the same time. Memory: the activations
 // each stage's forward leaves alive per microbatch and, per pp rank, the most it held at once
 // as the schedule ran (run_pipeline measures them under --spmd-tensors=meta).
 //
@@ -99,6 +99,8 @@ struct DeviceSpec {
   double tflops_bf16 = 989.4;             // BF16 tensor cores
   double tflops_f16 = 989.4;              // FP16 tensor cores
   double tflops_int = 67.0;               // integer and bool elementwise work
+  double tflops_f8 = 1978.9;              // FP8 tensor cores (scaled_mm); a device without them
+                                          // lists its BF16 rate (an emulated FP8 GEMM)
   double memory_bandwidth_gbps = 3350.0;  // GB/s (1e9 bytes)
   double memory_gib = 80.0;               // device memory, for the report's headroom
   double efficiency = 0.6;                // the fraction of peak kernels reach
@@ -119,7 +121,8 @@ struct DeviceSpec {
     return achievable_attention > 0 ? achievable_attention : efficiency;
   }
   double memory_fraction() const { return achievable_memory > 0 ? achievable_memory : efficiency; }
-  // {"name": "...", "tflops": {"f64": 67, "f32": 67, "bf16": 989.4, "f16": 989.4, "int": 67},
+  // {"name": "...", "tflops": {"f64": 67, "f32": 67, "bf16": 989.4, "f16": 989.4, "int": 67,
+  //  "f8": 1978.9},
   //  "memory_bandwidth_gbps": 3350, "memory_gib": 80, "efficiency": 0.6,
   //  "achievable": {"matmul": 0.7, "attention": 0.4, "memory": 0.8}, "flash_attention": true,
   //  "cuda_context_mib": 500, "nccl_mib_per_communicator": 500, "source": "..."}; every key

@@ -297,6 +297,10 @@ TEST(DryRunReport, DeviceFile) {
   EXPECT_DOUBLE_EQ(h100.memory_bandwidth_gbps, 3350.0);
   Topology::load(SPMD_MACHINES_DIR "/h100_dgx.topology.json");
   expect_throws<ConfigError>([] { DeviceSpec::from_json(R"({"tflops": {"fp8": 1}})"); }, {"fp8"});
+  const DeviceSpec f8 = DeviceSpec::from_json(R"({"tflops": {"f8": 300}})");
+  EXPECT_DOUBLE_EQ(f8.peak_flops(DType::F8E4M3FN), 300e12);
+  EXPECT_DOUBLE_EQ(f8.peak_flops(DType::F8E5M2), 300e12);
+  EXPECT_DOUBLE_EQ(DeviceSpec::from_json(f8.to_json()).tflops_f8, 300.0);
   expect_throws<ConfigError>([] { DeviceSpec::from_json(R"({"efficiency": 2})"); }, {"efficiency"});
   expect_throws<ConfigError>([] { DeviceSpec::from_json(R"({"achievable": {"gemm": 0.5}})"); },
                              {"achievable.gemm", "matmul, attention, memory"});
@@ -413,6 +417,32 @@ TEST(DryRunReport, MfuLeavesOutRecomputation) {
   EXPECT_NEAR(again.mfu / again.hfu, plain.flops / again.flops, 1e-12);
   EXPECT_NE(again.table().find(fmt::format("MFU {:.1f}%", 100.0 * again.mfu)), std::string::npos);
   EXPECT_DOUBLE_EQ(nlohmann::json::parse(again.json())["step"]["mfu"].get<double>(), again.mfu);
+}
+
+// FP8 GEMMs (float8_matmul's float8_mm) run at the device file's float8 rate, and utilisation
+// counts them against the BF16 peak, as torchtitan's MFU does for Float8 runs.
+TEST(DryRunReport, Float8GemmsRunAtTheFloat8RateAndCountAgainstTheBf16Peak) {
+  const MetaTensorsScope meta(true);
+  World world = World::sim(4);
+  const DeviceMesh mesh = init_device_mesh(world, {4}, {"dp"});
+  const DeviceSpec device = DeviceSpec::from_json(
+      R"({"tflops": {"bf16": 100, "f8": 400}, "memory_bandwidth_gbps": 1e9,
+          "achievable": {"matmul": 1, "memory": 1}})");
+  auto run = [&](bool float8) {
+    const DTensor w = randn({512, 1024}, mesh, {Replicate{}}, 1, DType::BF16);
+    const DTensor x = randn({4096, 512}, mesh, {Shard{0}}, 2, DType::BF16);
+    DryRun dry(world, device);
+    const DTensor y = float8 ? float8_matmul(x, w) : matmul(x, w);
+    EXPECT_EQ(y.dtype(), DType::BF16);
+    return dry.report({});
+  };
+  const DryRunReport plain = run(false);
+  const DryRunReport f8 = run(true);
+  const double flops = 2.0 * 4096 / 4 * 1024 * 512;  // per rank
+  EXPECT_NEAR(plain.matmul_us, flops / 100e12 * 1e6, 1e-9);
+  EXPECT_NEAR(f8.matmul_us, flops / 400e12 * 1e6, 1e-9);
+  ASSERT_GT(f8.step_us, 0.0);
+  EXPECT_NEAR(f8.hfu, f8.flops / (f8.step_us * 1e-6 * 100e12), 1e-12);
 }
 
 // The bytes of every compute op in a dry run's timeline, per op name, in order.
