@@ -67,7 +67,7 @@ constexpr const char* kUsage =
     "      [--cp-method ring|allgather|sdpa] [--no-zigzag] [--no-rope-scaling]\n"
     "      [--dtype f32|f64|bf16] [--master-dtype f32|f64] [--model toy|8b|70b|405b] [--no-check]\n"
     "      [--recompute] [--selective-recompute] [--selective-recompute-policy matmuls|alternate]\n"
-    "      [--loss-dtype f32|f64|bf16] [--float8]\n"
+    "      [--loss-dtype f32|f64|bf16] [--float8] [--float8-global-scales]\n"
     "      [--data FILE] [--seed N] [--save DIR] [--load DIR] [--accumulate N]\n"
     "      (and the --spmd-* flags of launch())";
 
@@ -152,6 +152,9 @@ Config parse_flags(int argc, char** argv) {
       c.zigzag = false;
     } else if (flag == "--float8") {
       c.float8 = true;
+    } else if (flag == "--float8-global-scales") {
+      c.float8 = true;
+      c.float8_global = true;
     } else if (flag == "-h" || flag == "--help") {
       throw_error<ConfigError>("{}", kUsage);
     } else {
@@ -517,9 +520,15 @@ Parallel make_parallel(const Config& c, const ModelLayout& layout,
   }
   Placements seq_placements = replicate_placements(layout.mesh);
   if (layout.has("cp")) seq_placements = placed_on(layout.mesh, "cp", Shard{0});
-  return Parallel{&layout,
-                  distribute_tensor(from_vector(positions, {c.seq}), layout.mesh, seq_placements),
-                  c.cp_method, order, policy_of(c)};
+  Parallel par{&layout,
+               distribute_tensor(from_vector(positions, {c.seq}), layout.mesh, seq_placements),
+               c.cp_method, order, policy_of(c)};
+  if (!c.float8_global) {
+    for (const char* dim : {"dp", "cp"}) {
+      if (layout.has(dim)) par.float8_options.rank_local_dims.emplace_back(dim);
+    }
+  }
+  return par;
 }
 
 // Note [Llama pipeline]
@@ -932,7 +941,12 @@ int llama(World& world, Config c) {
     single =
         pipelined ? train_microbatched(c, text, one, plain) : train(c, text, plain, one, nullptr);
   }
-  const double tolerance = c.dtype == DType::F64 ? 1e-9 : c.dtype == DType::F32 ? 1e-4 : 5e-2;
+  double tolerance = c.dtype == DType::F64 ? 1e-9 : c.dtype == DType::F32 ? 1e-4 : 5e-2;
+  // --float8 scales activations and gradients rank by rank over dp and cp (torchao's), one device
+  // over the whole batch: the casts differ by float8 roundings, the losses by about 1e-3 of
+  // themselves. --float8-global-scales casts as one device does.
+  const bool rank_scales = c.float8 && !c.float8_global && (c.dp > 1 || c.cp > 1);
+  if (rank_scales) tolerance = std::max(tolerance, 1e-2);
   section(world, "loss per step");
   if (coordinator) {
     fmt::print("{:>4}  {:>16}{}\n", "step", "mesh",
@@ -960,8 +974,9 @@ int llama(World& world, Config c) {
     if (c.check) {
       fmt::print(
           "check: {} (every step's loss against one device: max |diff| {:.3g}, tolerance "
-          "{:.0e})\n",
-          pass ? "PASS" : "FAIL", worst, tolerance);
+          "{:.0e}{})\n",
+          pass ? "PASS" : "FAIL", worst, tolerance,
+          rank_scales ? ": float8 scales per dp/cp rank, one device's over the batch" : "");
     } else {
       fmt::print("check: {} (the loss falls; single-device check off{})\n", pass ? "PASS" : "FAIL",
                  dropping ? ": capacity drops tokens per rank" : "");

@@ -90,8 +90,12 @@ struct Config {
   std::optional<DType> master_dtype;
   // --float8: the blocks' linears as FP8 training (torchao's Float8Linear with tensorwise
   // scaling, which torchtitan's float8 converter applies): float8_matmul, Note [Float8 training]
-  // in spmd/ops/linalg.cpp. The output layer stays in `dtype`, as torchtitan leaves it.
+  // in spmd/ops/linalg.cpp. The output layer stays in `dtype`, as torchtitan leaves it. As in
+  // torchao under FSDP, activations and gradients are scaled rank by rank over dp and cp (their
+  // amax is each rank's own); --float8-global-scales scales them over the whole batch instead,
+  // as one device does.
   bool float8 = false;
+  bool float8_global = false;
   std::string save;        // --save DIR: the model and AdamW's state after the last step
   std::string load;        // --load DIR: both before the first step, which follows the loaded step
   int64_t accumulate = 1;  // --accumulate N: microbatches per step, backward under no_sync but last
@@ -303,6 +307,7 @@ struct Single {
   Tensor out_of_tp(const Tensor& partial) const { return partial; }
   Tensor into_sp(const Tensor& x) const { return x; }
   Tensor heads_for_tp(const Tensor& kv) const { return kv; }
+  Tensor float8(const Tensor& x, const Tensor& w) const { return float8_matmul(x, w); }
   Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v) const {
     return scaled_dot_product_attention(q, k, v, true);
   }
@@ -314,6 +319,10 @@ struct Parallel {
   std::string cp_method = "sdpa";
   std::vector<int64_t> order;   // the same positions on the host (empty: in order)
   MixedPrecisionPolicy policy;  // --master-dtype's (policy_of); default: none
+  Float8Options float8_options;  // --float8's rank-local dims (dp and cp unless global)
+  DTensor float8(const DTensor& x, const DTensor& w) const {
+    return float8_matmul(x, w, float8_options);
+  }
   // Causal attention of q, k, v [B, H, S, D]: over cp by the chosen method.
   DTensor attend(const DTensor& q, const DTensor& k, const DTensor& v) const {
     if (!layout->has("cp") || cp_method == "sdpa")
@@ -365,9 +374,9 @@ struct Parallel {
 // ---- the model ------------------------------------------------------------------------------
 
 // One of a block's linears, x @ w: in FP8 under --float8.
-template <class T>
-T linear(const Config& c, const T& x, const T& w) {
-  return c.float8 ? float8_matmul(x, w) : matmul(x, w);
+template <class T, class P>
+T linear(const Config& c, const P& par, const T& x, const T& w) {
+  return c.float8 ? par.float8(x, w) : matmul(x, w);
 }
 
 template <class T, class P>
@@ -375,24 +384,24 @@ T attention(const Config& c, const P& par, const Block<T>& b, const T& x) {
   const int64_t B = c.batch, S = c.seq, H = c.heads, Hkv = c.kv_heads, D = c.head_dim();
   const T h = par.into_tp(x);
   const RopeConfig rope = rope_config(c);
-  const T q =
-      rotary_embedding(reshape(linear(c, h, par.use(b.wq)), {B, S, H, D}), par.positions, rope);
-  const T k =
-      rotary_embedding(reshape(linear(c, h, par.use(b.wk)), {B, S, Hkv, D}), par.positions, rope);
-  const T v = reshape(linear(c, h, par.use(b.wv)), {B, S, Hkv, D});
+  const T q = rotary_embedding(reshape(linear(c, par, h, par.use(b.wq)), {B, S, H, D}),
+                               par.positions, rope);
+  const T k = rotary_embedding(reshape(linear(c, par, h, par.use(b.wk)), {B, S, Hkv, D}),
+                               par.positions, rope);
+  const T v = reshape(linear(c, par, h, par.use(b.wv)), {B, S, Hkv, D});
   // Grouped-query attention: kv head j serves query heads j * H/Hkv .. (j + 1) * H/Hkv - 1.
   auto repeat = [&](const T& t) { return par.heads_for_tp(repeat_interleave(t, H / Hkv, 2)); };
   auto heads_first = [](const T& t) { return permute(t, {0, 2, 1, 3}); };
   const T o = par.attend(heads_first(q), heads_first(repeat(k)), heads_first(repeat(v)));
   const T merged = reshape(permute(o, {0, 2, 1, 3}), {B, S, H * D});
-  return par.out_of_tp(linear(c, merged, par.use(b.wo)));
+  return par.out_of_tp(linear(c, par, merged, par.use(b.wo)));
 }
 
 template <class T, class P>
 T swiglu(const Config& c, const P& par, const T& w1, const T& w3, const T& w2, const T& x) {
   const T h = par.into_tp(x);
-  return par.out_of_tp(
-      linear(c, silu(linear(c, h, par.use(w1))) * linear(c, h, par.use(w3)), par.use(w2)));
+  return par.out_of_tp(linear(
+      c, par, silu(linear(c, par, h, par.use(w1))) * linear(c, par, h, par.use(w3)), par.use(w2)));
 }
 
 // The FFN's output and, with experts, the layer's load-balancing loss (undefined otherwise).

@@ -893,4 +893,12 @@ DTensor gather_param(const DTensor& param, const Placements& placements, bool re
   return gathered.value<DTensor>();
 }
 
+DTensor float8_matmul(const DTensor& x, const DTensor& w, const Float8Options& options,
+                      SourceLocation loc) {
+  const UserCallSite site(loc);
+  int64_t mask = 0;
+  for (const MeshDim& dim : options.rank_local_dims) mask |= int64_t{1} << x.mesh().resolve(dim);
+  return float8_matmul(to_var(x), to_var(w), mask).value<DTensor>();
+}
+
 }  // namespace spmd

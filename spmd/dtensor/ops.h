@@ -251,13 +251,17 @@ inline DTensor scaled_mm(const DTensor& a, const DTensor& b, const DTensor& scal
                   loc);
 }
 
-// x @ w with FP8 training's casts and GEMMs (Note [Float8 training] in ops/linalg.cpp); the
-// scales are the global amax's (all_reduce max over the dims x or w is sharded on).
-inline DTensor float8_matmul(const DTensor& x, const DTensor& w,
-                             SourceLocation loc = SourceLocation::current()) {
-  const UserCallSite site(loc);
-  return float8_matmul(to_var(x), to_var(w)).value<DTensor>();
-}
+// Which amaxes FP8 training's scales come from (Note [Float8 training] in ops/linalg.cpp).
+struct Float8Options {
+  // Mesh dims over which x and the output gradient are scaled rank by rank, each rank by its own
+  // piece's amax (torchao under FSDP: {"dp"}, and "cp" under context parallelism). Over every
+  // other mesh dim the amax is global (an all_reduce max): the default casts as one device does.
+  std::vector<MeshDim> rank_local_dims;
+};
+
+// x @ w with FP8 training's casts and GEMMs (Note [Float8 training] in ops/linalg.cpp).
+DTensor float8_matmul(const DTensor& x, const DTensor& w, const Float8Options& options = {},
+                      SourceLocation loc = SourceLocation::current());
 
 // beta * c + alpha * (a @ b), with a [n,k], b [k,m], c broadcastable to [n,m].
 inline DTensor addmm(const DTensor& c, const DTensor& a, const DTensor& b, double beta = 1.0,

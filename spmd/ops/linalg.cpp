@@ -428,6 +428,12 @@ double float8_max(DType format) {
   return format == DType::F8E5M2 ? 57344.0 : 448.0;
 }
 
+// The tensorwise scale that takes values of largest magnitude `amax` (a 0-d f32 tensor) into
+// `format`'s range: the format's largest value over amax (at least 1e-12), in f32.
+Tensor scale_of(const Tensor& amax, DType format) {
+  return float8_max(format) / clamp(amax, 1e-12, std::nullopt);
+}
+
 // t widened to f32, times its scale, limited to the format's finite range and cast: torchao's
 // saturated cast.
 Tensor quantize(const Tensor& t, const Tensor& scale, DType format) {
@@ -435,29 +441,42 @@ Tensor quantize(const Tensor& t, const Tensor& scale, DType format) {
   return clamp(t.to(DType::F32) * scale, -limit, limit).to(format);
 }
 
+int64_t local_mask(const OpArgs& args) {
+  return args.ints.at(2);
+}
+
 // Note [Float8 training]
-// float8_mm(a, b, scale_a, scale_b), args.ints = [format of a, format of b], is one linear of
-// torchao's Float8Linear with tensorwise dynamic scaling: a [..., K] and b [K, N] in a wider
-// float (bf16, f16, f32), the scales 0-d f32 (float8_scale: the format's largest value over the
-// tensor's largest magnitude). Forward: each operand times its scale, limited to the format's
-// range and cast (a saturated cast), then scaled_mm with the inverse scales, in the promoted dtype
-// of a and b. Backward, as Float8Linear's: the output gradient g gets its own scale and is cast to
-// f8e5m2 (more range), and both gradients are FP8 GEMMs of the casts: grad a = float8_mm(g, b^T),
-// grad b = float8_mm(a^T, g) over a's rows. Autograd saves a and b (in their own dtype) and the
-// scales, and casts again in backward, as torchao does; the scales are constants (no gradient).
-// The scale of a sharded operand is its global amax: amax over a DTensor reduces over the mesh
-// (all_reduce max), as torchao's amax on DTensors; a LocalTensor's is per rank.
+// float8_mm(a, b, amax_a, amax_b), args.ints = [format of a, format of b, rank-local mesh dims as
+// a bit mask], is one linear of torchao's Float8Linear with tensorwise dynamic scaling: a [..., K]
+// and b [K, N] in a wider float (bf16, f16, f32, f64), amax_a and amax_b 0-d f32, their largest
+// magnitudes (float8_amax). Forward: each operand times its scale (the format's largest value over
+// its amax, at least 1e-12), limited to the format's range and cast (a saturated cast), then the
+// FP8 GEMM with the inverse scales (float8_gemm), in the promoted dtype of a and b. Backward, as
+// Float8Linear's: the output gradient g gets its own amax and is cast to f8e5m2 (more range), and
+// both gradients are FP8 GEMMs of the casts: grad a = float8_mm(g, b^T), grad b = float8_mm(a^T,
+// g) over a's rows. Autograd saves a and b (in their own dtype) and the amaxes, and casts again in
+// backward, as torchao does; the amaxes are constants (no gradient).
+// Whose amax. amax over a sharded DTensor is a pending max (P(max)); float8_mm reduces it (an
+// all_reduce max) unless the mesh dim is rank-local (bit i of the mask for mesh dim i) and the
+// operand is sharded there: then each rank scales its own piece by its piece's amax, the pending
+// max's local value. The default (no rank-local dim) gives every rank the global amax, so a
+// DTensor program casts exactly as one device does. torchao under FSDP (and context parallelism)
+// scales plain per-rank activations and gradients, so its data-parallel dims are rank-local:
+// float8_matmul(x, w, {.rank_local_dims = {"dp"}}) does what it does, and its result then depends
+// on the batch split as torchao's does. Tensor parallelism's DTensor activations and the weights
+// get global amaxes in torchao too. A LocalTensor's amax is its rank's.
 void float8_mm_backward(BackwardContext& c) {
   const Var& a = c.input(0);
   const Var& b = c.input(1);
   const DType fa = float8_format(c.args(), 0);
   const DType fb = float8_format(c.args(), 1);
+  const int64_t mask = local_mask(c.args());
   const Var& g = c.grad();
-  const Var sg = float8_scale(g, DType::F8E5M2);
+  const Var amax_g = float8_amax(g);
   const auto code = [](DType d) { return static_cast<int64_t>(d); };
   if (c.needs_grad(0)) {
-    c.set_grad(0, apply(op::float8_mm, {g, transpose_last(b), sg, c.input(3)},
-                        {{code(DType::F8E5M2), code(fb)}, {}}));
+    c.set_grad(0, apply(op::float8_mm, {g, transpose_last(b), amax_g, c.input(3)},
+                        {{code(DType::F8E5M2), code(fb), mask}, {}}));
   }
   if (c.needs_grad(1)) {
     const Shape& sa = var_shape(a);
@@ -466,9 +485,43 @@ void float8_mm_backward(BackwardContext& c) {
     const int64_t rows = shape_numel(Shape(sa.begin(), sa.end() - 1));
     const Var a2 = apply(op::reshape, {a}, {{rows, k}, {}});
     const Var g2 = apply(op::reshape, {g}, {{rows, n}, {}});
-    c.set_grad(1, apply(op::float8_mm, {transpose_last(a2), g2, c.input(2), sg},
-                        {{code(fa), code(DType::F8E5M2)}, {}}));
+    c.set_grad(1, apply(op::float8_mm, {transpose_last(a2), g2, c.input(2), amax_g},
+                        {{code(fa), code(DType::F8E5M2), mask}, {}}));
   }
+}
+
+// float8_gemm_strategies with a pending-max amax kept where it may be (Note [Float8 training]):
+// on a rank-local mesh dim where its operand is sharded.
+std::vector<OpStrategy> float8_mm_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {
+  const auto labels = matmul_labels(in[0]->shape(), in[1]->shape());
+  std::vector<DimOption> options;
+  for (const DimOption& o : matmul_options(*labels, nullptr)) {
+    if (std::holds_alternative<Partial>(o.inputs[0]) ||
+        std::holds_alternative<Partial>(o.inputs[1])) {
+      continue;
+    }
+    const bool a_split = std::holds_alternative<Shard>(o.inputs[0]);
+    const bool b_split = std::holds_alternative<Shard>(o.inputs[1]);
+    for (bool a_local : {false, true}) {
+      for (bool b_local : {false, true}) {
+        if ((a_local && !a_split) || (b_local && !b_split)) continue;
+        DimOption with = o;
+        with.inputs.push_back(a_local ? Placement{Partial{ReduceOp::Max}} : Placement{Replicate{}});
+        with.inputs.push_back(b_local ? Placement{Partial{ReduceOp::Max}} : Placement{Replicate{}});
+        options.push_back(std::move(with));
+      }
+    }
+  }
+  std::vector<OpStrategy> strategies = expand_dim_options(in, options);
+  const int64_t mask = local_mask(args);
+  std::erase_if(strategies, [&](const OpStrategy& s) {
+    for (size_t i = 0; i < s.output.size(); ++i) {
+      const bool local = (mask >> i) & 1;
+      if (!local && (is_partial(s.inputs[2][i]) || is_partial(s.inputs[3][i]))) return true;
+    }
+    return false;
+  });
+  return strategies;
 }
 
 }  // namespace
@@ -478,7 +531,7 @@ const OpDef op::float8_mm{
     .meta =
         [](std::span<const InputMeta> in, const OpArgs& args) {
           if (in.size() != 4) {
-            throw_error<Unsupported>("float8_mm: expects a, b, scale_a, scale_b, got {} tensors",
+            throw_error<Unsupported>("float8_mm: expects a, b, amax_a, amax_b, got {} tensors",
                                      in.size());
           }
           const Shape& a = *in[0].shape;
@@ -497,7 +550,13 @@ const OpDef op::float8_mm{
                   i == 0 ? "a" : "b", shape_str(*in[i].shape), in[i].dtype);
             }
           }
-          check_scales("float8_mm", in);
+          for (size_t i : {size_t{2}, size_t{3}}) {
+            if (!in[i].shape->empty() || in[i].dtype != DType::F32) {
+              throw_error<Unsupported>("float8_mm: {} must be a 0-d f32 tensor, got {} {}",
+                                       i == 2 ? "amax_a" : "amax_b", shape_str(*in[i].shape),
+                                       in[i].dtype);
+            }
+          }
           const int64_t fa = args.ints.at(0);
           const int64_t fb = args.ints.at(1);
           auto format_ok = [](int64_t f) {
@@ -511,34 +570,41 @@ const OpDef op::float8_mm{
                 "DType({}) and DType({}) (a {}, b {})",
                 fa, fb, shape_str(a), shape_str(b));
           }
+          if (local_mask(args) < 0) {
+            throw_error<Unsupported>("float8_mm: the rank-local mesh dims mask {} is negative",
+                                     local_mask(args));
+          }
           Shape out(a.begin(), a.end() - 1);
           out.push_back(b[1]);
           return OpMeta{out, promote_types(in[0].dtype, in[1].dtype, "float8_mm")};
         },
     .compute =
         [](std::span<const Tensor> in, const OpArgs& args, const OpMeta& meta) {
-          const Tensor a8 = quantize(in[0], in[2], float8_format(args, 0));
-          const Tensor b8 = quantize(in[1], in[3], float8_format(args, 1));
+          const DType fa = float8_format(args, 0);
+          const DType fb = float8_format(args, 1);
+          const Tensor sa = scale_of(in[2], fa);
+          const Tensor sb = scale_of(in[3], fb);
+          const Tensor a8 = quantize(in[0], sa, fa);
+          const Tensor b8 = quantize(in[1], sb, fb);
           const int64_t k = in[1].size(0);
           const int64_t rows = shape_numel(Shape(in[0].shape().begin(), in[0].shape().end() - 1));
-          return float8_gemm("float8_mm", a8.reshape({rows, k}), b8, spmd::reciprocal(in[2]),
-                             spmd::reciprocal(in[3]), meta.dtype)
+          return float8_gemm("float8_mm", a8.reshape({rows, k}), b8, spmd::reciprocal(sa),
+                             spmd::reciprocal(sb), meta.dtype)
               .reshape(meta.shape);
         },
-    .strategies = float8_gemm_strategies,
+    .strategies = float8_mm_strategies,
     .backward = float8_mm_backward,
     .flops = matmul_flops<0>,
     .saves = kSavesInputs,
+    .split_dependent = [](const OpArgs& args) { return local_mask(args) != 0; },
 };
 
-Var float8_scale(const Var& t, DType format) {
+Var float8_amax(const Var& t) {
   const Var amax = apply(op::amax, {apply(op::abs, {t.detach()})}, {{0}, {}});
-  const Var wide = apply(op::to_dtype, {amax}, {{static_cast<int64_t>(DType::F32)}, {}});
-  const Var floor = apply(op::clamp, {wide}, clamp_args(1e-12, std::nullopt));
-  return apply(op::rdiv_scalar, {floor}, {{}, {float8_max(format)}});
+  return apply(op::to_dtype, {amax}, {{static_cast<int64_t>(DType::F32)}, {}});
 }
 
-Var float8_matmul(const Var& x, const Var& w) {
+Var float8_matmul(const Var& x, const Var& w, int64_t rank_local_mask) {
   for (const Var* v : {&x, &w}) {
     const DType dtype = v->kind().dtype(*v);
     if (!is_floating(dtype) || is_float8(dtype)) {
@@ -549,9 +615,8 @@ Var float8_matmul(const Var& x, const Var& w) {
     }
   }
   const int64_t e4m3 = static_cast<int64_t>(DType::F8E4M3FN);
-  return apply(op::float8_mm,
-               {x, w, float8_scale(x, DType::F8E4M3FN), float8_scale(w, DType::F8E4M3FN)},
-               {{e4m3, e4m3}, {}});
+  return apply(op::float8_mm, {x, w, float8_amax(x), float8_amax(w)},
+               {{e4m3, e4m3, rank_local_mask}, {}});
 }
 
 }  // namespace spmd

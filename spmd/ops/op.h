@@ -27,7 +27,10 @@
 //   eager        (optional) the memory traffic of the separate kernels PyTorch eager runs for
 //                the op where it has no fused kernel, for dry runs that model such a run
 //                (Note [Eager kernels] in debug/dry_run.h);
-//   float8       whether the op takes float8 inputs (Note [Float8 ops]).
+//   float8       whether the op takes float8 inputs (Note [Float8 ops]);
+//   split_dependent  (optional) whether, for these args, the op's result depends on how its
+//                inputs are split over the mesh (FP8 training's rank-local scales, Note [Float8
+//                training]): --spmd-debug=check then has no full-tensor op to hold it against.
 // Entries are written with designated initializers (`.name = "matmul", .meta = ...`); all_ops()
 // in ops/ops.h lists every entry of the table.
 // The Tensor entry points (ops/ops.h), the LocalTensor ones (world/local_ops.h) and the DTensor
@@ -158,6 +161,7 @@ struct OpDef {
   uint32_t saves = kSavesAll;
   const EagerKernels* eager = nullptr;
   bool float8 = false;
+  bool (*split_dependent)(const OpArgs& args) = nullptr;
 };
 
 // Note [Float8 ops]

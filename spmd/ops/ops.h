@@ -101,9 +101,9 @@ extern const OpDef addmm;
 // scaled_mm (a, b float8 [M, K] and [K, N], scale_a, scale_b 0-d f32), args.ints = [out dtype]:
 // torch._scaled_mm with tensorwise scales (Note [Scaled matmul] in ops/linalg.cpp).
 extern const OpDef scaled_mm;
-// float8_mm (a [..., K], b [K, N] in bf16/f16/f32, scale_a, scale_b 0-d f32), args.ints = [format
-// of a, format of b]: one linear of FP8 training, cast, FP8 GEMM and its FP8 backward (Note
-// [Float8 training] in ops/linalg.cpp).
+// float8_mm (a [..., K], b [K, N] in bf16/f16/f32/f64, amax_a, amax_b 0-d f32), args.ints =
+// [format of a, format of b, rank-local mesh dims mask]: one linear of FP8 training, cast, FP8
+// GEMM and its FP8 backward (Note [Float8 training] in ops/linalg.cpp).
 extern const OpDef float8_mm;
 // grouped_mm (x [N, K], w [G, K, M], sizes [G] I64): group g's rows times w[g] (ops/grouped.cpp,
 // Note [Grouped matmul]); its weight gradient grouped_mm_backward (x, grad, sizes) -> [G, K, M].
@@ -895,13 +895,14 @@ inline Tensor scaled_mm(const Tensor& a, const Tensor& b, const Tensor& scale_a,
                         const Tensor& scale_b, DType out_dtype = DType::BF16) {
   return call(op::scaled_mm, {a, b, scale_a, scale_b}, {{static_cast<int64_t>(out_dtype)}, {}});
 }
-// The tensorwise scale that takes t into `format`'s range: the format's largest value over the
-// largest magnitude of t (at least 1e-12), a 0-d f32 value without gradient.
-Var float8_scale(const Var& t, DType format);
+// The largest magnitude of t as a 0-d f32 value without gradient: what FP8 training's tensorwise
+// scale is made from (on a sharded DTensor a pending max, Note [Float8 training]).
+Var float8_amax(const Var& t);
 // x @ w with FP8 training's casts and FP8 GEMMs, forward and backward (Note [Float8 training] in
-// ops/linalg.cpp): x [..., K] and w [K, N] both cast to f8e4m3fn with their float8_scale, the
-// output gradient to f8e5m2. The result has the dtype of x @ w.
-Var float8_matmul(const Var& x, const Var& w);
+// ops/linalg.cpp): x [..., K] and w [K, N] both cast to f8e4m3fn with scales from their amax, the
+// output gradient to f8e5m2. The result has the dtype of x @ w. Bit i of rank_local_mask makes
+// mesh dim i rank-local for DTensors (each rank scales its own piece of x and of the gradient).
+Var float8_matmul(const Var& x, const Var& w, int64_t rank_local_mask = 0);
 inline Tensor float8_matmul(const Tensor& x, const Tensor& w) {
   return float8_matmul(Var(x), Var(w)).value<Tensor>();
 }

@@ -274,6 +274,40 @@ TEST(Float8Matmul, ShardedOperandsUseTheGlobalScale) {
   }
 }
 
+// torchao under FSDP: over a rank-local dim each rank scales its own rows of x (and of the
+// gradient) by their amax; the weight's amax stays global. Each dp block then computes exactly as
+// one device given that block alone, and the weight gradient is the sum of the blocks'.
+TEST(Float8Matmul, RankLocalDimsScaleEachRanksPieceByItsOwnAmax) {
+  World world = World::sim(4);
+  const DeviceMesh mesh = init_device_mesh(world, {2, 2}, {"dp", "tp"});
+  Tensor x = randn({4, 3, 8}, 41, DType::F64);
+  x.narrow(0, 2, 2).copy_(x.narrow(0, 2, 2) * 3.0);  // the blocks' amaxes differ
+  const Tensor w = randn({8, 6}, 42, DType::F64);
+  const Tensor up = randn({4, 3, 6}, 43, DType::F64);
+  const DTensor dx = distribute_tensor(x, mesh, {Shard{0}, Replicate{}}).requires_grad_();
+  const DTensor dw = distribute_tensor(w, mesh, {Replicate{}, Shard{1}}).requires_grad_();
+  const DTensor dy = float8_matmul(dx, dw, Float8Options{.rank_local_dims = {"dp"}});
+  backward(sum(dy * distribute_tensor(up, mesh, {Replicate{}, Replicate{}})));
+  const Tensor y = dy.full_tensor();
+  const Tensor gx = dx.grad().full_tensor();
+  Tensor gw = zeros({8, 6}, DType::F64);
+  for (int64_t block = 0; block < 2; ++block) {
+    const Tensor xb = x.narrow(0, 2 * block, 2).clone().requires_grad_();
+    const Tensor wb = w.clone().requires_grad_();
+    const Tensor yb = float8_matmul(xb, wb);
+    backward(sum(yb * up.narrow(0, 2 * block, 2)));
+    EXPECT_TRUE(allclose(y.narrow(0, 2 * block, 2), yb.detach(), 1e-12, 1e-12)) << block;
+    EXPECT_TRUE(allclose(gx.narrow(0, 2 * block, 2), xb.grad(), 1e-12, 1e-12)) << block;
+    gw = gw + wb.grad();
+  }
+  EXPECT_TRUE(allclose(dw.grad().full_tensor(), gw, 1e-12, 1e-12));
+  // With global scales the first block's casts differ (its amax is a third of the batch's).
+  const DTensor global = float8_matmul(dx.detach(), dw.detach());
+  EXPECT_FALSE(allclose(global.full_tensor().narrow(0, 0, 2), y.narrow(0, 0, 2), 1e-12, 1e-12));
+  expect_throws<MeshError>([&] { float8_matmul(dx, dw, Float8Options{.rank_local_dims = {"ep"}}); },
+                           {"ep"});
+}
+
 TEST(Float8Matmul, RefusesFloat8OperandsAndNamesTheShapes) {
   const Tensor q = randn({3, 4}, 1).to(DType::F8E4M3FN);
   expect_throws<Unsupported>(
