@@ -317,8 +317,8 @@ struct Parallel {
   const ModelLayout* layout = nullptr;
   DTensor positions;  // [S] I64: the position of each sequence index, split over cp like it
   std::string cp_method = "sdpa";
-  std::vector<int64_t> order;   // the same positions on the host (empty: in order)
-  MixedPrecisionPolicy policy;  // --master-dtype's (policy_of); default: none
+  std::vector<int64_t> order;    // the same positions on the host (empty: in order)
+  MixedPrecisionPolicy policy;   // --master-dtype's (policy_of); default: none
   Float8Options float8_options;  // --float8's rank-local dims (dp and cp unless global)
   DTensor float8(const DTensor& x, const DTensor& w) const {
     return float8_matmul(x, w, float8_options);

@@ -313,29 +313,48 @@ const OpDef op::addmm{
 namespace {
 
 // The FP8 GEMMs' sharding: matmul's options without a pending-sum operand (float8 values are
-// not reduced), the scales (inputs 2 and 3) replicated.
-std::vector<OpStrategy> float8_gemm_strategies(ShardingInputs in, const OpArgs&, const OpMeta&) {
+// not reduced), inputs 2 and 3 (the scales or amaxes) replicated, or on a mesh dim in the
+// `rank_local` bit mask a pending max where their operand is sharded (Note [Float8 training]).
+std::vector<OpStrategy> float8_gemm_strategies(ShardingInputs in, int64_t rank_local) {
   const auto labels = matmul_labels(in[0]->shape(), in[1]->shape());
   std::vector<DimOption> options;
-  for (DimOption& o : matmul_options(*labels, nullptr)) {
-    if (std::holds_alternative<Partial>(o.inputs[0]) ||
-        std::holds_alternative<Partial>(o.inputs[1])) {
-      continue;
+  for (const DimOption& o : matmul_options(*labels, nullptr)) {
+    if (is_partial(o.inputs[0]) || is_partial(o.inputs[1])) continue;
+    const bool a_split = std::holds_alternative<Shard>(o.inputs[0]);
+    const bool b_split = std::holds_alternative<Shard>(o.inputs[1]);
+    for (bool a_local : {false, true}) {
+      for (bool b_local : {false, true}) {
+        if ((a_local && (!a_split || rank_local == 0)) ||
+            (b_local && (!b_split || rank_local == 0))) {
+          continue;
+        }
+        DimOption with = o;
+        with.inputs.push_back(a_local ? Placement{Partial{ReduceOp::Max}} : Placement{Replicate{}});
+        with.inputs.push_back(b_local ? Placement{Partial{ReduceOp::Max}} : Placement{Replicate{}});
+        options.push_back(std::move(with));
+      }
     }
-    o.inputs.push_back(Replicate{});
-    o.inputs.push_back(Replicate{});
-    options.push_back(std::move(o));
   }
-  return expand_dim_options(in, options);
+  std::vector<OpStrategy> strategies = expand_dim_options(in, options);
+  if (rank_local != 0) {
+    std::erase_if(strategies, [&](const OpStrategy& s) {
+      for (size_t i = 0; i < s.output.size(); ++i) {
+        const bool local = (rank_local >> i) & 1;
+        if (!local && (is_partial(s.inputs[2][i]) || is_partial(s.inputs[3][i]))) return true;
+      }
+      return false;
+    });
+  }
+  return strategies;
 }
 
-// Unsupported unless inputs 2 and 3 (the scales) are 0-d f32 tensors.
-void check_scales(std::string_view op, std::span<const InputMeta> in) {
+// Unsupported unless inputs 2 and 3 (`what`_a and `what`_b: the scales or amaxes) are 0-d f32
+// tensors (tensorwise scaling).
+void check_scales(std::string_view op, std::string_view what, std::span<const InputMeta> in) {
   for (size_t i : {size_t{2}, size_t{3}}) {
     if (!in[i].shape->empty() || in[i].dtype != DType::F32) {
-      throw_error<Unsupported>("{}: {} must be a 0-d f32 tensor (tensorwise scaling), got {} {}",
-                               op, i == 2 ? "scale_a" : "scale_b", shape_str(*in[i].shape),
-                               in[i].dtype);
+      throw_error<Unsupported>("{}: {}_{} must be a 0-d f32 tensor (tensorwise scaling), got {} {}",
+                               op, what, i == 2 ? "a" : "b", shape_str(*in[i].shape), in[i].dtype);
     }
   }
 }
@@ -396,7 +415,7 @@ const OpDef op::scaled_mm{
                 "PyTorch refuses it too), got {} and {}",
                 shape_str(a), shape_str(b));
           }
-          check_scales("scaled_mm", in);
+          check_scales("scaled_mm", "scale", in);
           const int64_t code = args.ints.at(0);
           const DType out = static_cast<DType>(code);
           if (code < 0 || code >= static_cast<int64_t>(std::size(kAllDTypes)) ||
@@ -412,7 +431,8 @@ const OpDef op::scaled_mm{
         [](std::span<const Tensor> in, const OpArgs&, const OpMeta& meta) {
           return float8_gemm("scaled_mm", in[0], in[1], in[2], in[3], meta.dtype);
         },
-    .strategies = float8_gemm_strategies,
+    .strategies = [](ShardingInputs in, const OpArgs&,
+                     const OpMeta&) { return float8_gemm_strategies(in, 0); },
     .flops = matmul_flops<0>,
     .saves = kSavesNone,
     .float8 = true,
@@ -490,40 +510,6 @@ void float8_mm_backward(BackwardContext& c) {
   }
 }
 
-// float8_gemm_strategies with a pending-max amax kept where it may be (Note [Float8 training]):
-// on a rank-local mesh dim where its operand is sharded.
-std::vector<OpStrategy> float8_mm_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {
-  const auto labels = matmul_labels(in[0]->shape(), in[1]->shape());
-  std::vector<DimOption> options;
-  for (const DimOption& o : matmul_options(*labels, nullptr)) {
-    if (std::holds_alternative<Partial>(o.inputs[0]) ||
-        std::holds_alternative<Partial>(o.inputs[1])) {
-      continue;
-    }
-    const bool a_split = std::holds_alternative<Shard>(o.inputs[0]);
-    const bool b_split = std::holds_alternative<Shard>(o.inputs[1]);
-    for (bool a_local : {false, true}) {
-      for (bool b_local : {false, true}) {
-        if ((a_local && !a_split) || (b_local && !b_split)) continue;
-        DimOption with = o;
-        with.inputs.push_back(a_local ? Placement{Partial{ReduceOp::Max}} : Placement{Replicate{}});
-        with.inputs.push_back(b_local ? Placement{Partial{ReduceOp::Max}} : Placement{Replicate{}});
-        options.push_back(std::move(with));
-      }
-    }
-  }
-  std::vector<OpStrategy> strategies = expand_dim_options(in, options);
-  const int64_t mask = local_mask(args);
-  std::erase_if(strategies, [&](const OpStrategy& s) {
-    for (size_t i = 0; i < s.output.size(); ++i) {
-      const bool local = (mask >> i) & 1;
-      if (!local && (is_partial(s.inputs[2][i]) || is_partial(s.inputs[3][i]))) return true;
-    }
-    return false;
-  });
-  return strategies;
-}
-
 }  // namespace
 
 const OpDef op::float8_mm{
@@ -550,13 +536,7 @@ const OpDef op::float8_mm{
                   i == 0 ? "a" : "b", shape_str(*in[i].shape), in[i].dtype);
             }
           }
-          for (size_t i : {size_t{2}, size_t{3}}) {
-            if (!in[i].shape->empty() || in[i].dtype != DType::F32) {
-              throw_error<Unsupported>("float8_mm: {} must be a 0-d f32 tensor, got {} {}",
-                                       i == 2 ? "amax_a" : "amax_b", shape_str(*in[i].shape),
-                                       in[i].dtype);
-            }
-          }
+          check_scales("float8_mm", "amax", in);
           const int64_t fa = args.ints.at(0);
           const int64_t fb = args.ints.at(1);
           auto format_ok = [](int64_t f) {
@@ -592,7 +572,8 @@ const OpDef op::float8_mm{
                              spmd::reciprocal(sb), meta.dtype)
               .reshape(meta.shape);
         },
-    .strategies = float8_mm_strategies,
+    .strategies = [](ShardingInputs in, const OpArgs& args,
+                     const OpMeta&) { return float8_gemm_strategies(in, local_mask(args)); },
     .backward = float8_mm_backward,
     .flops = matmul_flops<0>,
     .saves = kSavesInputs,

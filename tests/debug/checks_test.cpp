@@ -162,6 +162,31 @@ TEST(CheckMode, SilentOnACorrectProgramAndLeavesTheTraceAlone) {
   EXPECT_EQ(plain.second, checked.second);  // no extra collective, same sequence numbers
 }
 
+// FP8 training with rank-local scales (Note [Float8 training]) computes each dp rank's rows with
+// that rank's own amax: no full-tensor op equals it, so its entry says split_dependent and the
+// check leaves it alone; the same entry without that flag is reported.
+TEST(CheckMode, SkipsAnOpWhoseResultDependsOnTheSplit) {
+  World world = debug_world(4, {.check = true});
+  const DeviceMesh mesh = init_device_mesh(world, {4}, {"dp"});
+  Tensor x = randn({8, 16}, 1, DType::F64);
+  x.narrow(0, 0, 2).copy_(x.narrow(0, 0, 2) * 0.01);  // rank 0's amax is far below the batch's
+  const DTensor dx = distribute_tensor(x, mesh, {Shard{0}});
+  const DTensor dw = distribute_tensor(randn({16, 4}, 2, DType::F64), mesh, {Replicate{}});
+  EXPECT_NO_THROW(float8_matmul(dx, dw, Float8Options{.rank_local_dims = {"dp"}}));
+  EXPECT_NO_THROW(float8_matmul(dx, dw));  // global scales: checked, and equal
+  OpDef unflagged = op::float8_mm;
+  unflagged.split_dependent = nullptr;
+  const DTensor amax_x = float8_amax(to_var(dx)).value<DTensor>();
+  const DTensor amax_w = float8_amax(to_var(dw)).value<DTensor>();
+  const int64_t e4m3 = static_cast<int64_t>(DType::F8E4M3FN);
+  expect_throws<DivergenceError>(
+      [&] {
+        dispatch(unflagged, {dx, dw, amax_x, amax_w}, {{e4m3, e4m3, 1}, {}});
+      },
+      {"DTensor op 'float8_mm'", "differs from the same op on the full tensors",
+       "input 2: P(max) [] f32"});
+}
+
 // A BF16 sum pending over dp cast to F32 (a master weight's gradient under a mixed-precision
 // policy) sums its pieces in F32, the full tensor in BF16 first: the check compares at BF16's
 // tolerance, the loosest dtype the value went through. F32 all the way keeps F32's.
