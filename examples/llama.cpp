@@ -68,6 +68,7 @@ constexpr const char* kUsage =
     "      [--dtype f32|f64|bf16] [--master-dtype f32|f64] [--model toy|8b|70b|405b] [--no-check]\n"
     "      [--recompute] [--selective-recompute] [--selective-recompute-policy matmuls|alternate]\n"
     "      [--loss-dtype f32|f64|bf16] [--float8] [--float8-global-scales]\n"
+    "      [--float8-all-gather]\n"
     "      [--data FILE] [--seed N] [--save DIR] [--load DIR] [--accumulate N]\n"
     "      (and the --spmd-* flags of launch())";
 
@@ -155,6 +156,9 @@ Config parse_flags(int argc, char** argv) {
     } else if (flag == "--float8-global-scales") {
       c.float8 = true;
       c.float8_global = true;
+    } else if (flag == "--float8-all-gather") {
+      c.float8 = true;
+      c.float8_all_gather = true;
     } else if (flag == "-h" || flag == "--help") {
       throw_error<ConfigError>("{}", kUsage);
     } else {
@@ -277,6 +281,10 @@ Config parse_flags(int argc, char** argv) {
     throw_error<ConfigError>(
         "llama: --recompute runs with dense blocks only (an MoE block's load-balancing loss is a "
         "second output of the block); drop --experts or --recompute");
+  }
+  if (c.float8_all_gather && !c.fsdp) {
+    throw_error<ConfigError>(
+        "llama: --float8-all-gather gathers the FSDP weights in float8: it needs --fsdp");
   }
   if (c.ep > 1 && c.experts == 0) {
     throw_error<ConfigError>("llama: --ep {} needs experts to split (--experts N)", c.ep);
@@ -408,6 +416,7 @@ std::vector<double> train(const Config& c, const std::string& text, const P& par
   for (int64_t step = start; step < start + c.steps; ++step) {
     // The dry run reports the last step, in the steady state the earlier ones left.
     if (dry != nullptr && step > start && step + 1 == start + c.steps) dry->begin_step();
+    if constexpr (std::is_same_v<P, Parallel>) precompute_float8_amaxes(par, model);
     double value = 0.0;
     for (int64_t m = 0; m < c.accumulate; ++m) {
       T loss;
@@ -528,6 +537,9 @@ Parallel make_parallel(const Config& c, const ModelLayout& layout,
       if (layout.has(dim)) par.float8_options.rank_local_dims.emplace_back(dim);
     }
   }
+  par.float8_all_gather = c.float8_all_gather;
+  if (c.float8_all_gather)
+    par.float8_amaxes = std::make_shared<std::map<const DTensor*, DTensor>>();
   return par;
 }
 

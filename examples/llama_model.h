@@ -26,9 +26,12 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <spmd/spmd.h>
@@ -96,6 +99,11 @@ struct Config {
   // as one device does.
   bool float8 = false;
   bool float8_global = false;
+  // --float8-all-gather: with --fsdp, those linears' weights are cast to float8 on their shard and
+  // gathered in float8, with amaxes reduced once per step (torchao's enable_fsdp_float8_all_gather
+  // and precompute_float8_dynamic_scale_for_fsdp; Note [Float8 all-gather] in
+  // spmd/nn/parallel.h). The same values as gathering them wide.
+  bool float8_all_gather = false;
   std::string save;        // --save DIR: the model and AdamW's state after the last step
   std::string load;        // --load DIR: both before the first step, which follows the loaded step
   int64_t accumulate = 1;  // --accumulate N: microbatches per step, backward under no_sync but last
@@ -126,6 +134,14 @@ struct Block {
   std::vector<T*> params() {
     std::vector<T*> out = {&attn_norm, &wq, &wk, &wv, &wo, &ffn_norm};
     for (T* p : {&w1, &w3, &w2, &moe.router, &moe.w1, &moe.w3, &moe.w2}) {
+      if (p->defined()) out.push_back(p);
+    }
+    return out;
+  }
+  // The weights of its linears (linear(): FP8 under --float8).
+  std::vector<const T*> linears() const {
+    std::vector<const T*> out = {&wq, &wk, &wv, &wo};
+    for (const T* p : {&w1, &w3, &w2}) {
       if (p->defined()) out.push_back(p);
     }
     return out;
@@ -298,6 +314,14 @@ inline MixedPrecisionPolicy policy_of(const Config& c) {
   return MixedPrecisionPolicy{c.dtype, c.master_dtype, std::nullopt};
 }
 
+// A block weight as its linear uses it (par.use_linear): `value` gathered in the compute dtype,
+// or with `amax` defined, in float8 with the amax of its scale (--float8-all-gather).
+template <class T>
+struct Used {
+  T value;
+  T amax;
+};
+
 struct Single {
   Tensor positions;                  // [S]: 0, 1, ..., S - 1
   std::optional<DType> param_dtype;  // --master-dtype: parameters used in the compute dtype
@@ -307,7 +331,8 @@ struct Single {
   Tensor out_of_tp(const Tensor& partial) const { return partial; }
   Tensor into_sp(const Tensor& x) const { return x; }
   Tensor heads_for_tp(const Tensor& kv) const { return kv; }
-  Tensor float8(const Tensor& x, const Tensor& w) const { return float8_matmul(x, w); }
+  Used<Tensor> use_linear(const Tensor& w) const { return {use(w), {}}; }
+  Tensor float8(const Tensor& x, const Used<Tensor>& w) const { return float8_matmul(x, w.value); }
   Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v) const {
     return scaled_dot_product_attention(q, k, v, true);
   }
@@ -320,8 +345,30 @@ struct Parallel {
   std::vector<int64_t> order;    // the same positions on the host (empty: in order)
   MixedPrecisionPolicy policy;   // --master-dtype's (policy_of); default: none
   Float8Options float8_options;  // --float8's rank-local dims (dp and cp unless global)
-  DTensor float8(const DTensor& x, const DTensor& w) const {
-    return float8_matmul(x, w, float8_options);
+  // --float8-all-gather with FSDP: the step's amaxes of the blocks' linear weights, by parameter
+  // (precompute_float8_amaxes; one not there reduces its own: a pipeline stage's copies), and the
+  // float8 weights of a block gathered ahead (pre_gathered), by its parameter.
+  bool float8_all_gather = false;
+  std::shared_ptr<std::map<const DTensor*, DTensor>> float8_amaxes;
+  std::shared_ptr<const std::map<const DTensor*, Float8Weight>> gathered_float8;
+  // The parameter w of a linear, gathered for it: in float8 under --float8-all-gather.
+  Used<DTensor> use_linear(const DTensor& w) const {
+    if (!float8_all_gather || !layout->fsdp) return {use(w), {}};
+    const Float8Weight g =
+        pre_gathered ? gathered_float8->at(&w) : gather_float8(w, reshard_after_forward);
+    return {g.data, g.amax};
+  }
+  // x @ w in FP8.
+  DTensor float8(const DTensor& x, const Used<DTensor>& w) const {
+    if (w.amax.defined()) return float8_matmul(x, Float8Weight{w.value, w.amax}, float8_options);
+    return float8_matmul(x, w.value, float8_options);
+  }
+  Float8Weight gather_float8(const DTensor& w, bool reshard) const {
+    DTensor amax;
+    if (float8_amaxes) {
+      if (auto it = float8_amaxes->find(&w); it != float8_amaxes->end()) amax = it->second;
+    }
+    return fsdp_unshard_float8(w, "dp", amax, policy, reshard);
   }
   // Causal attention of q, k, v [B, H, S, D]: over cp by the chosen method.
   DTensor attend(const DTensor& q, const DTensor& k, const DTensor& v) const {
@@ -371,12 +418,26 @@ struct Parallel {
   }
 };
 
+// --float8-all-gather with FSDP: the amaxes of the blocks' linear weights for the step, in one
+// all_reduce per mesh (float8_amaxes; torchtitan runs torchao's
+// precompute_float8_dynamic_scale_for_fsdp after each optimizer step, so before each forward).
+inline void precompute_float8_amaxes(const Parallel& par, const Model<DTensor>& model) {
+  if (!par.float8_amaxes || !par.layout->fsdp) return;
+  std::vector<const DTensor*> weights;
+  for (const Block<DTensor>& b : model.blocks) {
+    for (const DTensor* w : b.linears()) weights.push_back(w);
+  }
+  const std::vector<DTensor> amaxes = float8_amaxes(weights);
+  par.float8_amaxes->clear();
+  for (size_t i = 0; i < weights.size(); ++i) (*par.float8_amaxes)[weights[i]] = amaxes[i];
+}
+
 // ---- the model ------------------------------------------------------------------------------
 
-// One of a block's linears, x @ w: in FP8 under --float8.
+// One of a block's linears, x @ w (w from par.use_linear): in FP8 under --float8.
 template <class T, class P>
-T linear(const Config& c, const P& par, const T& x, const T& w) {
-  return c.float8 ? par.float8(x, w) : matmul(x, w);
+T linear(const Config& c, const P& par, const T& x, const Used<T>& w) {
+  return c.float8 ? par.float8(x, w) : matmul(x, w.value);
 }
 
 template <class T, class P>
@@ -384,24 +445,28 @@ T attention(const Config& c, const P& par, const Block<T>& b, const T& x) {
   const int64_t B = c.batch, S = c.seq, H = c.heads, Hkv = c.kv_heads, D = c.head_dim();
   const T h = par.into_tp(x);
   const RopeConfig rope = rope_config(c);
-  const T q = rotary_embedding(reshape(linear(c, par, h, par.use(b.wq)), {B, S, H, D}),
+  const T q = rotary_embedding(reshape(linear(c, par, h, par.use_linear(b.wq)), {B, S, H, D}),
                                par.positions, rope);
-  const T k = rotary_embedding(reshape(linear(c, par, h, par.use(b.wk)), {B, S, Hkv, D}),
+  const T k = rotary_embedding(reshape(linear(c, par, h, par.use_linear(b.wk)), {B, S, Hkv, D}),
                                par.positions, rope);
-  const T v = reshape(linear(c, par, h, par.use(b.wv)), {B, S, Hkv, D});
+  const T v = reshape(linear(c, par, h, par.use_linear(b.wv)), {B, S, Hkv, D});
   // Grouped-query attention: kv head j serves query heads j * H/Hkv .. (j + 1) * H/Hkv - 1.
   auto repeat = [&](const T& t) { return par.heads_for_tp(repeat_interleave(t, H / Hkv, 2)); };
   auto heads_first = [](const T& t) { return permute(t, {0, 2, 1, 3}); };
   const T o = par.attend(heads_first(q), heads_first(repeat(k)), heads_first(repeat(v)));
   const T merged = reshape(permute(o, {0, 2, 1, 3}), {B, S, H * D});
-  return par.out_of_tp(linear(c, par, merged, par.use(b.wo)));
+  return par.out_of_tp(linear(c, par, merged, par.use_linear(b.wo)));
 }
 
 template <class T, class P>
 T swiglu(const Config& c, const P& par, const T& w1, const T& w3, const T& w2, const T& x) {
   const T h = par.into_tp(x);
-  return par.out_of_tp(linear(
-      c, par, silu(linear(c, par, h, par.use(w1))) * linear(c, par, h, par.use(w3)), par.use(w2)));
+  // In a fixed order (a dry run's FSDP timeline follows the order of the gathers): the output
+  // weight gathered first, then the up and gate projections, each gathered as it is used.
+  const Used<T> down = par.use_linear(w2);
+  const T up = linear(c, par, h, par.use_linear(w3));
+  const T gate = linear(c, par, h, par.use_linear(w1));
+  return par.out_of_tp(linear(c, par, silu(gate) * up, down));
 }
 
 // The FFN's output and, with experts, the layer's load-balancing loss (undefined otherwise).
@@ -474,8 +539,20 @@ T forward(const Config& c, const P& par, const Model<T>& m, const T& ids, const 
     if constexpr (std::is_same_v<T, DTensor>) {
       if (l + 1 == m.blocks.size() && par.keeps_last_block() && !b.moe.router.defined()) {
         auto gathered = std::make_shared<Block<T>>(b);
-        for (T* p : gathered->params()) *p = par.use(*p, false);
         auto view = std::make_shared<P>(par);
+        if (c.float8 && par.float8_all_gather) {
+          // The linears' weights gathered in float8 (Note [Float8 all-gather]), the norms' wide.
+          auto float8 = std::make_shared<std::map<const DTensor*, Float8Weight>>();
+          const std::vector<const T*> from = b.linears();
+          const std::vector<const T*> to = std::as_const(*gathered).linears();
+          for (size_t i = 0; i < to.size(); ++i) {
+            (*float8)[to[i]] = par.gather_float8(*from[i], false);
+          }
+          for (T* p : {&gathered->attn_norm, &gathered->ffn_norm}) *p = par.use(*p, false);
+          view->gathered_float8 = std::move(float8);
+        } else {
+          for (T* p : gathered->params()) *p = par.use(*p, false);
+        }
         view->pre_gathered = true;
         kept = std::move(gathered);
         kept_par = std::move(view);

@@ -901,4 +901,17 @@ DTensor float8_matmul(const DTensor& x, const DTensor& w, const Float8Options& o
   return float8_matmul(to_var(x), to_var(w), mask).value<DTensor>();
 }
 
+DTensor float8_matmul(const DTensor& x, const Float8Weight& w, const Float8Options& options,
+                      SourceLocation loc) {
+  const UserCallSite site(loc);
+  if (!w.data.defined() || !w.amax.defined()) {
+    throw_error<PlacementError>("float8_matmul: the Float8Weight's {} is undefined (x {})",
+                                w.data.defined() ? "amax" : "data",
+                                x.defined() ? shape_str(x.shape()) : "undefined");
+  }
+  int64_t mask = 0;
+  for (const MeshDim& dim : options.rank_local_dims) mask |= int64_t{1} << x.mesh().resolve(dim);
+  return float8_matmul(to_var(x), to_var(w.data), to_var(w.amax), mask).value<DTensor>();
+}
+
 }  // namespace spmd

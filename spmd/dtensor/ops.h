@@ -263,6 +263,17 @@ struct Float8Options {
 DTensor float8_matmul(const DTensor& x, const DTensor& w, const Float8Options& options = {},
                       SourceLocation loc = SourceLocation::current());
 
+// A weight in its float8 form: `data` cast to f8e4m3fn with the tensorwise scale of `amax` (0-d
+// f32, replicated), as fsdp_unshard_float8 gathers it (Note [Float8 all-gather] in nn/parallel.h).
+struct Float8Weight {
+  DTensor data;
+  DTensor amax;
+};
+// float8_matmul with the weight cast already: the same values as float8_matmul(x, w) when w.amax is
+// the amax of the whole weight; the weight's gradient is in x's dtype.
+DTensor float8_matmul(const DTensor& x, const Float8Weight& w, const Float8Options& options = {},
+                      SourceLocation loc = SourceLocation::current());
+
 // beta * c + alpha * (a @ b), with a [n,k], b [k,m], c broadcastable to [n,m].
 inline DTensor addmm(const DTensor& c, const DTensor& a, const DTensor& b, double beta = 1.0,
                      double alpha = 1.0, SourceLocation loc = SourceLocation::current()) {

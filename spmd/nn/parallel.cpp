@@ -8,6 +8,7 @@
 #include <spmd/dtensor/ops.h>
 #include <spmd/ops/autograd.h>
 #include <spmd/tensor/meta.h>
+#include <spmd/world/local_ops.h>
 
 namespace spmd {
 
@@ -183,11 +184,17 @@ void cast_param_backward(BackwardContext& c) {
   c.set_grad(0, dtensor_var(pieces_to(g, how.dtype)));
 }
 
-DTensor cast_param(const DTensor& param, DType dtype, std::optional<DType> reduce_dtype) {
+// `amax` (defined for a float8 dtype): the scale's (Note [Float8 all-gather]).
+DTensor cast_param(const DTensor& param, DType dtype, std::optional<DType> reduce_dtype,
+                   const DTensor& amax = {}) {
   DTensor out;
   {
     const NoGradGuard no_grad;
-    out = dtype != param.dtype() ? to(param, dtype) : param.detach();
+    if (is_float8(dtype)) {
+      out = float8_cast(dtensor_var(param), dtensor_var(amax), dtype).value<DTensor>();
+    } else {
+      out = dtype != param.dtype() ? to(param, dtype) : param.detach();
+    }
   }
   const Var in = dtensor_var(param);
   if (!grad_enabled() || !any_requires_grad({&in, 1}) || !is_floating(param.dtype())) return out;
@@ -263,6 +270,89 @@ DTensor fsdp_unshard(const DTensor& param, MeshDim dp, const MixedPrecisionPolic
                            : param;
   return gather_param(cast, with_placement(param.placements(), param.mesh(), dp, Replicate{}),
                       reshard_after_forward, loc);
+}
+
+std::vector<DTensor> float8_amaxes(std::span<const DTensor* const> params, SourceLocation loc) {
+  const UserCallSite site(loc);
+  const NoGradGuard no_grad;
+  // Each amax is pending a max over the mesh dims that split its parameter.
+  std::vector<DTensor> pending;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const DTensor* p = params[i];
+    if (p == nullptr || !p->defined()) {
+      throw_error<PlacementError>("float8_amaxes: parameter {} of {} is undefined", i,
+                                  params.size());
+    }
+    if (!is_floating(p->dtype()) || is_float8(p->dtype())) {
+      throw_error<Unsupported>(
+          "float8_amaxes: parameter {} is {} {} on mesh {}; FP8 training casts f32, f64, bf16 or "
+          "f16 weights",
+          i, shape_str(p->shape()), p->dtype(), p->mesh().to_string());
+    }
+    pending.push_back(float8_amax(dtensor_var(*p)).value<DTensor>());
+  }
+  // Those with the same mesh and placements reduce together: their local amaxes stacked, one
+  // all_reduce, the entries taken out.
+  std::vector<DTensor> out(params.size());
+  for (size_t i = 0; i < pending.size(); ++i) {
+    if (out[i].defined()) continue;
+    const DTensor& first = pending[i];
+    const Placements replicated = replicate_placements(first.mesh());
+    std::vector<size_t> group;
+    for (size_t j = i; j < pending.size(); ++j) {
+      if (!out[j].defined() && pending[j].mesh() == first.mesh() &&
+          pending[j].placements() == first.placements()) {
+        group.push_back(j);
+      }
+    }
+    if (group.size() == 1 || !first.participates()) {
+      for (size_t j : group) out[j] = pending[j].redistribute(replicated);
+      continue;
+    }
+    std::vector<LocalTensor> locals;
+    for (size_t j : group) locals.push_back(pending[j].local());
+    const DTensor stacked = DTensor::from_local(stack(locals), first.mesh(), first.placements(),
+                                                Shape{static_cast<int64_t>(group.size())})
+                                .redistribute(replicated);
+    for (size_t k = 0; k < group.size(); ++k) {
+      out[group[k]] = select(stacked, 0, static_cast<int64_t>(k));
+    }
+  }
+  return out;
+}
+
+Float8Weight fsdp_unshard_float8(const DTensor& param, MeshDim dp, const DTensor& amax,
+                                 const MixedPrecisionPolicy& policy, bool reshard_after_forward,
+                                 SourceLocation loc) {
+  const UserCallSite site(loc);
+  check_policy(policy, "fsdp_unshard_float8");
+  if (!param.defined()) {
+    throw_error<PlacementError>("fsdp_unshard_float8: the parameter is undefined");
+  }
+  if (!is_floating(param.dtype()) || is_float8(param.dtype())) {
+    throw_error<Unsupported>(
+        "fsdp_unshard_float8: the parameter is {} {} on mesh {}; FP8 training casts f32, f64, bf16 "
+        "or f16 weights",
+        shape_str(param.shape()), param.dtype(), param.mesh().to_string());
+  }
+  const DTensor* one[] = {&param};
+  const DTensor scale_amax = amax.defined() ? amax : float8_amaxes(one, loc).front();
+  const bool replicated =
+      std::all_of(scale_amax.placements().begin(), scale_amax.placements().end(),
+                  [](const Placement& p) { return is_replicate(p); });
+  if (!scale_amax.shape().empty() || scale_amax.dtype() != DType::F32 || !replicated ||
+      !(scale_amax.mesh() == param.mesh())) {
+    throw_error<Unsupported>(
+        "fsdp_unshard_float8: the amax must be a 0-d f32 DTensor replicated on the parameter's "
+        "mesh {} (float8_amaxes), got {} {} {} on mesh {} (parameter {})",
+        param.mesh().to_string(), shape_str(scale_amax.shape()), scale_amax.dtype(),
+        to_string(scale_amax.placements()), scale_amax.mesh().to_string(),
+        shape_str(param.shape()));
+  }
+  const DTensor cast = cast_param(param, DType::F8E4M3FN, policy.reduce_dtype, scale_amax);
+  return {gather_param(cast, with_placement(param.placements(), param.mesh(), dp, Replicate{}),
+                       reshard_after_forward, loc),
+          scale_amax};
 }
 
 DTensor colwise_linear(const DTensor& x, const DTensor& w, const DTensor& bias, MeshDim tp,

@@ -26,10 +26,12 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include <spmd/core/call_site.h>
 #include <spmd/dtensor/dtensor.h>
+#include <spmd/dtensor/ops.h>
 #include <spmd/mesh/device_mesh.h>
 #include <spmd/ops/placement.h>
 #include <spmd/tensor/dtype.h>
@@ -149,5 +151,41 @@ DTensor colwise_linear(const DTensor& x, const DTensor& w, const DTensor& bias, 
 DTensor rowwise_linear(const DTensor& x, const DTensor& w, const DTensor& bias, MeshDim tp,
                        Placement output, const MixedPrecisionPolicy& policy,
                        SourceLocation loc = SourceLocation::current());
+
+// ---- FP8 training: FSDP's float8 all-gather
+// ------------------------------------------------------
+
+// Note [Float8 all-gather]
+// torchao's enable_fsdp_float8_all_gather, for the weights of float8_matmul (Note [Float8
+// training] in ops/linalg.cpp). fsdp_unshard_float8(param, dp, amax) casts the parameter's shard
+// to f8e4m3fn with the tensorwise scale of `amax`, the largest magnitude of the whole parameter,
+// and gathers the float8 shards (an all_gather of 1 byte per element, half of bf16's): a
+// Float8Weight that float8_matmul(x, w) uses as it is. The cast is elementwise and its scale
+// global, so the gathered weight is exactly the cast float8_matmul makes of a gathered wider
+// weight, and the results are the same to the bit; what changes is the bytes moved and held: the
+// gathered weights, and what backward keeps of them or gathers again (reshard_after_forward), are
+// 1 byte per element, and the cast runs on the shard (1/dp of the elements).
+//   The amax: float8_amaxes(params) reduces every parameter's in one all_reduce max per mesh and
+// placements (torchao's precompute_float8_dynamic_scale_for_fsdp, which torchtitan runs once per
+// step, after the optimizer step); an undefined amax makes fsdp_unshard_float8 reduce the
+// parameter's own (torchao without it: one all_reduce per parameter per gather).
+//   Autograd: float8_mm gives the weight's gradient (x^T @ g) in x's dtype, and it stays there
+// (a float8 value's gradient keeps the dtype it arrives in: the gradient is never float8). It
+// reaches the cast with its sum over dp pending (gather_param), is reduced there to the shard in
+// the policy's reduce_dtype (without one, in the dtype it arrives in) and cast to the parameter's
+// dtype; under no_sync it waits in the leaf's pending sum (Note [No sync]). The cast passes the
+// gradient straight through, as torchao's does.
+
+// The global amaxes (0-d f32, Replicate) of `params` (floating, not float8), in the order given:
+// one all_reduce max for all the parameters with the same mesh and placements.
+std::vector<DTensor> float8_amaxes(std::span<const DTensor* const> params,
+                                   SourceLocation loc = SourceLocation::current());
+// The parameter cast to float8 with the scale of `amax` (its float8_amaxes entry; undefined: its
+// own is reduced here) and gathered over dp, recorded by autograd as fsdp_unshard is (Note [Float8
+// all-gather]; `policy` gives reduce_dtype, the dtype of the gradient's reduce-scatter).
+Float8Weight fsdp_unshard_float8(const DTensor& param, MeshDim dp, const DTensor& amax,
+                                 const MixedPrecisionPolicy& policy = {},
+                                 bool reshard_after_forward = true,
+                                 SourceLocation loc = SourceLocation::current());
 
 }  // namespace spmd

@@ -233,10 +233,13 @@ bool same_shape(const Var& a, const Var& b) {
   return var_shape(a) == var_shape(b);
 }
 
-// `grad` cast to the dtype of `like` when they differ (a gradient has its value's dtype).
+// `grad` cast to the dtype of `like` when they differ (a gradient has its value's dtype), except
+// that a float8 value's gradient keeps the dtype it arrives in: FP8 training's weights gathered in
+// float8 get their gradient in the compute dtype (torchao's float8 weights report their high
+// precision dtype to autograd; Note [Float8 all-gather] in nn/parallel.h).
 Var in_dtype_of(const Var& grad, const Var& like) {
   const DType want = var_dtype(like);
-  if (var_dtype(grad) == want) return grad;
+  if (var_dtype(grad) == want || is_float8(want)) return grad;
   return apply(op::to_dtype, {grad}, {{static_cast<int64_t>(want)}, {}});
 }
 

@@ -528,17 +528,23 @@ const OpDef op::float8_mm{
                 shape_str(a), shape_str(b));
           }
           if (a.back() != b[0]) inner_mismatch("float8_mm", a, b, a.back(), b[0]);
-          for (int i : {0, 1}) {
-            if (!is_floating(in[i].dtype) || is_float8(in[i].dtype)) {
-              throw_error<Unsupported>(
-                  "float8_mm: {} must be f32, f64, bf16 or f16 (it is cast to float8 here), got "
-                  "{} {}",
-                  i == 0 ? "a" : "b", shape_str(*in[i].shape), in[i].dtype);
-            }
-          }
-          check_scales("float8_mm", "amax", in);
           const int64_t fa = args.ints.at(0);
           const int64_t fb = args.ints.at(1);
+          for (int i : {0, 1}) {
+            if (!is_floating(in[i].dtype) || (is_float8(in[i].dtype) && i == 0)) {
+              throw_error<Unsupported>(
+                  "float8_mm: {} must be f32, f64, bf16 or f16 (it is cast to float8 here{}), got "
+                  "{} {}",
+                  i == 0 ? "a" : "b", i == 0 ? "" : ", or b already cast in its format",
+                  shape_str(*in[i].shape), in[i].dtype);
+            }
+          }
+          if (is_float8(in[1].dtype) && static_cast<int64_t>(in[1].dtype) != fb) {
+            throw_error<Unsupported>(
+                "float8_mm: b is already float8 ({} {}), but its format is given as DType({})",
+                shape_str(b), in[1].dtype, fb);
+          }
+          check_scales("float8_mm", "amax", in);
           auto format_ok = [](int64_t f) {
             return f == static_cast<int64_t>(DType::F8E4M3FN) ||
                    f == static_cast<int64_t>(DType::F8E5M2);
@@ -556,6 +562,7 @@ const OpDef op::float8_mm{
           }
           Shape out(a.begin(), a.end() - 1);
           out.push_back(b[1]);
+          if (is_float8(in[1].dtype)) return OpMeta{out, in[0].dtype};
           return OpMeta{out, promote_types(in[0].dtype, in[1].dtype, "float8_mm")};
         },
     .compute =
@@ -565,7 +572,7 @@ const OpDef op::float8_mm{
           const Tensor sa = scale_of(in[2], fa);
           const Tensor sb = scale_of(in[3], fb);
           const Tensor a8 = quantize(in[0], sa, fa);
-          const Tensor b8 = quantize(in[1], sb, fb);
+          const Tensor b8 = is_float8(in[1].dtype()) ? in[1] : quantize(in[1], sb, fb);
           const int64_t k = in[1].size(0);
           const int64_t rows = shape_numel(Shape(in[0].shape().begin(), in[0].shape().end() - 1));
           return float8_gemm("float8_mm", a8.reshape({rows, k}), b8, spmd::reciprocal(sa),
@@ -577,6 +584,7 @@ const OpDef op::float8_mm{
     .backward = float8_mm_backward,
     .flops = matmul_flops<0>,
     .saves = kSavesInputs,
+    .float8 = true,  // b, already cast (Note [Float8 all-gather] in nn/parallel.h)
     .split_dependent = [](const OpArgs& args) { return local_mask(args) != 0; },
 };
 
@@ -598,6 +606,41 @@ Var float8_matmul(const Var& x, const Var& w, int64_t rank_local_mask) {
   const int64_t e4m3 = static_cast<int64_t>(DType::F8E4M3FN);
   return apply(op::float8_mm, {x, w, float8_amax(x), float8_amax(w)},
                {{e4m3, e4m3, rank_local_mask}, {}});
+}
+
+Var float8_cast(const Var& t, const Var& amax, DType format) {
+  const DType dtype = t.kind().dtype(t);
+  if (!is_floating(dtype) || is_float8(dtype) || !is_float8(format)) {
+    throw_error<Unsupported>(
+        "float8_cast: casts an f32, f64, bf16 or f16 tensor to f8e4m3fn or f8e5m2, got {} to {}",
+        t.kind().describe(t), dtype_name(format));
+  }
+  if (!var_shape(amax).empty() || amax.kind().dtype(amax) != DType::F32) {
+    throw_error<Unsupported>("float8_cast: the amax must be a 0-d f32 tensor, got {}",
+                             amax.kind().describe(amax));
+  }
+  // quantize()'s ops, one by one, so that the cast is float8_mm's to the bit.
+  const NoGradGuard no_grad;
+  const double limit = float8_max(format);
+  const Var scale = apply(
+      op::rdiv_scalar, {apply(op::clamp, {amax}, clamp_args(1e-12, std::nullopt))}, {{}, {limit}});
+  const Var wide = apply(op::to_dtype, {t}, {{static_cast<int64_t>(DType::F32)}, {}});
+  const Var clamped = apply(op::clamp, {apply(op::mul, {wide, scale})}, clamp_args(-limit, limit));
+  return apply(op::to_dtype, {clamped}, {{static_cast<int64_t>(format)}, {}});
+}
+
+Var float8_matmul(const Var& x, const Var& w8, const Var& amax_w, int64_t rank_local_mask) {
+  const DType xd = x.kind().dtype(x);
+  const DType wd = w8.kind().dtype(w8);
+  if (!is_floating(xd) || is_float8(xd) || !is_float8(wd)) {
+    throw_error<Unsupported>(
+        "float8_matmul: takes x in f32, f64, bf16 or f16 and w already cast to float8 (the "
+        "weight's float8 form), got x {} and w {}",
+        x.kind().describe(x), w8.kind().describe(w8));
+  }
+  return apply(
+      op::float8_mm, {x, w8, float8_amax(x), amax_w},
+      {{static_cast<int64_t>(DType::F8E4M3FN), static_cast<int64_t>(wd), rank_local_mask}, {}});
 }
 
 }  // namespace spmd

@@ -168,9 +168,10 @@ struct OpDef {
 // The float8 dtypes (Note [Float8] in tensor/float8.h) are storage formats, as in PyTorch: an op
 // takes float8 inputs only when its entry says `.float8 = true`: the views and copies (reshape,
 // transpose, permute, narrow, select, squeeze, unsqueeze, expand, contiguous, clone), cat, stack
-// and pad (redistributing uneven shards pads them), the cast `to`, and scaled_mm, the one op that
-// computes on them (FP8 GEMM, in a wider type; float8_mm, FP8 training's linear, takes wider inputs
-// and casts them itself). Every other op refuses a float8 input with Unsupported naming the op and
+// and pad (redistributing uneven shards pads them), the cast `to`, and the FP8 GEMMs, which compute
+// on them in a wider type: scaled_mm, and float8_mm, FP8 training's linear, which casts its wider
+// inputs itself and takes a weight already cast (Note [Float8 all-gather] in nn/parallel.h). Every
+// other op refuses a float8 input with Unsupported naming the op and
 // the dtype, in op_meta, before any kernel, under every kind of tensor (Tensor, LocalTensor,
 // DTensor, shape-only ones included). Collectives move float8 tensors and refuse to reduce them
 // (collectives/validate.cpp); the CUDA kernels refuse them (tensor/cuda/cuda_ops.cpp).

@@ -903,6 +903,14 @@ Var float8_amax(const Var& t);
 // output gradient to f8e5m2. The result has the dtype of x @ w. Bit i of rank_local_mask makes
 // mesh dim i rank-local for DTensors (each rank scales its own piece of x and of the gradient).
 Var float8_matmul(const Var& x, const Var& w, int64_t rank_local_mask = 0);
+// t (a wider float) cast to float8 `format` with the tensorwise scale of `amax` (0-d f32): the
+// format's largest value over amax (at least 1e-12), a saturated cast, exactly as float8_mm casts
+// its operands; no gradient.
+Var float8_cast(const Var& t, const Var& amax, DType format = DType::F8E4M3FN);
+// float8_matmul with w8 = float8_cast(w, amax_w) cast already (FSDP's float8 all-gather, Note
+// [Float8 all-gather] in nn/parallel.h): the same values as float8_matmul(x, w) when amax_w is
+// w's amax; w8's gradient is in x's dtype.
+Var float8_matmul(const Var& x, const Var& w8, const Var& amax_w, int64_t rank_local_mask = 0);
 inline Tensor float8_matmul(const Tensor& x, const Tensor& w) {
   return float8_matmul(Var(x), Var(w)).value<Tensor>();
 }

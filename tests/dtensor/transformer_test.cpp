@@ -134,7 +134,7 @@ TEST(TransformerOps, LogSoftmaxBackwardKeepsShardsAndPendingSums) {
   for (int64_t d : {0, 1, 2}) {
     const Tensor leaf = x.clone().requires_grad_();
     backward(log_softmax(leaf, d), g);
-    const int64_t a = d == 0 ? 1 : 0, b = d == 2 ? 1 : 2;  // the two other dims
+    const int a = d == 0 ? 1 : 0, b = d == 2 ? 1 : 2;  // the two other dims
     const std::vector<std::pair<Placements, Placements>> cases = {
         {{Shard{a}, Shard{b}}, {Shard{a}, Shard{b}}},      // y's shards, gradient alike
         {{Shard{a}, Replicate{}}, {Shard{a}, Partial{}}},  // a pending sum over tp

@@ -91,8 +91,8 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
 
 TEST(Float8Ops, EveryOpRefusesFloat8InputsUnlessItsEntrySaysSo) {
   const std::set<std::string> takes = {
-      "transpose", "reshape", "cat",   "stack",      "narrow", "select", "permute",  "unsqueeze",
-      "squeeze",   "expand",  "clone", "contiguous", "to",     "pad",    "scaled_mm"};
+      "transpose", "reshape", "cat",   "stack",      "narrow", "select", "permute",   "unsqueeze",
+      "squeeze",   "expand",  "clone", "contiguous", "to",     "pad",    "scaled_mm", "float8_mm"};
   std::set<std::string> found;
   const Shape shape{4, 4};
   for (const OpDef* op : all_ops()) {
@@ -109,6 +109,19 @@ TEST(Float8Ops, EveryOpRefusesFloat8InputsUnlessItsEntrySaysSo) {
     }
   }
   EXPECT_EQ(found, takes);
+  // float8_mm takes b cast already (Note [Float8 all-gather]), never a.
+  const Shape scalar{};
+  const int64_t e4m3 = static_cast<int64_t>(DType::F8E4M3FN);
+  const InputMeta a8[] = {{&shape, DType::F8E4M3FN},
+                          {&shape, DType::F32},
+                          {&scalar, DType::F32},
+                          {&scalar, DType::F32}};
+  expect_throws<Unsupported>(
+      [&] {
+        op_meta(op::float8_mm, a8, OpArgs{{e4m3, e4m3, 0}, {}});
+      },
+      {"float8_mm: a must be f32, f64, bf16 or f16 (it is cast to float8 here), got [4, 4] "
+       "f8e4m3fn"});
 }
 
 TEST(Float8Ops, CastsViewsCopiesAndCatKeepTheValues) {
