@@ -6,6 +6,7 @@
 // reference.h for why most comparisons are exact.
 #include <spmd/core/parallel.h>
 #include <spmd/ops/ops.h>
+#include <spmd/tensor/element_ops.h>
 #include <spmd/tensor/random.h>
 
 #include <gtest/gtest.h>
@@ -432,6 +433,77 @@ TEST(Softmax, MatchesReferenceAndIsStable) {
   EXPECT_EQ(values(log_softmax(big, 0))[2], -INFINITY);
   EXPECT_TRUE(std::isnan(values(softmax(full({2}, -INFINITY), 0))[0]));
   expect_throws<ShapeError>([] { softmax(empty({2, 3}), 2); }, {"softmax", "dim 2", "[2, 3]"});
+}
+
+// Note [F32 softmax]: the contiguous F32 rows' kernel (float exp in lanes, eight partial sums)
+// against double at every length through two vector widths and a tail, and its special values.
+TEST(Softmax, F32RowsMatchDoubleAtEveryLength) {
+  for (int64_t n = 1; n <= 70; ++n) {
+    const Tensor t = randn({3, n}, static_cast<uint64_t>(100 + n), DType::F32) * 12.0;
+    const std::vector<double> x = values(t);
+    for (bool log_form : {false, true}) {
+      const std::vector<double> got = values(log_form ? log_softmax(t, 1) : softmax(t, 1));
+      for (int64_t r = 0; r < 3; ++r) {
+        double max = -INFINITY, total = 0;
+        for (int64_t i = 0; i < n; ++i) max = std::max(max, x[static_cast<size_t>(r * n + i)]);
+        for (int64_t i = 0; i < n; ++i) total += std::exp(x[static_cast<size_t>(r * n + i)] - max);
+        for (int64_t i = 0; i < n; ++i) {
+          const double s = x[static_cast<size_t>(r * n + i)] - max;
+          const double want = log_form ? s - std::log(total) : std::exp(s) / total;
+          const double g = got[static_cast<size_t>(r * n + i)];
+          // A few float ulps of the value (log_softmax: of its magnitude, and at least of 1);
+          // softmax also carries the rounding of x - max in float, |s| ulps of 1 relative.
+          const double tol =
+              log_form ? 4e-7 * std::max(std::abs(want), 1.0) : want * (4e-7 + 6e-8 * -s) + 1e-44;
+          ASSERT_NEAR(g, want, tol)
+              << (log_form ? "log_softmax" : "softmax") << " n " << n << " row " << r << " i " << i;
+        }
+      }
+    }
+  }
+  // A strided row gives the bits of the same row laid out contiguously.
+  const Tensor m = randn({37, 6}, 7, DType::F32) * 5.0;
+  for (bool log_form : {false, true}) {
+    const Tensor strided = log_form ? log_softmax(m, 0) : softmax(m, 0);
+    const Tensor rows = m.transpose(0, 1).contiguous();
+    const Tensor contiguous = (log_form ? log_softmax(rows, 1) : softmax(rows, 1)).transpose(0, 1);
+    EXPECT_EQ(values(strided), values(contiguous)) << log_form;
+  }
+  // -inf entries give exactly 0 (log: -inf); a NaN or +inf anywhere, or a row of -inf, give NaN.
+  std::vector<float> row(19, 1.0f);
+  row[3] = -INFINITY;
+  row[17] = -INFINITY;
+  const std::vector<double> p = values(softmax(from_vector<float>(row), 0));
+  EXPECT_EQ(p[3], 0.0);
+  EXPECT_EQ(p[17], 0.0);
+  EXPECT_NEAR(p[0], 1.0 / 17.0, 1e-7);
+  EXPECT_EQ(values(log_softmax(from_vector<float>(row), 0))[3], -INFINITY);
+  for (float bad : {NAN, INFINITY}) {
+    std::vector<float> b(19, 1.0f);
+    b[11] = bad;
+    for (double v : values(softmax(from_vector<float>(b), 0))) EXPECT_TRUE(std::isnan(v)) << bad;
+  }
+  for (double v : values(softmax(full({19}, -INFINITY), 0))) EXPECT_TRUE(std::isnan(v));
+}
+
+// expf_nonpositive (element_ops.h) against exp in double: within 1.22 ulp of the float result at
+// 2^20 points of [-104, 0], subnormal results included, and its special values.
+TEST(Softmax, FloatExpOfNonpositiveValuesIsWithinItsUlpBound) {
+  double worst = 0;
+  for (int i = 0; i <= (1 << 20); ++i) {
+    const float z = -104.0f * static_cast<float>(i) / static_cast<float>(1 << 20);
+    const double want = std::exp(static_cast<double>(z));
+    const float wf = static_cast<float>(want);
+    const double ulp =
+        wf == 0.0f ? std::ldexp(1.0, -149) : static_cast<double>(std::nextafter(wf, INFINITY)) - wf;
+    worst = std::max(worst, std::abs(element::expf_nonpositive(z) - want) / ulp);
+  }
+  EXPECT_LE(worst, 1.22);
+  EXPECT_EQ(element::expf_nonpositive(0.0f), 1.0f);
+  EXPECT_EQ(element::expf_nonpositive(-0.0f), 1.0f);
+  EXPECT_EQ(element::expf_nonpositive(-INFINITY), 0.0f);
+  EXPECT_EQ(element::expf_nonpositive(-200.0f), 0.0f);
+  EXPECT_TRUE(std::isnan(element::expf_nonpositive(NAN)));
 }
 
 TEST(Joining, CatMatchesReference) {

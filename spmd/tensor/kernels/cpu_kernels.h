@@ -29,6 +29,9 @@ bool has_nonfinite(const Tensor& t);
 
 void reduce(Reduction op, const Tensor& out, const Tensor& in, const std::vector<int64_t>& dims);
 void softmax(const Tensor& out, const Tensor& in, int64_t d, bool log);
+// softmax (log: log_softmax) of one contiguous F32 row x[0..n) into o, `buffer` n floats of
+// scratch (Note [F32 softmax] in tensor/kernels/elementwise.cpp).
+void softmax_row_f32(float* o, const float* x, int64_t n, bool log, float* buffer);
 
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta);
 

@@ -149,10 +149,34 @@ void softmax_typed(const Tensor& out, const Tensor& in, int64_t d, bool log) {
   T* po = at<T>(out);
   const T* pi = at<T>(in);
   std::vector<C> buffer(static_cast<std::size_t>(length));
+  // Rows computed in float (F32, BF16, F16) take the F32 row kernel, through a contiguous copy
+  // where the row is strided or narrower, so the values do not depend on the layout (Note [F32
+  // softmax] in tensor/kernels/elementwise.cpp).
+  std::vector<float> row_in, row_out;
+  if constexpr (std::is_same_v<C, float>) {
+    if (!std::is_same_v<T, float> || in_step != 1 || out_step != 1) {
+      row_in.resize(static_cast<std::size_t>(length));
+      row_out.resize(static_cast<std::size_t>(length));
+    }
+  }
   loop.for_each_run(0, loop.numel(), [&](const auto& off, const auto& st, int64_t n) {
     for (int64_t r = 0; r < n; ++r) {
       const T* x = pi + off[1] + r * st[1];
       T* o = po + off[0] + r * st[0];
+      if constexpr (std::is_same_v<C, float>) {
+        if (row_in.empty()) {
+          if constexpr (std::is_same_v<T, float>) softmax_row_f32(o, x, length, log, buffer.data());
+        } else {
+          for (int64_t i = 0; i < length; ++i) {
+            row_in[static_cast<std::size_t>(i)] = static_cast<float>(load(x[i * in_step]));
+          }
+          softmax_row_f32(row_out.data(), row_in.data(), length, log, buffer.data());
+          for (int64_t i = 0; i < length; ++i) {
+            o[i * out_step] = convert_element<T>(row_out[static_cast<std::size_t>(i)]);
+          }
+        }
+        continue;
+      }
       C max = -std::numeric_limits<C>::infinity();
       for (int64_t i = 0; i < length; ++i) {
         const C v = static_cast<C>(load(x[i * in_step]));
