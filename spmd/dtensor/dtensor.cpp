@@ -893,12 +893,21 @@ DTensor gather_param(const DTensor& param, const Placements& placements, bool re
   return gathered.value<DTensor>();
 }
 
+namespace {
+
+// Float8Options' rank-local mesh dims as float8_mm's bit mask (bit i: mesh dim i of x's mesh).
+int64_t rank_local_mask(const DTensor& x, const Float8Options& options) {
+  int64_t mask = 0;
+  for (const MeshDim& dim : options.rank_local_dims) mask |= int64_t{1} << x.mesh().resolve(dim);
+  return mask;
+}
+
+}  // namespace
+
 DTensor float8_matmul(const DTensor& x, const DTensor& w, const Float8Options& options,
                       SourceLocation loc) {
   const UserCallSite site(loc);
-  int64_t mask = 0;
-  for (const MeshDim& dim : options.rank_local_dims) mask |= int64_t{1} << x.mesh().resolve(dim);
-  return float8_matmul(to_var(x), to_var(w), mask).value<DTensor>();
+  return float8_matmul(to_var(x), to_var(w), rank_local_mask(x, options)).value<DTensor>();
 }
 
 DTensor float8_matmul(const DTensor& x, const Float8Weight& w, const Float8Options& options,
@@ -909,9 +918,8 @@ DTensor float8_matmul(const DTensor& x, const Float8Weight& w, const Float8Optio
                                 w.data.defined() ? "amax" : "data",
                                 x.defined() ? shape_str(x.shape()) : "undefined");
   }
-  int64_t mask = 0;
-  for (const MeshDim& dim : options.rank_local_dims) mask |= int64_t{1} << x.mesh().resolve(dim);
-  return float8_matmul(to_var(x), to_var(w.data), to_var(w.amax), mask).value<DTensor>();
+  return float8_matmul(to_var(x), to_var(w.data), to_var(w.amax), rank_local_mask(x, options))
+      .value<DTensor>();
 }
 
 }  // namespace spmd

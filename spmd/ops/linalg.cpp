@@ -454,13 +454,6 @@ Tensor scale_of(const Tensor& amax, DType format) {
   return float8_max(format) / clamp(amax, 1e-12, std::nullopt);
 }
 
-// t widened to f32, times its scale, limited to the format's finite range and cast: torchao's
-// saturated cast.
-Tensor quantize(const Tensor& t, const Tensor& scale, DType format) {
-  const double limit = float8_max(format);
-  return clamp(t.to(DType::F32) * scale, -limit, limit).to(format);
-}
-
 int64_t local_mask(const OpArgs& args) {
   return args.ints.at(2);
 }
@@ -571,8 +564,10 @@ const OpDef op::float8_mm{
           const DType fb = float8_format(args, 1);
           const Tensor sa = scale_of(in[2], fa);
           const Tensor sb = scale_of(in[3], fb);
-          const Tensor a8 = quantize(in[0], sa, fa);
-          const Tensor b8 = is_float8(in[1].dtype()) ? in[1] : quantize(in[1], sb, fb);
+          const Tensor a8 = float8_cast(Var(in[0]), Var(in[2]), fa).value<Tensor>();
+          const Tensor b8 = is_float8(in[1].dtype())
+                                ? in[1]
+                                : float8_cast(Var(in[1]), Var(in[3]), fb).value<Tensor>();
           const int64_t k = in[1].size(0);
           const int64_t rows = shape_numel(Shape(in[0].shape().begin(), in[0].shape().end() - 1));
           return float8_gemm("float8_mm", a8.reshape({rows, k}), b8, spmd::reciprocal(sa),
@@ -619,7 +614,8 @@ Var float8_cast(const Var& t, const Var& amax, DType format) {
     throw_error<Unsupported>("float8_cast: the amax must be a 0-d f32 tensor, got {}",
                              amax.kind().describe(amax));
   }
-  // quantize()'s ops, one by one, so that the cast is float8_mm's to the bit.
+  // t widened to f32, times its scale, limited to the format's finite range and cast: torchao's
+  // saturated cast (float8_mm's casts are this function).
   const NoGradGuard no_grad;
   const double limit = float8_max(format);
   const Var scale = apply(
