@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <spmd/ops/ops.h>
+#include <spmd/tensor/kernels/cpu_kernels.h>
 #include <spmd/tensor/random.h>
 
 #if SPMD_HAVE_OPENBLAS
@@ -117,6 +118,8 @@ void BM_Matmul512Blas(benchmark::State& state) {
       });
   state.counters["GFLOPS"] = 2.0 * kN * kN * kN / (1e-3 * state.counters["ms_ours"]) / 1e9;
   state.counters["GFLOPS_ref"] = 2.0 * kN * kN * kN / (1e-3 * state.counters["ms_ref"]) / 1e9;
+  // The kernel set OpenBLAS loaded (Note [OpenBLAS core type]), for the bench page.
+  state.SetLabel(spmd::cpu_kernels::matmul_library());
 }
 BENCHMARK(BM_Matmul512Blas)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
 #endif

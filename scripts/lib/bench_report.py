@@ -149,6 +149,19 @@ def load_bench(results, program):
     return medians, data.get("context", {})
 
 
+def bench_label(results, program, name):
+    """The label a benchmark set (state.SetLabel) on any of its entries, or None."""
+    path = os.path.join(results, program + ".json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        data = json.load(f)
+    for b in data["benchmarks"]:
+        if base_name(b.get("run_name", b["name"])) == name and b.get("label"):
+            return b["label"]
+    return None
+
+
 def unit_us(b):
     """The entry's real time in microseconds."""
     scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[b.get("time_unit", "ns")]
@@ -328,6 +341,12 @@ def main():
     w(f"- Memory: {info['mem_gib']:.1f} GiB; kernel {info['kernel']}")
     w(f"- Compiler: {info['compiler']}; CMake Release (-O3 -DNDEBUG), assertions off, "
       f"no -march=native; commit {meta.get('commit', '?')}")
+    gemm = bench_label(results, "tensor_bench", "BM_Matmul512Blas")
+    if gemm:
+        coretype = os.environ.get("OPENBLAS_CORETYPE")
+        w(f"- F32/F64 products ran on {gemm} (Note [OpenBLAS core type]: "
+          + (f"OPENBLAS_CORETYPE={coretype} was set in the environment, and is kept)"
+             if coretype is not None else "OPENBLAS_CORETYPE was not set)"))
     if context.get("library_build_type") == "debug":
         w("- Google Benchmark from Debian (libbenchmark-dev) prints \"Library was built as "
           "DEBUG\": that is the benchmark library's own build; the code measured is spmdsim's "

@@ -10,6 +10,9 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <spmd/tensor/tensor.h>
 
@@ -38,5 +41,12 @@ Tensor randn_block(const Shape& global, uint64_t seed, const Shape& start, const
 // times it.
 Tensor dropout_mask_block(const Shape& global, uint64_t seed, const Shape& start,
                           const Shape& sizes, double p, DType dtype);
+
+namespace detail {
+// Note [Philox in lanes], for tests: philox(seed, index0 + l) for l < n (n <= 32) from each
+// vector version this CPU can run ("avx512", "avx2") and the scalar one, by name.
+std::vector<std::pair<std::string, std::vector<std::array<uint32_t, 4>>>> philox_lanes_by_version(
+    uint64_t seed, uint64_t index0, int n);
+}  // namespace detail
 
 }  // namespace spmd

@@ -2,14 +2,19 @@
 // dims), every dtype, transposed/narrowed/expanded operands, against a naive triple loop.
 #include <gtest/gtest.h>
 
+#include <strings.h>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include <spmd/core/parallel.h>
 #include <spmd/ops/ops.h>
 #include <spmd/tensor/compare.h>
+#include <spmd/tensor/kernels/cpu_kernels.h>
 #include <spmd/tensor/random.h>
 #include "tests/support/test_support.h"
 #include "tests/tensor/reference.h"
@@ -184,6 +189,63 @@ TEST(Matmul, LoadsBlasWithoutItsThreads) {
   }
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(first_products_on_one_thread(), ::testing::ExitedWithCode(0), "");
+}
+
+// Note [OpenBLAS core type]: whether /proc/cpuinfo lists every AVX-512 subset OpenBLAS's SkylakeX
+// kernels use.
+bool cpuinfo_has_avx512_gemm() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line);
+    std::set<std::string> flags{std::istream_iterator<std::string>(words), {}};
+    return flags.count("avx512f") && flags.count("avx512cd") && flags.count("avx512bw") &&
+           flags.count("avx512dq") && flags.count("avx512vl");
+  }
+  return false;
+}
+
+// In a fresh process whose OPENBLAS_CORETYPE is `user_choice` (nullptr: unset) before the first
+// product: the kernel set OpenBLAS loaded, and the variable as the user left it.
+[[noreturn]] void first_product_kernels(const char* user_choice) {
+  auto fail = [](const std::string& why) {
+    std::fputs(why.c_str(), stderr);
+    std::exit(1);
+  };
+  if (user_choice == nullptr) {
+    unsetenv("OPENBLAS_CORETYPE");
+  } else {
+    setenv("OPENBLAS_CORETYPE", user_choice, 1);
+  }
+  const Tensor a = randn({6, 5}, 1);
+  const Tensor b = randn({5, 4}, 2);
+  const std::vector<double> got = matmul(a, b).to_vector<double>();
+  const std::vector<double> want = reference_matmul(a, b).values;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::abs(got[i] - want[i]) > 1e-5) fail("wrong value");
+  }
+  const std::string library = cpu_kernels::matmul_library();
+  const char* left = std::getenv("OPENBLAS_CORETYPE");
+  if (user_choice == nullptr && left != nullptr)
+    fail(fmt::format("OPENBLAS_CORETYPE left {}", left));
+  if (user_choice != nullptr && (left == nullptr || std::string(left) != user_choice)) {
+    fail("the user's OPENBLAS_CORETYPE was changed");
+  }
+  if (library == "Eigen") std::exit(0);  // no OpenBLAS here: nothing chose a kernel set
+  const std::string core = library.substr(library.find(' ') + 1);
+  const std::string expected =
+      user_choice != nullptr ? user_choice : (cpuinfo_has_avx512_gemm() ? "SkylakeX" : core);
+  if (strcasecmp(core.c_str(), expected.c_str()) != 0) {
+    fail(fmt::format("OpenBLAS loaded {}, expected {}", core, expected));
+  }
+  std::exit(0);
+}
+
+TEST(Matmul, LoadsOpenBlasAvx512KernelsUnlessTheUserChoseOthers) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(first_product_kernels(nullptr), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(first_product_kernels("Haswell"), ::testing::ExitedWithCode(0), "");
 }
 
 // Note [Parallel matmul] (tensor/kernels/matmul.cpp): a product split over threads (row blocks of

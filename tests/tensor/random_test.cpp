@@ -131,6 +131,54 @@ TEST(Random, LongRowsGiveTheScalarStream) {
       {"dropout", "does not lie inside"});
 }
 
+// Note [Philox in lanes]: every vector version this CPU runs gives philox4x32's words bit for bit,
+// for every lane count (one chain or all of them) and counters whose low word wraps.
+TEST(Philox, EveryLaneVersionGivesTheScalarWords) {
+  int versions = 0;
+  for (uint64_t seed : {uint64_t{0}, uint64_t{1234}, uint64_t{0xdeadbeefcafebabe}}) {
+    for (uint64_t index0 : {uint64_t{0}, uint64_t{5}, uint64_t{0xffffffe9}, ~uint64_t{0} - 40}) {
+      for (int n : {1, 7, 8, 9, 16, 17, 31, 32}) {
+        const auto by_version = detail::philox_lanes_by_version(seed, index0, n);
+        versions = static_cast<int>(by_version.size());
+        for (const auto& [name, words] : by_version) {
+          ASSERT_EQ(words.size(), static_cast<std::size_t>(n)) << name;
+          for (int l = 0; l < n; ++l) {
+            const uint64_t i = index0 + static_cast<uint64_t>(l);
+            const std::array<uint32_t, 4> want =
+                philox4x32({static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), 0u, 0u},
+                           {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+            ASSERT_EQ(words[static_cast<std::size_t>(l)], want)
+                << name << ": seed " << seed << ", lane " << l << " of " << n << " at " << index0;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(versions, 1);
+}
+
+// dropout's keep test on the bits equals rand's F64 value >= p at the boundary: p equal to an
+// element's value keeps it, the next double above drops it; p = 0 keeps all, p = 1 none.
+TEST(Random, DropoutKeepsExactlyTheValuesAtLeastP) {
+  const Shape shape = {64};
+  const uint64_t seed = 99;
+  const std::vector<double> u = values(rand(shape, seed, DType::F64));
+  for (int64_t i : {int64_t{0}, int64_t{17}, int64_t{63}}) {
+    const double p = u[static_cast<std::size_t>(i)];
+    for (double q : {p, std::nextafter(p, 1.0), std::nextafter(p, 0.0)}) {
+      const std::vector<double> keep =
+          values(dropout_mask_block(shape, seed, {0}, shape, q, DType::F64));
+      for (std::size_t j = 0; j < u.size(); ++j) {
+        ASSERT_EQ(keep[j], u[j] >= q ? 1.0 / (1.0 - q) : 0.0) << "p " << q << ", element " << j;
+      }
+    }
+  }
+  EXPECT_EQ(values(dropout_mask_block(shape, seed, {0}, shape, 0.0, DType::F64)),
+            std::vector<double>(64, 1.0));
+  EXPECT_EQ(values(dropout_mask_block(shape, seed, {0}, shape, 1.0, DType::F64)),
+            std::vector<double>(64, 0.0));
+}
+
 TEST(Random, DistributionsLookRight) {
   constexpr int64_t kN = 1 << 20;
   const auto u = values(rand({kN}, 9, DType::F64));

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <spmd/tensor/device_ops.h>
@@ -34,6 +35,9 @@ void softmax(const Tensor& out, const Tensor& in, int64_t d, bool log);
 void softmax_row_f32(float* o, const float* x, int64_t n, bool log, float* buffer);
 
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta);
+// What F32/F64 products run on, loading it if no product has yet: "OpenBLAS <its kernel set>"
+// (Note [OpenBLAS core type]) or "Eigen".
+std::string matmul_library();
 
 bool gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index, int64_t offset,
             int64_t limit);

@@ -25,6 +25,20 @@
 // serial library, or a dimension or leading dimension above INT_MAX (OpenBLAS's 32-bit
 // interface), takes Eigen's GEMM.
 //
+// Note [OpenBLAS core type]
+// OpenBLAS chooses its kernels by CPU family and model, and a CPU newer than the library falls
+// back to the last set it knows for that vendor: Debian 12's 0.3.21 runs AMD's Zen 5 (family 1Ah,
+// AVX-512 on full-width units) on its Haswell (AVX2) kernels, half the speed its SkylakeX
+// (AVX-512) kernels reach there: sgemm 122 against 211 GFLOP/s on one core at [128, 256] x
+// [256, 256], dgemm 55 against 96. Where the CPU has every AVX-512 subset the SkylakeX kernels use
+// (F, CD, BW, DQ, VL), the load sets OPENBLAS_CORETYPE=SkylakeX, as OPENBLAS_NUM_THREADS above and
+// only where the user has not set it: an Intel or AMD CPU that OpenBLAS knows gets that same
+// GEMM kernel anyway (Cooper Lake's and Sapphire Rapids' sgemm/dgemm are SkylakeX's; newer
+// OpenBLAS maps Zen 4 and 5 to them too). OPENBLAS_VERBOSE=2 prints the set loaded, and
+// tensor_bench's BM_Matmul512Blas names it (the bench page quotes it). Results are the chosen
+// kernel's: a different core type rounds products differently, so F32/F64 digests are those of the
+// machine's OpenBLAS kernel, as they always were.
+//
 // Note [Parallel matmul]
 // A large product runs on parallel_for's threads (core/parallel.h): its batch items, or, with one
 // item, chunks of output rows. It runs inline where parallel_for does: inside another parallel_for
@@ -124,18 +138,34 @@ void gemm(T* out, int64_t n, int64_t m, const MapA& a, const MapB& b, T alpha, T
 struct Blas {
   decltype(&cblas_sgemm) sgemm = nullptr;
   decltype(&cblas_dgemm) dgemm = nullptr;
+  decltype(&openblas_get_corename) core_name = nullptr;
 };
+
+// Note [OpenBLAS core type]: whether this CPU runs OpenBLAS's SkylakeX (AVX-512) kernels.
+bool has_avx512_gemm() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
 
 // OpenBLAS loaded on one thread, or nullptr (none, or the serial build): Eigen then.
 const Blas* load_blas() {
   const bool set_threads = std::getenv("OPENBLAS_NUM_THREADS") == nullptr;
+  const bool set_core = std::getenv("OPENBLAS_CORETYPE") == nullptr && has_avx512_gemm();
   if (set_threads) setenv("OPENBLAS_NUM_THREADS", "1", 0);
+  if (set_core) setenv("OPENBLAS_CORETYPE", "SkylakeX", 0);
   void* lib = nullptr;
   for (const char* file : {SPMD_OPENBLAS_PATH, "libopenblas.so.0"}) {
     lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
     if (lib != nullptr) break;
   }
   if (set_threads) unsetenv("OPENBLAS_NUM_THREADS");
+  if (set_core) unsetenv("OPENBLAS_CORETYPE");
   if (lib == nullptr) return nullptr;
   auto parallel =
       reinterpret_cast<decltype(&openblas_get_parallel)>(dlsym(lib, "openblas_get_parallel"));
@@ -144,6 +174,8 @@ const Blas* load_blas() {
   static Blas blas;
   blas.sgemm = reinterpret_cast<decltype(&cblas_sgemm)>(dlsym(lib, "cblas_sgemm"));
   blas.dgemm = reinterpret_cast<decltype(&cblas_dgemm)>(dlsym(lib, "cblas_dgemm"));
+  blas.core_name =
+      reinterpret_cast<decltype(&openblas_get_corename)>(dlsym(lib, "openblas_get_corename"));
   if (parallel == nullptr || parallel() == 0 || threads == nullptr || blas.sgemm == nullptr ||
       blas.dgemm == nullptr) {
     return nullptr;
@@ -286,6 +318,16 @@ void matmul_integer(const Tensor& out, const Tensor& a, const Tensor& b, double 
 }
 
 }  // namespace
+
+std::string matmul_library() {
+#if SPMD_HAVE_OPENBLAS
+  if (const Blas* blas = blas_library()) {
+    const char* core = blas->core_name != nullptr ? blas->core_name() : nullptr;
+    return std::string("OpenBLAS ") + (core != nullptr ? core : "(kernel set unknown)");
+  }
+#endif
+  return "Eigen";
+}
 
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) {
   SPMD_CHECK(out.is_contiguous() && out.dim() == 3 && a.dim() == 3 && b.dim() == 3);
