@@ -19,6 +19,36 @@ namespace {
 
 thread_local bool t_inside_parallel = false;
 
+// Note [Pool spin]
+// Kernels come back to back (an op's dispatch between them takes about a microsecond), and a
+// futex sleep and wake-up costs the waiting thread several microseconds and the kernel's
+// scheduler more. So a worker that finished a job polls for the next one, and the submitting
+// thread polls for its job's last chunk, for kSpinPolls pause-instruction polls (some 10 to 40
+// microseconds) before sleeping on the condition variable: examples/gpt's step at d_model 64 on
+// full tensors went from 6.3 to 4.7 ms on 2 cores (gpt_bench), where 14% of the time had been the
+// scheduler's. The spin is short, so a worker that has no next job soon gives its core back; and
+// under mpirun each process's pool already has cores / local ranks threads (world/launcher.h), so
+// 8 processes on 2 cores run no workers to spin.
+constexpr int kSpinPolls = 1000;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Polls ready() up to kSpinPolls times; whether it became true.
+template <class Ready>
+bool spin_until(Ready ready) {
+  for (int i = 0; i < kSpinPolls; ++i) {
+    if (ready()) return true;
+    cpu_relax();
+  }
+  return ready();
+}
+
 int default_thread_count() {
   if (std::optional<int> n = env_num_threads()) return *n;
   return std::max(1u, std::thread::hardware_concurrency());
@@ -52,6 +82,7 @@ class Pool {
     }
     wake_.notify_all();
     work(*job);
+    spin_until([&] { return job->remaining.load(std::memory_order_acquire) == 0; });
     {
       std::unique_lock lock(mutex_);
       done_.wait(lock, [&] { return job->remaining.load() == 0; });
@@ -92,6 +123,7 @@ class Pool {
     uint64_t seen = 0;
     for (;;) {
       std::shared_ptr<Job> job;
+      spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; });
       {
         std::unique_lock lock(mutex_);
         wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
@@ -132,7 +164,7 @@ class Pool {
   std::condition_variable wake_;
   std::condition_variable done_;
   bool stopping_ = false;
-  uint64_t generation_ = 0;
+  std::atomic<uint64_t> generation_{0};  // written under mutex_; polled without it
   std::shared_ptr<Job> current_;
 };
 
