@@ -1,5 +1,5 @@
-// spmd/ops/linalg.cpp: the entries of matmul, bmm, addmm, scaled_mm and float8_mm, and FP8
-// training's float8_matmul.
+// spmd/ops/linalg.cpp: the entries of matmul, matmul_weight_grad, bmm, addmm, scaled_mm and
+// float8_mm, and FP8 training's float8_matmul.
 //
 // Sharding follows einsum: S(0)@R -> S(0), R@S(1) -> S(1), S(1)@S(0) -> P(sum), batch dims
 // sharded alike; a linear Partial on one operand passes (addmm's c then must be the same
@@ -177,9 +177,79 @@ void matmul_backward(BackwardContext& c) {
     c.set_grad(0, sa.size() == 1 ? apply(op::reshape, {ga}, {sa, {}}) : ga);
   }
   if (c.needs_grad(1)) {
+    // Note [Folded weight gradient]: a linear's weight, one GEMM over every leading position.
+    if (sb.size() == 2 && sa.size() >= 3) {
+      c.set_grad(1, apply(op::matmul_weight_grad, {a, g}));
+      return;
+    }
     const Var gb = sum_to(apply(op::matmul, {transpose_last(a2), g}), var_shape(b2));
     c.set_grad(1, sb.size() == 1 ? apply(op::reshape, {gb}, {sb, {}}) : gb);
   }
+}
+
+// Note [Folded weight gradient]
+// The gradient of matmul(x, w) for x [..., n, K] of 3 or more dims and w [K, M] is the sum over
+// x's leading positions of x^T grad. Computed as matmul's batched rule has it, one product per
+// batch item ([B, K, M]) and a sum over B after, it costs a [B, K, M] buffer, a reduction that
+// reads it, and B small GEMMs; matmul_weight_grad instead folds the leading dims into the inner
+// size and runs one [K, L] x [L, M] GEMM (L = x.numel() / K), as torch.matmul does (it folds x's
+// leading dims into rows, so its weight gradient is one mm). x and grad are read in place where
+// their leading dims fold (contiguous ones do) and copied once where not. The values are one
+// GEMM's, so they differ from the per-item products' in the last bits. Sharding is einsum
+// "...k,...m->km": a leading dim sharded alike on both operands gives Partial (as the batched rule
+// and its sum did), K sharded gives Shard(0), M sharded Shard(1).
+std::optional<Labels> weight_grad_labels(const Shape& x, const Shape& grad) {
+  if (x.size() < 2 || x.size() != grad.size()) return std::nullopt;
+  constexpr int kK = 2, kN = 3, kLead = 100;
+  Labels l;
+  for (size_t i = 0; i + 1 < x.size(); ++i) l.a.push_back(kLead + static_cast<int>(i));
+  l.b = l.a;
+  l.a.push_back(kK);
+  l.b.push_back(kN);
+  l.out = {kK, kN};
+  return l;
+}
+
+OpMeta weight_grad_meta(std::span<const InputMeta> in, const OpArgs&) {
+  const Shape& x = *in[0].shape;
+  const Shape& g = *in[1].shape;
+  if (x.size() < 2 || x.size() != g.size() || !std::equal(x.begin(), x.end() - 1, g.begin())) {
+    throw_error<ShapeError>(
+        "matmul_weight_grad: expects x [..., K] and grad [..., M] with the same leading dims "
+        "(at least one), got shapes {} and {}",
+        shape_str(x), shape_str(g));
+  }
+  return OpMeta{{x.back(), g.back()}, matmul_dtype("matmul_weight_grad", in)};
+}
+
+Tensor weight_grad_compute(std::span<const Tensor> in, const OpArgs&, const OpMeta& meta) {
+  DeviceOps& kernels = kernels_for("matmul_weight_grad", {&in[0], &in[1]});
+  const int64_t k = in[0].size(-1);
+  const int64_t m = in[1].size(-1);
+  const int64_t rows =
+      shape_numel(Shape(in[0].shape().begin(), in[0].shape().end() - 1));  // leading positions
+  // A view where the leading dims fold, else one copy (Tensor::reshape).
+  const Tensor x = in[0].to(meta.dtype).reshape({rows, k});
+  const Tensor g = in[1].to(meta.dtype).reshape({rows, m});
+  Tensor out = empty({k, m}, meta.dtype, in[0].device());
+  if (rows == 0) {
+    kernels.fill(out, 0.0);
+    return out;
+  }
+  kernels.matmul(out.unsqueeze(0), x.transpose(0, 1).unsqueeze(0), g.unsqueeze(0), 1.0, 0.0);
+  return out;
+}
+
+// x's gradient: grad [..., M] @ dW^T [M, K]; grad's: x [..., K] @ dW [K, M].
+void weight_grad_backward(BackwardContext& c) {
+  if (c.needs_grad(0)) c.set_grad(0, apply(op::matmul, {c.input(1), transpose_last(c.grad())}));
+  if (c.needs_grad(1)) c.set_grad(1, apply(op::matmul, {c.input(0), c.grad()}));
+}
+
+// 2 L K M.
+double weight_grad_flops(std::span<const InputMeta> in, const OpMeta& out) {
+  return 2.0 * static_cast<double>(shape_numel(*in[0].shape)) *
+         static_cast<double>(out.shape.back());
 }
 
 void bmm_backward(BackwardContext& c) {
@@ -224,6 +294,22 @@ const OpDef op::matmul{
     .backward = matmul_backward,
     .partial_use = PartialUse::One,
     .flops = matmul_flops<0>,
+    .saves = kSavesInputs,
+};
+
+const OpDef op::matmul_weight_grad{
+    .name = "matmul_weight_grad",
+    .meta = weight_grad_meta,
+    .compute = weight_grad_compute,
+    .strategies =
+        [](ShardingInputs in, const OpArgs&, const OpMeta&) {
+          auto labels = weight_grad_labels(in[0]->shape(), in[1]->shape());
+          if (!labels) return std::vector<OpStrategy>{replicate_strategy(in)};
+          return expand_dim_options(in, matmul_options(*labels, nullptr));
+        },
+    .backward = weight_grad_backward,
+    .partial_use = PartialUse::One,
+    .flops = weight_grad_flops,
     .saves = kSavesInputs,
 };
 

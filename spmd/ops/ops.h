@@ -96,6 +96,10 @@ extern const OpDef masked_fill;
 
 // Linear algebra (ops/linalg.cpp). addmm: args.reals = [beta, alpha].
 extern const OpDef matmul;
+// matmul_weight_grad (x [..., K], grad [..., M], the same leading dims) -> [K, M]: the sum over
+// the leading positions of x^T grad, one GEMM; matmul's gradient for a 2-D b and an a of 3 or
+// more dims (Note [Folded weight gradient] in ops/linalg.cpp).
+extern const OpDef matmul_weight_grad;
 extern const OpDef bmm;
 extern const OpDef addmm;
 // scaled_mm (a, b float8 [M, K] and [K, N], scale_a, scale_b 0-d f32), args.ints = [out dtype]:
@@ -262,6 +266,7 @@ inline std::span<const OpDef* const> all_ops() {
       &op::masked_fill,
       // Linear algebra, reductions, softmax.
       &op::matmul,
+      &op::matmul_weight_grad,
       &op::bmm,
       &op::addmm,
       &op::scaled_mm,

@@ -479,6 +479,14 @@ Table op_table() {
                                                             {{2, 1, 3, 4}, {5, 4, 2}}}) {
     t.add(row("matmul", shapes, [](const auto& x) { return matmul(x[0], x[1]); }));
   }
+  // matmul's weight gradient (Note [Folded weight gradient]): leading dims of 1, 2 and 3 dims.
+  for (const auto& shapes : std::vector<std::vector<Shape>>{
+           {{5, 6}, {5, 3}}, {{2, 5, 6}, {2, 5, 3}}, {{2, 3, 2, 4}, {2, 3, 2, 5}}}) {
+    t.add(row("matmul_weight_grad", shapes, [](const auto& x) {
+      using T = std::decay_t<decltype(x[0])>;
+      return apply(op::matmul_weight_grad, {to_var(x[0]), to_var(x[1])}).template value<T>();
+    }));
+  }
   t.add(row("bmm", {{3, 4, 5}, {3, 5, 2}}, [](const auto& x) { return bmm(x[0], x[1]); }));
   // Float8 operands and f32 scales made from the row's data (Note [Scaled matmul]).
   OpRow& scaled = t.add(row("scaled_mm", {{5, 6}, {6, 3}, {}, {}}, [](const auto& x) {
@@ -946,6 +954,60 @@ TEST(OpTable, ClampGradientPassesInsideTheBoundsIncludingThem) {
   expect_throws<Unsupported>([&] { clamp(ones({3}, DType::Bool), 0.0, 1.0); },
                              {"clamp", "bool", "[3]"});
   expect_throws<Unsupported>([&] { clamp(ones({3}, DType::I32), 1e10); }, {"clamp", "i32"});
+}
+
+// Note [Folded weight gradient]: the weight gradient of matmul(x, w) for x of 3 and 4 dims is
+// one matmul_weight_grad (no batched product and sum), equal to the brute-force sum over the
+// leading positions, for a contiguous x and a transposed one (copied to fold); and its errors.
+TEST(OpTable, MatmulWeightGradientIsOneProductOverTheLeadingPositions) {
+  for (const bool transposed : {false, true}) {
+    SCOPED_TRACE(transposed ? "x transposed" : "x contiguous");
+    Tensor leaf = randn({2, 3, 4, 5}, 11, DType::F64).requires_grad_();
+    const Tensor x = transposed ? leaf.transpose(1, 2) : leaf;  // [2, 4, 3, 5] when transposed
+    Tensor wg = randn({5, 6}, 12, DType::F64).requires_grad_();
+    Shape out_shape = x.shape();
+    out_shape.back() = 6;
+    const Tensor g = randn(out_shape, 13, DType::F64);
+    backward(matmul(x, wg), g);
+    {
+      // The ops its backward runs (op observers see DTensor ops).
+      World world = World::sim(2);
+      const DeviceMesh mesh = *testing::try_mesh(world, {2});
+      const Placements replicate{Replicate{}};
+      DTensor dleaf = distribute_tensor(leaf.detach(), mesh, replicate).requires_grad_();
+      DTensor dw = distribute_tensor(wg.detach(), mesh, replicate).requires_grad_();
+      const DTensor dy = matmul(transposed ? transpose(dleaf, 1, 2) : dleaf, dw);
+      std::vector<std::string> ran;
+      const int observer =
+          add_op_observer([&](const OpEvent& e) { ran.emplace_back(e.def->name); });
+      backward(dy, distribute_tensor(g, mesh, replicate));
+      remove_op_observer(observer);
+      EXPECT_EQ(std::count(ran.begin(), ran.end(), "matmul_weight_grad"), 1);
+      EXPECT_EQ(std::count(ran.begin(), ran.end(), "sum"), 0);
+      EXPECT_LE(max_abs_diff(dw.grad().full_tensor(), wg.grad()), 0.0);
+    }
+    const std::vector<double> xs = testing::values(x.contiguous()), gs = testing::values(g);
+    std::vector<double> expected(30, 0.0);
+    for (int64_t p = 0; p < 24; ++p) {
+      for (int64_t k = 0; k < 5; ++k) {
+        for (int64_t m = 0; m < 6; ++m) {
+          expected[static_cast<size_t>(k * 6 + m)] +=
+              xs[static_cast<size_t>(p * 5 + k)] * gs[static_cast<size_t>(p * 6 + m)];
+        }
+      }
+    }
+    expect_values(wg.grad(), expected, 1e-12, 1e-12, "matmul's weight gradient");
+  }
+  expect_throws<ShapeError>(
+      [] {
+        call(op::matmul_weight_grad, {ones({2, 3, 4}), ones({2, 4, 5})});
+      },
+      {"matmul_weight_grad", "same leading dims", "[2, 3, 4]", "[2, 4, 5]"});
+  expect_throws<ShapeError>(
+      [] {
+        call(op::matmul_weight_grad, {ones({4}), ones({4})});
+      },
+      {"matmul_weight_grad", "[4]"});
 }
 
 // grouped_mm against a brute-force triple loop, its gradients against the per-group matmuls'
