@@ -11,6 +11,7 @@
 
 #include <Eigen/Core>
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -76,6 +77,18 @@ void BM_Matmul512(benchmark::State& state) {
 BENCHMARK(BM_Matmul512)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
 
 #if SPMD_HAVE_OPENBLAS
+// OpenBLAS's workers busy-wait for 2^28 cycles (a tenth of a second) after each of its calls
+// before they sleep, so in BM_Matmul512Blas, which alternates the reference with ours call by
+// call, the reference's worker would hold a core through much of our calls, which then ran on
+// one core: vs_blas went from 0.5 to 0.87 from run to run on 2 cores, and is 0.97 to 1.09 with the
+// shortest timeout (2^4 cycles), which makes the worker sleep at once, at the price of a wake-up
+// in each reference call.
+// OpenBLAS reads it when it loads, which is at our first product; a value the user set is kept.
+const bool kBlasWorkersSleep = [] {
+  setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0);
+  return true;
+}();
+
 // The OpenBLAS our matmul loads (the same file: dlopen returns the loaded copy).
 struct RawBlas {
   decltype(&cblas_sgemm) sgemm = nullptr;
