@@ -197,4 +197,16 @@ void BM_Randn1M(benchmark::State& state) {
 }
 BENCHMARK(BM_Randn1M)->Unit(benchmark::kMillisecond);
 
+// Dropout's keep mask for 4M F32 elements in rows of 1024 (Note [Philox in lanes]): one Philox
+// evaluation and the keep test per element.
+void BM_DropoutMask4M(benchmark::State& state) {
+  const spmd::Shape shape = {4096, 1024};
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        spmd::dropout_mask_block(shape, 7, {0, 0}, shape, 0.1, spmd::DType::F32).data_ptr());
+  }
+  state.SetItemsProcessed(4096 * 1024 * state.iterations());
+}
+BENCHMARK(BM_DropoutMask4M)->Unit(benchmark::kMillisecond);
+
 }  // namespace
