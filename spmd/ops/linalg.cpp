@@ -198,11 +198,11 @@ void matmul_backward(BackwardContext& c) {
 // GEMM's, so they differ from the per-item products' in the last bits. Sharding is einsum
 // "...k,...m->km": a leading dim sharded alike on both operands gives Partial (as the batched rule
 // and its sum did), K sharded gives Shard(0), M sharded Shard(1).
-std::optional<Labels> weight_grad_labels(const Shape& x, const Shape& grad) {
-  if (x.size() < 2 || x.size() != grad.size()) return std::nullopt;
+// (x and grad have passed weight_grad_meta: the same leading dims, at least one.)
+Labels weight_grad_labels(size_t dims) {
   constexpr int kK = 2, kN = 3, kLead = 100;
   Labels l;
-  for (size_t i = 0; i + 1 < x.size(); ++i) l.a.push_back(kLead + static_cast<int>(i));
+  for (size_t i = 0; i + 1 < dims; ++i) l.a.push_back(kLead + static_cast<int>(i));
   l.b = l.a;
   l.a.push_back(kK);
   l.b.push_back(kN);
@@ -303,9 +303,8 @@ const OpDef op::matmul_weight_grad{
     .compute = weight_grad_compute,
     .strategies =
         [](ShardingInputs in, const OpArgs&, const OpMeta&) {
-          auto labels = weight_grad_labels(in[0]->shape(), in[1]->shape());
-          if (!labels) return std::vector<OpStrategy>{replicate_strategy(in)};
-          return expand_dim_options(in, matmul_options(*labels, nullptr));
+          return expand_dim_options(
+              in, matmul_options(weight_grad_labels(in[0]->shape().size()), nullptr));
         },
     .backward = weight_grad_backward,
     .partial_use = PartialUse::One,
