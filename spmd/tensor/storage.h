@@ -94,6 +94,15 @@ class Storage {
   uint64_t meta_id_ = 0;
 };
 
+// What the CPU caching allocator has served since the process started (Note [CPU caching
+// allocator] in tensor/storage.cpp); counts only grow, so a caller compares two readings.
+struct CpuAllocatorStats {
+  uint64_t reused_blocks = 0;  // cached-size requests served from the cache
+  uint64_t fresh_blocks = 0;   // cached-size requests that took a new block from the C allocator
+  uint64_t fresh_bytes = 0;    // their bytes
+  uint64_t small_blocks = 0;   // requests under 4 KiB, which go to the C allocator uncached
+};
+CpuAllocatorStats cpu_allocator_stats();
 // Bytes the CPU caching allocator currently keeps for reuse (freed but not returned).
 std::size_t cpu_allocator_cached_bytes();
 // Returns every cached CPU block to the OS.

@@ -2,7 +2,8 @@
 // styles' placements and collectives, FSDP's gather and reduce-scatter, SGD with momentum and
 // AdamW (DTensor parameters equal Tensor parameters step for step, state placed like the
 // parameter, no communication in a step), and clip_grad_norm across the parameters of one mesh
-// and of several.
+// and of several; and that training steps in steady state take every tensor buffer from the
+// CPU caching allocator.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +15,8 @@
 #include <spmd/dtensor/random.h>
 #include <spmd/nn/optim.h>
 #include <spmd/nn/parallel.h>
+#include <spmd/tensor/storage.h>
+#include "examples/gpt_model.h"
 #include "tests/support/collectives_since.h"
 #include "tests/support/test_support.h"
 
@@ -281,6 +284,45 @@ SPMD_TEST(ClipGradNorm, NaNGradientsGiveANaNTotalNotADivergence) {
   backward(sum(w) * std::numeric_limits<double>::quiet_NaN());
   const double total = clip_grad_norm({&w}, 1.0);
   EXPECT_TRUE(std::isnan(total)) << total;
+}
+
+// Note [CPU caching allocator]: after the first steps (AdamW's state, the cache filling), a
+// training step of examples/gpt's model takes no block of a cached size fresh from the C
+// allocator, on full tensors and with tensor + sequence parallelism on (dp, tp).
+SPMD_TEST(CachingAllocator, SteadyStateTrainingStepsTakeNoFreshBlocks) {
+  if (world.backend_name() == "threads") {
+    GTEST_SKIP() << "the ranks' threads share one cache, and how they interleave decides how "
+                    "many blocks of a size are live at once";
+  }
+  gpt_model::Config c;
+  c.dtype = DType::F32;
+  std::string text;
+  for (int i = 0; i < 20000; ++i) text.push_back(static_cast<char>('a' + (i * 7 + i / 13) % 26));
+  auto fresh_blocks_of = [&](auto& model, const gpt_model::ModelLayout* layout, auto par) {
+    auto params = model.params();
+    AdamW opt(params, gpt_model::adamw_options(c));
+    std::vector<uint64_t> fresh;
+    for (int64_t step = 0; step < 5; ++step) {
+      const Tensor tokens = gpt_model::batch_tokens(c, text, step);
+      const uint64_t before = cpu_allocator_stats().fresh_blocks;
+      gpt_model::train_step(c, par, model, opt, params, tokens, layout, step);
+      fresh.push_back(cpu_allocator_stats().fresh_blocks - before);
+    }
+    return fresh;
+  };
+  cpu_allocator_release_cached();  // the earlier tests' blocks: the first step starts empty
+  gpt_model::Model<Tensor> single = gpt_model::init_model<Tensor>(c, nullptr);
+  const std::vector<uint64_t> single_fresh = fresh_blocks_of(single, nullptr, gpt_model::Single{});
+  EXPECT_GT(single_fresh[0], 0u);  // the first step does take blocks: the count is live
+  EXPECT_EQ(single_fresh[3], 0u) << "full tensors, step 3";
+  EXPECT_EQ(single_fresh[4], 0u) << "full tensors, step 4";
+  if (world.size() % 2 != 0) return;
+  const gpt_model::ModelLayout layout{dp_tp(world), false};
+  gpt_model::Model<DTensor> sharded = gpt_model::init_model<DTensor>(c, &layout);
+  const std::vector<uint64_t> sharded_fresh =
+      fresh_blocks_of(sharded, &layout, gpt_model::Parallel{});
+  EXPECT_EQ(sharded_fresh[3], 0u) << world.backend_name() << ", step 3";
+  EXPECT_EQ(sharded_fresh[4], 0u) << world.backend_name() << ", step 4";
 }
 
 }  // namespace
