@@ -6,11 +6,16 @@
 //   BM_Matmul512Blas  vs_blas = our matmul's speed / raw OpenBLAS sgemm's with OpenBLAS's own
 //                 threads, one per core (the best BLAS on the machine), F32.
 //   BM_Add16M     vs_loop  = our a + b's speed / a plain loop into a preallocated buffer.
+//   BM_Attention/S  vs_composed = causal attention's forward and backward (F32, 8 heads) through
+//                 the blocked kernel (Note [Blocked attention]) against the same math composed of
+//                 matmul and softmax with autograd (which makes the [S, S] scores), at S = 128
+//                 (batch 8, head dim 32: gpt_bench's d_model 256) and S = 1024 (batch 1, 64).
 // The reported time is ours (manual timing); ms_ours / ms_ref give both sides per iteration.
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <thread>
 #include <vector>
@@ -208,5 +213,39 @@ void BM_DropoutMask4M(benchmark::State& state) {
   state.SetItemsProcessed(4096 * 1024 * state.iterations());
 }
 BENCHMARK(BM_DropoutMask4M)->Unit(benchmark::kMillisecond);
+
+void BM_Attention(benchmark::State& state) {
+  const int64_t s = state.range(0);
+  const int64_t batch = s <= 128 ? 8 : 1;
+  const int64_t d = s <= 128 ? 32 : 64;
+  const Tensor q0 = spmd::randn({batch, 8, s, d}, 1);
+  const Tensor k0 = spmd::randn({batch, 8, s, d}, 2);
+  const Tensor v0 = spmd::randn({batch, 8, s, d}, 3);
+  const Tensor w = spmd::randn({batch, 8, s, d}, 4);
+  std::vector<bool> later(static_cast<size_t>(s * s));
+  for (int64_t i = 0; i < s * s; ++i) later[static_cast<size_t>(i)] = i % s > i / s;
+  const Tensor hidden = spmd::from_vector(later, {s, s});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  auto leaves = [&] {
+    std::vector<Tensor> t = {q0.clone(), k0.clone(), v0.clone()};
+    for (Tensor& x : t) x.requires_grad_();
+    return t;
+  };
+  compare(
+      state, "vs_composed",
+      [&] {
+        std::vector<Tensor> t = leaves();
+        spmd::backward(spmd::sum(spmd::scaled_dot_product_attention(t[0], t[1], t[2], true) * w));
+        benchmark::DoNotOptimize(t[0].grad().data_ptr());
+      },
+      [&] {
+        std::vector<Tensor> t = leaves();
+        const Tensor scores = spmd::masked_fill(spmd::matmul(t[0], t[1].transpose(-1, -2)) * scale,
+                                                hidden, -INFINITY);
+        spmd::backward(spmd::sum(spmd::matmul(spmd::softmax(scores, -1), t[2]) * w));
+        benchmark::DoNotOptimize(t[0].grad().data_ptr());
+      });
+}
+BENCHMARK(BM_Attention)->Arg(128)->Arg(1024)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace

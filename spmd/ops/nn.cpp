@@ -722,7 +722,9 @@ void mse_backward(BackwardContext& c) {
 // tensor-parallel degree, q's heads shard with k and v whole on the heads: each piece maps its
 // global query heads (PieceContext offsets) to the kv heads it holds. The query rows may shard with
 // k and v whole (each piece masks with its rows' global offset, the mask sharded with the rows);
-// a Partial of v passes (the output is linear in v).
+// a Partial of v passes (the output is linear in v). attention_grad shards the same way, the
+// output's gradient with q; its dk and dv sum over q's rows and heads, so they are Partial where
+// q's rows or heads are split and k's and v's are whole.
 
 struct AttentionFlags {
   bool causal = false;
@@ -907,9 +909,10 @@ struct AttentionPieces {
   const Tensor* mask = nullptr;
 };
 
+// The mask, if any, is in[mask_at] (default: after v, or after k without v).
 AttentionPieces attention_pieces(std::span<const Tensor> in, const OpArgs& args, bool with_v,
                                  DType dtype, const AttentionOffsets& o, const Shape& q_global,
-                                 const Shape& k_global) {
+                                 const Shape& k_global, std::optional<size_t> mask_at = {}) {
   AttentionPieces p;
   p.q = in[0].to(dtype);
   p.k = in[1].to(dtype);
@@ -920,13 +923,83 @@ AttentionPieces attention_pieces(std::span<const Tensor> in, const OpArgs& args,
     p.k = heads_for_queries(p.k, heads, group, o);
     if (with_v) p.v = heads_for_queries(p.v, heads, group, o);
   }
-  if (attention_flags(args).mask) p.mask = &in[mask_index(with_v)];
+  if (attention_flags(args).mask) p.mask = &in[mask_at.value_or(mask_index(with_v))];
   return p;
+}
+
+// Note [Blocked attention] (tensor/kernels/attention.cpp): the kernel's operands for q, k, v and
+// the mask (at in[mask_at] when there is one) of a piece at offsets `o`: each tensor folded to
+// [items, S, D], every query item pointed at its kv item (GQA and the head offsets of Note
+// [Attention sharding]), the mask broadcast to the scores.
+struct BlockedOperands {
+  AttentionKernelArgs args;
+  int64_t items = 0;     // query items (the product of q's leading dims)
+  int64_t kv_items = 0;  // k and v items
+};
+
+int64_t leading_items(const Shape& s) {
+  int64_t n = 1;
+  for (size_t d = 0; d + 2 < s.size(); ++d) n *= s[d];
+  return n;
+}
+
+BlockedOperands blocked_operands(std::span<const Tensor> in, const OpArgs& args,
+                                 const AttentionOffsets& o, const Shape& q_global,
+                                 const Shape& k_global, DType dtype, size_t mask_at) {
+  const AttentionFlags f = attention_flags(args);
+  const Tensor q = in[0].to(dtype).contiguous();
+  const Tensor k = in[1].to(dtype).contiguous();
+  const Tensor v = in[2].to(dtype).contiguous();
+  const Shape& qs = q.shape();
+  const Shape& ks = k.shape();
+  const size_t nd = qs.size();
+  BlockedOperands b;
+  b.items = leading_items(qs);
+  b.kv_items = leading_items(ks);
+  b.args.q = q.view({b.items, qs[nd - 2], qs[nd - 1]});
+  b.args.k = k.view({b.kv_items, ks[nd - 2], ks[nd - 1]});
+  b.args.v = v.view({b.kv_items, ks[nd - 2], v.shape().back()});
+  b.args.kv_of.resize(static_cast<size_t>(b.items));
+  const int64_t heads = nd >= 3 ? qs[nd - 3] : 1;
+  const int64_t kv_heads = nd >= 3 ? ks[nd - 3] : 1;
+  const int64_t group = nd >= 3 ? gqa_group(q_global, k_global, args) : 1;
+  for (int64_t item = 0; item < b.items; ++item) {
+    const int64_t kv_head = (o.q_head + item % heads) / group - o.kv_head;
+    SPMD_CHECK_MSG(kv_head >= 0 && kv_head < kv_heads,
+                   "scaled_dot_product_attention: a piece lacks the kv head of query head {}",
+                   o.q_head + item % heads);
+    b.args.kv_of[static_cast<size_t>(item)] = item / heads * kv_heads + kv_head;
+  }
+  if (f.mask) {
+    const Tensor& m = in[mask_at];
+    Shape scores = qs;
+    scores.back() = ks[nd - 2];
+    b.args.mask = (m.dtype() == DType::Bool ? m : m.to(dtype)).expand(scores);
+  }
+  b.args.scale = args.reals.at(0);
+  b.args.causal = f.causal;
+  b.args.row_offset = o.row;
+  return b;
+}
+
+// Whether the blocked kernel can take this dtype at all (the device may still decline).
+bool blocked_dtype(DType dtype) {
+  return dtype == DType::F32 || dtype == DType::F64;
 }
 
 Tensor attention_run(std::span<const Tensor> in, const OpArgs& args, const AttentionOffsets& o,
                      const Shape& q_global, const Shape& k_global) {
   const DType dtype = promote_types(promote_types(in[0].dtype(), in[1].dtype()), in[2].dtype());
+  if (blocked_dtype(dtype)) {
+    const BlockedOperands b = blocked_operands(in, args, o, q_global, k_global, dtype, 3);
+    Shape shape = in[0].shape();
+    shape.back() = in[2].shape().back();
+    Tensor out = empty_for("scaled_dot_product_attention", shape, dtype, in[0].device());
+    const Tensor folded = out.view({b.items, shape[shape.size() - 2], shape.back()});
+    if (kernels_for("scaled_dot_product_attention", in[0].device()).attention(folded, b.args)) {
+      return out;
+    }
+  }
   const AttentionPieces p = attention_pieces(in, args, true, dtype, o, q_global, k_global);
   return matmul(attention_weights(p.q, p.k, p.mask, args, o.row), p.v);
 }
@@ -939,23 +1012,117 @@ Tensor attention_probs_run(std::span<const Tensor> in, const OpArgs& args,
   return attention_weights(p.q, p.k, p.mask, args, o.row);
 }
 
-Tensor attention_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
-  return attention_run(in, args, {}, in[0].shape(), in[1].shape());
+// An attention op's compute (whole tensors: offsets 0) and piece function, from its run.
+using AttentionRun = Tensor (*)(std::span<const Tensor> in, const OpArgs& args,
+                                const AttentionOffsets& o, const Shape& q_global,
+                                const Shape& k_global);
+
+template <AttentionRun run>
+Tensor attention_whole(std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
+  return run(in, args, {}, in[0].shape(), in[1].shape());
 }
 
-Tensor attention_piece(std::span<const Tensor> in, const OpArgs& args, const PieceContext& where) {
-  return attention_run(in, args, attention_offsets(where), where.inputs[0]->shape(),
-                       where.inputs[1]->shape());
+template <AttentionRun run>
+Tensor attention_on_piece(std::span<const Tensor> in, const OpArgs& args,
+                          const PieceContext& where) {
+  return run(in, args, attention_offsets(where), where.inputs[0]->shape(),
+             where.inputs[1]->shape());
 }
 
-Tensor attention_probs_compute(std::span<const Tensor> in, const OpArgs& args, const OpMeta&) {
-  return attention_probs_run(in, args, {}, in[0].shape(), in[1].shape());
+// attention_grad (q, k, v, grad[, mask]): attention's gradients through the blocked kernel (Note
+// [Blocked attention]), `grad` the output's gradient; args.ints = [causal, enable_gqa, has_mask,
+// which], which: 0 dq, 1 dk and dv side by side on the last dim ([..., Sk, D + Dv]: one op, one
+// pass over the tiles for both). The mask gets no gradient here: attention's backward takes the
+// composed path when it needs one.
+enum AttentionGradOf : int64_t { kGradQ = 0, kGradKV = 1 };
+
+int64_t attention_grad_which(const OpArgs& args) {
+  return args.ints.size() > 3 ? args.ints[3] : -1;
 }
 
-Tensor attention_probs_piece(std::span<const Tensor> in, const OpArgs& args,
-                             const PieceContext& where) {
-  return attention_probs_run(in, args, attention_offsets(where), where.inputs[0]->shape(),
-                             where.inputs[1]->shape());
+OpMeta attention_grad_meta(std::span<const InputMeta> in, const OpArgs& args) {
+  constexpr std::string_view name = "attention_grad";
+  const AttentionFlags f = attention_flags(args);
+  const int64_t which = attention_grad_which(args);
+  if (which != kGradQ && which != kGradKV) {
+    throw_error<ConfigError>("{}: args.ints[3] must say which gradient (0: q, 1: k and v), got {}",
+                             name, args.to_string());
+  }
+  if (in.size() != 4 + (f.mask ? 1u : 0u)) {
+    throw_error<ShapeError>("{}: expects q, k, v and the output's gradient{}, got {} inputs", name,
+                            f.mask ? " and the mask" : "", in.size());
+  }
+  std::vector<InputMeta> attention_in(in.begin(), in.begin() + 3);
+  if (f.mask) attention_in.push_back(in[4]);
+  const OpMeta out = attention_meta(attention_in, args);
+  if (*in[3].shape != out.shape) {
+    throw_error<ShapeError>("{}: the output's gradient must have the output's shape {}, got {}",
+                            name, shape_str(out.shape), shape_str(*in[3].shape));
+  }
+  if (which == kGradQ) return OpMeta{*in[0].shape, out.dtype};
+  Shape kv = *in[1].shape;
+  kv.back() += in[2].shape->back();
+  return OpMeta{std::move(kv), out.dtype};
+}
+
+// The composed form, for devices and dtypes without the kernel: the weights p (S^2), then dv =
+// p^T g, ds = p (g v^T - rowsum(g v^T p)), dq = scale ds k, dk = scale ds^T q, each kv gradient per
+// query head added into its kv item.
+void attention_grad_composed(std::span<const Tensor> in, const OpArgs& args,
+                             const AttentionOffsets& o, const Shape& q_global,
+                             const Shape& k_global, DType dtype, const BlockedOperands& b,
+                             Tensor dq, Tensor dk, Tensor dv) {
+  const AttentionPieces p = attention_pieces(in, args, true, dtype, o, q_global, k_global, 4);
+  const Tensor probs = attention_weights(p.q, p.k, p.mask, args, o.row);
+  const Tensor g = in[3].to(dtype);
+  const Tensor dp = matmul(g, p.v.transpose(-1, -2));
+  const Tensor ds = probs * (dp - sum(dp * probs, {-1}, true));
+  const double scale = args.reals.at(0);
+  const int64_t sq = probs.size(-2);
+  const int64_t sk = probs.size(-1);
+  if (dq.defined()) {
+    dq.copy_((matmul(ds, p.k) * scale).reshape({b.items, sq, dq.size(2)}));
+    return;
+  }
+  const Tensor per_k =
+      (matmul(ds.transpose(-1, -2), p.q) * scale).reshape({b.items, sk, dk.size(2)});
+  const Tensor per_v = matmul(probs.transpose(-1, -2), g).reshape({b.items, sk, dv.size(2)});
+  dk.fill_(0.0);
+  dv.fill_(0.0);
+  for (int64_t item = 0; item < b.items; ++item) {
+    const int64_t kv = b.args.kv_of[static_cast<size_t>(item)];
+    dk.select(0, kv).copy_(dk.select(0, kv) + per_k.select(0, item));
+    dv.select(0, kv).copy_(dv.select(0, kv) + per_v.select(0, item));
+  }
+}
+
+Tensor attention_grad_run(std::span<const Tensor> in, const OpArgs& args, const AttentionOffsets& o,
+                          const Shape& q_global, const Shape& k_global) {
+  const DType dtype = promote_types(promote_types(in[0].dtype(), in[1].dtype()), in[2].dtype());
+  const BlockedOperands b = blocked_operands(in, args, o, q_global, k_global, dtype, 4);
+  const int64_t d = b.args.q.size(2);
+  const int64_t dv_size = b.args.v.size(2);
+  const int64_t sq = b.args.q.size(1);
+  const int64_t sk = b.args.k.size(1);
+  Tensor result, dq, dk, dv;
+  if (attention_grad_which(args) == kGradQ) {
+    result = empty_for("attention_grad", in[0].shape(), dtype, in[0].device());
+    dq = result.view({b.items, sq, d});
+  } else {
+    Shape shape = in[1].shape();
+    shape.back() = d + dv_size;
+    result = empty_for("attention_grad", shape, dtype, in[0].device());
+    const Tensor kv = result.view({b.kv_items, sk, d + dv_size});
+    dk = kv.narrow(2, 0, d);
+    dv = kv.narrow(2, d, dv_size);
+  }
+  const Tensor grad = in[3].to(dtype).contiguous().view({b.items, sq, dv_size});
+  if (blocked_dtype(dtype) &&
+      kernels_for("attention_grad", in[0].device()).attention_backward(dq, dk, dv, grad, b.args)) {
+    return result;
+  }
+  attention_grad_composed(in, args, o, q_global, k_global, dtype, b, dq, dk, dv);
+  return result;
 }
 
 // The product of the sizes of the mesh dims on which some input t shards its dim dims[t].
@@ -973,26 +1140,47 @@ int64_t sharding_parts(ShardingInputs in, const std::vector<int>& dims) {
   return parts;
 }
 
+// Which of an attention op's inputs shard like q (its rows; its heads with k and v whole on them),
+// the others like k and v: attention and attention_probs (q, k[, v][, mask]) and attention_grad
+// (q, k, v, grad[, mask]), whose grad is q's kind. A kv-shaped output (dk, dv) is
+// the sum over q's rows and heads: Partial where those alone are split.
+struct AttentionRoles {
+  std::vector<bool> like_q;  // per input before the mask
+  bool kv_output = false;
+  bool partial_v = false;  // a Partial v gives a Partial output (attention itself)
+};
+
 // Note [Attention sharding].
-std::vector<OpStrategy> attention_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {
+std::vector<OpStrategy> attention_family_strategies(ShardingInputs in, const OpArgs& args,
+                                                    const AttentionRoles& roles) {
   const AttentionFlags f = attention_flags(args);
   const size_t n = in.size();
-  const size_t n_data = f.mask ? n - 1 : n;  // q, k[, v]
+  const size_t n_data = roles.like_q.size();
   const int nd = static_cast<int>(in[0]->ndim());
   const Shape& q = in[0]->shape();
   const Shape& k = in[1]->shape();
   // The scores' shape [..., Sq, Sk], which the mask broadcasts to.
   Shape scores = q;
   scores.back() = k[k.size() - 2];
-  // The option sharding output dim d: `data` placements for q, k, v; the mask's aligned dim.
-  auto option = [&](int d, const std::vector<Placement>& data) {
-    DimOption o{std::vector<Placement>(n, Replicate{}), Shard{d}};
+  // The option with `data` placements and the mask's dim aligned to output dim d; the output
+  // Shard{d}, or Partial when only q's kind is split and the output is k's kind.
+  auto option = [&](int d, const std::vector<Placement>& data, bool q_alone) {
+    const Placement output =
+        q_alone && roles.kv_output ? Placement{Partial{ReduceOp::Sum}} : Placement{Shard{d}};
+    DimOption o{std::vector<Placement>(n, Replicate{}), output};
     for (size_t t = 0; t < n_data; ++t) o.inputs[t] = data[t];
     if (f.mask) {
       const int m = aligned_dim(in[n - 1]->shape(), scores, d);
       if (m >= 0) o.inputs[n - 1] = Shard{m};
     }
     return o;
+  };
+  auto q_kind_only = [&](int d) {
+    std::vector<Placement> data(n_data, Replicate{});
+    for (size_t t = 0; t < n_data; ++t) {
+      if (roles.like_q[t]) data[t] = Shard{d};
+    }
+    return data;
   };
   std::vector<DimOption> options = {{std::vector<Placement>(n, Replicate{}), Replicate{}}};
   for (int d = 0; d + 2 < nd; ++d) {
@@ -1003,18 +1191,12 @@ std::vector<OpStrategy> attention_strategies(ShardingInputs in, const OpArgs& ar
     if (f.mask) dims[n - 1] = aligned_dim(in[n - 1]->shape(), scores, d);
     const int64_t parts = sharding_parts(in, dims);
     if (!heads || h == hkv || (h % parts == 0 && hkv % parts == 0)) {
-      options.push_back(option(d, std::vector<Placement>(n_data, Shard{d})));
+      options.push_back(option(d, std::vector<Placement>(n_data, Shard{d}), false));
     }
-    if (heads) {  // q's heads with k and v whole on them
-      std::vector<Placement> data(n_data, Replicate{});
-      data[0] = Shard{d};
-      options.push_back(option(d, data));
-    }
+    if (heads) options.push_back(option(d, q_kind_only(d), true));  // k and v whole on the heads
   }
-  std::vector<Placement> rows(n_data, Replicate{});
-  rows[0] = Shard{nd - 2};
-  options.push_back(option(nd - 2, rows));
-  if (n_data == 3) {
+  options.push_back(option(nd - 2, q_kind_only(nd - 2), true));  // q's rows
+  if (roles.partial_v) {
     for (ReduceOp o : {ReduceOp::Sum, ReduceOp::Avg}) {
       DimOption p{std::vector<Placement>(n, Replicate{}), Partial{o}};
       p.inputs[2] = Partial{o};
@@ -1038,6 +1220,25 @@ std::vector<OpStrategy> attention_strategies(ShardingInputs in, const OpArgs& ar
     return q_only && k_sharded;
   });
   return strategies;
+}
+
+// attention (q, k, v[, mask]) and attention_probs (q, k[, mask]).
+std::vector<OpStrategy> attention_strategies(ShardingInputs in, const OpArgs& args, const OpMeta&) {
+  const size_t n_data = in.size() - (attention_flags(args).mask ? 1 : 0);
+  AttentionRoles roles;
+  roles.like_q = {true, false};
+  if (n_data == 3) roles.like_q.push_back(false);
+  roles.partial_v = n_data == 3;
+  return attention_family_strategies(in, args, roles);
+}
+
+// attention_grad (q, k, v, grad[, mask]).
+std::vector<OpStrategy> attention_grad_strategies(ShardingInputs in, const OpArgs& args,
+                                                  const OpMeta&) {
+  AttentionRoles roles;
+  roles.like_q = {true, false, false, true};
+  roles.kv_output = attention_grad_which(args) != kGradQ;
+  return attention_family_strategies(in, args, roles);
 }
 
 Var transposed(const Var& v) {
@@ -1072,6 +1273,27 @@ void attention_backward(BackwardContext& c) {
   // Note [Fused attention accounting]: the S^2 temporaries count no bytes in a dry run on a
   // device with a fused kernel; the gradients of q, k and v do.
   const AttentionKernelScope kernel(f.causal);
+  const bool mask_grad = f.mask && c.needs_grad(3);
+  if (!meta_tensors() && !mask_grad) {
+    // Note [Blocked attention]: no S^2 tensor; dk and dv from one pass.
+    OpArgs args = c.args();
+    args.ints.resize(3, 0);
+    args.ints.push_back(kGradQ);
+    std::vector<Var> in = {q, k, v, g};
+    if (f.mask) in.push_back(c.input(3));
+    if (c.needs_grad(0)) c.set_grad(0, apply(op::attention_grad, in, args));
+    if (c.needs_grad(1) || c.needs_grad(2)) {
+      args.ints[3] = kGradKV;
+      const Var kv = apply(op::attention_grad, in, args);
+      const int64_t d = var_shape(k).back();
+      const int64_t last = static_cast<int64_t>(var_shape(k).size()) - 1;
+      if (c.needs_grad(1)) c.set_grad(1, apply(op::narrow, {kv}, {{last, 0, d}, {}}));
+      if (c.needs_grad(2)) {
+        c.set_grad(2, apply(op::narrow, {kv}, {{last, d, var_shape(v).back()}, {}}));
+      }
+    }
+    return;
+  }
   std::optional<MetaUncountedScope> uncounted;
   auto s2_temporaries = [&](bool on) {
     if (!on) {
@@ -1088,7 +1310,6 @@ void attention_backward(BackwardContext& c) {
   if (c.needs_grad(2)) {
     c.set_grad(2, kv_gradient(apply(op::matmul, {pt, g}), group, var_shape(v)));
   }
-  const bool mask_grad = f.mask && c.needs_grad(3);
   if (!c.needs_grad(0) && !c.needs_grad(1) && !mask_grad) return;
   s2_temporaries(true);
   const Var dp = apply(op::matmul, {g, transposed(kv_per_query_head(v, group))});
@@ -1117,6 +1338,24 @@ double attention_flops(std::span<const InputMeta> in, const OpMeta&) {
   const double dh = static_cast<double>(q.back());
   const double sk = static_cast<double>(k[k.size() - 2]);
   return (probs_only ? 2.0 : 4.0) * batch * sq * sk * dh;
+}
+
+// attention_grad: the products a fused backward kernel does, given the rows' logsumexp (as
+// PyTorch's flash backward is given it), which add up to the composed backward's (Note [Fused
+// attention accounting]), so a dry run counts the same either way: dq: q k^T, g v^T, ds k; dk and
+// dv: p^T g, ds^T q. (Our CPU kernel also makes q k^T, p v and g v^T again where the fused one
+// shares them; flops sees no args: the output's last dim, D + Dv, tells dk and dv from dq.)
+double attention_grad_flops(std::span<const InputMeta> in, const OpMeta& out) {
+  const Shape& q = *in[0].shape;
+  const Shape& k = *in[1].shape;
+  const Shape& v = *in[2].shape;
+  if (q.size() < 2 || out.shape.empty()) return 0.0;
+  const double pairs = static_cast<double>(leading_items(q)) *
+                       static_cast<double>(q[q.size() - 2]) * static_cast<double>(k[k.size() - 2]);
+  const double d = static_cast<double>(q.back());
+  const double dv = static_cast<double>(v.back());
+  const bool kv = v.back() > 0 && out.shape.back() == q.back() + v.back();
+  return 2.0 * pairs * (kv ? d + dv : 2.0 * d + dv);
 }
 
 std::atomic<bool> g_fused_attention_accounting{false};
@@ -1244,9 +1483,9 @@ const OpDef op::mse_loss{
 const OpDef op::scaled_dot_product_attention{
     .name = "scaled_dot_product_attention",
     .meta = attention_meta,
-    .compute = attention_compute,
+    .compute = attention_whole<attention_run>,
     .strategies = attention_strategies,
-    .piece = attention_piece,
+    .piece = attention_on_piece<attention_run>,
     .backward = attention_backward,
     .flops = attention_flops<false>,
     .saves = kSavesInputs,
@@ -1254,10 +1493,18 @@ const OpDef op::scaled_dot_product_attention{
 const OpDef op::attention_probs{
     .name = "attention_probs",
     .meta = attention_probs_meta,
-    .compute = attention_probs_compute,
+    .compute = attention_whole<attention_probs_run>,
     .strategies = attention_strategies,
-    .piece = attention_probs_piece,
+    .piece = attention_on_piece<attention_probs_run>,
     .flops = attention_flops<true>,
+};
+const OpDef op::attention_grad{
+    .name = "attention_grad",
+    .meta = attention_grad_meta,
+    .compute = attention_whole<attention_grad_run>,
+    .strategies = attention_grad_strategies,
+    .piece = attention_on_piece<attention_grad_run>,
+    .flops = attention_grad_flops,
 };
 
 }  // namespace spmd

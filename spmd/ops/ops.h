@@ -168,7 +168,10 @@ extern const OpDef scatter;
 // gradient, 1: grad * x_hat]. dropout: args.reals = [p], args.seed. cross_entropy (logits [N, C,
 // d...], target [N, d...]): loss_args. scaled_dot_product_attention (q, k, v[, mask]) and
 // attention_probs (q, k[, mask]): args.ints = [causal, enable_gqa, has_mask] (the last two
-// optional), args.reals = [scale].
+// optional), args.reals = [scale]. attention_grad (q, k, v, grad[, mask]), attention's backward
+// without S^2 buffers (Note [Blocked attention] in tensor/kernels/attention.cpp): args.ints =
+// [causal, enable_gqa, has_mask, which] (0: dq, 1: dk and dv side by side on the last dim),
+// args.reals = [scale].
 extern const OpDef layer_norm;
 extern const OpDef layer_norm_backward;
 extern const OpDef rms_norm;
@@ -184,6 +187,7 @@ extern const OpDef nll_loss_backward;
 extern const OpDef mse_loss;
 extern const OpDef scaled_dot_product_attention;
 extern const OpDef attention_probs;
+extern const OpDef attention_grad;
 // Rotary embeddings (ops/rope.cpp, Note [Rotary embeddings]): inputs (x [..., S, H, D]) or (x,
 // positions); args.ints = [sign, interleaved, scaled], args.reals = [theta, factor,
 // low_freq_factor, high_freq_factor, original_max_position] (rope_args).
@@ -316,6 +320,7 @@ inline std::span<const OpDef* const> all_ops() {
       &op::mse_loss,
       &op::scaled_dot_product_attention,
       &op::attention_probs,
+      &op::attention_grad,
       &op::rotary_embedding,
       // Shapes.
       &op::transpose,
@@ -387,14 +392,18 @@ struct AttentionOptions {
 OpArgs attention_args(int64_t head_dim, const AttentionOptions& options, bool has_mask);
 
 // Note [Fused attention accounting]
-// Attention's backward recomputes the probabilities (attention_probs) and takes the gradients
-// through S^2 tensors (the probabilities, their gradient), as a flash-attention kernel does in
-// on-chip memory. A dry run on a device that has such a kernel (DeviceSpec::flash_attention)
-// turns the accounting on for its lifetime: the S^2 temporaries of the backward are then shape-
-// only storages that count no bytes (MetaUncountedScope, Note [Meta allocations] in
-// tensor/meta.h), while q, k, v's gradients count as usual. Whether or not it is on, the
-// backward's ops run inside an AttentionKernelScope, so the dry run costs them as one attention
-// kernel (its own efficiency; causal: the half of the work a flash kernel does).
+// On shape-only tensors (a dry run) attention's backward takes its composed form: it recomputes
+// the probabilities (attention_probs) and takes the gradients through S^2 tensors (the
+// probabilities, their gradient), as a flash-attention kernel does in on-chip memory, and costs
+// what PyTorch's kernels do (5 GEMMs of the scores' size). On tensors with data it runs
+// attention_grad, which keeps no S^2 tensor at all (Note [Blocked attention] in
+// tensor/kernels/attention.cpp), and so does a floating mask that needs no gradient. A dry run on a
+// device that has such a kernel (DeviceSpec::flash_attention) turns the accounting on for its
+// lifetime: the S^2 temporaries of the backward are then shape- only storages that count no bytes
+// (MetaUncountedScope, Note [Meta allocations] in tensor/meta.h), while q, k, v's gradients count
+// as usual. Whether or not it is on, the backward's ops run inside an AttentionKernelScope, so the
+// dry run costs them as one attention kernel (its own efficiency; causal: the half of the work a
+// flash kernel does).
 void set_fused_attention_accounting(bool on);
 bool fused_attention_accounting();
 // This thread's attention kernel, if an attention backward is running on it.

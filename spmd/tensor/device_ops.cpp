@@ -51,6 +51,13 @@ class CpuOps final : public DeviceOps {
               double beta) override {
     cpu_kernels::matmul(out, a, b, alpha, beta);
   }
+  bool attention(const Tensor& out, const AttentionKernelArgs& a) override {
+    return cpu_kernels::attention(out, a);
+  }
+  bool attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& grad,
+                          const AttentionKernelArgs& a) override {
+    return cpu_kernels::attention_backward(dq, dk, dv, grad, a);
+  }
   void softmax(const Tensor& out, const Tensor& in, int64_t d, bool log) override {
     cpu_kernels::softmax(out, in, d, log);
   }

@@ -26,6 +26,21 @@ enum class Reduction : uint8_t { Sum, Mean, Amax, Amin };
 // "sum", "mean", "amax", "amin": the names errors use.
 std::string_view op_name(Reduction op);
 
+// The operands of a fused attention kernel (Note [Blocked attention] in
+// tensor/kernels/attention.cpp): q [Bq, Sq, D], k [Bk, Sk, D] and v [Bk, Sk, Dv], contiguous, of
+// one floating dtype; query item b attends to k/v item kv_of[b] (grouped-query attention maps
+// several query heads to one kv head); `mask` undefined, or Bool or q's dtype with shape [...,
+// Sq, Sk] (any strides, 0 too) whose leading dims hold Bq items in q's order (Bool: false hides
+// the key; floating: added to the score). causal hides key j from query row i when
+// j > row_offset + i (row_offset: the global index of row 0, for a piece of the rows).
+struct AttentionKernelArgs {
+  Tensor q, k, v, mask;
+  std::vector<int64_t> kv_of;
+  double scale = 1.0;
+  bool causal = false;
+  int64_t row_offset = 0;
+};
+
 class DeviceOps {
  public:
   virtual ~DeviceOps() = default;
@@ -65,6 +80,22 @@ class DeviceOps {
   // Softmax (or log-softmax when `log`) of `in` along dim `d` into `out` (contiguous, same
   // shape); floating dtypes only, computed stably (max subtracted first).
   virtual void softmax(const Tensor& out, const Tensor& in, int64_t d, bool log) = 0;
+  // out [Bq, Sq, Dv] (contiguous, q's dtype) = softmax(scale q k^T, masked) v without a
+  // [Sq, Sk] buffer. Returns false where the device has no such kernel for the dtype: the caller
+  // then composes attention from matmul and softmax.
+  virtual bool attention(const Tensor& out, const AttentionKernelArgs& a) {
+    (void)out, (void)a;
+    return false;
+  }
+  // The gradients of that attention given the output's gradient `grad` ([Bq, Sq, Dv],
+  // contiguous): dq [Bq, Sq, D], dk [Bk, Sk, D] and dv [Bk, Sk, Dv], each undefined when not
+  // wanted, with contiguous rows (any row and item strides); dk and dv sum over the query items
+  // of their kv item. Returns false as attention() does.
+  virtual bool attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                  const Tensor& grad, const AttentionKernelArgs& a) {
+    (void)dq, (void)dk, (void)dv, (void)grad, (void)a;
+    return false;
+  }
 
   // out = cond ? a : b elementwise: cond Bool, a and b of out's dtype, every operand of out's
   // shape (broadcast as 0 strides).

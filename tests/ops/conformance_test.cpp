@@ -1216,6 +1216,148 @@ TEST(OpTable, AttentionWithGqaAndMasksMatchesAnElementwiseReference) {
       {"scaled_dot_product_attention", "causal"});
 }
 
+// Note [Blocked attention]: shapes that span several query blocks (64 rows) and key blocks (128
+// keys), GQA, causal with fewer queries than keys, a Bool mask with a row that hides every key, a
+// floating mask: the forward against the elementwise reference, and the gradients of q, k and v
+// against autograd through the composed math (matmul, softmax, repeat_interleave), in F64 and
+// F32. Then the same attention as DTensors: no op of forward or backward makes a tensor of the
+// scores' size, and the backward runs attention_grad (dk and dv in one call), not the
+// probabilities.
+TEST(OpTable, BlockedAttentionMatchesTheComposedMathWithoutAScoresBuffer) {
+  const int64_t sq = 150, sk = 300, d = 8, dv = 6;
+  const double scale = 1 / std::sqrt(static_cast<double>(d));
+  std::vector<bool> keep(static_cast<size_t>(sq * sk)), hidden(keep.size()), later(keep.size());
+  for (size_t i = 0; i < keep.size(); ++i) {
+    keep[i] = (i * 7919) % 5 != 0 || i % static_cast<size_t>(sk) == 0;
+    hidden[i] = !keep[i];
+    later[i] = static_cast<int64_t>(i) % sk > static_cast<int64_t>(i) / sk;
+  }
+  const Tensor bool_mask = from_vector(keep, {sq, sk});
+  for (DType dtype : {DType::F64, DType::F32}) {
+    SCOPED_TRACE(dtype == DType::F64 ? "f64" : "f32");
+    const double tol = dtype == DType::F64 ? 1e-12 : 2e-5;
+    const Tensor q = randn({2, 4, sq, d}, 31, dtype);
+    const Tensor k = randn({2, 2, sk, d}, 32, dtype);
+    const Tensor v = randn({2, 2, sk, dv}, 33, dtype);
+    const Tensor float_mask = randn({sq, sk}, 34, dtype);
+    const std::vector<double> fm = testing::values(float_mask);
+    struct Case {
+      std::string name;
+      bool causal;
+      const Tensor* mask;
+      std::function<double(int64_t, int64_t)> reference_mask;
+    };
+    const std::vector<Case> cases = {
+        {"plain", false, nullptr, nullptr},
+        {"causal", true, nullptr, nullptr},
+        {"bool mask", false, &bool_mask,
+         [&](int64_t i, int64_t j) {
+           return keep[static_cast<size_t>(i * sk + j)] ? 0.0 : -INFINITY;
+         }},
+        {"float mask", false, &float_mask,
+         [&](int64_t i, int64_t j) { return fm[static_cast<size_t>(i * sk + j)]; }}};
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.name);
+      const AttentionOptions o{.causal = c.causal, .enable_gqa = true};
+      Tensor lq = q.clone(), lk = k.clone(), lv = v.clone();
+      for (Tensor* t : {&lq, &lk, &lv}) t->requires_grad_();
+      const Tensor out = c.mask != nullptr ? scaled_dot_product_attention(lq, lk, lv, *c.mask, o)
+                                           : scaled_dot_product_attention(lq, lk, lv, o);
+      expect_values(out,
+                    reference_attention(q.to(DType::F64), k.to(DType::F64), v.to(DType::F64), scale,
+                                        c.causal, c.reference_mask),
+                    tol, tol, c.name);
+      // The gradients against autograd through the composed math.
+      const Tensor w = randn(out.shape(), 35, dtype);
+      backward(sum(out * w));
+      Tensor rq = q.clone(), rk = k.clone(), rv = v.clone();
+      for (Tensor* t : {&rq, &rk, &rv}) t->requires_grad_();
+      Tensor scores = matmul(rq, repeat_interleave(rk, 2, 1).transpose(-1, -2)) * scale;
+      if (c.causal) scores = masked_fill(scores, from_vector(later, {sq, sk}), -INFINITY);
+      if (c.mask == &bool_mask) {
+        scores = masked_fill(scores, from_vector(hidden, {sq, sk}), -INFINITY);
+      }
+      if (c.mask == &float_mask) scores = scores + float_mask;
+      backward(sum(matmul(softmax(scores, -1), repeat_interleave(rv, 2, 1)) * w));
+      for (auto [got, want, name] :
+           {std::tuple{&lq, &rq, "dq"}, {&lk, &rk, "dk"}, {&lv, &rv, "dv"}}) {
+        const Tensor a = got->grad();
+        const Tensor b = want->grad();
+        EXPECT_TRUE(allclose(a, b, tol, tol)) << name << ": max diff " << max_abs_diff(a, b);
+      }
+    }
+    // A row whose every key the mask hides is NaN, as softmax over no key is.
+    std::vector<bool> none = keep;
+    for (int64_t j = 0; j < sk; ++j) none[static_cast<size_t>(70 * sk + j)] = false;
+    const std::vector<double> empty_row = testing::values(scaled_dot_product_attention(
+        q, k, v, from_vector(none, {sq, sk}), AttentionOptions{.enable_gqa = true}));
+    for (size_t i = 0; i < empty_row.size(); ++i) {
+      ASSERT_EQ(std::isnan(empty_row[i]), (i / dv) % sq == 70) << i;
+    }
+  }
+  // BF16 has no blocked kernel: attention and attention_grad compose it (the S^2 path), which
+  // agrees with the F32 kernel to BF16's precision.
+  {
+    const Tensor q = randn({1, 2, 40, 8}, 41, DType::F32);
+    const Tensor k = randn({1, 2, 50, 8}, 42, DType::F32);
+    const Tensor v = randn({1, 2, 50, 4}, 43, DType::F32);
+    const Tensor w = randn({1, 2, 40, 4}, 44, DType::F32);
+    std::vector<Tensor> wide = {q.clone(), k.clone(), v.clone()};
+    std::vector<Tensor> narrow = {q.to(DType::BF16), k.to(DType::BF16), v.to(DType::BF16)};
+    for (Tensor& t : wide) t.requires_grad_();
+    for (Tensor& t : narrow) t.requires_grad_();
+    const Tensor a = scaled_dot_product_attention(wide[0], wide[1], wide[2], true);
+    const Tensor b = scaled_dot_product_attention(narrow[0], narrow[1], narrow[2], true);
+    EXPECT_EQ(b.dtype(), DType::BF16);
+    EXPECT_TRUE(allclose(b.to(DType::F32), a, 3e-2, 3e-2)) << max_abs_diff(b.to(DType::F32), a);
+    backward(sum(a * w));
+    backward(sum(b * w.to(DType::BF16)));
+    for (size_t i = 0; i < 3; ++i) {
+      const Tensor g = narrow[i].grad().to(DType::F32);
+      EXPECT_TRUE(allclose(g, wide[i].grad(), 5e-2, 5e-2))
+          << i << ": " << max_abs_diff(g, wide[i].grad());
+    }
+  }
+  // attention_grad's own inputs: the gradient asked for, and the output gradient's shape.
+  {
+    const Tensor q = randn({2, 4, 3}, 45, DType::F64);
+    const Tensor k = randn({2, 5, 3}, 46, DType::F64);
+    const Tensor v = randn({2, 5, 2}, 47, DType::F64);
+    const Tensor g = randn({2, 4, 2}, 48, DType::F64);
+    expect_throws<ConfigError>(
+        [&] {
+          call(op::attention_grad, {q, k, v, g}, {{0, 0, 0, 7}, {0.5}});
+        },
+        {"attention_grad", "which gradient", "7"});
+    expect_throws<ShapeError>(
+        [&] {
+          call(op::attention_grad, {q, k, v, q}, {{0, 0, 0, 0}, {0.5}});
+        },
+        {"attention_grad", "gradient", "[2, 4, 2]", "[2, 4, 3]"});
+    EXPECT_EQ(call(op::attention_grad, {q, k, v, g}, {{0, 0, 0, 1}, {0.5}}).shape(),
+              (Shape{2, 5, 5}));  // dk and dv side by side
+  }
+  // As DTensors (replicated on 2 ranks): the ops' outputs, forward and backward.
+  World world = World::sim(2);
+  const DeviceMesh mesh = *testing::try_mesh(world, {2});
+  const Placements r{Replicate{}};
+  std::vector<std::string> ran;
+  int64_t largest = 0;
+  const int observer = add_op_observer([&](const OpEvent& e) {
+    ran.emplace_back(e.op);
+    largest = std::max(largest, e.output.to_local().shard(0).numel());
+  });
+  DTensor q = distribute_tensor(randn({1, 4, sq, d}, 36, DType::F64), mesh, r).requires_grad_();
+  DTensor k = distribute_tensor(randn({1, 2, sk, d}, 37, DType::F64), mesh, r).requires_grad_();
+  DTensor v = distribute_tensor(randn({1, 2, sk, dv}, 38, DType::F64), mesh, r).requires_grad_();
+  backward(sum(
+      scaled_dot_product_attention(q, k, v, AttentionOptions{.causal = true, .enable_gqa = true})));
+  remove_op_observer(observer);
+  EXPECT_LT(largest, sq * sk) << "an op made a tensor of the scores' size";
+  EXPECT_EQ(std::count(ran.begin(), ran.end(), "attention_grad"), 2);  // dq, then dk and dv
+  EXPECT_EQ(std::count(ran.begin(), ran.end(), "attention_probs"), 0);
+}
+
 // GQA under tensor parallelism: 8 query heads over 4 ranks with 2 kv heads (fewer than the ranks)
 // run with q's heads sharded and k, v whole, each piece picking the kv heads of its global query
 // heads; with 4 kv heads all three shard alike. The query rows shard with a mask sharded alike

@@ -3,7 +3,7 @@
 // Internal to tensor/. Each function has the contract of the DeviceOps method of the same name;
 // the translation units split them by weight: elementwise.cpp (fill, copy, binary, unary, where,
 // comparisons), index.cpp (gather, scatter_add), reduce.cpp (reductions, softmax), matmul.cpp
-// (Eigen).
+// (OpenBLAS, else Eigen), attention.cpp (blocked attention).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +35,23 @@ void softmax(const Tensor& out, const Tensor& in, int64_t d, bool log);
 void softmax_row_f32(float* o, const float* x, int64_t n, bool log, float* buffer);
 
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta);
+// c[n, m] = alpha op(a) op(b) + beta c on the calling thread (no parallel_for), row-major with
+// leading dims ldc, lda, ldb; op(a) = a [n, k], or with trans_a a stored as [k, n]; op(b) = b
+// [k, m], or with trans_b b stored as [m, k]. beta == 0 ignores c's old values. On OpenBLAS
+// where loaded (Note [Matmul on BLAS]), else Eigen. For kernels that multiply tiles themselves.
+void gemm_on_thread(float* c, int64_t ldc, int64_t n, int64_t m, int64_t k, const float* a,
+                    int64_t lda, bool trans_a, const float* b, int64_t ldb, bool trans_b,
+                    float alpha, float beta);
+void gemm_on_thread(double* c, int64_t ldc, int64_t n, int64_t m, int64_t k, const double* a,
+                    int64_t lda, bool trans_a, const double* b, int64_t ldb, bool trans_b,
+                    double alpha, double beta);
+
+// Attention in blocks of keys, never the whole [Sq, Sk] scores (Note [Blocked attention] in
+// tensor/kernels/attention.cpp); F32 and F64 (false otherwise: the caller composes it).
+bool attention(const Tensor& out, const AttentionKernelArgs& a);
+bool attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& grad,
+                        const AttentionKernelArgs& a);
+
 // What F32/F64 products run on, loading it if no product has yet: "OpenBLAS <its kernel set>"
 // (Note [OpenBLAS core type]) or "Eigen".
 std::string matmul_library();

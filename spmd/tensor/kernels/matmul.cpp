@@ -317,7 +317,72 @@ void matmul_integer(const Tensor& out, const Tensor& a, const Tensor& b, double 
   }
 }
 
+// gemm_on_thread with Eigen: row-major c with leading dim ldc; a and b row-major, or transposed
+// (stored row-major as [k, n] and [m, k]: column-major maps).
+template <class T>
+void gemm_eigen_strided(T* c, int64_t ldc, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
+                        bool trans_a, const T* b, int64_t ldb, bool trans_b, T alpha, T beta) {
+  using Out = Eigen::Map<RowMajor<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+  Out cm(c, n, m, Eigen::OuterStride<>(ldc));
+  if (beta == T(0)) {
+    cm.setZero();
+  } else if (beta != T(1)) {
+    cm *= beta;
+  }
+  auto with_b = [&](const auto& ma) {
+    if (trans_b) {
+      cm.noalias() += alpha * ma * ConstMap<ColMajor<T>>(b, k, m, Eigen::OuterStride<>(ldb));
+    } else {
+      cm.noalias() += alpha * ma * ConstMap<RowMajor<T>>(b, k, m, Eigen::OuterStride<>(ldb));
+    }
+  };
+  if (trans_a) {
+    with_b(ConstMap<ColMajor<T>>(a, n, k, Eigen::OuterStride<>(lda)));
+  } else {
+    with_b(ConstMap<RowMajor<T>>(a, n, k, Eigen::OuterStride<>(lda)));
+  }
+}
+
+template <class T>
+void gemm_on_thread_impl(T* c, int64_t ldc, int64_t n, int64_t m, int64_t k, const T* a,
+                         int64_t lda, bool trans_a, const T* b, int64_t ldb, bool trans_b, T alpha,
+                         T beta) {
+  if (n == 0 || m == 0) return;
+#if SPMD_HAVE_OPENBLAS
+  const Blas* blas = k > 0 && fits_blas({n, m, k, lda, ldb, ldc}) ? blas_library() : nullptr;
+  if (blas != nullptr) {
+    const auto ta = trans_a ? CblasTrans : CblasNoTrans;
+    const auto tb = trans_b ? CblasTrans : CblasNoTrans;
+    const auto n32 = static_cast<int>(n);
+    const auto m32 = static_cast<int>(m);
+    const auto k32 = static_cast<int>(k);
+    const auto lda32 = static_cast<int>(lda);
+    const auto ldb32 = static_cast<int>(ldb);
+    const auto ldc32 = static_cast<int>(ldc);
+    if constexpr (std::is_same_v<T, float>) {
+      blas->sgemm(CblasRowMajor, ta, tb, n32, m32, k32, alpha, a, lda32, b, ldb32, beta, c, ldc32);
+    } else {
+      blas->dgemm(CblasRowMajor, ta, tb, n32, m32, k32, alpha, a, lda32, b, ldb32, beta, c, ldc32);
+    }
+    return;
+  }
+#endif
+  gemm_eigen_strided(c, ldc, n, m, k, a, lda, trans_a, b, ldb, trans_b, alpha, beta);
+}
+
 }  // namespace
+
+void gemm_on_thread(float* c, int64_t ldc, int64_t n, int64_t m, int64_t k, const float* a,
+                    int64_t lda, bool trans_a, const float* b, int64_t ldb, bool trans_b,
+                    float alpha, float beta) {
+  gemm_on_thread_impl(c, ldc, n, m, k, a, lda, trans_a, b, ldb, trans_b, alpha, beta);
+}
+
+void gemm_on_thread(double* c, int64_t ldc, int64_t n, int64_t m, int64_t k, const double* a,
+                    int64_t lda, bool trans_a, const double* b, int64_t ldb, bool trans_b,
+                    double alpha, double beta) {
+  gemm_on_thread_impl(c, ldc, n, m, k, a, lda, trans_a, b, ldb, trans_b, alpha, beta);
+}
 
 std::string matmul_library() {
 #if SPMD_HAVE_OPENBLAS
