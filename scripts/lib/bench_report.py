@@ -462,6 +462,14 @@ def main():
                          f"sim_over_single {fmt(b['sim_over_single'])}x",
                          "<= 1.5x" if goal else "-",
                          verdict(b["sim_over_single"] <= 1.5) if goal else "quoted"))
+    # Note [CPU caching allocator]: tensor buffers in steady state come from the cache.
+    fresh = [get(gpt, n)["fresh_blocks"] for n in ("BM_gpt_step", "BM_gpt_step_toy")
+             if get(gpt, n) and "fresh_blocks" in get(gpt, n)]
+    if fresh:
+        rows.append(("GPT training steps in steady state: buffers taken fresh from the C "
+                     "allocator, not the cache (gpt_bench fresh_blocks, d_model 256 and 64)",
+                     " and ".join(fmt(f) for f in fresh), "-", "-", "0",
+                     verdict(max(fresh) == 0)))
     b = get(dry, "BM_DryRun/16384")
     if b:
         secs = unit_us(b) / 1e6
@@ -626,9 +634,18 @@ def main():
     if add:
         w(f"| add 16M F32 | {fmt(add['ms_ours'])} ms ({fmt(add['GBps'])} GB/s) | "
           f"plain loop {fmt(add['ms_ref'])} ms | vs_loop {fmt(add['vs_loop'])}x |")
+    for s_len, shape in (("128", "batch 8, 8 heads, S 128, D 32"),
+                         ("1024", "batch 1, 8 heads, S 1024, D 64")):
+        att = get(tensor, f"BM_Attention/{s_len}")
+        if att:
+            w(f"| causal attention forward + backward, F32, {shape} (blocked, Note [Blocked "
+              f"attention]) | {fmt(att['ms_ours'])} ms | matmul + softmax + matmul with autograd "
+              f"(the [S, S] scores) {fmt(att['ms_ref'])} ms | vs_composed "
+              f"{fmt(att['vs_composed'])}x |")
     w("")
     w("```")
-    w(f"{build}/bench/tensor_bench --benchmark_filter='BM_(Matmul512|Matmul512Blas|Add16M)' {gb} "
+    w(f"{build}/bench/tensor_bench "
+      f"--benchmark_filter='BM_(Matmul512|Matmul512Blas|Add16M|Attention)' {gb} "
       "--benchmark_format=json")
     w("```")
     w("")

@@ -1295,6 +1295,15 @@ TEST(OpTable, BlockedAttentionMatchesTheComposedMathWithoutAScoresBuffer) {
       ASSERT_EQ(std::isnan(empty_row[i]), (i / dv) % sq == 70) << i;
     }
   }
+  // No keys at all: the empty sum p v, zeros, and a zero query gradient.
+  {
+    Tensor q = randn({1, 2, 3, 4}, 49, DType::F64).requires_grad_();
+    const Tensor none = scaled_dot_product_attention(q, zeros({1, 2, 0, 4}, DType::F64),
+                                                     zeros({1, 2, 0, 5}, DType::F64));
+    EXPECT_TRUE(equal(none, zeros({1, 2, 3, 5}, DType::F64))) << none;
+    backward(sum(none));
+    EXPECT_TRUE(equal(q.grad(), zeros({1, 2, 3, 4}, DType::F64))) << q.grad();
+  }
   // BF16 has no blocked kernel: attention and attention_grad compose it (the S^2 path), which
   // agrees with the F32 kernel to BF16's precision.
   {

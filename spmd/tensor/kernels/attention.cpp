@@ -20,7 +20,8 @@
 // - Work splits over (item, query block) forward, items for dq, kv items for dk and dv; the
 //   split never changes a bit, since a row's arithmetic does not depend on which thread runs it.
 // - Rows a mask hides entirely give NaN, as softmax over nothing does (the composed path's
-//   result); a NaN score makes its row NaN.
+//   result); a NaN score makes its row NaN. With no keys at all (Sk = 0) the output is 0, the
+//   composed p v's empty sum.
 // - exp runs on x - m <= 0: in float through expf_nonpositive's vector lanes (within 1.22 ulp,
 //   Note [F32 softmax]) in a loop compiled per ISA (Note [Vector math clones]), in double through
 //   std::exp. Results differ from the composed path (softmax, then a GEMM) in the last bits.
@@ -440,8 +441,8 @@ bool attention(const Tensor& out, const AttentionKernelArgs& a) {
   check_args(a);
   SPMD_CHECK(out.is_contiguous() && out.dtype() == a.q.dtype());
   if (out.numel() == 0) return true;
-  if (a.k.size(1) == 0) {  // no keys: softmax over nothing
-    fill(out, std::numeric_limits<double>::quiet_NaN());
+  if (a.k.size(1) == 0) {  // no keys: a sum over none, as the composed p v gives
+    fill(out, 0.0);
     return true;
   }
   if (a.q.dtype() == DType::F32) {
