@@ -311,7 +311,7 @@ void score_gradient(T* dp, const T* prob, int64_t rows, int64_t cols, const T* d
   }
 }
 
-// Where a gradient goes: rows of width `width` with row stride `ld` and item stride `item`.
+// Where a gradient goes: contiguous rows with row stride `ld` and item stride `item`.
 template <class T>
 struct Rows {
   T* data = nullptr;
