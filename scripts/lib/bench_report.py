@@ -530,6 +530,14 @@ def main():
       "are Eigen's own product (one thread) and OpenBLAS's sgemm with its own threads on every "
       "core, each into a preallocated matrix; for add, a plain loop into a preallocated "
       "buffer. Ours allocates its result each time.")
+    w("- `vs_composed`: causal attention's forward and backward composed of matmul, softmax "
+      "and matmul with autograd (the [S, S] scores held) over the same through the blocked "
+      "kernel (Note [Blocked attention]), run alternately on the same data (above 1 = the "
+      "blocked kernel is faster). Both allocate their results.")
+    w("- `fresh_blocks`: tensor buffers of a cached size that gpt_bench's timed rounds took from "
+      "the C allocator instead of the CPU caching allocator (Note [CPU caching allocator]), "
+      "after three warm-up steps of each model: 0 means steady-state steps allocate nothing "
+      "new.")
     w("- `vs_memcpy`: a collective's effective bandwidth over memcpy's. Effective bandwidth "
       "counts 2 x R x S bytes per call (R = 8 ranks, S = bytes per rank: every input read once "
       "and every output written once, as separate ranks would have to). memcpy bandwidth is "
