@@ -118,21 +118,6 @@ using ColMajor = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajo
 template <class M>
 using ConstMap = Eigen::Map<const M, Eigen::Unaligned, Eigen::OuterStride<>>;
 
-template <class T, class MapA, class MapB>
-void gemm(T* out, int64_t n, int64_t m, const MapA& a, const MapB& b, T alpha, T beta) {
-  Eigen::Map<RowMajor<T>> c(out, n, m);
-  if (beta == T(0)) {
-    c.setZero();
-  } else if (beta != T(1)) {
-    c *= beta;
-  }
-  if (alpha == T(1)) {
-    c.noalias() += a * b;
-  } else {
-    c.noalias() += alpha * a * b;
-  }
-}
-
 #if SPMD_HAVE_OPENBLAS
 // The OpenBLAS entry points, loaded by the first product (Note [Matmul on BLAS]).
 struct Blas {
@@ -193,25 +178,62 @@ bool fits_blas(std::initializer_list<int64_t> sizes) {
   return std::all_of(sizes.begin(), sizes.end(), [](int64_t v) { return v <= INT_MAX; });
 }
 
-// c[rows, m] = alpha a[rows, k] b[k, m] + beta c, row-major c with leading dim m; a and b as
-// their layouts say (column-major: the transposed row-major matrix).
+#endif
+
+// gemm_on_thread with Eigen: row-major c with leading dim ldc; a and b row-major, or transposed
+// (stored row-major as [k, n] and [m, k]: column-major maps).
 template <class T>
-void blas_gemm(const Blas& blas, T* c, int64_t rows, int64_t m, int64_t k, const T* a,
-               const MatrixLayout& la, const T* b, const MatrixLayout& lb, T alpha, T beta) {
-  const auto ta = la.row_major ? CblasNoTrans : CblasTrans;
-  const auto tb = lb.row_major ? CblasNoTrans : CblasTrans;
-  const auto n32 = static_cast<int>(rows);
-  const auto m32 = static_cast<int>(m);
-  const auto k32 = static_cast<int>(k);
-  const auto lda = static_cast<int>(la.outer_stride);
-  const auto ldb = static_cast<int>(lb.outer_stride);
-  if constexpr (std::is_same_v<T, float>) {
-    blas.sgemm(CblasRowMajor, ta, tb, n32, m32, k32, alpha, a, lda, b, ldb, beta, c, m32);
+void gemm_eigen_strided(T* c, int64_t ldc, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
+                        bool trans_a, const T* b, int64_t ldb, bool trans_b, T alpha, T beta) {
+  using Out = Eigen::Map<RowMajor<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+  Out cm(c, n, m, Eigen::OuterStride<>(ldc));
+  if (beta == T(0)) {
+    cm.setZero();
+  } else if (beta != T(1)) {
+    cm *= beta;
+  }
+  auto with_b = [&](const auto& ma) {
+    if (trans_b) {
+      cm.noalias() += alpha * ma * ConstMap<ColMajor<T>>(b, k, m, Eigen::OuterStride<>(ldb));
+    } else {
+      cm.noalias() += alpha * ma * ConstMap<RowMajor<T>>(b, k, m, Eigen::OuterStride<>(ldb));
+    }
+  };
+  if (trans_a) {
+    with_b(ConstMap<ColMajor<T>>(a, n, k, Eigen::OuterStride<>(lda)));
   } else {
-    blas.dgemm(CblasRowMajor, ta, tb, n32, m32, k32, alpha, a, lda, b, ldb, beta, c, m32);
+    with_b(ConstMap<RowMajor<T>>(a, n, k, Eigen::OuterStride<>(lda)));
   }
 }
+
+// One GEMM on the calling thread: each of matmul's batch items and row chunks (Note [Parallel
+// matmul]), and gemm_on_thread for kernels that multiply tiles themselves.
+template <class T>
+void gemm_on_thread_impl(T* c, int64_t ldc, int64_t n, int64_t m, int64_t k, const T* a,
+                         int64_t lda, bool trans_a, const T* b, int64_t ldb, bool trans_b, T alpha,
+                         T beta) {
+  if (n == 0 || m == 0) return;
+#if SPMD_HAVE_OPENBLAS
+  const Blas* blas = k > 0 && fits_blas({n, m, k, lda, ldb, ldc}) ? blas_library() : nullptr;
+  if (blas != nullptr) {
+    const auto ta = trans_a ? CblasTrans : CblasNoTrans;
+    const auto tb = trans_b ? CblasTrans : CblasNoTrans;
+    const auto n32 = static_cast<int>(n);
+    const auto m32 = static_cast<int>(m);
+    const auto k32 = static_cast<int>(k);
+    const auto lda32 = static_cast<int>(lda);
+    const auto ldb32 = static_cast<int>(ldb);
+    const auto ldc32 = static_cast<int>(ldc);
+    if constexpr (std::is_same_v<T, float>) {
+      blas->sgemm(CblasRowMajor, ta, tb, n32, m32, k32, alpha, a, lda32, b, ldb32, beta, c, ldc32);
+    } else {
+      blas->dgemm(CblasRowMajor, ta, tb, n32, m32, k32, alpha, a, lda32, b, ldb32, beta, c, ldc32);
+    }
+    return;
+  }
 #endif
+  gemm_eigen_strided(c, ldc, n, m, k, a, lda, trans_a, b, ldb, trans_b, alpha, beta);
+}
 
 template <class T>
 void matmul_eigen(const Tensor& out, Tensor a, Tensor b, double alpha, double beta) {
@@ -232,39 +254,13 @@ void matmul_eigen(const Tensor& out, Tensor a, Tensor b, double alpha, double be
   const int64_t k = a.size(2);
   const T ta = static_cast<T>(alpha);
   const T tb = static_cast<T>(beta);
-#if SPMD_HAVE_OPENBLAS
-  const Blas* blas =
-      k > 0 && fits_blas({n, m, k, la->outer_stride, lb->outer_stride}) ? blas_library() : nullptr;
-#endif
-  // Rows [r0, r1) of batch item i.
+  // Rows [r0, r1) of batch item i: one GEMM call (OpenBLAS, else Eigen).
   auto product = [&](int64_t i, int64_t r0, int64_t r1) {
-    T* c = at<T>(out, i * n * m + r0 * m);
     const T* pa = at<T>(a, i * a.stride(0));
-    const T* pb = at<T>(b, i * b.stride(0));
-    const int64_t rows = r1 - r0;
-#if SPMD_HAVE_OPENBLAS
-    if (blas != nullptr) {
-      const T* first = la->row_major ? pa + r0 * la->outer_stride : pa + r0;
-      blas_gemm(*blas, c, rows, m, k, first, *la, pb, *lb, ta, tb);
-      return;
-    }
-#endif
-    // Four layout combinations, each its own GEMM instantiation.
-    auto with_b = [&](const auto& ma) {
-      if (lb->row_major) {
-        gemm(c, rows, m, ma,
-             ConstMap<RowMajor<T>>(pb, k, m, Eigen::OuterStride<>(lb->outer_stride)), ta, tb);
-      } else {
-        gemm(c, rows, m, ma,
-             ConstMap<ColMajor<T>>(pb, k, m, Eigen::OuterStride<>(lb->outer_stride)), ta, tb);
-      }
-    };
-    if (la->row_major) {
-      with_b(ConstMap<RowMajor<T>>(pa + r0 * la->outer_stride, rows, k,
-                                   Eigen::OuterStride<>(la->outer_stride)));
-    } else {
-      with_b(ConstMap<ColMajor<T>>(pa + r0, rows, k, Eigen::OuterStride<>(la->outer_stride)));
-    }
+    const T* first = la->row_major ? pa + r0 * la->outer_stride : pa + r0;
+    gemm_on_thread_impl(at<T>(out, i * n * m + r0 * m), m, r1 - r0, m, k, first, la->outer_stride,
+                        !la->row_major, at<T>(b, i * b.stride(0)), lb->outer_stride, !lb->row_major,
+                        ta, tb);
   };
   // Note [Parallel matmul]: batch items, each whole, at least kMinSplitWork multiply-adds a task.
   const int64_t item = n * m * k;
@@ -315,59 +311,6 @@ void matmul_integer(const Tensor& out, const Tensor& a, const Tensor& b, double 
       }
     }
   }
-}
-
-// gemm_on_thread with Eigen: row-major c with leading dim ldc; a and b row-major, or transposed
-// (stored row-major as [k, n] and [m, k]: column-major maps).
-template <class T>
-void gemm_eigen_strided(T* c, int64_t ldc, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
-                        bool trans_a, const T* b, int64_t ldb, bool trans_b, T alpha, T beta) {
-  using Out = Eigen::Map<RowMajor<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
-  Out cm(c, n, m, Eigen::OuterStride<>(ldc));
-  if (beta == T(0)) {
-    cm.setZero();
-  } else if (beta != T(1)) {
-    cm *= beta;
-  }
-  auto with_b = [&](const auto& ma) {
-    if (trans_b) {
-      cm.noalias() += alpha * ma * ConstMap<ColMajor<T>>(b, k, m, Eigen::OuterStride<>(ldb));
-    } else {
-      cm.noalias() += alpha * ma * ConstMap<RowMajor<T>>(b, k, m, Eigen::OuterStride<>(ldb));
-    }
-  };
-  if (trans_a) {
-    with_b(ConstMap<ColMajor<T>>(a, n, k, Eigen::OuterStride<>(lda)));
-  } else {
-    with_b(ConstMap<RowMajor<T>>(a, n, k, Eigen::OuterStride<>(lda)));
-  }
-}
-
-template <class T>
-void gemm_on_thread_impl(T* c, int64_t ldc, int64_t n, int64_t m, int64_t k, const T* a,
-                         int64_t lda, bool trans_a, const T* b, int64_t ldb, bool trans_b, T alpha,
-                         T beta) {
-  if (n == 0 || m == 0) return;
-#if SPMD_HAVE_OPENBLAS
-  const Blas* blas = k > 0 && fits_blas({n, m, k, lda, ldb, ldc}) ? blas_library() : nullptr;
-  if (blas != nullptr) {
-    const auto ta = trans_a ? CblasTrans : CblasNoTrans;
-    const auto tb = trans_b ? CblasTrans : CblasNoTrans;
-    const auto n32 = static_cast<int>(n);
-    const auto m32 = static_cast<int>(m);
-    const auto k32 = static_cast<int>(k);
-    const auto lda32 = static_cast<int>(lda);
-    const auto ldb32 = static_cast<int>(ldb);
-    const auto ldc32 = static_cast<int>(ldc);
-    if constexpr (std::is_same_v<T, float>) {
-      blas->sgemm(CblasRowMajor, ta, tb, n32, m32, k32, alpha, a, lda32, b, ldb32, beta, c, ldc32);
-    } else {
-      blas->dgemm(CblasRowMajor, ta, tb, n32, m32, k32, alpha, a, lda32, b, ldb32, beta, c, ldc32);
-    }
-    return;
-  }
-#endif
-  gemm_eigen_strided(c, ldc, n, m, k, a, lda, trans_a, b, ldb, trans_b, alpha, beta);
 }
 
 }  // namespace
