@@ -3,7 +3,7 @@
 // BM_gpt_step: one training step of examples/gpt's model (forward, backward, clip_grad_norm,
 // AdamW; F32, dropout on) with tensor + sequence parallelism on a (dp=2, tp=4) mesh under sim,
 // against the same step on full tensors (autograd on Tensors), timed in the same run,
-// interleaved, best of 3 rounds each:
+// interleaved, the median of 3 rounds each (each round times a model's second step in a row):
 //   sim_ms           the sharded step (8 ranks' pieces, the collectives, propagation, autograd)
 //   single_ms        the step on full tensors
 //   sim_over_single  sim_ms / single_ms (goal <= 1.5)
@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <vector>
 
 #include <spmd/tensor/storage.h>
 #include "examples/gpt_model.h"
@@ -51,11 +52,20 @@ std::string bench_text() {
   return text;
 }
 
-// Milliseconds of one call of fn (after one warm-up call).
+// Milliseconds of one call of fn, after one untimed call: the rounds alternate between the two
+// models, so each timed step follows a step of its own model, as bench/peers/torch_gpt.py times
+// PyTorch's steps (one after another).
 double time_ms(const std::function<void()>& fn) {
+  fn();
   const auto start = Clock::now();
   fn();
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// The median of three times, as bench/peers/torch_gpt.py reports PyTorch's.
+double median3(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  return t[1];
 }
 
 void gpt_step(benchmark::State& state, bool toy) {
@@ -84,12 +94,13 @@ void gpt_step(benchmark::State& state, bool toy) {
     single_step();
   }
   for (auto _ : state) sim_step();
-  double sim_ms = 1e300, single_ms = 1e300;
+  std::vector<double> sim_times, single_times;
   const uint64_t fresh_before = cpu_allocator_stats().fresh_blocks;
   for (int round = 0; round < 3; ++round) {
-    sim_ms = std::min(sim_ms, time_ms(sim_step));
-    single_ms = std::min(single_ms, time_ms(single_step));
+    sim_times.push_back(time_ms(sim_step));
+    single_times.push_back(time_ms(single_step));
   }
+  const double sim_ms = median3(sim_times), single_ms = median3(single_times);
   state.counters["fresh_blocks"] =
       static_cast<double>(cpu_allocator_stats().fresh_blocks - fresh_before);
   state.counters["sim_ms"] = sim_ms;

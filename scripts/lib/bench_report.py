@@ -534,6 +534,9 @@ def main():
       "and matmul with autograd (the [S, S] scores held) over the same through the blocked "
       "kernel (Note [Blocked attention]), run alternately on the same data (above 1 = the "
       "blocked kernel is faster). Both allocate their results.")
+    w("- `vs_composed` of the AdamW update: the eleven elementwise ops AdamW ran per parameter "
+      "before adamw_step over the one op (Note [Fused AdamW]), alternately on the same 1M "
+      "F32 elements; both give the same bits and allocate their results.")
     w("- `fresh_blocks`: tensor buffers of a cached size that gpt_bench's timed rounds took from "
       "the C allocator instead of the CPU caching allocator (Note [CPU caching allocator]), "
       "after three warm-up steps of each model: 0 means steady-state steps allocate nothing "
@@ -564,7 +567,9 @@ def main():
       "(`TypesScope`) minus with them off, best of 7 interleaved rounds each.")
     w("- `sim_over_single`: a training step (forward, backward, optimizer) under sim on 8 "
       "ranks over the same step on full tensors in one process, both with autograd, "
-      "best of 3 (train step) or as gpt_bench states.")
+      "best of 3 (train step), or for gpt_bench the median of 3 interleaved rounds, each "
+      "timing a model's second step in a row (as PyTorch's steps are timed: the median of 3 "
+      "in a row).")
     w("- Dry run: one 7B-class GPT training step (32 layers, d 4096, 32 heads, sequence 4096, "
       "vocabulary 32000, bf16, AdamW) with shape-only tensors under sim on (dp, tp=8); wall "
       "time of one run and the process's peak resident set during it (VmHWM, reset before).")
@@ -650,10 +655,15 @@ def main():
               f"attention]) | {fmt(att['ms_ours'])} ms | matmul + softmax + matmul with autograd "
               f"(the [S, S] scores) {fmt(att['ms_ref'])} ms | vs_composed "
               f"{fmt(att['vs_composed'])}x |")
+    adamw = get(tensor, "BM_AdamWStep")
+    if adamw:
+        w(f"| AdamW update of 1M F32 elements (adamw_step, Note [Fused AdamW]) | "
+          f"{fmt(adamw['ms_ours'])} ms | the eleven elementwise ops it replaced "
+          f"{fmt(adamw['ms_ref'])} ms | vs_composed {fmt(adamw['vs_composed'])}x |")
     w("")
     w("```")
     w(f"{build}/bench/tensor_bench "
-      f"--benchmark_filter='BM_(Matmul512|Matmul512Blas|Add16M|Attention)' {gb} "
+      f"--benchmark_filter='BM_(Matmul512|Matmul512Blas|Add16M|Attention|AdamWStep)' {gb} "
       "--benchmark_format=json")
     w("```")
     w("")

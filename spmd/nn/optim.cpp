@@ -182,9 +182,12 @@ void AdamW<P>::step(SourceLocation loc) {
   steps_ = steps() + 1;
   if (step_count_.defined()) step_count_ = from_vector(std::vector<int64_t>{steps_}, {1});
   const AdamWOptions& o = options_;
-  const double t = static_cast<double>(steps_);
-  const double step_size = o.lr / (1.0 - std::pow(o.beta1, t));
-  const double sqrt_correction = std::sqrt(1.0 - std::pow(o.beta2, t));
+  const AdamWStep hyper{.lr = o.lr,
+                        .beta1 = o.beta1,
+                        .beta2 = o.beta2,
+                        .eps = o.eps,
+                        .weight_decay = o.weight_decay,
+                        .step = steps_};
   for (size_t i = 0; i < params_.size(); ++i) {
     P* p = params_[i];
     const P g = p->grad();
@@ -193,11 +196,11 @@ void AdamW<P>::step(SourceLocation loc) {
       m_[i] = zeros_like(*p);
       v_[i] = zeros_like(*p);
     }
-    m_[i] = m_[i] * o.beta1 + g * (1.0 - o.beta1);
-    v_[i] = v_[i] * o.beta2 + g * g * (1.0 - o.beta2);
-    const P denom = sqrt(v_[i]) * (1.0 / sqrt_correction) + o.eps;
-    P value = o.weight_decay != 0.0 ? *p * (1.0 - o.lr * o.weight_decay) : *p;
-    assign_leaf(p, value - m_[i] / denom * step_size);
+    // One op for the whole update (Note [Fused AdamW] in ops/optim.cpp): [3, ...] of p, m, v.
+    const P updated = adamw_step(*p, g, m_[i], v_[i], hyper);
+    m_[i] = select(updated, 0, 1);
+    v_[i] = select(updated, 0, 2);
+    assign_leaf(p, select(updated, 0, 0));
     notify_step(g, *p, loc);
   }
 }

@@ -192,6 +192,10 @@ extern const OpDef attention_grad;
 // positions); args.ints = [sign, interleaved, scaled], args.reals = [theta, factor,
 // low_freq_factor, high_freq_factor, original_max_position] (rope_args).
 extern const OpDef rotary_embedding;
+// One AdamW update (ops/optim.cpp, Note [Fused AdamW]): inputs (param, grad, exp_avg,
+// exp_avg_sq), args.ints = [step], args.reals = [lr, beta1, beta2, eps, weight_decay] (adamw_args);
+// the output [3, ...] stacks the new param, exp_avg and exp_avg_sq.
+extern const OpDef adamw_step;
 
 // Shapes (ops/shape.cpp). transpose: args.ints = [a, b]; reshape and expand: the shape; cat,
 // stack, unsqueeze, squeeze: [d]; pad: [d, before, after], args.reals = [value]; narrow: [d,
@@ -322,6 +326,8 @@ inline std::span<const OpDef* const> all_ops() {
       &op::attention_probs,
       &op::attention_grad,
       &op::rotary_embedding,
+      // Optimizer updates.
+      &op::adamw_step,
       // Shapes.
       &op::transpose,
       &op::reshape,
@@ -453,6 +459,18 @@ inline OpArgs dropout_args(double p, uint64_t seed, DropoutRows of = {}) {
   args.seed = seed;
   if (of.rows != 0) args.ints = {of.offset, of.rows};
   return args;
+}
+// The hyperparameters of one AdamW update and the step count t it is (1 for the first).
+struct AdamWStep {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+  int64_t step = 1;
+};
+inline OpArgs adamw_args(const AdamWStep& s) {
+  return OpArgs{{s.step}, {s.lr, s.beta1, s.beta2, s.eps, s.weight_decay}};
 }
 // The args of clamp (either bound may be absent; an absent one is 0 in args.reals).
 inline OpArgs clamp_args(std::optional<double> min, std::optional<double> max) {
@@ -766,6 +784,13 @@ inline Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bi
 // x / sqrt(mean(x^2) + eps) * weight over the last dim.
 inline Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6) {
   return call(op::rms_norm, {x, weight}, {{}, {eps}});
+}
+// torch.optim.AdamW's update of one parameter as one op (Note [Fused AdamW] in ops/optim.cpp):
+// [3, ...] stacking param (1 - lr wd) - lr / (1 - b1^t) m' / (sqrt(v') / sqrt(1 - b2^t) + eps),
+// m' = b1 m + (1 - b1) grad and v' = b2 v + (1 - b2) grad^2; select(out, 0, i) takes each.
+inline Tensor adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                         const Tensor& exp_avg_sq, const AdamWStep& s) {
+  return call(op::adamw_step, {param, grad, exp_avg, exp_avg_sq}, adamw_args(s));
 }
 // Zeros each element with probability p and scales the others by 1 / (1 - p); element i of the
 // tensor is dropped when philox_uniform(seed, i) < p, so the same seed drops the same elements of

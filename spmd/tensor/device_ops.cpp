@@ -61,6 +61,10 @@ class CpuOps final : public DeviceOps {
   void softmax(const Tensor& out, const Tensor& in, int64_t d, bool log) override {
     cpu_kernels::softmax(out, in, d, log);
   }
+  bool adamw(const Tensor& out, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+             const AdamWKernelArgs& a) override {
+    return cpu_kernels::adamw(out, p, g, m, v, a);
+  }
   void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) override {
     cpu_kernels::where(out, cond, a, b);
   }

@@ -41,6 +41,18 @@ struct AttentionKernelArgs {
   int64_t row_offset = 0;
 };
 
+// One step of AdamW on one parameter (op::adamw_step, Note [Fused AdamW] in ops/nn.cpp): the
+// factors as the composed update uses them, each rounded to the compute type first (float for
+// BF16/F16) as a scalar operand is.
+struct AdamWKernelArgs {
+  double beta1 = 0.9, one_minus_beta1 = 0.1;
+  double beta2 = 0.999, one_minus_beta2 = 0.001;
+  double inv_sqrt_correction = 1.0;  // 1 / sqrt(1 - beta2^t)
+  double eps = 1e-8;
+  double decay = 1.0;       // 1 - lr * weight_decay
+  double step_size = 1e-3;  // lr / (1 - beta1^t)
+};
+
 class DeviceOps {
  public:
   virtual ~DeviceOps() = default;
@@ -94,6 +106,16 @@ class DeviceOps {
   virtual bool attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                   const Tensor& grad, const AttentionKernelArgs& a) {
     (void)dq, (void)dk, (void)dv, (void)grad, (void)a;
+    return false;
+  }
+
+  // out [3, ...] (contiguous, p's dtype) = the parameter, first moment and second moment after one
+  // AdamW step, given p, its gradient g and the moments m and v (contiguous, of p's shape and
+  // dtype), rounded after each operation as the composed update's ops round (Note [Fused AdamW]
+  // in ops/nn.cpp). Returns false where the device has no such kernel: the caller composes it.
+  virtual bool adamw(const Tensor& out, const Tensor& p, const Tensor& g, const Tensor& m,
+                     const Tensor& v, const AdamWKernelArgs& a) {
+    (void)out, (void)p, (void)g, (void)m, (void)v, (void)a;
     return false;
   }
 

@@ -236,6 +236,84 @@ SPMD_TEST(Optimizers, AdamWMatchesTheClosedFormAndTensors) {
   EXPECT_EQ(dopt.exp_avg_sq(0).placements(), d.placements());
 }
 
+// The update as AdamW wrote it before it was one op (Note [Fused AdamW] in ops/optim.cpp): eleven
+// ops, each rounding to the dtype.
+std::vector<Tensor> composed_adamw(const Tensor& p, const Tensor& g, const Tensor& m,
+                                   const Tensor& v, const AdamWStep& s) {
+  const double t = static_cast<double>(s.step);
+  const double step_size = s.lr / (1.0 - std::pow(s.beta1, t));
+  const double sqrt_correction = std::sqrt(1.0 - std::pow(s.beta2, t));
+  const Tensor m1 = m * s.beta1 + g * (1.0 - s.beta1);
+  const Tensor v1 = v * s.beta2 + g * g * (1.0 - s.beta2);
+  const Tensor denom = sqrt(v1) * (1.0 / sqrt_correction) + s.eps;
+  const Tensor value = s.weight_decay != 0.0 ? p * (1.0 - s.lr * s.weight_decay) : p;
+  return {value - m1 / denom * step_size, m1, v1};
+}
+
+SPMD_TEST(Optimizers, FusedAdamWStepGivesTheComposedUpdatesBits) {
+  // 4099 elements: the vector loops' tails too; gradients over six orders of magnitude.
+  for (DType dtype : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+    for (const AdamWStep& s :
+         {AdamWStep{.lr = 3e-3, .weight_decay = 0.1, .step = 1}, AdamWStep{.lr = 0.02,
+                                                                 .beta1 = 0.8,
+                                                                 .beta2 = 0.95,
+                                                                 .eps = 1e-6,
+                                                                 .weight_decay = 0.0,
+                                                                 .step = 7}}) {
+      SCOPED_TRACE(fmt::format("{} step {} wd {}", dtype, s.step, s.weight_decay));
+      const Tensor p = randn({4099}, 1).to(dtype);
+      const Tensor g = (randn({4099}, 2) * exp(randn({4099}, 3) * 3.0)).to(dtype);
+      const Tensor m = (randn({4099}, 4) * 0.1).to(dtype);
+      const Tensor v = (abs(randn({4099}, 5)) * 0.01).to(dtype);
+      const Tensor fused = adamw_step(p, g, m, v, s);
+      ASSERT_EQ(fused.shape(), (Shape{3, 4099}));
+      const std::vector<Tensor> want = composed_adamw(p, g, m, v, s);
+      for (int64_t i = 0; i < 3; ++i) {
+        EXPECT_TRUE(equal(select(fused, 0, i), want[static_cast<size_t>(i)]))
+            << "output " << i << ": max |diff| "
+            << max_abs_diff(select(fused, 0, i).to(DType::F64),
+                            want[static_cast<size_t>(i)].to(DType::F64));
+      }
+    }
+  }
+  // AdamW over three steps moves its parameter, and keeps its moments, as the composed update.
+  Tensor w = randn({5, 7}, 6).requires_grad_();
+  Tensor p = w.detach(), m = zeros({5, 7}), v = zeros({5, 7});
+  AdamW opt(std::vector<Tensor*>{&w}, {.lr = 0.05, .weight_decay = 0.1});
+  for (int64_t step = 1; step <= 3; ++step) {
+    backward(sum(w * w * w));
+    const Tensor g = w.grad();
+    opt.step();
+    const std::vector<Tensor> want =
+        composed_adamw(p, g, m, v, {.lr = 0.05, .weight_decay = 0.1, .step = step});
+    p = want[0], m = want[1], v = want[2];
+    EXPECT_TRUE(equal(w, p)) << "step " << step;
+    EXPECT_TRUE(equal(opt.exp_avg(0), m)) << "step " << step;
+    EXPECT_TRUE(equal(opt.exp_avg_sq(0), v)) << "step " << step;
+    EXPECT_TRUE(w.requires_grad());
+  }
+  // Its inputs and hyperparameters are checked, naming the op.
+  const Tensor a = randn({4, 3}, 7);
+  expect_throws<ShapeError>(
+      [&] {
+        adamw_step(a, a, a, randn({3, 4}, 8), {});
+      },
+      {"adamw_step", "exp_avg_sq", "[3, 4]", "[4, 3]"});
+  expect_throws<ShapeError>([&] { adamw_step(a, a.to(DType::F64), a, a, {}); },
+                            {"adamw_step", "grad", "f64"});
+  expect_throws<Unsupported>(
+      [&] {
+        const Tensor i = zeros({4, 3}, DType::I64);
+        adamw_step(i, i, i, i, {});
+      },
+      {"adamw_step", "floating", "i64"});
+  expect_throws<ConfigError>([&] { adamw_step(a, a, a, a, {.beta1 = 1.0}); },
+                             {"adamw_step", "beta1", "[0, 1)"});
+  expect_throws<ConfigError>([&] { adamw_step(a, a, a, a, {.lr = NAN}); }, {"adamw_step", "lr"});
+  expect_throws<ConfigError>([&] { adamw_step(a, a, a, a, {.step = 0}); },
+                             {"adamw_step", "step must be >= 1"});
+}
+
 // ---- clip_grad_norm --------------------------------------------------------------------------
 
 SPMD_TEST(ClipGradNorm, TheNormOfAllGradientsTogetherOnOneMeshAndSeveral) {

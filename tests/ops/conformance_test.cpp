@@ -365,6 +365,15 @@ Table op_table() {
      return dropout(x[0], 0.3, 5);
    })).floating_only = true;
   {
+    // Positive inputs: the second moment must be (tests/nn/nn_test.cpp checks the bits).
+    OpRow& r = t.add(row("adamw_step", {{6, 8}, {6, 8}, {6, 8}, {6, 8}}, [](const auto& x) {
+      return adamw_step(x[0], x[1], x[2], x[3], {.lr = 0.01, .weight_decay = 0.1, .step = 3});
+    }));
+    r.floating_only = true;
+    r.positive = true;
+    r.no_derivative = true;
+  }
+  {
     OpRow& r = t.add(row("cross_entropy", {{6, 7}, {6}},
                          [](const auto& x) { return cross_entropy(x[0], x[1]); }));
     r.indices = {{1, 7}};

@@ -23,6 +23,9 @@ void unary_backward(int op, const Tensor& out, const Tensor& grad, const Tensor&
 void binary_backward(int op, int wrt, const Tensor& out, const Tensor& grad, const Tensor& a,
                      const Tensor& b);
 void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b);
+// One AdamW step of every element (DeviceOps::adamw), F32, F64, BF16 and F16.
+bool adamw(const Tensor& out, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+           const AdamWKernelArgs& a);
 bool equal(const Tensor& a, const Tensor& b);
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol);
 double max_abs_diff(const Tensor& a, const Tensor& b);

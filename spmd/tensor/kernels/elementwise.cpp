@@ -196,6 +196,37 @@ bool derivative_run_cloned(T* o, const T* g, const T* x, int64_t n) {
   return false;
 }
 
+// ---- AdamW ----------------------------------------------------------------------------------
+
+// The factors of an AdamW step in the compute type, in the order adamw_run reads them.
+enum AdamWFactor { kBeta1, kOneMinusBeta1, kBeta2, kOneMinusBeta2, kInvSqrt, kEps, kDecay, kStep };
+
+// Note [Fused AdamW] (ops/nn.cpp): the composed update's operations in its order, each result
+// rounded to T (`round`: identity for F32 and F64), so the bits are the composed ops' bits.
+template <class T>
+void adamw_run(T* __restrict po, T* __restrict pm, T* __restrict pv, const T* p, const T* g,
+               const T* m, const T* v, int64_t n, const compute_t<T>* k) {
+  using C = compute_t<T>;
+  auto round = [](C x) { return load(store<T>(x)); };
+  for (int64_t i = 0; i < n; ++i) {
+    const C gi = load(g[i]);
+    const C m1 = round(round(load(m[i]) * k[kBeta1]) + round(gi * k[kOneMinusBeta1]));
+    const C v1 = round(round(load(v[i]) * k[kBeta2]) + round(round(gi * gi) * k[kOneMinusBeta2]));
+    const C denom = round(round(round(std::sqrt(v1)) * k[kInvSqrt]) + k[kEps]);
+    const C value = round(load(p[i]) * k[kDecay]);
+    po[i] = store<T>(value - round(round(m1 / denom) * k[kStep]));
+    pm[i] = store<T>(m1);
+    pv[i] = store<T>(v1);
+  }
+}
+
+// F32 through the vector clones (sqrt and division vectorize and round as the scalar ones do).
+SPMD_MATH_CLONES void adamw_f32_run(float* __restrict po, float* __restrict pm,
+                                    float* __restrict pv, const float* p, const float* g,
+                                    const float* m, const float* v, int64_t n, const float* k) {
+  adamw_run<float>(po, pm, pv, p, g, m, v, n, k);
+}
+
 // ---- unary ----------------------------------------------------------------------------------
 
 template <class T, class Op>
@@ -406,6 +437,42 @@ void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor&
       for (int64_t i = 0; i < n; ++i) o[i * st[0]] = c[i * st[1]] ? x[i * st[2]] : y[i * st[3]];
     });
   });
+}
+
+bool adamw(const Tensor& out, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+           const AdamWKernelArgs& a) {
+  for (const Tensor* t : {&out, &p, &g, &m, &v}) SPMD_CHECK(t->is_contiguous());
+  SPMD_CHECK(out.numel() == 3 * p.numel());
+  bool done = false;
+  dispatch_arithmetic(p.dtype(), "adamw", [&]<class T>() {
+    using C = compute_t<T>;
+    if constexpr (std::is_floating_point_v<C>) {
+      const C k[] = {static_cast<C>(a.beta1),
+                     static_cast<C>(a.one_minus_beta1),
+                     static_cast<C>(a.beta2),
+                     static_cast<C>(a.one_minus_beta2),
+                     static_cast<C>(a.inv_sqrt_correction),
+                     static_cast<C>(a.eps),
+                     static_cast<C>(a.decay),
+                     static_cast<C>(a.step_size)};
+      const int64_t n = p.numel();
+      T* o = at<T>(out);
+      parallel_for(n, kElementwiseGrain, [&](int64_t first, int64_t last) {
+        const int64_t len = last - first;
+        T* po = o + first;
+        T* pm = o + n + first;
+        T* pv = o + 2 * n + first;
+        const T* x[] = {at<T>(p, first), at<T>(g, first), at<T>(m, first), at<T>(v, first)};
+        if constexpr (std::is_same_v<T, float>) {
+          adamw_f32_run(po, pm, pv, x[0], x[1], x[2], x[3], len, k);
+        } else {
+          adamw_run<T>(po, pm, pv, x[0], x[1], x[2], x[3], len, k);
+        }
+      });
+      done = true;
+    }
+  });
+  return done;
 }
 
 bool equal(const Tensor& a, const Tensor& b) {
