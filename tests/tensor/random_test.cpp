@@ -131,6 +131,24 @@ TEST(Random, LongRowsGiveTheScalarStream) {
       {"dropout", "does not lie inside"});
 }
 
+// The keep test at its ends (the vector loop compares the 53 bits with a threshold clamped to
+// 2^53): p = 0 keeps everything, p = 1 nothing, p = 2^-53 drops only a value of exactly 0, and p
+// just below 1 keeps only values above it; each as rand's F64 value >= p says, in F32 and F64.
+TEST(Random, DropoutMaskAtTheEndsOfP) {
+  const Shape global = {4, 1000};
+  const uint64_t seed = 3;
+  const Tensor u = rand_block(global, seed, {0, 0}, global, DType::F64);
+  for (double p : {0.0, 1.0, std::ldexp(1.0, -53), 1.0 - std::ldexp(1.0, -20)}) {
+    for (DType dtype : {DType::F32, DType::F64}) {
+      SCOPED_TRACE(fmt::format("p {} {}", p, dtype));
+      const double scale = p < 1.0 ? 1.0 / (1.0 - p) : 1.0;
+      const Tensor want =
+          where(ge(u, full({}, p, DType::F64)), full({}, scale, dtype), full({}, 0.0, dtype));
+      EXPECT_TRUE(equal(dropout_mask_block(global, seed, {0, 0}, global, p, dtype), want));
+    }
+  }
+}
+
 // Note [Philox in lanes]: every vector version this CPU runs gives philox4x32's words bit for bit,
 // for every lane count (one chain or all of them) and counters whose low word wraps.
 TEST(Philox, EveryLaneVersionGivesTheScalarWords) {
