@@ -41,7 +41,7 @@ struct AttentionKernelArgs {
   int64_t row_offset = 0;
 };
 
-// One step of AdamW on one parameter (op::adamw_step, Note [Fused AdamW] in ops/nn.cpp): the
+// One step of AdamW on one parameter (op::adamw_step, Note [Fused AdamW] in ops/optim.cpp): the
 // factors as the composed update uses them, each rounded to the compute type first (float for
 // BF16/F16) as a scalar operand is.
 struct AdamWKernelArgs {
@@ -112,7 +112,7 @@ class DeviceOps {
   // out [3, ...] (contiguous, p's dtype) = the parameter, first moment and second moment after one
   // AdamW step, given p, its gradient g and the moments m and v (contiguous, of p's shape and
   // dtype), rounded after each operation as the composed update's ops round (Note [Fused AdamW]
-  // in ops/nn.cpp). Returns false where the device has no such kernel: the caller composes it.
+  // in ops/optim.cpp). Returns false where the device has no such kernel: the caller composes it.
   virtual bool adamw(const Tensor& out, const Tensor& p, const Tensor& g, const Tensor& m,
                      const Tensor& v, const AdamWKernelArgs& a) {
     (void)out, (void)p, (void)g, (void)m, (void)v, (void)a;

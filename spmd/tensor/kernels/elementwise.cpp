@@ -201,7 +201,7 @@ bool derivative_run_cloned(T* o, const T* g, const T* x, int64_t n) {
 // The factors of an AdamW step in the compute type, in the order adamw_run reads them.
 enum AdamWFactor { kBeta1, kOneMinusBeta1, kBeta2, kOneMinusBeta2, kInvSqrt, kEps, kDecay, kStep };
 
-// Note [Fused AdamW] (ops/nn.cpp): the composed update's operations in its order, each result
+// Note [Fused AdamW] (ops/optim.cpp): the composed update's operations in its order, each result
 // rounded to T (`round`: identity for F32 and F64), so the bits are the composed ops' bits.
 template <class T>
 void adamw_run(T* __restrict po, T* __restrict pm, T* __restrict pv, const T* p, const T* g,
