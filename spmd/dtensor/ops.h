@@ -493,13 +493,13 @@ inline DTensor rms_norm(const DTensor& x, const DTensor& weight, double eps = 1e
                         SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::rms_norm, {x, weight}, {{}, {eps}}, loc);
 }
-// The mask of the global tensor, whatever the mesh and placements (Note [Mesh-invariant dropout]).
 // adamw_step on DTensors: every input sharded alike, the output's dim d + 1 as their dim d.
 inline DTensor adamw_step(const DTensor& param, const DTensor& grad, const DTensor& exp_avg,
                           const DTensor& exp_avg_sq, const AdamWStep& s,
                           SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::adamw_step, {param, grad, exp_avg, exp_avg_sq}, adamw_args(s), loc);
 }
+// The mask of the global tensor, whatever the mesh and placements (Note [Mesh-invariant dropout]).
 inline DTensor dropout(const DTensor& x, double p, uint64_t seed, DropoutRows of = {},
                        SourceLocation loc = SourceLocation::current()) {
   return dispatch(op::dropout, {x}, dropout_args(p, seed, of), loc);

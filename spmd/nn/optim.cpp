@@ -35,22 +35,6 @@ void check_optimizer_params(const std::vector<P*>& params, const char* op) {
   check_params(params, op);
 }
 
-// Note [Optimizer hyperparameters]
-// Each optimizer checks its hyperparameters when it is built, as torch.optim does (lr >= 0,
-// eps >= 0, 0 <= beta < 1, weight_decay >= 0, momentum >= 0), and also refuses NaN and infinities,
-// which torch lets through and which turn every parameter into NaN at the first step: a
-// ConfigError naming the optimizer, the hyperparameter, the rule and the value.
-void check_hyperparameter(const char* op, const char* name, double value, double lo,
-                          double hi = std::numeric_limits<double>::infinity(),
-                          bool hi_open = false) {
-  const bool ok = std::isfinite(value) && value >= lo && (hi_open ? value < hi : value <= hi);
-  if (ok) return;
-  if (hi_open) {
-    throw_error<ConfigError>("{}: {} must lie in [{}, {}), got {}", op, name, lo, hi, value);
-  }
-  throw_error<ConfigError>("{}: {} must be a finite number >= {}, got {}", op, name, lo, value);
-}
-
 // Replaces *p by `value` as a new leaf (no gradient).
 template <class P>
 void assign_leaf(P* p, const P& value) {

@@ -15,7 +15,7 @@
 // reduce_scatter). A parameter without a gradient is left as it is.
 //
 // Both constructors check their arguments as torch.optim does, and refuse NaN and infinities too
-// (Note [Optimizer hyperparameters] in nn/optim.cpp): an empty parameter list, lr < 0, eps < 0, a
+// (Note [Optimizer hyperparameters] in ops/optim.cpp): an empty parameter list, lr < 0, eps < 0, a
 // beta outside [0, 1), weight_decay < 0 or momentum < 0 is a ConfigError naming the optimizer, the
 // hyperparameter and the value.
 #pragma once

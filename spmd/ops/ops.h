@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -472,6 +473,12 @@ struct AdamWStep {
 inline OpArgs adamw_args(const AdamWStep& s) {
   return OpArgs{{s.step}, {s.lr, s.beta1, s.beta2, s.eps, s.weight_decay}};
 }
+// A ConfigError naming `op`, the hyperparameter, the rule and the value unless `value` is finite
+// and in [lo, hi] ([lo, hi) with hi_open): Note [Optimizer hyperparameters] in ops/optim.cpp,
+// for the optimizers of nn/optim.h and adamw_step alike.
+void check_hyperparameter(std::string_view op, std::string_view name, double value, double lo,
+                          double hi = std::numeric_limits<double>::infinity(),
+                          bool hi_open = false);
 // The args of clamp (either bound may be absent; an absent one is 0 in args.reals).
 inline OpArgs clamp_args(std::optional<double> min, std::optional<double> max) {
   return OpArgs{{min ? 1 : 0, max ? 1 : 0}, {min.value_or(0.0), max.value_or(0.0)}};

@@ -49,14 +49,6 @@ AdamWKernelArgs adamw_factors(const OpArgs& args) {
   return k;
 }
 
-void check_hyperparameter(std::string_view name, double value, double hi, bool hi_open) {
-  const bool ok = std::isfinite(value) && value >= 0.0 && (hi_open ? value < hi : value <= hi);
-  if (ok) return;
-  if (hi_open)
-    throw_error<ConfigError>("{}: {} must lie in [0, {}), got {}", kName, name, hi, value);
-  throw_error<ConfigError>("{}: {} must be a finite number >= 0, got {}", kName, name, value);
-}
-
 OpMeta adamw_meta(std::span<const InputMeta> in, const OpArgs& args) {
   static constexpr const char* kInputs[] = {"param", "grad", "exp_avg", "exp_avg_sq"};
   if (in.size() != 4) {
@@ -84,12 +76,12 @@ OpMeta adamw_meta(std::span<const InputMeta> in, const OpArgs& args) {
     throw_error<ConfigError>("{}: step must be >= 1 (the count including this step), got {}", kName,
                              args.ints[0]);
   }
-  const double inf = std::numeric_limits<double>::infinity();
-  check_hyperparameter("lr", args.reals[0], inf, false);
-  check_hyperparameter("beta1", args.reals[1], 1.0, true);
-  check_hyperparameter("beta2", args.reals[2], 1.0, true);
-  check_hyperparameter("eps", args.reals[3], inf, false);
-  check_hyperparameter("weight_decay", args.reals[4], inf, false);
+  // The checks AdamW's constructor makes (Note [Optimizer hyperparameters]).
+  check_hyperparameter(kName, "lr", args.reals[0], 0.0);
+  check_hyperparameter(kName, "beta1", args.reals[1], 0.0, 1.0, /*hi_open=*/true);
+  check_hyperparameter(kName, "beta2", args.reals[2], 0.0, 1.0, /*hi_open=*/true);
+  check_hyperparameter(kName, "eps", args.reals[3], 0.0);
+  check_hyperparameter(kName, "weight_decay", args.reals[4], 0.0);
   Shape out{3};
   out.insert(out.end(), in[0].shape->begin(), in[0].shape->end());
   return OpMeta{out, in[0].dtype};
@@ -128,6 +120,22 @@ std::vector<OpStrategy> adamw_strategies(ShardingInputs in, const OpArgs&, const
 }
 
 }  // namespace
+
+// Note [Optimizer hyperparameters]
+// Each optimizer checks its hyperparameters when it is built, as torch.optim does (lr >= 0,
+// eps >= 0, 0 <= beta < 1, weight_decay >= 0, momentum >= 0), and also refuses NaN and infinities,
+// which torch lets through and which turn every parameter into NaN at the first step: a
+// ConfigError naming the optimizer, the hyperparameter, the rule and the value. adamw_step, which
+// a user may call without the optimizer, checks its own the same way, naming itself.
+void check_hyperparameter(std::string_view op, std::string_view name, double value, double lo,
+                          double hi, bool hi_open) {
+  const bool ok = std::isfinite(value) && value >= lo && (hi_open ? value < hi : value <= hi);
+  if (ok) return;
+  if (hi_open) {
+    throw_error<ConfigError>("{}: {} must lie in [{}, {}), got {}", op, name, lo, hi, value);
+  }
+  throw_error<ConfigError>("{}: {} must be a finite number >= {}, got {}", op, name, lo, value);
+}
 
 const OpDef op::adamw_step{
     .name = kName,

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstddef>
 #include <limits>
 #include <numbers>
 #include <type_traits>
@@ -301,21 +300,21 @@ inline void keep_run(T* out, const uint32_t* w0, const uint32_t* w1, int64_t n, 
     out[l] = bits >= t ? scale : T(0);
   }
 }
-SPMD_MATH_CLONES void keep_run_f32(float* out, const uint32_t* w0, const uint32_t* w1, int64_t n,
-                                   uint64_t threshold, float scale) {
+SPMD_MATH_CLONES void keep_run_cloned(float* out, const uint32_t* w0, const uint32_t* w1, int64_t n,
+                                      uint64_t threshold, float scale) {
   keep_run(out, w0, w1, n, threshold, scale);
 }
-SPMD_MATH_CLONES void keep_run_f64(double* out, const uint32_t* w0, const uint32_t* w1, int64_t n,
-                                   uint64_t threshold, double scale) {
+SPMD_MATH_CLONES void keep_run_cloned(double* out, const uint32_t* w0, const uint32_t* w1,
+                                      int64_t n, uint64_t threshold, double scale) {
   keep_run(out, w0, w1, n, threshold, scale);
 }
 
 // Fills p (the numel elements of the block [start, start + sizes) of a tensor of shape `global`,
 // row-major) with element i of the full tensor's value(words of philox(seed, i)), by rows of the
-// last dim; run(out, lanes, n), when given, writes n elements from the lanes' words itself.
-template <class T, class F, class Run = std::nullptr_t>
+// last dim: run(out, lanes, n) writes n elements from the lanes' words.
+template <class T, class Run>
 void fill_block(T* p, int64_t numel, const Shape& global, const Shape& start, const Shape& sizes,
-                uint64_t seed, F value, Run run = nullptr) {
+                uint64_t seed, Run run) {
   const std::size_t nd = sizes.size();
   if (numel == 0) return;
   const int64_t row = nd == 0 ? 1 : sizes[nd - 1];
@@ -336,16 +335,20 @@ void fill_block(T* p, int64_t numel, const Shape& global, const Shape& start, co
       for (int64_t j = 0; j < row; j += kLanes) {
         const int64_t n = std::min<int64_t>(kLanes, row - j);
         philox_lanes(seed, static_cast<uint64_t>(flat + j), lanes, static_cast<int>(n));
-        if constexpr (!std::is_same_v<Run, std::nullptr_t>) {
-          run(out + j, lanes, n);
-          continue;
-        }
-        for (int64_t l = 0; l < n; ++l) {
-          out[j + l] = value(lanes.w[0][l], lanes.w[1][l], lanes.w[2][l], lanes.w[3][l]);
-        }
+        run(out + j, lanes, n);
       }
     }
   });
+}
+
+// fill_block's run for value(w0, w1, w2, w3) of each element's four words.
+template <class T, class F>
+auto per_element(F value) {
+  return [value](T* out, const PhiloxLanes& lanes, int64_t n) {
+    for (int64_t l = 0; l < n; ++l) {
+      out[l] = value(lanes.w[0][l], lanes.w[1][l], lanes.w[2][l], lanes.w[3][l]);
+    }
+  };
 }
 
 Tensor random_block(const char* op, const Shape& global, uint64_t seed, const Shape& start,
@@ -357,34 +360,32 @@ Tensor random_block(const char* op, const Shape& global, uint64_t seed, const Sh
   if (out.is_meta()) return out;
   dispatch_dtype(dtype, [&]<class T>() {
     if constexpr (!std::is_integral_v<T>) {
+      T* data = out.data<T>();
       if (kind == RandomKind::Uniform) {
-        fill_block(out.data<T>(), out.numel(), global, start, sizes, seed,
-                   [](uint32_t w0, uint32_t w1, uint32_t, uint32_t) {
+        fill_block(data, out.numel(), global, start, sizes, seed,
+                   per_element<T>([](uint32_t w0, uint32_t w1, uint32_t, uint32_t) {
                      return round_uniform<T>(unit_double(w0, w1));
-                   });
+                   }));
       } else if (kind == RandomKind::Keep) {
         const T scale = convert_element<T>(p < 1.0 ? 1.0 / (1.0 - p) : 1.0);
         const uint64_t threshold = keep_threshold(p);
-        auto value = [threshold, scale](uint32_t w0, uint32_t w1, uint32_t, uint32_t) {
-          return unit_bits(w0, w1) >= threshold ? scale : T(0);
-        };
         if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-          fill_block(out.data<T>(), out.numel(), global, start, sizes, seed, value,
+          fill_block(data, out.numel(), global, start, sizes, seed,
                      [threshold, scale](T* o, const PhiloxLanes& lanes, int64_t n) {
-                       if constexpr (std::is_same_v<T, float>) {
-                         keep_run_f32(o, lanes.w[0].data(), lanes.w[1].data(), n, threshold, scale);
-                       } else {
-                         keep_run_f64(o, lanes.w[0].data(), lanes.w[1].data(), n, threshold, scale);
-                       }
+                       keep_run_cloned(o, lanes.w[0].data(), lanes.w[1].data(), n, threshold,
+                                       scale);
                      });
         } else {
-          fill_block(out.data<T>(), out.numel(), global, start, sizes, seed, value);
+          fill_block(data, out.numel(), global, start, sizes, seed,
+                     [threshold, scale](T* o, const PhiloxLanes& lanes, int64_t n) {
+                       keep_run(o, lanes.w[0].data(), lanes.w[1].data(), n, threshold, scale);
+                     });
         }
       } else {
-        fill_block(out.data<T>(), out.numel(), global, start, sizes, seed,
-                   [](uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+        fill_block(data, out.numel(), global, start, sizes, seed,
+                   per_element<T>([](uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
                      return convert_element<T>(normal_from_words(w0, w1, w2, w3));
-                   });
+                   }));
       }
     }
   });

@@ -440,13 +440,13 @@ inline LocalTensor rms_norm(const LocalTensor& x, const LocalTensor& weight, dou
                             SourceLocation loc = SourceLocation::current()) {
   return local_call(op::rms_norm, {x, weight}, {{}, {eps}}, loc);
 }
-// Every rank drops the elements of its own shard as dropout(shard, p, seed) would: ranks with
-// equal shards drop alike (use DTensor dropout for a mask over a global tensor).
 inline LocalTensor adamw_step(const LocalTensor& param, const LocalTensor& grad,
                               const LocalTensor& exp_avg, const LocalTensor& exp_avg_sq,
                               const AdamWStep& s, SourceLocation loc = SourceLocation::current()) {
   return local_call(op::adamw_step, {param, grad, exp_avg, exp_avg_sq}, adamw_args(s), loc);
 }
+// Every rank drops the elements of its own shard as dropout(shard, p, seed) would: ranks with
+// equal shards drop alike (use DTensor dropout for a mask over a global tensor).
 inline LocalTensor dropout(const LocalTensor& x, double p, uint64_t seed,
                            SourceLocation loc = SourceLocation::current()) {
   return local_call(op::dropout, {x}, dropout_args(p, seed), loc);
