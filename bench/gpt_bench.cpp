@@ -11,6 +11,9 @@
 //                    each) took fresh from the C allocator
 //                    rather than from the CPU caching allocator (goal 0: Note [CPU caching
 //                    allocator] in spmd/tensor/storage.cpp)
+//   step_gflop       the step's floating-point work on full tensors, as the op table counts it
+//                    (step_gflop below); scripts/bench divides it by the best BLAS rate measured
+//                    in the same run: the arithmetic floor of this step on this machine
 // The model is larger than the example's default (d_model 256, sequence 128, batch 8), so that
 // each op's arithmetic outweighs its fixed cost as it does in real training. BM_gpt_step_toy is
 // the same step at the example's own shape (d_model 64, sequence 32), where the fixed cost per op
@@ -25,6 +28,7 @@
 #include <functional>
 #include <vector>
 
+#include <spmd/debug/dry_run.h>
 #include <spmd/tensor/storage.h>
 #include "examples/gpt_model.h"
 
@@ -68,6 +72,25 @@ double median3(std::vector<double> t) {
   return t[1];
 }
 
+// GFLOP of one training step of config `c` on full tensors: the op table's formulas (OpDef::flops:
+// 2*M*N*K per matmul, 4*B*H*Sq*Sk*D per attention, and their backward entries) summed by a DryRun
+// over the same step on a one-rank mesh, whose one rank holds the full tensors. The device is
+// given a fused attention, so a causal attention counts the half of its products the mask leaves
+// (Note [Dry-run estimates]): the least work any implementation of the step must do. Its
+// elementwise work (about 10 flops a value) is left out, so the floor is a low one.
+double step_gflop(const gpt_model::Config& c, const Tensor& tokens) {
+  World world = World::sim(1);
+  const gpt_model::ModelLayout layout{init_device_mesh(world, {1, 1}, {"dp", "tp"}), false};
+  gpt_model::Model<DTensor> model = gpt_model::init_model<DTensor>(c, &layout);
+  std::vector<DTensor*> params = model.params();
+  AdamW<DTensor> opt(params, gpt_model::adamw_options(c));
+  DeviceSpec device;
+  device.flash_attention = true;
+  DryRun dry(world, device);
+  gpt_model::train_step(c, gpt_model::Parallel{}, model, opt, params, tokens, &layout, 0);
+  return dry.report({}).flops / 1e9;
+}
+
 void gpt_step(benchmark::State& state, bool toy) {
   const gpt_model::Config c = bench_config(toy);
   const std::string text = bench_text();
@@ -106,6 +129,7 @@ void gpt_step(benchmark::State& state, bool toy) {
   state.counters["sim_ms"] = sim_ms;
   state.counters["single_ms"] = single_ms;
   state.counters["sim_over_single"] = sim_ms / single_ms;
+  state.counters["step_gflop"] = step_gflop(c, tokens);
 }
 void BM_gpt_step(benchmark::State& state) {
   gpt_step(state, false);

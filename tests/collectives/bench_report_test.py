@@ -217,5 +217,52 @@ class IssueFiguresTest(unittest.TestCase):
         self.assertIn("| 16384 | 2048 x 8 | 12500 ms | 400 MiB |", text)
 
 
+
+class CeilingTest(unittest.TestCase):
+    """The GPT step against LocalTensorMode: its arithmetic floor (gpt_bench step_gflop at the
+    best BLAS rate of the run) and the ceiling it puts on the ratio, beside the 20x goal."""
+
+    def test_floor_and_ceiling(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            results, docs = os.path.join(tmp, "results"), os.path.join(tmp, "docs")
+            os.makedirs(results)
+            os.makedirs(docs)
+            with open(os.path.join(results, "meta.env"), "w") as f:
+                f.write("load_before=0.50 0.40 0.30\nrepetitions=1\nmpi_runs=3\n"
+                        "build_dir=build/bench\ncommit=abc1234\npeers=1\n")
+
+            def single(name, **counters):
+                return dict(name=name, run_name=name, run_type="iteration", real_time=1.0,
+                            time_unit="ms", **counters)
+
+            # Raw OpenBLAS at 250 GFLOP/s beats ours at 200: the floor uses 250.
+            tensor = [single("BM_Matmul512Blas", ms_ours=1.0, ms_ref=0.8, vs_blas=0.8,
+                             GFLOPS=200.0, GFLOPS_ref=250.0)]
+            # d_model 256: 10 GFLOP, floor 40 ms; d_model 64: 0.5 GFLOP, floor 2 ms.
+            gpt = [single("BM_gpt_step", sim_ms=50.0, single_ms=45.0, sim_over_single=1.11,
+                          fresh_blocks=0, step_gflop=10.0),
+                   single("BM_gpt_step_toy", sim_ms=5.0, single_ms=3.0, sim_over_single=1.67,
+                          fresh_blocks=0, step_gflop=0.5)]
+            for program, rows in (("tensor_bench", tensor), ("gpt_bench", gpt)):
+                with open(os.path.join(results, program + ".json"), "w") as f:
+                    json.dump({"context": {}, "benchmarks": rows}, f)
+            with open(os.path.join(results, "peer_torch_gpt.json"), "w") as f:
+                json.dump({"gpt": {"single_ms": 60.0, "local_tensor_ms": 500.0},
+                           "gpt_toy": {"single_ms": 3.5, "local_tensor_ms": 400.0}}, f)
+            done = subprocess.run([sys.executable, SCRIPT, results, docs],
+                                  capture_output=True, text=True)
+            self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+            with open(os.path.join(docs, "performance.md")) as f:
+                text = f.read()
+        # 500 / 50 = 10x against a ceiling of 500 / 40 = 12.5x: the goal is above the ceiling.
+        self.assertIn("| 50.0 ms | 500 ms | 10.0x | 12.5x | >= 20x **FAIL** (above the ceiling) |",
+                      text)
+        self.assertIn("| its arithmetic floor here: 10.0 GFLOP of products at 250 GFLOP/s | "
+                      "40.0 ms |", text)
+        # 400 / 5 = 80x, ceiling 400 / 2 = 200x.
+        self.assertIn("| 5.00 ms | 400 ms | 80.0x | 200x | >= 20x **pass** |", text)
+        self.assertIn("| its arithmetic floor here: 0.500 GFLOP of products at 250 GFLOP/s | "
+                      "2.00 ms |", text)
+
 if __name__ == "__main__":
     unittest.main()

@@ -246,6 +246,50 @@ TEST(DryRunFidelity, GptFsdpTimesTensorParallel) {
 
 // ---- the report -------------------------------------------------------------------------------
 
+// One step of examples/gpt's model on a (dp, tp) mesh of `world` ranks (shape-only tensors): the
+// report of a DryRun on `device` over it.
+DryRunReport gpt_step_report(const gpt_model::Config& c, int world_size, DeviceSpec device) {
+  const MetaTensorsScope meta(true);
+  World world = World::sim(world_size);
+  const int64_t dp = world_size == 1 ? 1 : 2;
+  const gpt_model::ModelLayout layout{init_device_mesh(world, {dp, world_size / dp}, {"dp", "tp"}),
+                                      false};
+  gpt_model::Model<DTensor> model = gpt_model::init_model<DTensor>(c, &layout);
+  std::vector<DTensor*> params = model.params();
+  AdamW<DTensor> opt(params, gpt_model::adamw_options(c));
+  DryRun dry(world, device);
+  gpt_model::train_step(c, gpt_model::Parallel{}, model, opt, params,
+                        gpt_model::batch_tokens(c, std::string(400, 'a'), 0), &layout, 0);
+  return dry.report({});
+}
+
+// gpt_bench's arithmetic floor (step_gflop, quoted by docs/performance.md) is a DryRun's flop
+// count of one step on one rank. It must be the closed form of the model's products, with N =
+// batch x seq tokens: per layer the four weight products (d x 3d, d x d, d x 4d, 4d x d) do
+// 2*N*12d^2 forward and twice that backward (the input's and the weight's gradients); the
+// vocabulary projection 6*N*d*V; attention 4*B*H*S^2*Dh forward and 10*B*H*S^2*Dh backward
+// (attention_grad's two calls: 6 for dq, 4 for dk and dv), half of each where a fused causal
+// kernel skips what the mask hides. The same step on (dp 2, tp 4) splits that work evenly.
+TEST(DryRunReport, GptStepFlopsAreTheClosedForm) {
+  gpt_model::Config c;
+  c.layers = 3;
+  c.d_model = 48;
+  c.heads = 4;
+  c.seq = 16;
+  c.vocab = 64;
+  c.batch = 4;
+  c.dtype = DType::F32;
+  const double n = static_cast<double>(c.batch * c.seq), d = static_cast<double>(c.d_model);
+  const double weights = c.layers * 72.0 * n * d * d + 6.0 * n * d * static_cast<double>(c.vocab);
+  const double attention = c.layers * 14.0 * static_cast<double>(c.batch * c.heads) *
+                           static_cast<double>(c.seq * c.seq) * (d / static_cast<double>(c.heads));
+  DeviceSpec fused;
+  fused.flash_attention = true;
+  EXPECT_DOUBLE_EQ(gpt_step_report(c, 1, DeviceSpec{}).flops, weights + attention);
+  EXPECT_DOUBLE_EQ(gpt_step_report(c, 1, fused).flops, weights + attention / 2);
+  EXPECT_DOUBLE_EQ(gpt_step_report(c, 8, fused).flops * 8, weights + attention / 2);
+}
+
 TEST(DryRunReport, TableJsonAndTimeline) {
   const MetaTensorsScope meta(true);
   World world = World::sim(1024);
