@@ -76,8 +76,9 @@ double median3(std::vector<double> t) {
 // 2*M*N*K per matmul, 4*B*H*Sq*Sk*D per attention, and their backward entries) summed by a DryRun
 // over the same step on a one-rank mesh, whose one rank holds the full tensors. The device is
 // given a fused attention, so a causal attention counts the half of its products the mask leaves
-// (Note [Dry-run estimates]): the least work any implementation of the step must do. Its
-// elementwise work (about 10 flops a value) is left out, so the floor is a low one.
+// (Note [Dry-run estimates]): the products any implementation of the step must do. Ops the table
+// gives no flops (elementwise ones, norms, softmax, the optimizer) are left out, so the floor is a
+// low one.
 double step_gflop(const gpt_model::Config& c, const Tensor& tokens) {
   World world = World::sim(1);
   const gpt_model::ModelLayout layout{init_device_mesh(world, {1, 1}, {"dp", "tp"}), false};

@@ -217,7 +217,6 @@ class IssueFiguresTest(unittest.TestCase):
         self.assertIn("| 16384 | 2048 x 8 | 12500 ms | 400 MiB |", text)
 
 
-
 class CeilingTest(unittest.TestCase):
     """The GPT step against LocalTensorMode: its arithmetic floor (gpt_bench step_gflop at the
     best BLAS rate of the run) and the ceiling it puts on the ratio, beside the 20x goal."""
@@ -263,6 +262,7 @@ class CeilingTest(unittest.TestCase):
         self.assertIn("| 5.00 ms | 400 ms | 80.0x | 200x | >= 20x **pass** |", text)
         self.assertIn("| its arithmetic floor here: 0.500 GFLOP of products at 250 GFLOP/s | "
                       "2.00 ms |", text)
+
 
 if __name__ == "__main__":
     unittest.main()
