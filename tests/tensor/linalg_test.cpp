@@ -1,5 +1,6 @@
 // Tests for matmul, addmm and bmm: torch.matmul's shape rules (1-d operands, broadcast batch
 // dims), every dtype, transposed/narrowed/expanded operands, against a naive triple loop.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <strings.h>
@@ -246,6 +247,40 @@ TEST(Matmul, LoadsOpenBlasAvx512KernelsUnlessTheUserChoseOthers) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(first_product_kernels(nullptr), ::testing::ExitedWithCode(0), "");
   EXPECT_EXIT(first_product_kernels("Haswell"), ::testing::ExitedWithCode(0), "");
+}
+
+// In a fresh process with SPMD_OPENBLAS=`choice` (Note [Matmul on BLAS]): the first product's
+// values against the reference, then exit code 0 when the library it ran on is `want`.
+[[noreturn]] void first_product_on(const char* choice, const std::string& want) {
+  setenv("SPMD_OPENBLAS", choice, 1);
+  const Tensor a = randn({6, 5}, 1);
+  const Tensor b = randn({5, 4}, 2);
+  const std::vector<double> got = matmul(a, b).to_vector<double>();
+  const std::vector<double> expected = reference_matmul(a, b).values;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (std::abs(got[i] - expected[i]) > 1e-5) std::exit(2);
+  }
+  const std::string library = cpu_kernels::matmul_library();
+  std::exit(library.rfind(want, 0) == 0 ? 0 : 3);
+}
+
+// SPMD_OPENBLAS names the library file: one that does not load leaves the products on Eigen with
+// one warning naming the file and what to do; `none` chooses Eigen without a word; the soname
+// loads OpenBLAS as the default search does.
+TEST(Matmul, SpmdOpenblasChoosesTheLibraryAndSaysWhenItCannotLoad) {
+#if !SPMD_HAVE_OPENBLAS
+  GTEST_SKIP() << "this build has no OpenBLAS";
+#endif
+  // (No product before the EXPECT_EXITs: each child runs this body again up to its own.)
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(first_product_on("/nonexistent/libopenblas.so.0", "Eigen"),
+              ::testing::ExitedWithCode(0),
+              "spmdsim: warning: OpenBLAS could not be loaded \\(/nonexistent/libopenblas.so.0: "
+              ".*Eigen's GEMM instead.*SPMD_OPENBLAS");
+  EXPECT_EXIT(first_product_on("none", "Eigen"), ::testing::ExitedWithCode(0),
+              ::testing::Not(::testing::HasSubstr("warning")));
+  EXPECT_EXIT(first_product_on("libopenblas.so.0", "OpenBLAS"), ::testing::ExitedWithCode(0),
+              ::testing::Not(::testing::HasSubstr("warning")));
 }
 
 // Note [Parallel matmul] (tensor/kernels/matmul.cpp): a product split over threads (row blocks of

@@ -20,10 +20,13 @@
 // not set it, then unset again (like any setenv, this races with a getenv that another thread
 // makes at that very moment), and looks up cblas_sgemm/dgemm. The file is the one CMake found
 // (SPMD_OPENBLAS_PATH, the pthread variant's directory when Debian's layout has one), else
-// libopenblas.so.0. The pthread or OpenMP build is required (openblas_get_parallel() != 0): calls
-// from several threads at once are safe there, while the serial build has no locks. A missing or
-// serial library, or a dimension or leading dimension above INT_MAX (OpenBLAS's 32-bit
-// interface), takes Eigen's GEMM.
+// libopenblas.so.0; the environment variable SPMD_OPENBLAS names another file instead (a newer
+// OpenBLAS knows newer CPUs), or is `none` for Eigen. The pthread or OpenMP build is required
+// (openblas_get_parallel() != 0): calls from several threads at once are safe there, while the
+// serial build has no locks. A missing or serial library, or a dimension or leading dimension
+// above INT_MAX (OpenBLAS's 32-bit interface), takes Eigen's GEMM. A library that cannot be
+// used is said once on stderr (unless SPMD_OPENBLAS is `none`): Eigen's GEMM is several times
+// slower here and rounds differently, so the run's F32/F64 digests are not OpenBLAS's.
 //
 // Note [OpenBLAS core type]
 // OpenBLAS chooses its kernels by CPU family and model, and a CPU newer than the library falls
@@ -62,6 +65,11 @@
 #if SPMD_HAVE_OPENBLAS
 #include <cblas.h>
 #include <dlfcn.h>
+#include <fmt/format.h>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
 #endif
 
 #include <spmd/core/check.h>
@@ -138,20 +146,44 @@ bool has_avx512_gemm() {
 #endif
 }
 
+// Note [Matmul on BLAS]: why F32/F64 products leave OpenBLAS for Eigen, said once on stderr.
+void say_no_blas(const std::string& why) {
+  fmt::print(stderr,
+             "spmdsim: warning: {}; F32/F64 products run on Eigen's GEMM instead (several times "
+             "slower, and rounded differently, so digests differ from a run on OpenBLAS). Install "
+             "libopenblas0-pthread, or set SPMD_OPENBLAS to an OpenBLAS library file (none: use "
+             "Eigen without this warning)\n",
+             why);
+}
+
 // OpenBLAS loaded on one thread, or nullptr (none, or the serial build): Eigen then.
 const Blas* load_blas() {
+  const char* chosen = std::getenv("SPMD_OPENBLAS");
+  if (chosen != nullptr && std::string_view(chosen) == "none") return nullptr;
+  std::vector<std::string> files;
+  if (chosen != nullptr && *chosen != '\0') {
+    files = {chosen};
+  } else {
+    files = {SPMD_OPENBLAS_PATH, "libopenblas.so.0"};
+  }
   const bool set_threads = std::getenv("OPENBLAS_NUM_THREADS") == nullptr;
   const bool set_core = std::getenv("OPENBLAS_CORETYPE") == nullptr && has_avx512_gemm();
   if (set_threads) setenv("OPENBLAS_NUM_THREADS", "1", 0);
   if (set_core) setenv("OPENBLAS_CORETYPE", "SkylakeX", 0);
   void* lib = nullptr;
-  for (const char* file : {SPMD_OPENBLAS_PATH, "libopenblas.so.0"}) {
-    lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+  std::string errors;
+  for (const std::string& file : files) {
+    lib = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (lib != nullptr) break;
+    const char* error = dlerror();
+    errors += fmt::format("{}{}", errors.empty() ? "" : "; ", error != nullptr ? error : file);
   }
   if (set_threads) unsetenv("OPENBLAS_NUM_THREADS");
   if (set_core) unsetenv("OPENBLAS_CORETYPE");
-  if (lib == nullptr) return nullptr;
+  if (lib == nullptr) {
+    say_no_blas(fmt::format("OpenBLAS could not be loaded ({})", errors));
+    return nullptr;
+  }
   auto parallel =
       reinterpret_cast<decltype(&openblas_get_parallel)>(dlsym(lib, "openblas_get_parallel"));
   auto threads =
@@ -161,8 +193,16 @@ const Blas* load_blas() {
   blas.dgemm = reinterpret_cast<decltype(&cblas_dgemm)>(dlsym(lib, "cblas_dgemm"));
   blas.core_name =
       reinterpret_cast<decltype(&openblas_get_corename)>(dlsym(lib, "openblas_get_corename"));
-  if (parallel == nullptr || parallel() == 0 || threads == nullptr || blas.sgemm == nullptr ||
-      blas.dgemm == nullptr) {
+  if (parallel == nullptr || threads == nullptr || blas.sgemm == nullptr || blas.dgemm == nullptr) {
+    say_no_blas(
+        "the library loaded as OpenBLAS lacks its entry points (cblas_sgemm, cblas_dgemm, "
+        "openblas_get_parallel, openblas_set_num_threads)");
+    return nullptr;
+  }
+  if (parallel() == 0) {
+    say_no_blas(
+        "the OpenBLAS loaded is its serial build, which is not safe to call from several "
+        "threads at once");
     return nullptr;
   }
   threads(1);  // where the user's OPENBLAS_NUM_THREADS started more
