@@ -264,9 +264,9 @@ TEST(Matmul, LoadsOpenBlasAvx512KernelsUnlessTheUserChoseOthers) {
   std::exit(library.rfind(want, 0) == 0 ? 0 : 3);
 }
 
-// SPMD_OPENBLAS names the library file: one that does not load leaves the products on Eigen with
-// one warning naming the file and what to do; `none` chooses Eigen without a word; the soname
-// loads OpenBLAS as the default search does.
+// SPMD_OPENBLAS names the library file: one that does not load, or is not OpenBLAS, leaves the
+// products on Eigen with one warning naming the file and what to do; `none` chooses Eigen without
+// a word; the soname loads OpenBLAS as the default search does.
 TEST(Matmul, SpmdOpenblasChoosesTheLibraryAndSaysWhenItCannotLoad) {
 #if !SPMD_HAVE_OPENBLAS
   GTEST_SKIP() << "this build has no OpenBLAS";
@@ -277,6 +277,8 @@ TEST(Matmul, SpmdOpenblasChoosesTheLibraryAndSaysWhenItCannotLoad) {
               ::testing::ExitedWithCode(0),
               "spmdsim: warning: OpenBLAS could not be loaded \\(/nonexistent/libopenblas.so.0: "
               ".*Eigen's GEMM instead.*SPMD_OPENBLAS");
+  EXPECT_EXIT(first_product_on("libm.so.6", "Eigen"), ::testing::ExitedWithCode(0),
+              "spmdsim: warning: libm.so.6 lacks OpenBLAS's entry points");
   EXPECT_EXIT(first_product_on("none", "Eigen"), ::testing::ExitedWithCode(0),
               ::testing::Not(::testing::HasSubstr("warning")));
   EXPECT_EXIT(first_product_on("libopenblas.so.0", "OpenBLAS"), ::testing::ExitedWithCode(0),

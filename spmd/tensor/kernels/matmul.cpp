@@ -171,9 +171,10 @@ const Blas* load_blas() {
   if (set_threads) setenv("OPENBLAS_NUM_THREADS", "1", 0);
   if (set_core) setenv("OPENBLAS_CORETYPE", "SkylakeX", 0);
   void* lib = nullptr;
-  std::string errors;
+  std::string errors, loaded;
   for (const std::string& file : files) {
     lib = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
+    loaded = file;
     if (lib != nullptr) break;
     const char* error = dlerror();
     errors += fmt::format("{}{}", errors.empty() ? "" : "; ", error != nullptr ? error : file);
@@ -194,15 +195,16 @@ const Blas* load_blas() {
   blas.core_name =
       reinterpret_cast<decltype(&openblas_get_corename)>(dlsym(lib, "openblas_get_corename"));
   if (parallel == nullptr || threads == nullptr || blas.sgemm == nullptr || blas.dgemm == nullptr) {
-    say_no_blas(
-        "the library loaded as OpenBLAS lacks its entry points (cblas_sgemm, cblas_dgemm, "
-        "openblas_get_parallel, openblas_set_num_threads)");
+    say_no_blas(fmt::format(
+        "{} lacks OpenBLAS's entry points (cblas_sgemm, cblas_dgemm, openblas_get_parallel, "
+        "openblas_set_num_threads)",
+        loaded));
     return nullptr;
   }
   if (parallel() == 0) {
-    say_no_blas(
-        "the OpenBLAS loaded is its serial build, which is not safe to call from several "
-        "threads at once");
+    say_no_blas(fmt::format(
+        "{} is OpenBLAS's serial build, which is not safe to call from several threads at once",
+        loaded));
     return nullptr;
   }
   threads(1);  // where the user's OPENBLAS_NUM_THREADS started more
