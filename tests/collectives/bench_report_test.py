@@ -32,6 +32,40 @@ def page(rows, load="0.10 0.20 0.30"):
     return "\n".join(lines) + "\n"
 
 
+def single(name, real_time=1000.0, time_unit="ns", **counters):
+    """One Google Benchmark run (no repetitions) with its counters."""
+    return dict(name=name, run_name=name, run_type="iteration", real_time=real_time,
+                time_unit=time_unit, **counters)
+
+
+def render(programs, repetitions=1, peers=None, baseline_rows=None):
+    """bench_report.py as scripts/bench runs it, on a results folder holding `programs`
+    ({program: [benchmark runs]}) and, when given, `peers` ({peer name: its JSON}); with
+    `baseline_rows`, a baseline page of those headline rows. Returns the finished process and the
+    page it wrote."""
+    with tempfile.TemporaryDirectory() as tmp:
+        results, docs = os.path.join(tmp, "results"), os.path.join(tmp, "docs")
+        os.makedirs(results)
+        os.makedirs(docs)
+        with open(os.path.join(results, "meta.env"), "w") as f:
+            f.write(f"load_before=0.50 0.40 0.30\nrepetitions={repetitions}\nmpi_runs=3\n"
+                    "build_dir=build/bench\ncommit=abc1234\n" + ("peers=1\n" if peers else ""))
+        for program, rows in programs.items():
+            with open(os.path.join(results, program + ".json"), "w") as f:
+                json.dump({"context": {}, "benchmarks": rows}, f)
+        for name, data in (peers or {}).items():
+            with open(os.path.join(results, f"peer_{name}.json"), "w") as f:
+                json.dump(data, f)
+        command = [sys.executable, SCRIPT, results, docs]
+        if baseline_rows is not None:
+            command.append(os.path.join(tmp, "baseline.md"))
+            with open(command[-1], "w") as f:
+                f.write(page(baseline_rows))
+        done = subprocess.run(command, capture_output=True, text=True)
+        with open(os.path.join(docs, "performance.md")) as f:
+            return done, f.read()
+
+
 class ParseTest(unittest.TestCase):
     def test_figures(self):
         self.assertEqual(report.parse_figure("1.27 us"), (1.27, "us"))
@@ -111,32 +145,16 @@ class EndToEndTest(unittest.TestCase):
     """bench_report.py as scripts/bench runs it, on a results folder with one benchmark program."""
 
     def run_report(self, latency_us, gbps, baseline_rows):
-        with tempfile.TemporaryDirectory() as tmp:
-            results, docs = os.path.join(tmp, "results"), os.path.join(tmp, "docs")
-            os.makedirs(results)
-            os.makedirs(docs)
-            with open(os.path.join(results, "meta.env"), "w") as f:
-                f.write("load_before=0.50 0.40 0.30\nrepetitions=5\nmpi_runs=3\n"
-                        "build_dir=build/bench\ncommit=abc1234\n")
+        def median(name, **counters):
+            return dict(name=f"{name}/real_time_median", run_name=f"{name}/real_time",
+                        run_type="aggregate", aggregate_name="median", real_time=1000.0,
+                        time_unit="ns", **counters)
 
-            def median(name, **counters):
-                return dict(name=f"{name}/real_time_median", run_name=f"{name}/real_time",
-                            run_type="aggregate", aggregate_name="median", real_time=1000.0,
-                            time_unit="ns", **counters)
-
-            benchmarks = [median("BM_all_reduce_4B", latency_us=latency_us),
-                          median("BM_all_reduce_64MiB", effective_GBps=gbps, memcpy_GBps=17.0,
-                                 vs_memcpy=gbps / 17.0)]
-            with open(os.path.join(results, "collectives_bench.json"), "w") as f:
-                json.dump({"context": {}, "benchmarks": benchmarks}, f)
-            baseline = os.path.join(tmp, "baseline.md")
-            with open(baseline, "w") as f:
-                f.write(page(baseline_rows))
-            done = subprocess.run([sys.executable, SCRIPT, results, docs, baseline],
-                                  capture_output=True, text=True)
-            with open(os.path.join(docs, "performance.md")) as f:
-                written = f.read()
-            return done, written
+        benchmarks = [median("BM_all_reduce_4B", latency_us=latency_us),
+                      median("BM_all_reduce_64MiB", effective_GBps=gbps, memcpy_GBps=17.0,
+                             vs_memcpy=gbps / 17.0)]
+        return render({"collectives_bench": benchmarks}, repetitions=5,
+                      baseline_rows=baseline_rows)
 
     BASELINE = {"sim all_reduce, 8 ranks x 4 B": "1.27 us",
                 "sim all_reduce, 8 ranks x 64 MiB": "32.3 GB/s"}
@@ -172,36 +190,17 @@ class IssueFiguresTest(unittest.TestCase):
     their goals, and the dry run gets its own table."""
 
     def test_rows_and_verdicts(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            results, docs = os.path.join(tmp, "results"), os.path.join(tmp, "docs")
-            os.makedirs(results)
-            os.makedirs(docs)
-            with open(os.path.join(results, "meta.env"), "w") as f:
-                f.write("load_before=0.50 0.40 0.30\nrepetitions=1\nmpi_runs=3\n"
-                        "build_dir=build/bench\ncommit=abc1234\n")
-
-            def single(name, real_time=1000.0, time_unit="ns", **counters):
-                return dict(name=name, run_name=name, run_type="iteration",
-                            real_time=real_time, time_unit=time_unit, **counters)
-
-            dt = [single("BM_DTensorAddBackwardWarm", backward_us=1.5, backward_plain_us=0.2,
-                         backward_overhead_us=1.3, forward_overhead_us=0.4),
-                  single("BM_DTensorMatmulBackwardWarm", backward_us=4.0, backward_plain_us=1.0,
-                         backward_overhead_us=3.0, forward_overhead_us=0.4),
-                  single("BM_DTensorAddTypes", types_off_us=4.0, types_on_us=4.1,
-                         types_cost_us=0.1),
-                  single("BM_train_step", sim_ms=12.0, single_ms=10.0, sim_over_single=1.2)]
-            dry = [single(f"BM_DryRun/{n}/iterations:1/real_time", real_time=ms,
-                          time_unit="ms", ranks=n, peak_rss_mib=mib)
-                   for n, ms, mib in ((8, 90.0, 60.0), (16384, 12500.0, 400.0))]
-            for program, rows in (("dtensor_bench", dt), ("dryrun_scale", dry)):
-                with open(os.path.join(results, program + ".json"), "w") as f:
-                    json.dump({"context": {}, "benchmarks": rows}, f)
-            done = subprocess.run([sys.executable, SCRIPT, results, docs],
-                                  capture_output=True, text=True)
-            self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
-            with open(os.path.join(docs, "performance.md")) as f:
-                text = f.read()
+        dt = [single("BM_DTensorAddBackwardWarm", backward_us=1.5, backward_plain_us=0.2,
+                     backward_overhead_us=1.3, forward_overhead_us=0.4),
+              single("BM_DTensorMatmulBackwardWarm", backward_us=4.0, backward_plain_us=1.0,
+                     backward_overhead_us=3.0, forward_overhead_us=0.4),
+              single("BM_DTensorAddTypes", types_off_us=4.0, types_on_us=4.1, types_cost_us=0.1),
+              single("BM_train_step", sim_ms=12.0, single_ms=10.0, sim_over_single=1.2)]
+        dry = [single(f"BM_DryRun/{n}/iterations:1/real_time", real_time=ms, time_unit="ms",
+                      ranks=n, peak_rss_mib=mib)
+               for n, ms, mib in ((8, 90.0, 60.0), (16384, 12500.0, 400.0))]
+        done, text = render({"dtensor_bench": dt, "dryrun_scale": dry})
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
         headline = report.parse_headline(text)
         self.assertEqual(headline["DTensor add backward, tiny, 8 ranks, warm"], "1.50 us")
         self.assertIn("backward_overhead_us 1.30 | overhead <= 2 us | **pass**", text)
@@ -222,37 +221,19 @@ class CeilingTest(unittest.TestCase):
     best BLAS rate of the run) and the ceiling it puts on the ratio, beside the 20x goal."""
 
     def test_floor_and_ceiling(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            results, docs = os.path.join(tmp, "results"), os.path.join(tmp, "docs")
-            os.makedirs(results)
-            os.makedirs(docs)
-            with open(os.path.join(results, "meta.env"), "w") as f:
-                f.write("load_before=0.50 0.40 0.30\nrepetitions=1\nmpi_runs=3\n"
-                        "build_dir=build/bench\ncommit=abc1234\npeers=1\n")
-
-            def single(name, **counters):
-                return dict(name=name, run_name=name, run_type="iteration", real_time=1.0,
-                            time_unit="ms", **counters)
-
-            # Raw OpenBLAS at 250 GFLOP/s beats ours at 200: the floor uses 250.
-            tensor = [single("BM_Matmul512Blas", ms_ours=1.0, ms_ref=0.8, vs_blas=0.8,
-                             GFLOPS=200.0, GFLOPS_ref=250.0)]
-            # d_model 256: 10 GFLOP, floor 40 ms; d_model 64: 0.5 GFLOP, floor 2 ms.
-            gpt = [single("BM_gpt_step", sim_ms=50.0, single_ms=45.0, sim_over_single=1.11,
-                          fresh_blocks=0, step_gflop=10.0),
-                   single("BM_gpt_step_toy", sim_ms=5.0, single_ms=3.0, sim_over_single=1.67,
-                          fresh_blocks=0, step_gflop=0.5)]
-            for program, rows in (("tensor_bench", tensor), ("gpt_bench", gpt)):
-                with open(os.path.join(results, program + ".json"), "w") as f:
-                    json.dump({"context": {}, "benchmarks": rows}, f)
-            with open(os.path.join(results, "peer_torch_gpt.json"), "w") as f:
-                json.dump({"gpt": {"single_ms": 60.0, "local_tensor_ms": 500.0},
-                           "gpt_toy": {"single_ms": 3.5, "local_tensor_ms": 400.0}}, f)
-            done = subprocess.run([sys.executable, SCRIPT, results, docs],
-                                  capture_output=True, text=True)
-            self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
-            with open(os.path.join(docs, "performance.md")) as f:
-                text = f.read()
+        # Raw OpenBLAS at 250 GFLOP/s beats ours at 200: the floor uses 250.
+        tensor = [single("BM_Matmul512Blas", ms_ours=1.0, ms_ref=0.8, vs_blas=0.8, GFLOPS=200.0,
+                         GFLOPS_ref=250.0)]
+        # d_model 256: 10 GFLOP, floor 40 ms; d_model 64: 0.5 GFLOP, floor 2 ms.
+        gpt = [single("BM_gpt_step", sim_ms=50.0, single_ms=45.0, sim_over_single=1.11,
+                      fresh_blocks=0, step_gflop=10.0),
+               single("BM_gpt_step_toy", sim_ms=5.0, single_ms=3.0, sim_over_single=1.67,
+                      fresh_blocks=0, step_gflop=0.5)]
+        torch_gpt = {"gpt": {"single_ms": 60.0, "local_tensor_ms": 500.0},
+                     "gpt_toy": {"single_ms": 3.5, "local_tensor_ms": 400.0}}
+        done, text = render({"tensor_bench": tensor, "gpt_bench": gpt},
+                            peers={"torch_gpt": torch_gpt})
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
         # 500 / 50 = 10x against a ceiling of 500 / 40 = 12.5x: the goal is above the ceiling.
         self.assertIn("| 50.0 ms | 500 ms | 10.0x | 12.5x | >= 20x **FAIL** (above the ceiling) |",
                       text)

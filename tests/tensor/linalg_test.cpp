@@ -207,6 +207,18 @@ bool cpuinfo_has_avx512_gemm() {
   return false;
 }
 
+// The first product of a fresh process (the one that loads the library) against the reference.
+bool first_product_is_right() {
+  const Tensor a = randn({6, 5}, 1);
+  const Tensor b = randn({5, 4}, 2);
+  const std::vector<double> got = matmul(a, b).to_vector<double>();
+  const std::vector<double> want = reference_matmul(a, b).values;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::abs(got[i] - want[i]) > 1e-5) return false;
+  }
+  return true;
+}
+
 // In a fresh process whose OPENBLAS_CORETYPE is `user_choice` (nullptr: unset) before the first
 // product: the kernel set OpenBLAS loaded, and the variable as the user left it.
 [[noreturn]] void first_product_kernels(const char* user_choice) {
@@ -219,13 +231,7 @@ bool cpuinfo_has_avx512_gemm() {
   } else {
     setenv("OPENBLAS_CORETYPE", user_choice, 1);
   }
-  const Tensor a = randn({6, 5}, 1);
-  const Tensor b = randn({5, 4}, 2);
-  const std::vector<double> got = matmul(a, b).to_vector<double>();
-  const std::vector<double> want = reference_matmul(a, b).values;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (std::abs(got[i] - want[i]) > 1e-5) fail("wrong value");
-  }
+  if (!first_product_is_right()) fail("wrong value");
   const std::string library = cpu_kernels::matmul_library();
   const char* left = std::getenv("OPENBLAS_CORETYPE");
   if (user_choice == nullptr && left != nullptr)
@@ -250,18 +256,20 @@ TEST(Matmul, LoadsOpenBlasAvx512KernelsUnlessTheUserChoseOthers) {
 }
 
 // In a fresh process with SPMD_OPENBLAS=`choice` (Note [Matmul on BLAS]): the first product's
-// values against the reference, then exit code 0 when the library it ran on is `want`.
+// values against the reference, then exit code 0 when the library it ran on is `want` (else 1,
+// saying which).
 [[noreturn]] void first_product_on(const char* choice, const std::string& want) {
   setenv("SPMD_OPENBLAS", choice, 1);
-  const Tensor a = randn({6, 5}, 1);
-  const Tensor b = randn({5, 4}, 2);
-  const std::vector<double> got = matmul(a, b).to_vector<double>();
-  const std::vector<double> expected = reference_matmul(a, b).values;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    if (std::abs(got[i] - expected[i]) > 1e-5) std::exit(2);
+  if (!first_product_is_right()) {
+    std::fputs("wrong value", stderr);
+    std::exit(1);
   }
   const std::string library = cpu_kernels::matmul_library();
-  std::exit(library.rfind(want, 0) == 0 ? 0 : 3);
+  if (library.rfind(want, 0) != 0) {
+    std::fputs(fmt::format("ran on {}, expected {}", library, want).c_str(), stderr);
+    std::exit(1);
+  }
+  std::exit(0);
 }
 
 // SPMD_OPENBLAS names the library file: one that does not load, or is not OpenBLAS, leaves the
